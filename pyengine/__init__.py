@@ -1,0 +1,1 @@
+"""pyengine: an LLM inference engine core (placeholder until the native module lands)."""
