@@ -1,0 +1,77 @@
+//! Content identity of a full KV block, chained over the blocks before it.
+
+use xxhash_rust::xxh3::Xxh3;
+
+/// 128-bit identity of a full block: its token ids, every token before it (through the
+/// previous block's hash) and the request's cache salt. 128 bits make an accidental
+/// collision (which would silently reuse the wrong KV) negligible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockHash(pub u128);
+
+impl BlockHash {
+    /// Hash of the block holding `tokens`, following the block whose hash is `prev`
+    /// (`None` for a sequence's first block, where `salt` enters instead).
+    pub fn chain(prev: Option<BlockHash>, tokens: &[u32], salt: Option<&str>) -> BlockHash {
+        let mut hasher = Xxh3::new();
+        match prev {
+            Some(BlockHash(p)) => {
+                hasher.update(&[1u8]);
+                hasher.update(&p.to_le_bytes());
+            }
+            None => {
+                hasher.update(&[0u8]);
+                if let Some(salt) = salt {
+                    hasher.update(&(salt.len() as u64).to_le_bytes());
+                    hasher.update(salt.as_bytes());
+                }
+            }
+        }
+        for &t in tokens {
+            hasher.update(&t.to_le_bytes());
+        }
+        BlockHash(hasher.digest128())
+    }
+}
+
+/// Extends `hashes` with the hashes of every full block of `tokens` not hashed yet.
+pub fn extend_block_hashes(
+    hashes: &mut Vec<BlockHash>,
+    tokens: &[u32],
+    block_size: usize,
+    salt: Option<&str>,
+) {
+    let full = tokens.len() / block_size;
+    while hashes.len() < full {
+        let i = hashes.len();
+        let chunk = &tokens[i * block_size..(i + 1) * block_size];
+        let prev = hashes.last().copied();
+        hashes.push(BlockHash::chain(prev, chunk, salt));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_depends_on_prefix_tokens_and_salt() {
+        let a = BlockHash::chain(None, &[1, 2, 3], None);
+        assert_eq!(a, BlockHash::chain(None, &[1, 2, 3], None));
+        assert_ne!(a, BlockHash::chain(None, &[1, 2, 4], None));
+        assert_ne!(a, BlockHash::chain(None, &[1, 2, 3], Some("tenant")));
+        let b1 = BlockHash::chain(Some(a), &[7, 8, 9], None);
+        let b2 = BlockHash::chain(Some(BlockHash::chain(None, &[0, 2, 3], None)), &[7, 8, 9], None);
+        assert_ne!(b1, b2, "same block after a different prefix must differ");
+    }
+
+    #[test]
+    fn extend_hashes_only_full_blocks() {
+        let mut h = Vec::new();
+        extend_block_hashes(&mut h, &[1, 2, 3, 4, 5], 2, None);
+        assert_eq!(h.len(), 2);
+        let before = h.clone();
+        extend_block_hashes(&mut h, &[1, 2, 3, 4, 5, 6], 2, None);
+        assert_eq!(h.len(), 3);
+        assert_eq!(&h[..2], &before[..]);
+    }
+}

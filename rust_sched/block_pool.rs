@@ -1,0 +1,357 @@
+//! The paged KV block pool: reference counts, a free stack, prefix-cache identities and
+//! least-recently-used eviction of cached blocks nobody owns.
+//!
+//! A block is in exactly one of three states:
+//! - **used**: reference count > 0 (owned by one or more sequences);
+//! - **fresh**: free and holding nothing reusable (on the `fresh` stack);
+//! - **evictable**: free but still holding a full, hashed block that a later prompt may
+//!   reuse (on the `evictable` LRU list, and in `cached`).
+//!
+//! Allocation takes fresh blocks first and evicts the least recently freed cached block
+//! only when none is left, so the cache keeps as much as the pool can afford.
+
+use std::collections::HashMap;
+
+use crate::block_hash::BlockHash;
+use crate::lru::LruList;
+
+pub type BlockId = u32;
+
+/// Returned by [`BlockPool::try_allocate`] when the pool cannot serve the request; nothing
+/// was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolExhausted {
+    pub requested: usize,
+    pub free: usize,
+}
+
+/// Block counts: `free + used == total`, and `evictable <= free`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolUsage {
+    pub total: usize,
+    pub free: usize,
+    pub evictable: usize,
+    pub used: usize,
+}
+
+/// Prefix-cache lookups, counted in tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PrefixCacheStats {
+    pub queried_tokens: u64,
+    pub hit_tokens: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct BlockPool {
+    block_size: usize,
+    enable_caching: bool,
+    ref_counts: Vec<u32>,
+    hashes: Vec<Option<BlockHash>>,
+    cached: HashMap<BlockHash, BlockId>,
+    fresh: Vec<BlockId>,
+    evictable: LruList,
+    num_used: usize,
+    stats: PrefixCacheStats,
+}
+
+impl BlockPool {
+    pub fn new(num_blocks: usize, block_size: usize, enable_caching: bool) -> Self {
+        assert!(num_blocks > 0 && num_blocks < u32::MAX as usize, "num_blocks out of range");
+        assert!(block_size > 0, "block_size must be positive");
+        BlockPool {
+            block_size,
+            enable_caching,
+            ref_counts: vec![0; num_blocks],
+            hashes: vec![None; num_blocks],
+            cached: HashMap::new(),
+            // Reversed so that block 0 is handed out first (easier to read in tests).
+            fresh: (0..num_blocks as BlockId).rev().collect(),
+            evictable: LruList::new(num_blocks),
+            num_used: 0,
+            stats: PrefixCacheStats::default(),
+        }
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn caching_enabled(&self) -> bool {
+        self.enable_caching
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.ref_counts.len()
+    }
+
+    pub fn num_free(&self) -> usize {
+        self.fresh.len() + self.evictable.len()
+    }
+
+    pub fn usage(&self) -> PoolUsage {
+        PoolUsage {
+            total: self.num_blocks(),
+            free: self.num_free(),
+            evictable: self.evictable.len(),
+            used: self.num_used,
+        }
+    }
+
+    pub fn prefix_stats(&self) -> PrefixCacheStats {
+        self.stats
+    }
+
+    pub fn ref_count(&self, block: BlockId) -> u32 {
+        self.ref_counts[block as usize]
+    }
+
+    pub fn hash_of(&self, block: BlockId) -> Option<BlockHash> {
+        self.hashes[block as usize]
+    }
+
+    /// The longest run of cached blocks matching `hashes` from the start. Read-only: call
+    /// [`acquire`](Self::acquire) on the blocks to keep them.
+    pub fn longest_cached_prefix(&self, hashes: &[BlockHash], out: &mut Vec<BlockId>) {
+        out.clear();
+        if !self.enable_caching {
+            return;
+        }
+        for h in hashes {
+            match self.cached.get(h) {
+                Some(&b) => out.push(b),
+                None => break,
+            }
+        }
+    }
+
+    /// Counts one prefix-cache lookup of `queried` tokens of which `hit` were cached.
+    pub fn record_lookup(&mut self, queried: usize, hit: usize) {
+        self.stats.queried_tokens += queried as u64;
+        self.stats.hit_tokens += hit as u64;
+    }
+
+    /// How many of `blocks` are free now (evictable) and would stop counting as free once
+    /// acquired.
+    pub fn count_evictable(&self, blocks: &[BlockId]) -> usize {
+        blocks.iter().filter(|&&b| self.ref_counts[b as usize] == 0).count()
+    }
+
+    /// Takes one more reference on each of `blocks` (cached hits or blocks shared with a
+    /// sibling sequence). Evictable blocks leave the eviction queue.
+    pub fn acquire(&mut self, blocks: &[BlockId]) {
+        for &b in blocks {
+            let i = b as usize;
+            if self.ref_counts[i] == 0 {
+                let was_evictable = self.evictable.remove(b);
+                debug_assert!(was_evictable, "acquired a free block {b} that holds nothing");
+                self.num_used += 1;
+            }
+            self.ref_counts[i] += 1;
+        }
+    }
+
+    /// Appends `n` fresh blocks (reference count 1) to `out`, or takes nothing and says how
+    /// many were free.
+    pub fn try_allocate(&mut self, n: usize, out: &mut Vec<BlockId>) -> Result<(), PoolExhausted> {
+        if n > self.num_free() {
+            return Err(PoolExhausted { requested: n, free: self.num_free() });
+        }
+        out.reserve(n);
+        for _ in 0..n {
+            let b = match self.fresh.pop() {
+                Some(b) => b,
+                None => self.evict_one(),
+            };
+            self.ref_counts[b as usize] = 1;
+            out.push(b);
+        }
+        self.num_used += n;
+        Ok(())
+    }
+
+    /// Like [`try_allocate`](Self::try_allocate), for callers that checked `num_free`.
+    pub fn allocate(&mut self, n: usize, out: &mut Vec<BlockId>) {
+        if let Err(e) = self.try_allocate(n, out) {
+            panic!("allocate({n}) with only {} free blocks", e.free);
+        }
+    }
+
+    fn evict_one(&mut self) -> BlockId {
+        let b = self.evictable.pop_front().expect("num_free counted an evictable block");
+        if let Some(h) = self.hashes[b as usize].take() {
+            if self.cached.get(&h) == Some(&b) {
+                self.cached.remove(&h);
+            }
+        }
+        b
+    }
+
+    /// Drops one reference on each of `blocks`, a sequence's block table in order. Blocks
+    /// whose last reference goes become free; the table is walked backwards so that its
+    /// tail, the part least likely to be shared, is evicted first.
+    pub fn release(&mut self, blocks: &[BlockId]) {
+        for &b in blocks.iter().rev() {
+            let i = b as usize;
+            assert!(self.ref_counts[i] > 0, "block {b} released more often than acquired");
+            self.ref_counts[i] -= 1;
+            if self.ref_counts[i] == 0 {
+                self.num_used -= 1;
+                if self.hashes[i].is_some() {
+                    self.evictable.push_back(b);
+                } else {
+                    self.fresh.push(b);
+                }
+            }
+        }
+    }
+
+    /// Makes a full, computed block findable by its content hash. A block that is already
+    /// registered, or whose content another block already caches, stays as it is.
+    pub fn register(&mut self, block: BlockId, hash: BlockHash) {
+        if !self.enable_caching || self.hashes[block as usize].is_some() {
+            return;
+        }
+        if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(hash) {
+            e.insert(block);
+            self.hashes[block as usize] = Some(hash);
+        }
+    }
+
+    /// Checks the pool's own invariants; returns a description of the first broken one.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let n = self.num_blocks();
+        let mut free_seen = vec![false; n];
+        for &b in &self.fresh {
+            let i = b as usize;
+            if free_seen[i] {
+                return Err(format!("block {b} twice on the fresh stack"));
+            }
+            free_seen[i] = true;
+            if self.ref_counts[i] != 0 || self.hashes[i].is_some() {
+                return Err(format!("fresh block {b} is owned or hashed"));
+            }
+        }
+        for b in self.evictable.iter() {
+            let i = b as usize;
+            if free_seen[i] {
+                return Err(format!("block {b} both fresh and evictable"));
+            }
+            free_seen[i] = true;
+            if self.ref_counts[i] != 0 || self.hashes[i].is_none() {
+                return Err(format!("evictable block {b} is owned or not hashed"));
+            }
+        }
+        let used = (0..n).filter(|&i| self.ref_counts[i] > 0).count();
+        if used != self.num_used || used + self.num_free() != n {
+            return Err(format!(
+                "counts disagree: used {used} (tracked {}), free {}, total {n}",
+                self.num_used,
+                self.num_free()
+            ));
+        }
+        for i in 0..n {
+            if self.ref_counts[i] == 0 && !free_seen[i] {
+                return Err(format!("block {i} has no owner and is not free"));
+            }
+        }
+        for (h, &b) in &self.cached {
+            if self.hashes[b as usize] != Some(*h) {
+                return Err(format!("prefix map entry points at block {b} with another hash"));
+            }
+        }
+        let hashed = self.hashes.iter().filter(|h| h.is_some()).count();
+        if hashed != self.cached.len() {
+            return Err(format!("{hashed} hashed blocks but {} map entries", self.cached.len()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(x: u128) -> BlockHash {
+        BlockHash(x)
+    }
+
+    #[test]
+    fn allocate_release_counts() {
+        let mut p = BlockPool::new(4, 16, true);
+        let mut t = Vec::new();
+        p.try_allocate(3, &mut t).unwrap();
+        assert_eq!(t, vec![0, 1, 2]);
+        assert_eq!(p.usage(), PoolUsage { total: 4, free: 1, evictable: 0, used: 3 });
+        let mut more = Vec::new();
+        assert_eq!(p.try_allocate(2, &mut more), Err(PoolExhausted { requested: 2, free: 1 }));
+        assert!(more.is_empty());
+        p.release(&t);
+        assert_eq!(p.usage().free, 4);
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn cached_blocks_survive_release_and_are_evicted_lru() {
+        let mut p = BlockPool::new(3, 4, true);
+        let mut a = Vec::new();
+        p.try_allocate(2, &mut a).unwrap();
+        p.register(a[0], h(10));
+        p.register(a[1], h(11));
+        p.release(&a);
+        assert_eq!(p.usage(), PoolUsage { total: 3, free: 3, evictable: 2, used: 0 });
+        let mut hit = Vec::new();
+        p.longest_cached_prefix(&[h(10), h(11), h(12)], &mut hit);
+        assert_eq!(hit, a);
+        // Fresh block first, then the least recently freed cached one: the tail (a[1]) was
+        // released first, so it goes first.
+        let mut b = Vec::new();
+        p.try_allocate(2, &mut b).unwrap();
+        assert_eq!(b[1], a[1]);
+        p.longest_cached_prefix(&[h(10), h(11)], &mut hit);
+        assert_eq!(hit, vec![a[0]]);
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn acquire_removes_from_eviction_and_fork_shares() {
+        let mut p = BlockPool::new(2, 4, true);
+        let mut a = Vec::new();
+        p.try_allocate(1, &mut a).unwrap();
+        p.register(a[0], h(1));
+        p.release(&a);
+        p.acquire(&a);
+        assert_eq!(p.usage().evictable, 0);
+        p.acquire(&a); // a sibling forks the block
+        assert_eq!(p.ref_count(a[0]), 2);
+        p.release(&a);
+        p.release(&a);
+        assert_eq!(p.usage().evictable, 1);
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn duplicate_content_is_not_registered_twice() {
+        let mut p = BlockPool::new(2, 4, true);
+        let mut a = Vec::new();
+        p.try_allocate(2, &mut a).unwrap();
+        p.register(a[0], h(5));
+        p.register(a[1], h(5));
+        assert_eq!(p.hash_of(a[1]), None);
+        p.release(&a);
+        assert_eq!(p.usage().evictable, 1);
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn caching_disabled_never_hits() {
+        let mut p = BlockPool::new(2, 4, false);
+        let mut a = Vec::new();
+        p.try_allocate(1, &mut a).unwrap();
+        p.register(a[0], h(5));
+        p.release(&a);
+        let mut hit = Vec::new();
+        p.longest_cached_prefix(&[h(5)], &mut hit);
+        assert!(hit.is_empty());
+        assert_eq!(p.usage().evictable, 0);
+    }
+}

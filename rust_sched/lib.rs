@@ -1,0 +1,31 @@
+//! pyengine's scheduler core.
+//!
+//! A pure Rust crate: the paged KV [`block_pool`], the continuous-batching [`scheduler`],
+//! the [`plan`] it emits and the [`engine`] thread that runs it. The optional `python`
+//! feature adds the PyO3 bindings (`pyengine._sched`), which only convert and call
+//! through.
+
+pub mod block_hash;
+pub mod block_pool;
+pub mod config;
+pub mod engine;
+pub mod error;
+mod lru;
+pub mod plan;
+pub mod request;
+pub mod scheduler;
+pub mod sim;
+
+#[cfg(feature = "python")]
+mod python;
+
+pub use block_pool::{BlockId, BlockPool, PoolUsage, PrefixCacheStats};
+pub use config::{Policy, SchedulerConfig};
+pub use engine::{EngineHandle, EngineStats};
+pub use error::{SchedError, SchedResult};
+pub use plan::{FinishReason, OutputEvent, StepPlan, FINISH_REASONS, PLACEHOLDER_TOKEN};
+pub use request::{RequestSpec, SeqId};
+pub use scheduler::{Scheduler, SchedulerCounters, SchedulerSnapshot};
+
+/// The crate version, exported to Python as `pyengine.__version__`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,130 @@
+//! What leaves the scheduler: one [`StepPlan`] per step for the executor and one
+//! [`OutputEvent`] per applied result for the output thread. Flat vectors only, so the
+//! bindings move them into numpy arrays without copying. `docs/contract.md` explains how
+//! the fields fit together.
+
+/// Input token id meaning "the token this row sampled in the previous step"; the executor
+/// fills it from the sampled-token tensor it still holds on the device.
+pub const PLACEHOLDER_TOKEN: i64 = -1;
+
+/// One step for the executor. `R` scheduled sequences, `T` tokens, `S` sampled sequences.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepPlan {
+    /// Increases by one per plan; results are submitted in this order.
+    pub step_id: u64,
+    /// `[R]` persistent-batch row of each scheduled sequence.
+    pub rows: Vec<i32>,
+    /// `[R]` tokens computed for each sequence in this step (1 for a decode).
+    pub num_scheduled_tokens: Vec<i32>,
+    /// `[R+1]` prefix sum of `num_scheduled_tokens`, starting at 0.
+    pub query_start_loc: Vec<i32>,
+    /// `[R]` context length after this step (tokens before it + scheduled).
+    pub seq_lens: Vec<i32>,
+    /// `[T]` input token ids; [`PLACEHOLDER_TOKEN`] = previous sample of this row.
+    pub input_ids: Vec<i64>,
+    /// `[T]` position of each token in its sequence.
+    pub positions: Vec<i64>,
+    /// `[T]` KV slot of each token: `block_id * block_size + position % block_size`.
+    pub slot_mapping: Vec<i64>,
+    /// `[S]` indices into the `T` tokens whose logits are sampled.
+    pub logits_indices: Vec<i64>,
+    /// `[S]` row of each sampled sequence, in `logits_indices` order.
+    pub sample_rows: Vec<i32>,
+    /// `[P]` indices into `rows` of pooling sequences whose whole prompt is in this step.
+    pub pool_indices: Vec<i32>,
+    /// `[B]` block-table writes: `block_table[rows[i], cols[i]] = ids[i]`.
+    pub block_table_rows: Vec<i32>,
+    pub block_table_cols: Vec<i32>,
+    pub block_table_ids: Vec<i32>,
+    /// `[K]` rows of sequences that enter (or re-enter, after preemption) the batch.
+    pub new_rows: Vec<i32>,
+    /// `[K]` their sequence ids.
+    pub new_seq_ids: Vec<u64>,
+    /// `[K]` their prompt lengths.
+    pub new_num_prompt_tokens: Vec<i32>,
+    /// `[K+1]` offsets into `new_token_ids`.
+    pub new_token_offsets: Vec<i64>,
+    /// All known tokens of each new sequence: its prompt, then (when resumed) its outputs.
+    pub new_token_ids: Vec<i64>,
+    /// `[F]` rows released since the previous plan.
+    pub freed_rows: Vec<i32>,
+}
+
+impl StepPlan {
+    pub fn num_seqs(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.input_ids.len()
+    }
+
+    pub fn num_samples(&self) -> usize {
+        self.logits_indices.len()
+    }
+}
+
+/// Why a sequence ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum FinishReason {
+    /// EOS, a stop token id, or a stop string (via `finish`).
+    Stop = 0,
+    /// `max_tokens` or `max_model_len` reached.
+    Length = 1,
+    /// Aborted by the caller.
+    Abort = 2,
+    /// A pooling sequence whose prompt has been computed.
+    Pooled = 3,
+    /// The step that computed it failed in the executor.
+    Error = 4,
+}
+
+/// Names of [`FinishReason`] by code, as exported to Python.
+pub const FINISH_REASONS: [&str; 5] = ["stop", "length", "abort", "pooled", "error"];
+
+impl FinishReason {
+    pub fn name(self) -> &'static str {
+        FINISH_REASONS[self as usize]
+    }
+
+    pub fn parse(name: &str) -> Option<FinishReason> {
+        Some(match name {
+            "stop" => FinishReason::Stop,
+            "length" => FinishReason::Length,
+            "abort" => FinishReason::Abort,
+            "pooled" => FinishReason::Pooled,
+            "error" => FinishReason::Error,
+            _ => return None,
+        })
+    }
+}
+
+/// What the output thread learns from one applied step result (or from commands such as
+/// abort and finish, with `step_id` None).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OutputEvent {
+    pub step_id: Option<u64>,
+    /// `[K]` sequences that accepted a token, and the tokens. A token sampled after its
+    /// sequence had already finished is dropped here.
+    pub seq_ids: Vec<u64>,
+    pub token_ids: Vec<i64>,
+    /// `[F]` sequences that ended, and per-sequence facts about them.
+    pub finished_seq_ids: Vec<u64>,
+    /// `[F]` codes into [`FINISH_REASONS`].
+    pub finish_reasons: Vec<u8>,
+    /// `[F]` the EOS or stop token id that ended the sequence, -1 when none did.
+    pub stop_token_ids: Vec<i64>,
+    pub num_prompt_tokens: Vec<i32>,
+    /// Prompt tokens served from the prefix cache (or shared with a sibling sample) at the
+    /// sequence's first admission.
+    pub num_cached_tokens: Vec<i32>,
+    pub num_output_tokens: Vec<i32>,
+    pub num_preemptions: Vec<i32>,
+}
+
+impl OutputEvent {
+    pub fn is_empty(&self) -> bool {
+        self.seq_ids.is_empty() && self.finished_seq_ids.is_empty()
+    }
+}

@@ -1,0 +1,202 @@
+//! A request as the caller describes it, and the scheduling state of each of its samples
+//! (sequences).
+
+use std::sync::Arc;
+
+use crate::block_hash::{extend_block_hashes, BlockHash};
+use crate::block_pool::BlockId;
+use crate::config::SchedulerConfig;
+use crate::error::{SchedError, SchedResult};
+
+/// Sequence id: one per sample, never reused within a scheduler.
+pub type SeqId = u64;
+
+/// A generation (or pooling) request as it enters the scheduler.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RequestSpec {
+    pub request_id: String,
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub min_tokens: usize,
+    /// EOS ids (a checkpoint may declare several); ignored when `ignore_eos`.
+    pub eos_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    pub stop_token_ids: Vec<u32>,
+    /// Lower runs first under the `priority` policy.
+    pub priority: i64,
+    /// Prefill only: the executor pools the prompt's hidden states, nothing is sampled.
+    pub pooling: bool,
+    /// Parallel samples sharing the prompt's KV blocks.
+    pub n: usize,
+    /// Mixed into the first block hash so that tenants do not share cached prefixes.
+    pub cache_salt: Option<String>,
+}
+
+impl RequestSpec {
+    /// Rejects requests that can never be served under `config`.
+    pub fn validate(&self, config: &SchedulerConfig) -> SchedResult<()> {
+        let err = |reason: String| SchedError::InvalidRequest {
+            request_id: self.request_id.clone(),
+            reason,
+        };
+        if self.request_id.is_empty() {
+            return Err(err("request_id must not be empty".into()));
+        }
+        if self.prompt.is_empty() {
+            return Err(err("prompt is empty: at least one token is needed".into()));
+        }
+        if self.n == 0 {
+            return Err(err("n must be at least 1".into()));
+        }
+        if self.n > config.max_num_seqs {
+            return Err(err(format!(
+                "n = {} exceeds max_num_seqs = {}",
+                self.n, config.max_num_seqs
+            )));
+        }
+        let prompt_len = self.prompt.len();
+        let total = if self.pooling {
+            if self.n != 1 {
+                return Err(err("pooling requests take n = 1".into()));
+            }
+            if prompt_len > config.max_num_batched_tokens {
+                return Err(err(format!(
+                    "pooling prompt of {prompt_len} tokens exceeds max_num_batched_tokens = {} \
+                     (pooling prompts are computed in one step)",
+                    config.max_num_batched_tokens
+                )));
+            }
+            prompt_len
+        } else {
+            if self.max_tokens == 0 {
+                return Err(err("max_tokens must be at least 1".into()));
+            }
+            if self.min_tokens > self.max_tokens {
+                return Err(err(format!(
+                    "min_tokens = {} exceeds max_tokens = {}",
+                    self.min_tokens, self.max_tokens
+                )));
+            }
+            prompt_len.saturating_add(self.max_tokens)
+        };
+        if total > config.max_model_len {
+            return Err(err(format!(
+                "prompt ({prompt_len} tokens) + max_tokens ({}) = {total} exceeds max_model_len = {}",
+                if self.pooling { 0 } else { self.max_tokens },
+                config.max_model_len
+            )));
+        }
+        let blocks = config.blocks_for(total);
+        if blocks > config.num_blocks {
+            return Err(err(format!(
+                "needs {blocks} KV blocks of {} tokens but the pool has only {}",
+                config.block_size, config.num_blocks
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Stop conditions shared by the samples of one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StopCriteria {
+    pub max_tokens: usize,
+    pub min_tokens: usize,
+    pub eos_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    pub stop_token_ids: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeqState {
+    /// Parked until its first sibling's prompt is scheduled (n > 1).
+    Parked,
+    Waiting,
+    Running,
+    /// Ended; the slot lives on only while an in-flight step still references it.
+    Finished,
+}
+
+/// Scheduling state of one sample.
+#[derive(Debug, Clone)]
+pub struct Sequence {
+    pub id: SeqId,
+    pub request_id: Arc<str>,
+    /// Sample index within its request (0..n).
+    pub index: u32,
+    pub state: SeqState,
+    /// Prompt followed by every output token known so far.
+    pub tokens: Vec<u32>,
+    pub num_prompt: usize,
+    /// Tokens whose KV is written or being written by a planned step.
+    pub num_computed: usize,
+    /// Planned steps that will sample a token for this sequence and have not reported.
+    pub pending_samples: usize,
+    /// Planned steps that reference this sequence and have not reported.
+    pub inflight_steps: usize,
+    pub blocks: Vec<BlockId>,
+    /// Hashes of the full blocks of `tokens`.
+    pub hashes: Vec<BlockHash>,
+    /// Leading entries of `blocks` already offered to the prefix cache.
+    pub num_registered: usize,
+    pub row: Option<u32>,
+    pub stop: Arc<StopCriteria>,
+    pub priority: i64,
+    pub arrival: u64,
+    pub pooling: bool,
+    pub cache_salt: Option<Arc<str>>,
+    pub num_preemptions: u32,
+    /// Prompt tokens not computed at first admission (prefix hit or shared with sibling).
+    pub num_cached_tokens: usize,
+    pub admitted_once: bool,
+    /// Slot of the sibling whose prompt blocks this parked sample will share.
+    pub fork_source: Option<u32>,
+}
+
+impl Sequence {
+    pub fn num_output(&self) -> usize {
+        self.tokens.len() - self.num_prompt
+    }
+
+    /// Known tokens plus those being sampled by in-flight steps.
+    pub fn num_tokens_with_pending(&self) -> usize {
+        self.tokens.len() + self.pending_samples
+    }
+
+    /// Tokens this sequence could compute in the next step, before budget caps: 0 while it
+    /// waits for its pending sample or has nothing left it may produce.
+    pub fn tokens_wanted(&self, config: &SchedulerConfig) -> usize {
+        if self.pooling {
+            return if self.num_computed == 0 { self.tokens.len() } else { 0 };
+        }
+        let total = self.num_tokens_with_pending();
+        if self.num_output() + self.pending_samples >= self.stop.max_tokens
+            || total >= config.max_model_len
+        {
+            return 0;
+        }
+        total.saturating_sub(self.num_computed)
+    }
+
+    pub fn update_hashes(&mut self, block_size: usize) {
+        extend_block_hashes(&mut self.hashes, &self.tokens, block_size, self.cache_salt.as_deref());
+    }
+
+    /// Whether `token` (just appended) ends the sequence, and why.
+    pub fn check_stop(&self, token: u32, config: &SchedulerConfig) -> Option<(crate::plan::FinishReason, Option<u32>)> {
+        use crate::plan::FinishReason;
+        let out = self.num_output();
+        if out >= self.stop.min_tokens {
+            if !self.stop.ignore_eos && self.stop.eos_token_ids.contains(&token) {
+                return Some((FinishReason::Stop, Some(token)));
+            }
+            if self.stop.stop_token_ids.contains(&token) {
+                return Some((FinishReason::Stop, Some(token)));
+            }
+        }
+        if out >= self.stop.max_tokens || self.tokens.len() >= config.max_model_len {
+            return Some((FinishReason::Length, None));
+        }
+        None
+    }
+}

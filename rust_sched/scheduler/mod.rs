@@ -1,0 +1,468 @@
+//! The continuous-batching scheduler: owns every sequence's scheduling state and the KV
+//! block pool. Plain Rust, single-threaded; `engine.rs` runs it on its own thread.
+//!
+//! Data flow: `add_request` → [`Scheduler::schedule`] (a [`StepPlan`]) → the executor runs
+//! it → [`Scheduler::apply_result`] (appends tokens, checks stops, frees) →
+//! [`Scheduler::take_output`] (an [`OutputEvent`]).
+//!
+//! **Progress (no livelock).** Running sequences are ordered by rank (priority, then
+//! arrival). A sequence that needs blocks may only preempt sequences ranked *below* it, so
+//! the top-ranked running sequence is never preempted and, since admission guarantees
+//! that any single request fits in the whole pool, it can always get its blocks once the
+//! others are preempted (or once in-flight steps release deferred blocks). It therefore
+//! finishes within `max_tokens` steps, and by induction so does every request. Waiting
+//! requests are not admitted in a step that preempted, so a victim is not re-admitted
+//! only to be preempted again in the same breath.
+
+mod queues;
+mod schedule;
+mod update;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use crate::block_pool::{BlockPool, PoolUsage, PrefixCacheStats};
+use crate::config::{Policy, SchedulerConfig};
+use crate::error::{SchedError, SchedResult};
+use crate::plan::{FinishReason, OutputEvent};
+use crate::request::{RequestSpec, SeqId, SeqState, Sequence, StopCriteria};
+
+pub use queues::Rank;
+use queues::{RowAllocator, RunningList, WaitingQueue};
+
+/// A planned step that has not reported back.
+#[derive(Debug, Default)]
+struct InflightStep {
+    step_id: u64,
+    /// Slots of every scheduled sequence.
+    slots: Vec<u32>,
+    /// Slots of the sampled sequences, in `logits_indices` order.
+    sampled: Vec<u32>,
+    /// Slots of pooling sequences that complete with this step.
+    pooled: Vec<u32>,
+}
+
+/// The samples of one request, for abort and for id reuse.
+#[derive(Debug)]
+struct RequestGroup {
+    slots: Vec<u32>,
+    live: usize,
+}
+
+/// Counters that only grow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SchedulerCounters {
+    pub steps_planned: u64,
+    pub steps_applied: u64,
+    pub preemptions: u64,
+    pub requests_added: u64,
+    pub sequences_finished: u64,
+    /// Prompt (and recomputed) tokens scheduled in prefill chunks.
+    pub prefill_tokens_scheduled: u64,
+    /// Tokens scheduled as decodes.
+    pub decode_tokens_scheduled: u64,
+    /// Sampled tokens accepted into sequences.
+    pub generated_tokens: u64,
+    /// Sampled tokens dropped because their sequence had already finished.
+    pub discarded_tokens: u64,
+}
+
+/// A snapshot for stats and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SchedulerSnapshot {
+    pub num_running: usize,
+    pub num_waiting: usize,
+    /// Waiting sequences that have been preempted at least once.
+    pub num_preempted_waiting: usize,
+    pub num_inflight_steps: usize,
+    pub kv: PoolUsage,
+    pub prefix: PrefixCacheStats,
+    pub counters: SchedulerCounters,
+}
+
+pub struct Scheduler {
+    config: SchedulerConfig,
+    pool: BlockPool,
+    /// Sequence slab; a slot is reused only after its sequence ended and no in-flight step
+    /// references it.
+    seqs: Vec<Option<Sequence>>,
+    free_slots: Vec<u32>,
+    slot_of_seq: HashMap<SeqId, u32>,
+    requests: HashMap<Arc<str>, RequestGroup>,
+    waiting: WaitingQueue,
+    running: RunningList,
+    rows: RowAllocator,
+    inflight: VecDeque<InflightStep>,
+    next_seq_id: SeqId,
+    next_arrival: u64,
+    next_step_id: u64,
+    /// Rows released since the last plan.
+    freed_rows: Vec<i32>,
+    output: OutputEvent,
+    /// Request ids whose last sample ended since the last `take_ended_requests`.
+    ended_requests: Vec<Arc<str>>,
+    counters: SchedulerCounters,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig) -> SchedResult<Self> {
+        config.validate()?;
+        Ok(Scheduler {
+            pool: BlockPool::new(config.num_blocks, config.block_size, config.enable_prefix_caching),
+            rows: RowAllocator::new(config.max_num_seqs),
+            config,
+            seqs: Vec::new(),
+            free_slots: Vec::new(),
+            slot_of_seq: HashMap::new(),
+            requests: HashMap::new(),
+            waiting: WaitingQueue::default(),
+            running: RunningList::default(),
+            inflight: VecDeque::new(),
+            next_seq_id: 0,
+            next_arrival: 0,
+            next_step_id: 0,
+            freed_rows: Vec::new(),
+            output: OutputEvent::default(),
+            ended_requests: Vec::new(),
+            counters: SchedulerCounters::default(),
+        })
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// Adds a request; returns the id of its first sequence (the others follow
+    /// consecutively).
+    pub fn add_request(&mut self, spec: RequestSpec) -> SchedResult<SeqId> {
+        let first = self.next_seq_id;
+        self.add_request_as(spec, first)
+    }
+
+    /// Like [`add_request`](Self::add_request) with sequence ids chosen by the caller (the
+    /// engine handle hands them out before the request reaches the scheduler thread). Ids
+    /// must increase from one request to the next.
+    pub fn add_request_as(&mut self, spec: RequestSpec, first_seq_id: SeqId) -> SchedResult<SeqId> {
+        spec.validate(&self.config)?;
+        if first_seq_id < self.next_seq_id {
+            return Err(SchedError::InvalidRequest {
+                request_id: spec.request_id,
+                reason: format!("sequence id {first_seq_id} was already issued"),
+            });
+        }
+        self.next_seq_id = first_seq_id;
+        if self.requests.contains_key(spec.request_id.as_str()) {
+            return Err(SchedError::DuplicateRequest(spec.request_id));
+        }
+        let request_id: Arc<str> = Arc::from(spec.request_id.as_str());
+        let stop = Arc::new(StopCriteria {
+            max_tokens: spec.max_tokens,
+            min_tokens: spec.min_tokens,
+            eos_token_ids: spec.eos_token_ids,
+            ignore_eos: spec.ignore_eos,
+            stop_token_ids: spec.stop_token_ids,
+        });
+        let salt: Option<Arc<str>> = spec.cache_salt.as_deref().map(Arc::from);
+        let arrival = self.next_arrival;
+        self.next_arrival += 1;
+        let first_id = self.next_seq_id;
+        let mut group = RequestGroup { slots: Vec::with_capacity(spec.n), live: spec.n };
+        let mut first_slot = None;
+        for index in 0..spec.n {
+            let id = self.next_seq_id;
+            self.next_seq_id += 1;
+            let parked = index > 0;
+            let mut seq = Sequence {
+                id,
+                request_id: request_id.clone(),
+                index: index as u32,
+                state: if parked { SeqState::Parked } else { SeqState::Waiting },
+                tokens: spec.prompt.clone(),
+                num_prompt: spec.prompt.len(),
+                num_computed: 0,
+                pending_samples: 0,
+                inflight_steps: 0,
+                blocks: Vec::new(),
+                hashes: Vec::new(),
+                num_registered: 0,
+                row: None,
+                stop: stop.clone(),
+                priority: if self.config.policy == Policy::Priority { spec.priority } else { 0 },
+                arrival,
+                pooling: spec.pooling,
+                cache_salt: salt.clone(),
+                num_preemptions: 0,
+                num_cached_tokens: 0,
+                admitted_once: false,
+                fork_source: first_slot,
+            };
+            if index == 0 {
+                seq.update_hashes(self.config.block_size);
+            }
+            let slot = self.insert_slot(seq);
+            if index == 0 {
+                first_slot = Some(slot);
+                let rank = self.rank_of(slot);
+                self.waiting.insert(rank, slot);
+            }
+            group.slots.push(slot);
+        }
+        self.requests.insert(request_id, group);
+        self.counters.requests_added += 1;
+        Ok(first_id)
+    }
+
+    /// Aborts every sample of `request_id`. Returns false when no such request is live
+    /// (already finished, or never added): aborting races with finishing by nature.
+    pub fn abort(&mut self, request_id: &str) -> bool {
+        let Some(group) = self.requests.get(request_id) else {
+            return false;
+        };
+        let slots = group.slots.clone();
+        for slot in slots {
+            if self.seq(slot).is_some_and(|s| s.state != SeqState::Finished) {
+                self.end_sequence(slot, FinishReason::Abort, None);
+            }
+        }
+        true
+    }
+
+    /// Ends one sequence from outside (the output thread found a stop string). Returns
+    /// false when it has already ended; an id this scheduler never issued is an error.
+    pub fn finish(&mut self, seq_id: SeqId, reason: FinishReason) -> SchedResult<bool> {
+        if seq_id >= self.next_seq_id {
+            return Err(SchedError::Unknown { kind: "sequence", id: seq_id.to_string() });
+        }
+        match self.slot_of_seq.get(&seq_id) {
+            Some(&slot) if self.seqs[slot as usize].as_ref().unwrap().state != SeqState::Finished => {
+                self.end_sequence(slot, reason, None);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// True while any request is unfinished or any step is in flight.
+    pub fn has_unfinished(&self) -> bool {
+        !self.requests.is_empty() || !self.inflight.is_empty()
+    }
+
+    pub fn num_inflight(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// Whether a new plan may be made now (the pipeline has room).
+    pub fn can_plan(&self) -> bool {
+        self.inflight.len() < self.config.pipeline_depth
+    }
+
+    pub fn num_live_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    pub fn snapshot(&self) -> SchedulerSnapshot {
+        SchedulerSnapshot {
+            num_running: self.running.len(),
+            num_waiting: self.waiting.len()
+                + self.live_seqs().filter(|s| s.state == SeqState::Parked).count(),
+            num_preempted_waiting: self
+                .waiting
+                .slots()
+                .filter(|&s| self.seq(s).is_some_and(|q| q.num_preemptions > 0))
+                .count(),
+            num_inflight_steps: self.inflight.len(),
+            kv: self.pool.usage(),
+            prefix: self.pool.prefix_stats(),
+            counters: self.counters,
+        }
+    }
+
+    pub fn counters(&self) -> SchedulerCounters {
+        self.counters
+    }
+
+    /// Request ids that ended since the last call (their ids may be reused now).
+    pub fn take_ended_requests(&mut self) -> Vec<Arc<str>> {
+        std::mem::take(&mut self.ended_requests)
+    }
+
+    /// Takes what happened since the last call (tokens accepted, sequences ended).
+    pub fn take_output(&mut self, step_id: Option<u64>) -> OutputEvent {
+        let mut ev = std::mem::take(&mut self.output);
+        ev.step_id = step_id;
+        ev
+    }
+
+    /// Checks cross-structure invariants: block reference counts equal the number of
+    /// sequences holding each block, no free block is owned, every cached entry is a full
+    /// block with the hash of its content, queues agree with sequence states.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.pool.check_invariants()?;
+        let mut owners = vec![0u32; self.pool.num_blocks()];
+        for seq in self.live_seqs() {
+            for &b in &seq.blocks {
+                owners[b as usize] += 1;
+            }
+            if seq.state != SeqState::Running && seq.state != SeqState::Finished && !seq.blocks.is_empty() {
+                return Err(format!("sequence {} holds blocks while {:?}", seq.id, seq.state));
+            }
+            if seq.blocks.len() < self.config.blocks_for(seq.num_computed) {
+                return Err(format!("sequence {} computes past its blocks", seq.id));
+            }
+            for (i, &b) in seq.blocks.iter().enumerate().take(seq.num_registered) {
+                if let Some(h) = self.pool.hash_of(b) {
+                    if seq.hashes.get(i) != Some(&h) {
+                        return Err(format!("block {b} cached with a hash its content does not have"));
+                    }
+                }
+            }
+        }
+        for (b, &n) in owners.iter().enumerate() {
+            let rc = self.pool.ref_count(b as u32);
+            if rc != n {
+                return Err(format!("block {b}: reference count {rc} but {n} owners"));
+            }
+        }
+        for slot in self.running.slots() {
+            if self.seq(slot).map(|s| s.state) != Some(SeqState::Running) {
+                return Err(format!("slot {slot} in the running list is not running"));
+            }
+        }
+        for slot in self.waiting.slots() {
+            if self.seq(slot).map(|s| s.state) != Some(SeqState::Waiting) {
+                return Err(format!("slot {slot} in the waiting queue is not waiting"));
+            }
+        }
+        let rows_held = self.live_seqs().filter(|s| s.row.is_some()).count();
+        if rows_held + self.rows.num_free() != self.rows.capacity() {
+            return Err(format!("{rows_held} rows held + {} free != capacity", self.rows.num_free()));
+        }
+        if self.running.len() > self.config.max_num_seqs {
+            return Err("more running sequences than max_num_seqs".into());
+        }
+        Ok(())
+    }
+
+    // ---- internals shared by schedule.rs and update.rs ----
+
+    fn live_seqs(&self) -> impl Iterator<Item = &Sequence> {
+        self.seqs.iter().flatten()
+    }
+
+    fn seq(&self, slot: u32) -> Option<&Sequence> {
+        self.seqs[slot as usize].as_ref()
+    }
+
+    fn seq_mut(&mut self, slot: u32) -> &mut Sequence {
+        self.seqs[slot as usize].as_mut().expect("live slot")
+    }
+
+    fn rank_of(&self, slot: u32) -> Rank {
+        let s = self.seq(slot).expect("live slot");
+        Rank { priority: s.priority, arrival: s.arrival, seq_id: s.id }
+    }
+
+    fn insert_slot(&mut self, seq: Sequence) -> u32 {
+        let id = seq.id;
+        let slot = match self.free_slots.pop() {
+            Some(slot) => {
+                self.seqs[slot as usize] = Some(seq);
+                slot
+            }
+            None => {
+                self.seqs.push(Some(seq));
+                (self.seqs.len() - 1) as u32
+            }
+        };
+        self.slot_of_seq.insert(id, slot);
+        slot
+    }
+
+    fn release_row(&mut self, slot: u32) {
+        if let Some(row) = self.seq_mut(slot).row.take() {
+            self.rows.give_back(row);
+            self.freed_rows.push(row as i32);
+        }
+    }
+
+    /// Ends a sequence: records why, takes it out of its queue and releases its row. Its
+    /// blocks go back now, or when the last in-flight step referencing it reports.
+    fn end_sequence(&mut self, slot: u32, reason: FinishReason, stop_token: Option<u32>) {
+        let rank = self.rank_of(slot);
+        let state = self.seq(slot).unwrap().state;
+        match state {
+            SeqState::Running => {
+                self.running.remove(&rank);
+            }
+            SeqState::Waiting => {
+                self.waiting.remove(&rank);
+            }
+            SeqState::Parked | SeqState::Finished => {}
+        }
+        self.release_row(slot);
+        let seq = self.seq_mut(slot);
+        seq.state = SeqState::Finished;
+        let (id, req, first_of_group) = (seq.id, seq.request_id.clone(), seq.index == 0);
+        let ev = &mut self.output;
+        let seq = self.seqs[slot as usize].as_ref().unwrap();
+        ev.finished_seq_ids.push(id);
+        ev.finish_reasons.push(reason as u8);
+        ev.stop_token_ids.push(stop_token.map_or(-1, i64::from));
+        ev.num_prompt_tokens.push(seq.num_prompt as i32);
+        ev.num_cached_tokens.push(seq.num_cached_tokens as i32);
+        ev.num_output_tokens.push(seq.num_output() as i32);
+        ev.num_preemptions.push(seq.num_preemptions as i32);
+        self.counters.sequences_finished += 1;
+        if let Some(group) = self.requests.get_mut(&req) {
+            group.live -= 1;
+            if group.live == 0 {
+                self.requests.remove(&req);
+                self.ended_requests.push(req);
+            }
+        }
+        if first_of_group {
+            // Siblings still parked behind this sample proceed on their own.
+            self.unpark_siblings(slot);
+        }
+        self.release_if_idle(slot);
+    }
+
+    /// Frees a finished sequence's blocks and slot once no in-flight step references it.
+    fn release_if_idle(&mut self, slot: u32) {
+        let seq = self.seq(slot).unwrap();
+        if seq.state != SeqState::Finished || seq.inflight_steps > 0 {
+            return;
+        }
+        let seq = self.seqs[slot as usize].take().unwrap();
+        self.pool.release(&seq.blocks);
+        self.slot_of_seq.remove(&seq.id);
+        self.free_slots.push(slot);
+    }
+
+    /// Preempts the running sequence at `index` by recompute: its blocks go back at once
+    /// (cached full blocks stay reusable) and it rejoins the waiting queue by rank.
+    ///
+    /// Freeing at once is safe even when an in-flight step still writes into those blocks:
+    /// the executor runs plans in order, so whoever receives a block in a later plan
+    /// writes it after the victim's step did.
+    fn preempt_at(&mut self, index: usize) {
+        let (rank, slot) = self.running.remove_at(index);
+        self.release_row(slot);
+        let seq = self.seqs[slot as usize].as_mut().unwrap();
+        seq.state = SeqState::Waiting;
+        let blocks = std::mem::take(&mut seq.blocks);
+        seq.num_computed = 0;
+        seq.num_registered = 0;
+        seq.num_preemptions += 1;
+        self.pool.release(&blocks);
+        self.waiting.insert(rank, slot);
+        self.counters.preemptions += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests;

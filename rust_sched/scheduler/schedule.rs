@@ -1,0 +1,310 @@
+//! Planning one step: running sequences first (decodes and the rest of chunked prefills),
+//! then waiting ones, within the token budget, the sequence cap and the free blocks.
+
+use crate::block_pool::BlockId;
+use crate::plan::{StepPlan, PLACEHOLDER_TOKEN};
+use crate::request::SeqState;
+
+use super::{InflightStep, Scheduler};
+
+impl Scheduler {
+    /// Plans the next step, or returns None when the pipeline is full or nothing can run.
+    pub fn schedule(&mut self) -> Option<StepPlan> {
+        if !self.can_plan() {
+            return None;
+        }
+        let mut budget = self.config.max_num_batched_tokens;
+        // (slot, tokens) of every scheduled sequence, in plan order.
+        let mut picks: Vec<(u32, usize)> = Vec::with_capacity(self.running.len() + 8);
+        let mut plan = StepPlan::default();
+        let preempted = self.schedule_running(&mut budget, &mut picks, &mut plan);
+        if !preempted {
+            self.schedule_waiting(&mut budget, &mut picks, &mut plan);
+        }
+        if picks.is_empty() {
+            // Rows freed so far stay queued for the next plan that is actually sent.
+            return None;
+        }
+        plan.step_id = self.next_step_id;
+        self.next_step_id += 1;
+        plan.freed_rows = std::mem::take(&mut self.freed_rows);
+        let step = self.emit_tokens(&picks, &mut plan);
+        self.inflight.push_back(step);
+        self.counters.steps_planned += 1;
+        Some(plan)
+    }
+
+    /// Tokens for one sequence this step, after the budget and the per-step prefill cap.
+    fn chunk_size(&self, slot: u32, budget: usize) -> usize {
+        let seq = self.seq(slot).unwrap();
+        let wanted = seq.tokens_wanted(&self.config);
+        if wanted == 0 {
+            return 0;
+        }
+        if seq.pooling {
+            // Pooling prompts are computed in one piece (validated to fit the budget).
+            return if wanted <= budget { wanted } else { 0 };
+        }
+        let mut n = wanted.min(budget);
+        let cap = self.config.long_prefill_token_threshold;
+        if cap > 0 && wanted > 1 {
+            n = n.min(cap);
+        }
+        n
+    }
+
+    /// Returns true when it preempted anything.
+    fn schedule_running(
+        &mut self,
+        budget: &mut usize,
+        picks: &mut Vec<(u32, usize)>,
+        plan: &mut StepPlan,
+    ) -> bool {
+        let mut preempted = false;
+        let mut i = 0;
+        while i < self.running.len() && *budget > 0 {
+            let (_, slot) = self.running.get(i);
+            let n = self.chunk_size(slot, *budget);
+            if n == 0 {
+                i += 1;
+                continue;
+            }
+            let seq = self.seq(slot).unwrap();
+            let need = self.config.blocks_for(seq.num_computed + n).saturating_sub(seq.blocks.len());
+            // Make room by preempting lower-ranked sequences (always the last of the list).
+            while self.pool.num_free() < need && self.running.len() > i + 1 {
+                self.preempt_at(self.running.len() - 1);
+                preempted = true;
+            }
+            if self.pool.num_free() < need {
+                // Nothing ranked below is left: wait for blocks that in-flight steps hold.
+                i += 1;
+                continue;
+            }
+            self.grow_blocks(slot, need, plan);
+            picks.push((slot, n));
+            *budget -= n;
+            i += 1;
+        }
+        preempted
+    }
+
+    fn schedule_waiting(
+        &mut self,
+        budget: &mut usize,
+        picks: &mut Vec<(u32, usize)>,
+        plan: &mut StepPlan,
+    ) {
+        let mut hit: Vec<BlockId> = Vec::new();
+        while *budget > 0 && self.running.len() < self.config.max_num_seqs {
+            let Some((rank, slot)) = self.waiting.first() else {
+                break;
+            };
+            let bs = self.config.block_size;
+            let seq = self.seq(slot).unwrap();
+            if seq.pending_samples > 0 {
+                // Preempted while its last step is in flight; admissible once that reports.
+                break;
+            }
+            let known = seq.tokens.len();
+            // Never reuse the whole prompt: at least one token is computed for its logits.
+            let max_hit_blocks = (known - 1) / bs;
+            self.find_reusable_prefix(slot, max_hit_blocks, &mut hit);
+            let cached = hit.len() * bs;
+            let wanted = known - cached;
+            let seq = self.seq(slot).unwrap();
+            let mut n = wanted.min(*budget);
+            if seq.pooling {
+                if wanted > *budget {
+                    break;
+                }
+                n = wanted;
+            } else if self.config.long_prefill_token_threshold > 0 {
+                n = n.min(self.config.long_prefill_token_threshold);
+            }
+            let need = self.config.blocks_for(cached + n) - hit.len();
+            let free_after_hits = self.pool.num_free() - self.pool.count_evictable(&hit);
+            if need > free_after_hits {
+                break;
+            }
+            let used_cache = self.pool.caching_enabled() && !seq.pooling && seq.fork_source.is_none();
+            if used_cache {
+                self.pool.record_lookup(known, cached);
+            }
+            self.pool.acquire(&hit);
+            self.waiting.remove(&rank);
+            let row = self.rows.take().expect("a free row exists while running < max_num_seqs");
+            let seq = self.seq_mut(slot);
+            seq.blocks.clear();
+            seq.blocks.extend_from_slice(&hit);
+            seq.num_computed = cached;
+            seq.num_registered = hit.len();
+            seq.row = Some(row);
+            seq.state = SeqState::Running;
+            seq.fork_source = None;
+            if !seq.admitted_once {
+                seq.admitted_once = true;
+                seq.num_cached_tokens = cached;
+            }
+            self.running.insert(rank, slot);
+            self.announce_new(slot, plan);
+            self.grow_blocks(slot, need, plan);
+            picks.push((slot, n));
+            *budget -= n;
+        }
+    }
+
+    /// Fills `hit` with blocks the waiting sequence at `slot` can reuse: its first sibling's
+    /// prompt blocks when it was forked, else the longest cached prefix.
+    fn find_reusable_prefix(&mut self, slot: u32, max_blocks: usize, hit: &mut Vec<BlockId>) {
+        hit.clear();
+        let seq = self.seqs[slot as usize].as_mut().unwrap();
+        if seq.pooling {
+            return;
+        }
+        seq.update_hashes(self.config.block_size);
+        let seq = self.seq(slot).unwrap();
+        if let Some(src) = seq.fork_source {
+            if let Some(parent) = self.seq(src) {
+                if parent.state == SeqState::Running && parent.id < seq.id {
+                    let shared = (parent.num_computed.min(seq.num_prompt) / self.config.block_size)
+                        .min(max_blocks)
+                        .min(parent.blocks.len());
+                    hit.extend_from_slice(&parent.blocks[..shared]);
+                    return;
+                }
+            }
+        }
+        let limit = max_blocks.min(seq.hashes.len());
+        self.pool.longest_cached_prefix(&seq.hashes[..limit], hit);
+    }
+
+    /// Allocates `need` more blocks for `slot` (checked free) and records the table writes.
+    fn grow_blocks(&mut self, slot: u32, need: usize, plan: &mut StepPlan) {
+        if need == 0 {
+            return;
+        }
+        let seq = self.seqs[slot as usize].as_mut().unwrap();
+        let start = seq.blocks.len();
+        self.pool.allocate(need, &mut seq.blocks);
+        let row = seq.row.expect("running sequence has a row") as i32;
+        for (col, &b) in seq.blocks.iter().enumerate().skip(start) {
+            plan.block_table_rows.push(row);
+            plan.block_table_cols.push(col as i32);
+            plan.block_table_ids.push(b as i32);
+        }
+    }
+
+    /// Lists a sequence entering the batch with all its known tokens and its block table so
+    /// far (prefix hits; blocks allocated in this step are added by `grow_blocks`).
+    fn announce_new(&mut self, slot: u32, plan: &mut StepPlan) {
+        let seq = self.seq(slot).unwrap();
+        let row = seq.row.unwrap() as i32;
+        if plan.new_token_offsets.is_empty() {
+            plan.new_token_offsets.push(0);
+        }
+        plan.new_rows.push(row);
+        plan.new_seq_ids.push(seq.id);
+        plan.new_num_prompt_tokens.push(seq.num_prompt as i32);
+        plan.new_token_ids.extend(seq.tokens.iter().map(|&t| i64::from(t)));
+        plan.new_token_offsets.push(plan.new_token_ids.len() as i64);
+        for (col, &b) in seq.blocks.iter().enumerate() {
+            plan.block_table_rows.push(row);
+            plan.block_table_cols.push(col as i32);
+            plan.block_table_ids.push(b as i32);
+        }
+    }
+
+    /// Writes the per-token arrays for the picked sequences, advances their computed
+    /// counts, registers blocks that became full and known, and records the in-flight step.
+    fn emit_tokens(&mut self, picks: &[(u32, usize)], plan: &mut StepPlan) -> InflightStep {
+        let bs = self.config.block_size;
+        let total: usize = picks.iter().map(|&(_, n)| n).sum();
+        plan.rows.reserve(picks.len());
+        plan.num_scheduled_tokens.reserve(picks.len());
+        plan.query_start_loc.reserve(picks.len() + 1);
+        plan.seq_lens.reserve(picks.len());
+        plan.input_ids.reserve(total);
+        plan.positions.reserve(total);
+        plan.slot_mapping.reserve(total);
+        plan.query_start_loc.push(0);
+        let mut step = InflightStep {
+            step_id: plan.step_id,
+            slots: Vec::with_capacity(picks.len()),
+            sampled: Vec::with_capacity(picks.len()),
+            pooled: Vec::new(),
+        };
+        let mut unpark = Vec::new();
+        for (idx, &(slot, n)) in picks.iter().enumerate() {
+            let seq = self.seqs[slot as usize].as_mut().unwrap();
+            let start = seq.num_computed;
+            let end = start + n;
+            let known = seq.tokens.len();
+            for pos in start..end {
+                let token = if pos < known { i64::from(seq.tokens[pos]) } else { PLACEHOLDER_TOKEN };
+                plan.input_ids.push(token);
+                plan.positions.push(pos as i64);
+                let block = seq.blocks[pos / bs] as i64;
+                plan.slot_mapping.push(block * bs as i64 + (pos % bs) as i64);
+            }
+            let row = seq.row.unwrap() as i32;
+            plan.rows.push(row);
+            plan.num_scheduled_tokens.push(n as i32);
+            plan.query_start_loc.push(plan.input_ids.len() as i32);
+            plan.seq_lens.push(end as i32);
+            if n == 1 && start >= seq.num_prompt {
+                self.counters.decode_tokens_scheduled += 1;
+            } else {
+                self.counters.prefill_tokens_scheduled += n as u64;
+            }
+            seq.num_computed = end;
+            seq.inflight_steps += 1;
+            step.slots.push(slot);
+            if seq.pooling {
+                plan.pool_indices.push(idx as i32);
+                step.pooled.push(slot);
+            } else if end == seq.num_tokens_with_pending() {
+                plan.logits_indices.push(plan.input_ids.len() as i64 - 1);
+                plan.sample_rows.push(row);
+                seq.pending_samples += 1;
+                step.sampled.push(slot);
+            }
+            if seq.index == 0 && start < seq.num_prompt && end >= seq.num_prompt {
+                unpark.push(slot);
+            }
+            // Blocks that are now full of known, computed tokens become findable.
+            let full = end.min(known) / bs;
+            if full > seq.num_registered {
+                seq.update_hashes(bs);
+                for i in seq.num_registered..full {
+                    self.pool.register(seq.blocks[i], seq.hashes[i]);
+                }
+                seq.num_registered = full;
+            }
+        }
+        for slot in unpark {
+            self.unpark_siblings(slot);
+        }
+        step
+    }
+
+    /// The first sample's prompt is scheduled: its parked siblings may now be admitted and
+    /// share its prompt blocks.
+    pub(super) fn unpark_siblings(&mut self, first: u32) {
+        let req = self.seq(first).unwrap().request_id.clone();
+        let Some(group) = self.requests.get(&req) else {
+            return;
+        };
+        let parked: Vec<u32> = group
+            .slots
+            .iter()
+            .copied()
+            .filter(|&s| self.seq(s).is_some_and(|q| q.state == SeqState::Parked))
+            .collect();
+        for slot in parked {
+            self.seq_mut(slot).state = SeqState::Waiting;
+            let rank = self.rank_of(slot);
+            self.waiting.insert(rank, slot);
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! Applying a step's result: sampled tokens join their sequences, stop conditions end
+//! them, and sequences that ended are freed once no in-flight step references them.
+
+use crate::error::{SchedError, SchedResult};
+use crate::plan::FinishReason;
+use crate::request::SeqState;
+
+use super::{InflightStep, Scheduler};
+
+impl Scheduler {
+    /// Applies the result of the oldest in-flight step: `sampled[k]` is the token sampled
+    /// for the k-th entry of that plan's `logits_indices`. A malformed result is rejected
+    /// before anything changes.
+    pub fn apply_result(&mut self, step_id: u64, sampled: &[i64]) -> SchedResult<()> {
+        let step = self.check_result(step_id, Some(sampled))?;
+        for (&slot, &token) in step.sampled.iter().zip(sampled) {
+            let token = token as u32;
+            let seq = self.seqs[slot as usize].as_mut().expect("live slot");
+            seq.pending_samples -= 1;
+            if seq.state == SeqState::Finished {
+                // Planned before its sequence was seen to finish: the extra token is dropped.
+                self.counters.discarded_tokens += 1;
+                continue;
+            }
+            seq.tokens.push(token);
+            let id = seq.id;
+            let stop = seq.check_stop(token, &self.config);
+            self.output.seq_ids.push(id);
+            self.output.token_ids.push(i64::from(token));
+            self.counters.generated_tokens += 1;
+            if let Some((reason, stop_token)) = stop {
+                self.end_sequence(slot, reason, stop_token);
+            }
+        }
+        for &slot in &step.pooled {
+            if self.seq(slot).unwrap().state != SeqState::Finished {
+                self.end_sequence(slot, FinishReason::Pooled, None);
+            }
+        }
+        self.retire(step);
+        Ok(())
+    }
+
+    /// The executor could not run `step_id`: every sequence in it ends with reason
+    /// `error` (sequences in it that had already ended are untouched).
+    pub fn fail_step(&mut self, step_id: u64) -> SchedResult<()> {
+        let step = self.check_result(step_id, None)?;
+        for &slot in &step.sampled {
+            self.seq_mut(slot).pending_samples -= 1;
+        }
+        for &slot in &step.slots {
+            if self.seq(slot).unwrap().state != SeqState::Finished {
+                self.end_sequence(slot, FinishReason::Error, None);
+            }
+        }
+        self.retire(step);
+        Ok(())
+    }
+
+    /// Pops the oldest in-flight step if `step_id` and the sample count match it.
+    fn check_result(&mut self, step_id: u64, sampled: Option<&[i64]>) -> SchedResult<InflightStep> {
+        let Some(front) = self.inflight.front() else {
+            return Err(SchedError::BadStepResult(format!("no step is in flight (got step {step_id})")));
+        };
+        if front.step_id != step_id {
+            return Err(SchedError::BadStepResult(format!(
+                "results must come in plan order: expected step {}, got {step_id}",
+                front.step_id
+            )));
+        }
+        if let Some(sampled) = sampled {
+            if sampled.len() != front.sampled.len() {
+                return Err(SchedError::BadStepResult(format!(
+                    "step {step_id} sampled {} sequences but {} tokens came back",
+                    front.sampled.len(),
+                    sampled.len()
+                )));
+            }
+            if let Some(bad) = sampled.iter().find(|&&t| !(0..=u32::MAX as i64).contains(&t)) {
+                return Err(SchedError::BadStepResult(format!(
+                    "step {step_id}: sampled token id {bad} is out of range"
+                )));
+            }
+        }
+        self.counters.steps_applied += 1;
+        Ok(self.inflight.pop_front().unwrap())
+    }
+
+    /// The step no longer references its sequences: free those that ended meanwhile.
+    fn retire(&mut self, step: InflightStep) {
+        for &slot in &step.slots {
+            self.seq_mut(slot).inflight_steps -= 1;
+            self.release_if_idle(slot);
+        }
+    }
+}
