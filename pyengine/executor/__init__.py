@@ -1,0 +1,9 @@
+"""The executor: runs one step plan through the model and samples.
+
+Modules: ``config`` (ExecutorConfig), ``plan`` (the StepPlan fields of docs/contract.md),
+``kv_cache`` (paged K/V tensors and their sizing), ``attention`` (SDPA and flash-attn
+backends, automatic selection), ``persistent_batch`` (per-row block tables, sampling
+parameters, token history, last sampled token), ``sampler`` / ``penalties`` /
+``seeded_noise`` / ``logprobs`` (batched sampling), ``pooling`` (embedding requests),
+``outputs`` (what a step returns) and ``model_runner`` (ties it together).
+"""

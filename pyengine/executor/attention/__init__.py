@@ -1,0 +1,6 @@
+"""Attention backends over the paged KV cache.
+
+``metadata`` (per-step layout shared by the backends), ``sdpa`` (PyTorch
+scaled_dot_product_attention, CPU and CUDA), ``flash`` (flash-attn varlen kernels, CUDA)
+and ``selector`` (which backend to use, and why).
+"""

@@ -1,0 +1,156 @@
+"""Paged attention with PyTorch's scaled_dot_product_attention (CPU and CUDA).
+
+Per step the sequences split into two groups:
+
+- single-query sequences (decodes, 1-token chunks): handled together. Their blocks are
+  gathered into one ``[R, L, kv_heads, head_dim]`` tensor and attended in one SDPA call;
+  GQA is folded into the query length (``[R, kv_heads, group, head_dim]``), so no K/V is
+  repeated, and a length mask is applied only when the lengths differ.
+- multi-token sequences (prefill chunks): one SDPA call each, causal, with the chunk's
+  earlier context read from the cache. There are few of them per step and each is large,
+  so the Python loop costs little next to the work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pyengine.executor.attention.metadata import StepAttentionLayout
+from pyengine.executor.kv_cache import PagedKVCache
+
+
+@dataclass
+class _SingleQueryGroup:
+    token_indices: Optional[torch.Tensor]  # None: the group is every token of the step, in order
+    block_ids: torch.Tensor  # int64 [R * width] flattened block tables
+    num_rows: int
+    kv_len: int  # longest context in the group
+    mask: Optional[torch.Tensor]  # bool [R, 1, 1, kv_len], None when all lengths equal kv_len
+
+
+@dataclass
+class _Chunk:
+    token_start: int
+    token_end: int
+    seq_len: int
+    block_ids: Optional[torch.Tensor]  # int64 [blocks]; None when the chunk is the whole sequence
+
+
+class SdpaBackend:
+    """Attention backend built on ``torch.nn.functional.scaled_dot_product_attention``."""
+
+    name = "sdpa"
+
+    def bind(self, cache: PagedKVCache, layout: StepAttentionLayout) -> "SdpaStepAttention":
+        return SdpaStepAttention(cache, layout)
+
+
+class SdpaStepAttention:
+    """One step's attention: writes K/V to the cache, then attends per group."""
+
+    def __init__(self, cache: PagedKVCache, layout: StepAttentionLayout) -> None:
+        self.cache = cache
+        self.slot_mapping = layout.slot_mapping
+        self.block_size = layout.block_size
+        self.single = _single_query_group(layout)
+        self.chunks = _multi_token_chunks(layout)
+
+    def attend(self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        key_slots, value_slots = self.cache.layer_slots(layer_index)
+        key_slots.index_copy_(0, self.slot_mapping, k)
+        value_slots.index_copy_(0, self.slot_mapping, v)
+        key_blocks, value_blocks = self.cache.layer_blocks(layer_index)
+        single = self.single
+        if single is not None and single.token_indices is None:
+            return self._attend_single(single, q, key_blocks, value_blocks)
+        out = torch.empty_like(q)
+        if single is not None:
+            out[single.token_indices] = self._attend_single(single, q[single.token_indices], key_blocks, value_blocks)
+        for chunk in self.chunks:
+            out[chunk.token_start : chunk.token_end] = self._attend_chunk(chunk, q, k, v, key_blocks, value_blocks)
+        return out
+
+    def _attend_single(
+        self, group: _SingleQueryGroup, q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: torch.Tensor
+    ) -> torch.Tensor:
+        rows, heads, head_dim = q.shape
+        kv_heads = key_blocks.shape[2]
+        keys = _gather_rows(key_blocks, group.block_ids, rows, group.kv_len)
+        values = _gather_rows(value_blocks, group.block_ids, rows, group.kv_len)
+        grouped_q = q.view(rows, kv_heads, heads // kv_heads, head_dim)
+        out = F.scaled_dot_product_attention(grouped_q, keys, values, attn_mask=group.mask)
+        return out.reshape(rows, heads, head_dim)
+
+    def _attend_chunk(
+        self,
+        chunk: _Chunk,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_blocks: torch.Tensor,
+        value_blocks: torch.Tensor,
+    ) -> torch.Tensor:
+        start, end = chunk.token_start, chunk.token_end
+        query = q[start:end].transpose(0, 1)
+        if chunk.block_ids is None:
+            keys, values = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
+            out = F.scaled_dot_product_attention(query, keys, values, is_causal=True, enable_gqa=True)
+        else:
+            keys = _gather_rows(key_blocks, chunk.block_ids, 1, chunk.seq_len)[0]
+            values = _gather_rows(value_blocks, chunk.block_ids, 1, chunk.seq_len)[0]
+            mask = _chunk_causal_mask(end - start, chunk.seq_len, q.device)
+            out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True)
+        return out.transpose(0, 1)
+
+
+def _gather_rows(blocks: torch.Tensor, block_ids: torch.Tensor, rows: int, length: int) -> torch.Tensor:
+    """Blocks of ``rows`` sequences -> ``[rows, kv_heads, length, head_dim]`` (a strided view)."""
+    _, block_size, kv_heads, head_dim = blocks.shape
+    gathered = blocks.index_select(0, block_ids).view(rows, -1, kv_heads, head_dim)
+    return gathered[:, :length].transpose(1, 2)
+
+
+def _chunk_causal_mask(query_len: int, seq_len: int, device: torch.device) -> torch.Tensor:
+    """Query i (at position seq_len - query_len + i) sees keys 0..that position."""
+    query_positions = torch.arange(seq_len - query_len, seq_len, device=device)
+    return torch.arange(seq_len, device=device)[None, :] <= query_positions[:, None]
+
+
+def _single_query_group(layout: StepAttentionLayout) -> Optional[_SingleQueryGroup]:
+    single = np.flatnonzero(layout.num_scheduled_tokens == 1)
+    if single.size == 0:
+        return None
+    device = layout.slot_mapping.device
+    lengths = layout.seq_lens[single]
+    kv_len = int(lengths.max())
+    width = -(-kv_len // layout.block_size)
+    everything = single.size == layout.num_scheduled_tokens.size
+    row_index = None if everything else torch.from_numpy(single).to(device)
+    tables = layout.block_tables if row_index is None else layout.block_tables.index_select(0, row_index)
+    block_ids = tables[:, :width].reshape(-1).to(torch.int64)
+    mask = None
+    if int(lengths.min()) != kv_len:
+        lengths_t = torch.from_numpy(lengths.astype(np.int64)).to(device)
+        mask = (torch.arange(kv_len, device=device)[None, :] < lengths_t[:, None]).view(single.size, 1, 1, kv_len)
+    token_indices = None
+    if not everything:
+        token_indices = torch.from_numpy(layout.query_start_loc[single].astype(np.int64)).to(device)
+    return _SingleQueryGroup(token_indices, block_ids, int(single.size), kv_len, mask)
+
+
+def _multi_token_chunks(layout: StepAttentionLayout) -> list[_Chunk]:
+    chunks = []
+    for index in np.flatnonzero(layout.num_scheduled_tokens > 1):
+        start, end = int(layout.query_start_loc[index]), int(layout.query_start_loc[index + 1])
+        seq_len = int(layout.seq_lens[index])
+        block_ids = None
+        if seq_len != end - start:  # earlier context lives in the cache
+            width = -(-seq_len // layout.block_size)
+            block_ids = layout.block_tables[index, :width].to(torch.int64)
+        chunks.append(_Chunk(start, end, seq_len, block_ids))
+    return chunks

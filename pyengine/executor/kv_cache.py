@@ -1,0 +1,73 @@
+"""The paged KV cache: two tensors per model, allocated once, and how many blocks fit.
+
+Layout (what both attention backends want): keys and values are each
+``[num_layers, num_blocks, block_size, num_kv_heads, head_dim]``; a token's slot is
+``block_id * block_size + position % block_size`` (``slot_mapping`` in the plan), so a
+layer's cache viewed as ``[num_blocks * block_size, num_kv_heads, head_dim]`` is indexed
+by slot directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class KVCacheShape:
+    """Per-block geometry of the cache for one model (this tensor-parallel rank's heads)."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Keys + values of one block across all layers."""
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * element
+
+
+class KVCacheTooSmallError(ValueError):
+    """The memory budget does not hold a single block (or fewer than the caller needs)."""
+
+
+def blocks_for_budget(shape: KVCacheShape, budget_bytes: int, most_useful: int) -> int:
+    """Blocks that fit in ``budget_bytes``, capped at ``most_useful`` (more could never be used)."""
+    blocks = budget_bytes // shape.bytes_per_block
+    if blocks < 1:
+        raise KVCacheTooSmallError(
+            f"KV cache budget of {budget_bytes} bytes holds no block (one block needs {shape.bytes_per_block} bytes)"
+        )
+    return int(min(blocks, most_useful))
+
+
+class PagedKVCache:
+    """Key and value tensors for every layer, zero-initialised (masked reads stay finite)."""
+
+    def __init__(self, shape: KVCacheShape, num_blocks: int, device: torch.device) -> None:
+        self.shape = shape
+        self.num_blocks = num_blocks
+        dims = (shape.num_layers, num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
+        self.keys = torch.zeros(dims, dtype=shape.dtype, device=device)
+        self.values = torch.zeros(dims, dtype=shape.dtype, device=device)
+
+    @property
+    def block_size(self) -> int:
+        return self.shape.block_size
+
+    @property
+    def num_bytes(self) -> int:
+        return self.num_blocks * self.shape.bytes_per_block
+
+    def layer_blocks(self, layer_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of one layer, ``[num_blocks, block_size, kv_heads, head_dim]``."""
+        return self.keys[layer_index], self.values[layer_index]
+
+    def layer_slots(self, layer_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of one layer viewed by slot, ``[num_slots, kv_heads, head_dim]``."""
+        keys, values = self.layer_blocks(layer_index)
+        return keys.flatten(0, 1), values.flatten(0, 1)

@@ -1,0 +1,176 @@
+"""The ModelRunner: executes one step plan (docs/contract.md) and returns sampled tokens.
+
+Flow of :meth:`ModelRunner.execute`: apply the plan's row changes to the persistent batch
+-> build input tensors (placeholders filled from ``last_sampled`` on the device) -> model
+forward over the paged KV cache -> logits of ``logits_indices`` only -> sampler ->
+remember the samples -> pool the embedding sequences.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Union
+
+import numpy as np
+import torch
+
+from pyengine.executor.attention.metadata import StepAttentionLayout
+from pyengine.executor.attention.selector import select_attention_backend
+from pyengine.executor.config import ExecutorConfig
+from pyengine.executor.kv_cache import KVCacheShape, PagedKVCache
+from pyengine.executor.memory_profile import decide_num_blocks
+from pyengine.executor.outputs import StepOutput
+from pyengine.executor.persistent_batch import PersistentBatch, RequestParams
+from pyengine.executor.plan import StepPlanLike
+from pyengine.executor.pooling import pool_hidden_states
+from pyengine.executor.sampler import Sampler
+from pyengine.models.loader import LoadedModel, load_model
+
+logger = logging.getLogger(__name__)
+
+_EMPTY_TOKENS = np.zeros(0, dtype=np.int64)
+
+
+class ModelRunner:
+    """Owns the model, the KV cache, the persistent batch and the sampler (one device)."""
+
+    def __init__(self, loaded: LoadedModel, config: ExecutorConfig) -> None:
+        self.config = config
+        self.loaded = loaded
+        self.model = loaded.model
+        self.device = loaded.device
+        model_config = loaded.config
+        self.max_model_len = _max_model_len(config, model_config.max_position_embeddings)
+        self.block_size = config.block_size
+        self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
+        self.attention_backend = select_attention_backend(config.attention_backend, self.device, loaded.dtype)
+        self.kv_shape = KVCacheShape(
+            num_layers=model_config.num_hidden_layers,
+            num_kv_heads=self.model.num_kv_heads,
+            head_dim=model_config.head_dim,
+            block_size=self.block_size,
+            dtype=loaded.dtype,
+        )
+        num_blocks = decide_num_blocks(
+            config, self.kv_shape, self.device, config.max_num_seqs * self.max_blocks_per_seq, self._profile_forward
+        )
+        self.kv_cache = PagedKVCache(self.kv_shape, num_blocks, self.device)
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%.1f MiB), attention backend %s",
+            num_blocks, self.block_size, self.kv_cache.num_bytes / 2**20, self.attention_backend.name,
+        )
+        self.batch = PersistentBatch(config.max_num_seqs, self.max_blocks_per_seq, model_config.vocab_size, self.device)
+        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.sampler = Sampler(self.batch.sampling, self.generator)
+
+    @classmethod
+    def from_pretrained(cls, path: Union[str, Path], config: ExecutorConfig = ExecutorConfig()) -> "ModelRunner":
+        """Load the checkpoint folder ``path`` (or dummy weights) and build a runner."""
+        loaded = load_model(
+            path, dtype=config.dtype, device=config.device, load_format=config.load_format, seed=config.seed
+        )
+        return cls(loaded, config)
+
+    @property
+    def num_kv_blocks(self) -> int:
+        """Blocks in the KV cache (what the scheduler's block pool must be sized to)."""
+        return self.kv_cache.num_blocks
+
+    @torch.inference_mode()
+    def execute(
+        self,
+        plan: StepPlanLike,
+        params: Mapping[int, RequestParams],
+        *,
+        return_logits: bool = False,
+        return_hidden: bool = False,
+    ) -> StepOutput:
+        """Run one plan. ``params`` maps seq id -> parameters for the plan's ``new_seq_ids``."""
+        self.batch.apply_plan(plan, params)
+        num_tokens = len(plan.input_ids)
+        if num_tokens == 0:
+            return StepOutput(plan.step_id, _EMPTY_TOKENS)
+        device = self.device
+        rows = _to_device(plan.rows, torch.int64, device)
+        input_ids = self._input_ids(plan, rows)
+        positions = _to_device(plan.positions, torch.int64, device)
+        layout = self._layout(plan, rows)
+        hidden = self.model(input_ids, positions, self.attention_backend.bind(self.kv_cache, layout))
+        output = StepOutput(plan.step_id, _EMPTY_TOKENS, hidden_states=hidden if return_hidden else None)
+        if len(plan.logits_indices):
+            logits_indices = _to_device(plan.logits_indices, torch.int64, device)
+            logits = self.model.compute_logits(hidden.index_select(0, logits_indices))
+            sample_rows = _to_device(plan.sample_rows, torch.int64, device)
+            result = self.sampler.sample(logits, plan.sample_rows, positions[logits_indices] + 1, self.batch.history)
+            self.batch.record_sampled(sample_rows, result.token_ids)
+            output.sampled_token_ids = result.token_ids.cpu().numpy()
+            output.logprobs = result.logprobs
+            output.logits = logits if return_logits else None
+        if len(plan.pool_indices):
+            output.pooled = self._pool(plan, hidden)
+        return output
+
+    def _input_ids(self, plan: StepPlanLike, rows: torch.Tensor) -> torch.Tensor:
+        input_ids = _to_device(plan.input_ids, torch.int64, self.device)
+        placeholders = np.flatnonzero(plan.input_ids < 0)
+        if placeholders.size:
+            owners = np.searchsorted(plan.query_start_loc, placeholders, side="right") - 1
+            owner_rows = rows[torch.from_numpy(owners).to(self.device)]
+            input_ids[torch.from_numpy(placeholders).to(self.device)] = self.batch.last_sampled[owner_rows]
+        return input_ids
+
+    def _layout(self, plan: StepPlanLike, rows: torch.Tensor) -> StepAttentionLayout:
+        width = -(-int(plan.seq_lens.max()) // self.block_size)
+        return StepAttentionLayout(
+            query_start_loc=plan.query_start_loc,
+            seq_lens=plan.seq_lens,
+            num_scheduled_tokens=plan.num_scheduled_tokens,
+            slot_mapping=_to_device(plan.slot_mapping, torch.int64, self.device),
+            block_tables=self.batch.block_table.index_select(0, rows)[:, :width],
+            block_size=self.block_size,
+        )
+
+    def _pool(self, plan: StepPlanLike, hidden: torch.Tensor) -> torch.Tensor:
+        indices = plan.pool_indices.astype(np.int64)
+        starts = plan.query_start_loc[indices].astype(np.int64)
+        ends = plan.query_start_loc[indices + 1].astype(np.int64)
+        pool_params = [self.batch.pooling[int(row)] for row in plan.rows[indices]]
+        return pool_hidden_states(hidden, starts, ends, pool_params)
+
+    @torch.inference_mode()
+    def _profile_forward(self) -> None:
+        """Run the largest step (one prefill of max_num_batched_tokens) on a scratch cache."""
+        tokens = min(self.config.max_num_batched_tokens, self.max_model_len)
+        blocks = -(-tokens // self.block_size)
+        scratch = PagedKVCache(self.kv_shape, blocks, self.device)
+        layout = StepAttentionLayout(
+            query_start_loc=np.array([0, tokens], dtype=np.int64),
+            seq_lens=np.array([tokens], dtype=np.int64),
+            num_scheduled_tokens=np.array([tokens], dtype=np.int64),
+            slot_mapping=torch.arange(tokens, device=self.device),
+            block_tables=torch.arange(blocks, dtype=torch.int32, device=self.device)[None, :],
+            block_size=self.block_size,
+        )
+        input_ids = torch.zeros(tokens, dtype=torch.int64, device=self.device)
+        positions = torch.arange(tokens, device=self.device)
+        hidden = self.model(input_ids, positions, self.attention_backend.bind(scratch, layout))
+        sampled_rows = min(self.config.max_num_seqs, tokens)
+        logits = self.model.compute_logits(hidden[:sampled_rows])
+        torch.softmax(logits, dim=-1).sort(dim=-1)
+        del scratch, hidden, logits
+
+
+def _max_model_len(config: ExecutorConfig, max_positions: int) -> int:
+    if config.max_model_len is None:
+        return max_positions
+    if config.max_model_len > max_positions:
+        raise ValueError(
+            f"max_model_len ({config.max_model_len}) exceeds the model's max_position_embeddings ({max_positions})"
+        )
+    return config.max_model_len
+
+
+def _to_device(array: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=dtype)

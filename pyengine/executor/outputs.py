@@ -1,0 +1,43 @@
+"""What one executed step returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+
+@dataclass
+class LogprobsOutput:
+    """Log-probabilities of the final (processed) distribution, one row per sampled entry.
+
+    ``top_token_ids`` / ``top_logprobs`` are ``[S, k]`` with k the largest ``logprobs``
+    requested in the step (rows that asked for fewer use a prefix); ``sampled_logprobs``
+    and ``sampled_ranks`` (1 = most likely) describe the sampled token itself.
+    """
+
+    top_token_ids: np.ndarray  # int64 [S, k]
+    top_logprobs: np.ndarray  # float32 [S, k]
+    sampled_logprobs: np.ndarray  # float32 [S]
+    sampled_ranks: np.ndarray  # int64 [S]
+    requested: np.ndarray  # int64 [S]: logprobs asked by each row (-1 = none)
+
+
+@dataclass
+class StepOutput:
+    """Result of :meth:`ModelRunner.execute` for one plan.
+
+    ``sampled_token_ids`` is aligned with the plan's ``logits_indices`` (what
+    ``submit_result`` wants); ``pooled`` with ``pool_indices``. ``logits`` (raw float32 logits
+    of ``logits_indices``) and ``hidden_states`` (final-normed, every token) are only
+    filled when asked for (tests, debugging).
+    """
+
+    step_id: int
+    sampled_token_ids: np.ndarray  # int64 [S]
+    logprobs: Optional[LogprobsOutput] = None
+    pooled: Optional[torch.Tensor] = None  # float32 [P, hidden]
+    logits: Optional[torch.Tensor] = None
+    hidden_states: Optional[torch.Tensor] = None

@@ -1,0 +1,90 @@
+"""The executor's persistent batch: state kept per row across steps.
+
+A row is a slot of the batch (``0 <= row < max_num_seqs``, see docs/contract.md). For each
+row the executor keeps its block table, its sampling (or pooling) parameters, the token
+history penalties need, and the last token it sampled (on the device, to fill the
+plan's placeholders). A plan changes this state only through its ``freed_rows``,
+``new_*`` and ``block_table_*`` arrays, applied before the step runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Optional, Union
+
+import numpy as np
+import torch
+
+from pyengine.executor.penalties import TokenHistory, history_entries
+from pyengine.executor.plan import StepPlanLike
+from pyengine.executor.sampling_table import SamplingTable
+from pyengine.sampling_params import PoolingParams, SamplingParams
+
+RequestParams = Union[SamplingParams, PoolingParams]
+
+
+class PlanStateError(ValueError):
+    """A plan refers to something the executor was not told about (e.g. unknown seq id)."""
+
+
+class PersistentBatch:
+    """Row-indexed state on the device (block tables, last sampled token, sampling params)."""
+
+    def __init__(self, max_rows: int, max_blocks_per_seq: int, vocab_size: int, device: torch.device) -> None:
+        self.max_rows = max_rows
+        self.vocab_size = vocab_size
+        self.device = device
+        self.block_table = torch.zeros(max_rows, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.last_sampled = torch.zeros(max_rows, dtype=torch.int64, device=device)
+        self.sampling = SamplingTable(max_rows, device)
+        self.pooling: dict[int, PoolingParams] = {}
+        self.history: Optional[TokenHistory] = None
+
+    def apply_plan(self, plan: StepPlanLike, params: Mapping[int, RequestParams]) -> None:
+        """Release freed rows, install new sequences, write block-table changes."""
+        for row in plan.freed_rows.tolist():
+            self.pooling.pop(row, None)
+        if len(plan.new_rows):
+            self._install_new_rows(plan, params)
+        if len(plan.block_table_rows):
+            rows = torch.from_numpy(plan.block_table_rows.astype(np.int64)).to(self.device)
+            cols = torch.from_numpy(plan.block_table_cols.astype(np.int64)).to(self.device)
+            ids = torch.from_numpy(plan.block_table_ids.astype(np.int32)).to(self.device)
+            self.block_table[rows, cols] = ids
+
+    def _install_new_rows(self, plan: StepPlanLike, params: Mapping[int, RequestParams]) -> None:
+        rows = plan.new_rows.astype(np.int64)
+        try:
+            request_params = [params[int(seq_id)] for seq_id in plan.new_seq_ids.tolist()]
+        except KeyError as error:
+            raise PlanStateError(f"plan {plan.step_id}: no parameters given for new sequence {error.args[0]}") from None
+        is_sampling = np.array([isinstance(p, SamplingParams) for p in request_params], dtype=bool)
+        sampling_rows = rows[is_sampling]
+        self.sampling.install(sampling_rows, [p for p in request_params if isinstance(p, SamplingParams)])
+        self.sampling.install_non_sampling(rows[~is_sampling])
+        for row, p in zip(rows.tolist(), request_params):
+            if isinstance(p, PoolingParams):
+                self.pooling[row] = p
+            else:
+                self.pooling.pop(row, None)
+        self._install_history(plan, rows)
+
+    def _install_history(self, plan: StepPlanLike, rows: np.ndarray) -> None:
+        if self.history is None:
+            if not self.sampling.uses_penalties[rows].any():
+                return
+            self.history = TokenHistory(self.max_rows, self.vocab_size, self.device)
+        row_index = torch.from_numpy(rows).to(self.device)
+        self.history.reset_rows(row_index)
+        token_rows, tokens, is_prompt = history_entries(
+            rows, plan.new_token_offsets, plan.new_token_ids, plan.new_num_prompt_tokens
+        )
+        to_device = lambda array: torch.from_numpy(np.ascontiguousarray(array)).to(self.device)  # noqa: E731
+        self.history.add_prompt_tokens(to_device(token_rows[is_prompt]), to_device(tokens[is_prompt]))
+        self.history.add_output_tokens(to_device(token_rows[~is_prompt]), to_device(tokens[~is_prompt]))
+
+    def record_sampled(self, rows: torch.Tensor, token_ids: torch.Tensor) -> None:
+        """Remember this step's samples (placeholders of the next plan; penalty history)."""
+        self.last_sampled[rows] = token_ids
+        if self.history is not None:
+            self.history.add_output_tokens(rows, token_ids)

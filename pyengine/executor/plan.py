@@ -1,0 +1,67 @@
+"""The step plan the executor consumes (fields and meaning: docs/contract.md).
+
+The Rust scheduler hands over an object with these attributes as numpy arrays; the
+executor only reads attributes, so any object with the same names works.
+:class:`StepPlan` is the pure-Python twin used by tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+PLACEHOLDER_TOKEN = -1
+"""In ``input_ids``: "the token sampled for this row in the previous step"."""
+
+
+class StepPlanLike(Protocol):
+    """The attributes the executor reads from a plan."""
+
+    step_id: int
+    rows: np.ndarray
+    num_scheduled_tokens: np.ndarray
+    query_start_loc: np.ndarray
+    seq_lens: np.ndarray
+    input_ids: np.ndarray
+    positions: np.ndarray
+    slot_mapping: np.ndarray
+    logits_indices: np.ndarray
+    sample_rows: np.ndarray
+    pool_indices: np.ndarray
+    block_table_rows: np.ndarray
+    block_table_cols: np.ndarray
+    block_table_ids: np.ndarray
+    new_rows: np.ndarray
+    new_seq_ids: np.ndarray
+    new_num_prompt_tokens: np.ndarray
+    new_token_offsets: np.ndarray
+    new_token_ids: np.ndarray
+    freed_rows: np.ndarray
+
+
+@dataclass
+class StepPlan:
+    """A plan built in Python (same fields, dtypes and meaning as the scheduler's)."""
+
+    step_id: int
+    rows: np.ndarray
+    num_scheduled_tokens: np.ndarray
+    query_start_loc: np.ndarray
+    seq_lens: np.ndarray
+    input_ids: np.ndarray
+    positions: np.ndarray
+    slot_mapping: np.ndarray
+    logits_indices: np.ndarray
+    sample_rows: np.ndarray
+    pool_indices: np.ndarray
+    block_table_rows: np.ndarray
+    block_table_cols: np.ndarray
+    block_table_ids: np.ndarray
+    new_rows: np.ndarray
+    new_seq_ids: np.ndarray
+    new_num_prompt_tokens: np.ndarray
+    new_token_offsets: np.ndarray
+    new_token_ids: np.ndarray
+    freed_rows: np.ndarray

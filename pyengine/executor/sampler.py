@@ -1,0 +1,128 @@
+"""Batched sampling: penalties, temperature, top-k / top-p / min-p, seeds, logprobs.
+
+Everything is a tensor operation over the ``S`` rows sampled in the step; the host-side
+flags of :class:`SamplingTable` skip the stages no row of the step uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from pyengine.executor.outputs import LogprobsOutput
+from pyengine.executor.penalties import TokenHistory, apply_penalties
+from pyengine.executor.sampling_table import SamplingTable
+from pyengine.executor.seeded_noise import seeded_exponential_noise
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: torch.Tensor  # int64 [S], on the device
+    logprobs: Optional[LogprobsOutput]
+
+
+class Sampler:
+    """Turns logits of the sampled rows into tokens (and logprobs when asked)."""
+
+    def __init__(self, table: SamplingTable, generator: torch.Generator) -> None:
+        self.table = table
+        self.generator = generator
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        rows: np.ndarray,
+        next_positions: torch.Tensor,
+        history: Optional[TokenHistory],
+    ) -> SamplerOutput:
+        """``logits`` float32 [S, vocab]; ``rows`` [S] host rows; ``next_positions`` [S] device
+        positions of the tokens being sampled (seeded noise keys on them)."""
+        table = self.table
+        row_index = torch.from_numpy(rows.astype(np.int64)).to(logits.device)
+        if history is not None and table.uses_penalties[rows].any():
+            logits = apply_penalties(
+                logits,
+                history.prompt_mask[row_index],
+                history.output_counts[row_index],
+                table.values["repetition_penalty"][row_index],
+                table.values["presence_penalty"][row_index],
+                table.values["frequency_penalty"][row_index],
+            )
+        greedy = table.greedy[rows]
+        if greedy.all():
+            token_ids, processed = logits.argmax(dim=-1), logits
+        else:
+            token_ids, processed = self._sample_random(logits, rows, row_index, next_positions, greedy)
+        wanted = table.logprobs[rows]
+        logprobs = compute_logprobs(processed, token_ids, wanted) if (wanted >= 0).any() else None
+        return SamplerOutput(token_ids, logprobs)
+
+    def _sample_random(
+        self,
+        logits: torch.Tensor,
+        rows: np.ndarray,
+        row_index: torch.Tensor,
+        next_positions: torch.Tensor,
+        greedy: np.ndarray,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        table = self.table
+        greedy_rows = table.greedy_device[row_index]
+        temperature = torch.where(greedy_rows, 1.0, table.values["temperature"][row_index])
+        scaled = logits / temperature[:, None]
+        if table.uses_top_k_top_p[rows].any():
+            scaled = apply_top_k_top_p(scaled, table.top_k[row_index], table.values["top_p"][row_index])
+        if table.uses_min_p[rows].any():
+            scaled = apply_min_p(scaled, table.values["min_p"][row_index])
+        probs = torch.softmax(scaled, dim=-1)
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        seeded = np.flatnonzero(table.has_seed[rows])
+        if seeded.size:
+            seeded_index = torch.from_numpy(seeded).to(logits.device)
+            noise[seeded_index] = seeded_exponential_noise(
+                table.seed[row_index[seeded_index]], next_positions[seeded_index], logits.shape[-1]
+            )
+        sampled = (probs / noise).argmax(dim=-1)
+        token_ids = torch.where(greedy_rows, logits.argmax(dim=-1), sampled)
+        processed = torch.where(greedy_rows[:, None], logits, scaled) if greedy.any() else scaled
+        return token_ids, processed
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask (to -inf) tokens outside each row's top-k and nucleus (top_k 0 = off, top_p 1 = off)."""
+    vocab = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
+    kth_largest = sorted_logits.gather(1, (vocab - k).unsqueeze(1))
+    remove = sorted_logits < kth_largest
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    outside_nucleus = cumulative <= (1.0 - top_p).unsqueeze(1)
+    outside_nucleus[:, -1] = False  # the most likely token always stays
+    sorted_logits = sorted_logits.masked_fill(outside_nucleus, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Mask tokens whose probability is below ``min_p`` times the most likely one's."""
+    probs = logits.softmax(dim=-1)
+    threshold = probs.max(dim=-1, keepdim=True).values * min_p.unsqueeze(1)
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def compute_logprobs(processed: torch.Tensor, token_ids: torch.Tensor, wanted: np.ndarray) -> LogprobsOutput:
+    """Top-k logprobs of the final distribution, plus the sampled token's logprob and rank."""
+    logprobs = torch.log_softmax(processed, dim=-1)
+    k = int(wanted.max())
+    top_logprobs, top_ids = logprobs.topk(k, dim=-1) if k > 0 else (logprobs[:, :0], token_ids[:, None][:, :0])
+    sampled = logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
+    ranks = (logprobs > sampled.unsqueeze(1)).sum(dim=-1) + 1
+    return LogprobsOutput(
+        top_token_ids=top_ids.cpu().numpy().astype(np.int64),
+        top_logprobs=top_logprobs.float().cpu().numpy(),
+        sampled_logprobs=sampled.float().cpu().numpy(),
+        sampled_ranks=ranks.cpu().numpy().astype(np.int64),
+        requested=wanted.copy(),
+    )

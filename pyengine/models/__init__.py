@@ -1,0 +1,8 @@
+"""Decoder models of the Llama family, written against the paged KV cache.
+
+Modules: ``config`` (parse a Hugging Face config.json), ``rope`` (rotary embeddings with
+Llama-3 / linear scaling), ``layers`` (norm, tensor-parallel-ready linears, MLP, attention),
+``decoder`` (the decoder model and its per-architecture classes), ``registry``
+(architecture name -> class), ``checkpoint`` (safetensors reading), ``loader`` (model,
+tokenizer and generation config from a folder) and ``errors``.
+"""

@@ -1,0 +1,179 @@
+"""Parse a Hugging Face ``config.json`` into the one config our decoder models read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from pyengine.models.errors import UnsupportedModelError
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True, slots=True)
+class RopeConfig:
+    """Rotary embedding parameters (``rope_type`` "default", "linear" or "llama3")."""
+
+    theta: float = 10000.0
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderConfig:
+    """Shape and flavour of a Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3)."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    bos_token_id: Optional[int] = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def model_type(self) -> str:
+        """Lower-case family name used in messages."""
+        return self.architecture.removesuffix("ForCausalLM").lower()
+
+
+_ARCH_FLAVOURS = {
+    # architecture: (qkv_bias default, qk_norm)
+    "LlamaForCausalLM": (False, False),
+    "MistralForCausalLM": (False, False),
+    "Qwen2ForCausalLM": (True, False),
+    "Qwen3ForCausalLM": (False, True),
+}
+_MODEL_TYPE_TO_ARCH = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+def supported_architectures() -> tuple[str, ...]:
+    """Architecture names (``config.json: architectures``) this engine can run."""
+    return tuple(_ARCH_FLAVOURS)
+
+
+def parse_decoder_config(raw: dict[str, Any]) -> DecoderConfig:
+    """Validate a config.json dict and turn it into a :class:`DecoderConfig`.
+
+    Raises :class:`UnsupportedModelError` naming the offending field for anything the
+    models do not implement (another architecture, a sliding window, an unknown rope type,
+    a non-SiLU activation, biases other than Qwen2's qkv bias).
+    """
+    architecture = _architecture(raw)
+    qkv_bias_default, qk_norm = _ARCH_FLAVOURS[architecture]
+    hidden_size = _required_int(raw, "hidden_size")
+    num_heads = _required_int(raw, "num_attention_heads")
+    num_kv_heads = int(raw.get("num_key_value_heads") or num_heads)
+    head_dim = raw.get("head_dim") or hidden_size // num_heads
+    if num_heads % num_kv_heads != 0:
+        raise UnsupportedModelError(
+            f"num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads ({num_kv_heads})"
+        )
+    max_positions = int(raw.get("max_position_embeddings") or 2048)
+    _refuse_unsupported_features(raw, architecture, max_positions)
+    qkv_bias = bool(raw.get("attention_bias", qkv_bias_default))
+    if architecture == "Qwen2ForCausalLM":
+        qkv_bias = True
+    eos = raw.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+    return DecoderConfig(
+        architecture=architecture,
+        vocab_size=_required_int(raw, "vocab_size"),
+        hidden_size=hidden_size,
+        intermediate_size=_required_int(raw, "intermediate_size"),
+        num_hidden_layers=_required_int(raw, "num_hidden_layers"),
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=int(head_dim),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=max_positions,
+        rope=_rope_config(raw),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        qkv_bias=qkv_bias,
+        qk_norm=qk_norm,
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_ids=eos_ids,
+    )
+
+
+def _architecture(raw: dict[str, Any]) -> str:
+    architectures = raw.get("architectures") or []
+    if architectures:
+        name = architectures[0]
+        if name not in _ARCH_FLAVOURS:
+            raise UnsupportedModelError(
+                f"architectures: {name!r} is not supported (supported: {', '.join(_ARCH_FLAVOURS)})"
+            )
+        return name
+    model_type = raw.get("model_type")
+    if model_type not in _MODEL_TYPE_TO_ARCH:
+        raise UnsupportedModelError(
+            f"model_type: {model_type!r} is not supported (supported: {', '.join(_MODEL_TYPE_TO_ARCH)})"
+        )
+    return _MODEL_TYPE_TO_ARCH[model_type]
+
+
+def _required_int(raw: dict[str, Any], name: str) -> int:
+    value = raw.get(name)
+    if not isinstance(value, int) or value <= 0:
+        raise UnsupportedModelError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _refuse_unsupported_features(raw: dict[str, Any], architecture: str, max_positions: int) -> None:
+    activation = raw.get("hidden_act", "silu")
+    if activation != "silu":
+        raise UnsupportedModelError(f"hidden_act: {activation!r} is not supported (only 'silu')")
+    if raw.get("mlp_bias"):
+        raise UnsupportedModelError("mlp_bias: true is not supported")
+    window = raw.get("sliding_window")
+    uses_window = raw.get("use_sliding_window", architecture == "MistralForCausalLM")
+    if uses_window and window is not None and int(window) < max_positions:
+        raise UnsupportedModelError(
+            f"sliding_window: {window} is not supported (sliding-window attention is not implemented; "
+            f"only windows >= max_position_embeddings ({max_positions}) are accepted)"
+        )
+    layer_types = raw.get("layer_types")
+    if layer_types and any(kind != "full_attention" for kind in layer_types):
+        raise UnsupportedModelError(f"layer_types: only 'full_attention' layers are supported, got {sorted(set(layer_types))}")
+
+
+def _rope_config(raw: dict[str, Any]) -> RopeConfig:
+    # transformers 5 writes `rope_parameters` (theta inside); older checkpoints write
+    # `rope_theta` and an optional `rope_scaling`.
+    params = dict(raw.get("rope_parameters") or {})
+    scaling = raw.get("rope_scaling") or {}
+    merged = {**scaling, **params}
+    theta = float(merged.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    rope_type = merged.get("rope_type", merged.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"rope_scaling.rope_type: {rope_type!r} is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+        )
+    if raw.get("partial_rotary_factor", 1.0) != 1.0:
+        raise UnsupportedModelError("partial_rotary_factor: only 1.0 is supported")
+    return RopeConfig(
+        theta=theta,
+        rope_type=rope_type,
+        factor=float(merged.get("factor", 1.0)),
+        low_freq_factor=float(merged.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(merged.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(merged.get("original_max_position_embeddings", 8192)),
+    )

@@ -1,0 +1,126 @@
+"""The Llama-family decoder: one implementation, four architectures.
+
+Llama 2/3, Mistral, Qwen2 and Qwen3 differ only in flags read from the config (qkv bias,
+q/k norm, explicit head_dim, rope scaling, tied embeddings), so they share this module;
+the per-architecture classes exist so the registry maps names to types, as users expect.
+
+The forward pass takes a flat batch of tokens (no padding): ``input_ids`` and
+``positions`` of shape [T], plus an :class:`~pyengine.models.layers.AttentionOp` that owns
+the KV cache layout. Logits are computed only for the rows the caller asks for.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+
+from pyengine.models.config import DecoderConfig
+from pyengine.models.layers import AttentionOp, DecoderAttention, GatedMLP, RMSNorm, WeightSlot
+from pyengine.models.parallel import ParallelContext
+from pyengine.models.rope import RotaryEmbedding
+
+
+class DecoderLayer(torch.nn.Module):
+    """Pre-norm attention block followed by a pre-norm gated MLP block."""
+
+    def __init__(self, config: DecoderConfig, layer_index: int, parallel: ParallelContext) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = DecoderAttention(config, layer_index, parallel)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = GatedMLP(config, parallel)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: AttentionOp) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, attention)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+    def slots(self, prefix: str) -> dict[str, WeightSlot]:
+        return {
+            **self.input_layernorm.slots(f"{prefix}.input_layernorm.weight"),
+            **self.self_attn.slots(f"{prefix}.self_attn"),
+            **self.post_attention_layernorm.slots(f"{prefix}.post_attention_layernorm.weight"),
+            **self.mlp.slots(f"{prefix}.mlp"),
+        }
+
+
+# Checkpoint tensors that carry no weights we need (precomputed rope tables).
+_IGNORED_CHECKPOINT_TENSORS = re.compile(r".*rotary_emb\.inv_freq$")
+
+
+class DecoderForCausalLM(torch.nn.Module):
+    """Embeddings, decoder layers, final norm and the LM head."""
+
+    def __init__(self, config: DecoderConfig, parallel: ParallelContext | None = None) -> None:
+        super().__init__()
+        parallel = parallel or ParallelContext()
+        self.config = config
+        self.parallel = parallel
+        # Embedding and LM head are replicated across tensor-parallel ranks for now.
+        self.embed_tokens = torch.nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = torch.nn.ModuleList(
+            DecoderLayer(config, index, parallel) for index in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # A tied model has no LM head parameter of its own (see ``output_embedding``).
+        self.lm_head = None if config.tie_word_embeddings else torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings)
+
+    @property
+    def output_embedding(self) -> torch.Tensor:
+        """The LM head matrix [vocab, hidden] (the input embedding when tied)."""
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    @property
+    def num_kv_heads(self) -> int:
+        """KV heads held by this rank (what the KV cache must store per layer)."""
+        return self.layers[0].self_attn.num_kv_heads
+
+    @property
+    def num_heads(self) -> int:
+        return self.layers[0].self_attn.num_heads
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionOp) -> torch.Tensor:
+        """Final-normed hidden states [T, hidden] for a flat batch of tokens."""
+        hidden = self.embed_tokens(input_ids)
+        cos, sin = self.rotary.cos_sin(positions, hidden.dtype)
+        for layer in self.layers:
+            hidden = layer(hidden, cos, sin, attention)
+        return self.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits [N, vocab] for the given hidden states [N, hidden]."""
+        return F.linear(hidden, self.output_embedding).float()
+
+    def weight_slots(self) -> dict[str, WeightSlot]:
+        """Every checkpoint tensor the model needs, by Hugging Face name."""
+        slots = {"model.embed_tokens.weight": WeightSlot(self.embed_tokens.weight, tuple(self.embed_tokens.weight.shape))}
+        for index, layer in enumerate(self.layers):
+            slots.update(layer.slots(f"model.layers.{index}"))
+        slots.update(self.norm.slots("model.norm.weight"))
+        if self.lm_head is not None:
+            slots["lm_head.weight"] = WeightSlot(self.lm_head.weight, tuple(self.lm_head.weight.shape))
+        return slots
+
+    def is_ignorable_checkpoint_tensor(self, name: str) -> bool:
+        """Tensors a checkpoint may carry that the model does not need."""
+        if self.config.tie_word_embeddings and name == "lm_head.weight":
+            return True
+        return _IGNORED_CHECKPOINT_TENSORS.match(name) is not None
+
+
+class LlamaForCausalLM(DecoderForCausalLM):
+    """Llama 2 / 3 (rope scaling ``llama3`` or ``linear``)."""
+
+
+class MistralForCausalLM(DecoderForCausalLM):
+    """Mistral (without sliding-window attention)."""
+
+
+class Qwen2ForCausalLM(DecoderForCausalLM):
+    """Qwen2 / Qwen2.5 (bias on q/k/v projections)."""
+
+
+class Qwen3ForCausalLM(DecoderForCausalLM):
+    """Qwen3 dense (RMSNorm on q and k, explicit head_dim)."""

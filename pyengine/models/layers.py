@@ -1,0 +1,168 @@
+"""Building blocks of a Llama-family decoder layer.
+
+Linears are tensor-parallel aware: a column-parallel linear owns a slice of the output
+features (merged projections such as q/k/v or gate/up keep one slice of each part), a
+row-parallel linear owns a slice of the input features and all-reduces its output. Each
+linear also says which checkpoint tensors fill which rows of its parameters
+(:class:`WeightSlot`), so the loader can check names and shapes without knowing layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from pyengine.models.config import DecoderConfig
+from pyengine.models.parallel import ParallelContext
+from pyengine.models.rope import apply_rotary
+
+
+@dataclass(frozen=True, slots=True)
+class WeightSlot:
+    """Where one checkpoint tensor goes.
+
+    The checkpoint holds the full (unsharded) tensor of shape ``checkpoint_shape``; this
+    rank keeps ``shard_rows`` of it along ``shard_dim`` (None: replicated) and copies them
+    into ``parameter`` rows ``[row_offset, row_offset + rows)`` (the whole parameter when
+    ``row_offset`` is None).
+    """
+
+    parameter: torch.nn.Parameter
+    checkpoint_shape: tuple[int, ...]
+    shard_dim: Optional[int] = None
+    row_offset: Optional[int] = None
+
+
+class AttentionOp(Protocol):
+    """What a model layer calls to attend: write this step's K/V, return attention output."""
+
+    def attend(self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [T, heads, head_dim], k/v [T, kv_heads, head_dim] -> [T, heads, head_dim]."""
+        ...
+
+
+class RMSNorm(torch.nn.Module):
+    """Root-mean-square norm computed in float32, as the reference implementations do."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.to(torch.float32)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+    def slots(self, name: str) -> dict[str, WeightSlot]:
+        return {name: WeightSlot(self.weight, tuple(self.weight.shape))}
+
+
+class ColumnParallelLinear(torch.nn.Module):
+    """y = x W^T (+ b) where this rank owns a slice of every part of the output features."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool, parallel: ParallelContext) -> None:
+        super().__init__()
+        self.parallel = parallel
+        self.output_sizes = list(output_sizes)
+        self.local_sizes = [parallel.shard(size, "output features") for size in output_sizes]
+        self.input_size = input_size
+        self.weight = torch.nn.Parameter(torch.empty(sum(self.local_sizes), input_size))
+        self.bias = torch.nn.Parameter(torch.empty(sum(self.local_sizes))) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def slots(self, names: list[str]) -> dict[str, WeightSlot]:
+        """Checkpoint tensor names of each output part ("<prefix>" without .weight/.bias)."""
+        slots = {}
+        offset = 0
+        for name, full, local in zip(names, self.output_sizes, self.local_sizes):
+            slots[f"{name}.weight"] = WeightSlot(self.weight, (full, self.input_size), shard_dim=0, row_offset=offset)
+            if self.bias is not None:
+                slots[f"{name}.bias"] = WeightSlot(self.bias, (full,), shard_dim=0, row_offset=offset)
+            offset += local
+        return slots
+
+
+class RowParallelLinear(torch.nn.Module):
+    """y = x W^T where this rank owns a slice of the input features; outputs are summed."""
+
+    def __init__(self, input_size: int, output_size: int, parallel: ParallelContext) -> None:
+        super().__init__()
+        self.parallel = parallel
+        self.input_size = input_size
+        self.weight = torch.nn.Parameter(torch.empty(output_size, parallel.shard(input_size, "input features")))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.parallel.all_reduce(F.linear(x, self.weight))
+
+    def slots(self, name: str) -> dict[str, WeightSlot]:
+        shape = (self.weight.shape[0], self.input_size)
+        return {f"{name}.weight": WeightSlot(self.weight, shape, shard_dim=1)}
+
+
+class GatedMLP(torch.nn.Module):
+    """down(silu(gate(x)) * up(x)) with gate and up merged into one matmul."""
+
+    def __init__(self, config: DecoderConfig, parallel: ParallelContext) -> None:
+        super().__init__()
+        inter = config.intermediate_size
+        self.gate_up_proj = ColumnParallelLinear(config.hidden_size, [inter, inter], bias=False, parallel=parallel)
+        self.down_proj = RowParallelLinear(inter, config.hidden_size, parallel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+    def slots(self, prefix: str) -> dict[str, WeightSlot]:
+        return {
+            **self.gate_up_proj.slots([f"{prefix}.gate_proj", f"{prefix}.up_proj"]),
+            **self.down_proj.slots(f"{prefix}.down_proj"),
+        }
+
+
+class DecoderAttention(torch.nn.Module):
+    """Self-attention with GQA, optional qkv bias (Qwen2) and q/k RMSNorm (Qwen3)."""
+
+    def __init__(self, config: DecoderConfig, layer_index: int, parallel: ParallelContext) -> None:
+        super().__init__()
+        self.layer_index = layer_index
+        self.head_dim = config.head_dim
+        self.num_heads = parallel.shard(config.num_attention_heads, "num_attention_heads")
+        self.num_kv_heads = parallel.shard(config.num_key_value_heads, "num_key_value_heads")
+        q_size = config.num_attention_heads * config.head_dim
+        kv_size = config.num_key_value_heads * config.head_dim
+        self.qkv_proj = ColumnParallelLinear(config.hidden_size, [q_size, kv_size, kv_size], config.qkv_bias, parallel)
+        self.o_proj = RowParallelLinear(q_size, config.hidden_size, parallel)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self._split = [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim]
+
+    def forward(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: AttentionOp
+    ) -> torch.Tensor:
+        tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split(self._split, dim=-1)
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
+        out = attention.attend(self.layer_index, q, k, v)
+        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
+
+    def slots(self, prefix: str) -> dict[str, WeightSlot]:
+        names = [f"{prefix}.q_proj", f"{prefix}.k_proj", f"{prefix}.v_proj"]
+        slots = {**self.qkv_proj.slots(names), **self.o_proj.slots(f"{prefix}.o_proj")}
+        if self.q_norm is not None and self.k_norm is not None:
+            slots.update(self.q_norm.slots(f"{prefix}.q_norm.weight"))
+            slots.update(self.k_norm.slots(f"{prefix}.k_norm.weight"))
+        return slots

@@ -1,0 +1,198 @@
+"""Load a model, its tokenizer and its EOS ids from a Hugging Face checkpoint folder.
+
+``load_model(path, dtype="auto", device="cpu", load_format="auto")`` reads ``config.json``,
+the safetensors weights (one file or sharded with ``model.safetensors.index.json``),
+``generation_config.json`` (EOS ids) and ``tokenizer.json``. ``load_format="dummy"``
+fills the weights with seeded random values from the config alone (for benchmarks).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import torch
+
+from pyengine.models.checkpoint import checkpoint_files, checkpoint_shapes, iterate_tensors
+from pyengine.models.config import DecoderConfig, parse_decoder_config
+from pyengine.models.decoder import DecoderForCausalLM
+from pyengine.models.errors import ModelLoadError, WeightMismatchError
+from pyengine.models.layers import WeightSlot
+from pyengine.models.parallel import ParallelContext
+from pyengine.models.registry import build_model
+from pyengine.models.rope import RotaryEmbedding
+
+LoadFormat = Literal["auto", "safetensors", "dummy"]
+DTypeName = Union[str, torch.dtype]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPE_ALIASES = {"float": "float32", "fp32": "float32", "bf16": "bfloat16", "half": "float16", "fp16": "float16"}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to run plus what the engine needs around it."""
+
+    model: DecoderForCausalLM
+    config: DecoderConfig
+    dtype: torch.dtype
+    device: torch.device
+    eos_token_ids: tuple[int, ...]
+    tokenizer: Optional[Any] = None  # tokenizers.Tokenizer when tokenizer.json exists
+    tokenizer_config: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_dtype(dtype: DTypeName, device: torch.device) -> torch.dtype:
+    """"auto" = float32 on CPU, bfloat16 on CUDA when supported (else float16)."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPES.values():
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+        return dtype
+    name = _DTYPE_ALIASES.get(dtype, dtype)
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {dtype!r}")
+    return _DTYPES[name]
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelLoadError(f"{path.name} not found in {path.parent}") from None
+    except json.JSONDecodeError as error:
+        raise ModelLoadError(f"{path}: invalid JSON ({error})") from error
+
+
+def read_model_config(folder: Union[str, Path]) -> DecoderConfig:
+    """Parse and validate ``config.json`` of a checkpoint folder."""
+    folder = _existing_folder(folder)
+    return parse_decoder_config(read_json(folder / "config.json"))
+
+
+def load_model(
+    path: Union[str, Path],
+    *,
+    dtype: DTypeName = "auto",
+    device: Union[str, torch.device] = "cpu",
+    load_format: LoadFormat = "auto",
+    parallel: Optional[ParallelContext] = None,
+    seed: int = 0,
+) -> LoadedModel:
+    """Build the model for ``path`` and fill its weights (see the module docstring)."""
+    if load_format not in ("auto", "safetensors", "dummy"):
+        raise ValueError(f"load_format must be 'auto', 'safetensors' or 'dummy', got {load_format!r}")
+    folder = _existing_folder(path)
+    config = read_model_config(folder)
+    device = torch.device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    model = instantiate_model(config, torch_dtype, device, parallel)
+    if load_format == "dummy":
+        fill_dummy_weights(model, seed)
+    else:
+        load_checkpoint_weights(model, folder)
+    model.eval().requires_grad_(False)
+    tokenizer, tokenizer_config = load_tokenizer(folder)
+    return LoadedModel(
+        model=model,
+        config=config,
+        dtype=torch_dtype,
+        device=device,
+        eos_token_ids=read_eos_token_ids(folder, config),
+        tokenizer=tokenizer,
+        tokenizer_config=tokenizer_config,
+    )
+
+
+def instantiate_model(
+    config: DecoderConfig, dtype: torch.dtype, device: torch.device, parallel: Optional[ParallelContext] = None
+) -> DecoderForCausalLM:
+    """Allocate the model's parameters (uninitialised) directly on ``device`` in ``dtype``."""
+    with torch.device("meta"):
+        model = build_model(config, parallel)
+    model = model.to_empty(device=device).to(dtype)
+    # Rope tables are computed, not loaded, and stay float32 whatever the weights' dtype.
+    with torch.device(device):
+        model.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings)
+    return model
+
+
+def fill_dummy_weights(model: DecoderForCausalLM, seed: int) -> None:
+    """Seeded random weights: N(0, 0.02) for matrices and biases, ones for norms."""
+    generator = torch.Generator(device=model.embed_tokens.weight.device).manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("norm.weight"):
+                parameter.fill_(1.0)
+            else:
+                parameter.normal_(0.0, 0.02, generator=generator)
+
+
+def load_checkpoint_weights(model: DecoderForCausalLM, folder: Path) -> None:
+    """Copy checkpoint tensors into the model, after checking names and shapes all at once."""
+    files = checkpoint_files(folder)
+    shapes = checkpoint_shapes(files)
+    slots = model.weight_slots()
+    missing = sorted(name for name in slots if name not in shapes)
+    unexpected = sorted(name for name in shapes if name not in slots and not model.is_ignorable_checkpoint_tensor(name))
+    wrong_shapes = sorted(
+        (name, slot.checkpoint_shape, shapes[name])
+        for name, slot in slots.items()
+        if name in shapes and tuple(shapes[name]) != slot.checkpoint_shape
+    )
+    if missing or unexpected or wrong_shapes:
+        raise WeightMismatchError(missing, unexpected, wrong_shapes)
+    with torch.no_grad():
+        for name, tensor in iterate_tensors(files):
+            slot = slots.get(name)
+            if slot is not None:
+                _copy_into_slot(slot, tensor, model.parallel)
+
+
+def _copy_into_slot(slot: WeightSlot, tensor: torch.Tensor, parallel: ParallelContext) -> None:
+    if slot.shard_dim is not None and parallel.world_size > 1:
+        size = tensor.shape[slot.shard_dim] // parallel.world_size
+        tensor = tensor.narrow(slot.shard_dim, parallel.rank * size, size)
+    target = slot.parameter.data
+    if slot.row_offset is not None:
+        target = target.narrow(0, slot.row_offset, tensor.shape[0])
+    target.copy_(tensor)
+
+
+def read_eos_token_ids(folder: Path, config: DecoderConfig) -> tuple[int, ...]:
+    """EOS ids from generation_config.json when present, else from config.json."""
+    generation_config = folder / "generation_config.json"
+    if generation_config.exists():
+        eos = read_json(generation_config).get("eos_token_id")
+        if isinstance(eos, int):
+            return (eos,)
+        if isinstance(eos, list) and eos:
+            return tuple(int(token) for token in eos)
+    return config.eos_token_ids
+
+
+def load_tokenizer(folder: Path) -> tuple[Optional[Any], dict[str, Any]]:
+    """``tokenizers.Tokenizer`` from tokenizer.json (None when absent) and tokenizer_config.json."""
+    tokenizer_config_path = folder / "tokenizer_config.json"
+    tokenizer_config = read_json(tokenizer_config_path) if tokenizer_config_path.exists() else {}
+    tokenizer_path = folder / "tokenizer.json"
+    if not tokenizer_path.exists():
+        return None, tokenizer_config
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(tokenizer_path)), tokenizer_config
+    except Exception as error:  # tokenizers raises its own Exception subclass
+        raise ModelLoadError(f"{tokenizer_path}: cannot be read by `tokenizers` ({error})") from error
+
+
+def _existing_folder(path: Union[str, Path]) -> Path:
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise ModelLoadError(f"model path {str(path)!r} is not a directory")
+    return folder

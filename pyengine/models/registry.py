@@ -1,0 +1,32 @@
+"""Architecture name (``config.json: architectures[0]``) -> model class."""
+
+from __future__ import annotations
+
+from pyengine.models.config import DecoderConfig
+from pyengine.models.decoder import (
+    DecoderForCausalLM,
+    LlamaForCausalLM,
+    MistralForCausalLM,
+    Qwen2ForCausalLM,
+    Qwen3ForCausalLM,
+)
+from pyengine.models.errors import UnsupportedModelError
+from pyengine.models.parallel import ParallelContext
+
+MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+}
+
+
+def build_model(config: DecoderConfig, parallel: ParallelContext | None = None) -> DecoderForCausalLM:
+    """Instantiate (uninitialised weights) the class registered for ``config.architecture``."""
+    try:
+        model_class = MODEL_CLASSES[config.architecture]
+    except KeyError:
+        raise UnsupportedModelError(
+            f"architectures: {config.architecture!r} is not supported (supported: {', '.join(MODEL_CLASSES)})"
+        ) from None
+    return model_class(config, parallel)

@@ -1,0 +1,126 @@
+"""Per-request generation and pooling parameters (vLLM-compatible names and defaults).
+
+Both classes are frozen and slotted: a request's parameters never change after it is
+submitted, and the executor installs them once into its persistent per-row tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional, Union
+
+_MAX_SEED = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to sample the tokens of one generation request.
+
+    Semantics follow vLLM / the OpenAI API:
+
+    - ``temperature == 0`` means greedy decoding.
+    - ``top_k`` of 0 or -1 disables top-k; ``top_p == 1`` and ``min_p == 0`` disable theirs.
+    - ``repetition_penalty`` (1 = off) divides positive / multiplies negative logits of every
+      token seen in the prompt or the output; ``presence_penalty`` and ``frequency_penalty``
+      (0 = off) subtract a constant / a count-proportional amount for tokens in the output.
+    - ``seed`` makes the request's samples reproducible, independent of the other requests
+      that share its batches.
+    - ``logprobs``: how many top log-probabilities to return per sampled token (``None`` =
+      none; 0 = only the sampled token's).
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: Optional[int] = None
+    max_tokens: Optional[int] = 16
+    min_tokens: int = 0
+    stop: Union[None, str, list[str], tuple[str, ...]] = None
+    stop_token_ids: Optional[list[int]] = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    logprobs: Optional[int] = None
+    detokenize: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.n >= 1, "n", "must be >= 1", self.n)
+        _check(self.temperature >= 0.0, "temperature", "must be >= 0", self.temperature)
+        _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]", self.top_p)
+        _check(self.top_k == -1 or self.top_k >= 0, "top_k", "must be -1, 0 (off) or >= 1", self.top_k)
+        _check(0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]", self.min_p)
+        _check(self.repetition_penalty > 0.0, "repetition_penalty", "must be > 0", self.repetition_penalty)
+        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]", self.presence_penalty)
+        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]", self.frequency_penalty)
+        if self.seed is not None:
+            _check(0 <= self.seed <= _MAX_SEED, "seed", f"must be in [0, {_MAX_SEED}]", self.seed)
+        if self.max_tokens is not None:
+            _check(self.max_tokens >= 1, "max_tokens", "must be >= 1", self.max_tokens)
+        _check(self.min_tokens >= 0, "min_tokens", "must be >= 0", self.min_tokens)
+        if self.max_tokens is not None:
+            _check(
+                self.min_tokens <= self.max_tokens,
+                "min_tokens",
+                f"must be <= max_tokens ({self.max_tokens})",
+                self.min_tokens,
+            )
+        if self.logprobs is not None:
+            _check(self.logprobs >= 0, "logprobs", "must be >= 0", self.logprobs)
+        if self.stop is not None and not isinstance(self.stop, str):
+            for item in self.stop:
+                _check(isinstance(item, str) and item != "", "stop", "must hold non-empty strings", item)
+        if isinstance(self.stop, str):
+            _check(self.stop != "", "stop", "must not be an empty string", self.stop)
+        if self.stop_token_ids is not None:
+            for token in self.stop_token_ids:
+                _check(isinstance(token, int) and token >= 0, "stop_token_ids", "must hold ids >= 0", token)
+
+    @property
+    def is_greedy(self) -> bool:
+        """True when the request decodes greedily (temperature 0)."""
+        return self.temperature < _GREEDY_EPSILON
+
+    @property
+    def effective_top_k(self) -> int:
+        """top_k with both "off" spellings (0 and -1) mapped to 0."""
+        return 0 if self.top_k <= 0 else self.top_k
+
+    @property
+    def stop_strings(self) -> list[str]:
+        """``stop`` as a list (empty when unset)."""
+        if self.stop is None:
+            return []
+        if isinstance(self.stop, str):
+            return [self.stop]
+        return list(self.stop)
+
+
+_GREEDY_EPSILON = 1e-5
+
+PoolingType = Literal["last", "mean", "cls"]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolingParams:
+    """How to turn an embedding request's final hidden states into one vector."""
+
+    pooling_type: PoolingType = "last"
+    normalize: bool = True
+
+    def __post_init__(self) -> None:
+        _check(
+            self.pooling_type in ("last", "mean", "cls"),
+            "pooling_type",
+            "must be one of 'last', 'mean', 'cls'",
+            self.pooling_type,
+        )
+
+
+def _check(ok: bool, name: str, requirement: str, value: object) -> None:
+    if not ok:
+        raise ValueError(f"{name} {requirement}, got {value!r}")
