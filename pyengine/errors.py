@@ -1,0 +1,41 @@
+"""The exceptions pyengine raises. The native scheduler raises these same classes."""
+
+from __future__ import annotations
+
+__all__ = [
+    "EngineError",
+    "InvalidConfigError",
+    "InvalidRequestError",
+    "DuplicateRequestError",
+    "UnknownRequestError",
+    "StepResultError",
+    "EngineDeadError",
+]
+
+
+class EngineError(Exception):
+    """Base class of every error pyengine raises on purpose."""
+
+
+class InvalidConfigError(EngineError, ValueError):
+    """An engine argument is out of range or inconsistent; the message names it."""
+
+
+class InvalidRequestError(EngineError, ValueError):
+    """A request that can never be served (too long, empty, bad token ids...)."""
+
+
+class DuplicateRequestError(InvalidRequestError):
+    """A request id that is still in use."""
+
+
+class UnknownRequestError(EngineError, LookupError):
+    """A request or sequence id the engine never issued."""
+
+
+class StepResultError(EngineError):
+    """A step result that does not match the plan it answers (an executor bug)."""
+
+
+class EngineDeadError(EngineError):
+    """The engine (or one of its threads) has stopped; the message says why."""

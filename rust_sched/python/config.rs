@@ -1,0 +1,124 @@
+//! `SchedulerConfig` for Python: the scheduler's engine arguments, checked on construction.
+
+use pyo3::prelude::*;
+
+use crate::config::{Policy, SchedulerConfig};
+
+use super::errors::{invalid_config, IntoPyResult};
+
+#[pyclass(name = "SchedulerConfig", module = "pyengine._sched", frozen)]
+#[derive(Clone)]
+pub struct PySchedulerConfig {
+    pub inner: SchedulerConfig,
+}
+
+fn count(py: Python<'_>, name: &str, value: i64, min: i64) -> PyResult<usize> {
+    if value < min {
+        return Err(invalid_config(py, format!("{name} must be at least {min}, got {value}")));
+    }
+    Ok(value as usize)
+}
+
+#[pymethods]
+impl PySchedulerConfig {
+    #[new]
+    #[pyo3(signature = (
+        num_blocks,
+        *,
+        block_size = 16,
+        max_num_seqs = 256,
+        max_num_batched_tokens = 8192,
+        max_model_len = 4096,
+        long_prefill_token_threshold = 0,
+        enable_prefix_caching = true,
+        policy = "fcfs",
+        pipeline_depth = 2,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        num_blocks: i64,
+        block_size: i64,
+        max_num_seqs: i64,
+        max_num_batched_tokens: i64,
+        max_model_len: i64,
+        long_prefill_token_threshold: i64,
+        enable_prefix_caching: bool,
+        policy: &str,
+        pipeline_depth: i64,
+    ) -> PyResult<Self> {
+        let inner = SchedulerConfig {
+            num_blocks: count(py, "num_blocks", num_blocks, 1)?,
+            block_size: count(py, "block_size", block_size, 1)?,
+            max_num_seqs: count(py, "max_num_seqs", max_num_seqs, 1)?,
+            max_num_batched_tokens: count(py, "max_num_batched_tokens", max_num_batched_tokens, 1)?,
+            max_model_len: count(py, "max_model_len", max_model_len, 1)?,
+            long_prefill_token_threshold: count(
+                py,
+                "long_prefill_token_threshold",
+                long_prefill_token_threshold,
+                0,
+            )?,
+            enable_prefix_caching,
+            policy: Policy::parse(policy).py_err(py)?,
+            pipeline_depth: count(py, "pipeline_depth", pipeline_depth, 1)?,
+        };
+        inner.validate().py_err(py)?;
+        Ok(PySchedulerConfig { inner })
+    }
+
+    #[getter]
+    fn num_blocks(&self) -> usize {
+        self.inner.num_blocks
+    }
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.inner.block_size
+    }
+    #[getter]
+    fn max_num_seqs(&self) -> usize {
+        self.inner.max_num_seqs
+    }
+    #[getter]
+    fn max_num_batched_tokens(&self) -> usize {
+        self.inner.max_num_batched_tokens
+    }
+    #[getter]
+    fn max_model_len(&self) -> usize {
+        self.inner.max_model_len
+    }
+    #[getter]
+    fn long_prefill_token_threshold(&self) -> usize {
+        self.inner.long_prefill_token_threshold
+    }
+    #[getter]
+    fn enable_prefix_caching(&self) -> bool {
+        self.inner.enable_prefix_caching
+    }
+    #[getter]
+    fn policy(&self) -> &'static str {
+        self.inner.policy.name()
+    }
+    #[getter]
+    fn pipeline_depth(&self) -> usize {
+        self.inner.pipeline_depth
+    }
+
+    fn __repr__(&self) -> String {
+        let c = &self.inner;
+        format!(
+            "SchedulerConfig(num_blocks={}, block_size={}, max_num_seqs={}, max_num_batched_tokens={}, \
+             max_model_len={}, long_prefill_token_threshold={}, enable_prefix_caching={}, policy={:?}, \
+             pipeline_depth={})",
+            c.num_blocks,
+            c.block_size,
+            c.max_num_seqs,
+            c.max_num_batched_tokens,
+            c.max_model_len,
+            c.long_prefill_token_threshold,
+            if c.enable_prefix_caching { "True" } else { "False" },
+            c.policy.name(),
+            c.pipeline_depth
+        )
+    }
+}

@@ -1,0 +1,131 @@
+//! `Scheduler` for Python: the core driven synchronously from the calling thread (tests,
+//! benchmarks, simulations). The engine uses `SchedulerThread` instead.
+
+use std::sync::Mutex;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::plan::FinishReason;
+use crate::scheduler::{Scheduler, SchedulerSnapshot};
+
+use super::arrays::{sampled_tokens, PyOutputEvent, PyStepPlan};
+use super::config::PySchedulerConfig;
+use super::errors::{invalid_request, IntoPyResult};
+use super::gil::detached;
+use super::request::PyRequest;
+
+#[pyclass(name = "Scheduler", module = "pyengine._sched", frozen)]
+pub struct PyScheduler {
+    inner: Mutex<Scheduler>,
+}
+
+impl PyScheduler {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Scheduler> {
+        // A panic while locked was already raised to Python as PanicException; the state
+        // it left is what check_invariants is for.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+pub fn parse_reason(py: Python<'_>, reason: &str) -> PyResult<FinishReason> {
+    FinishReason::parse(reason).ok_or_else(|| {
+        invalid_request(py, "", format!("unknown finish reason {reason:?}: expected one of {:?}", crate::FINISH_REASONS))
+    })
+}
+
+/// Scheduler figures as a flat dict.
+pub fn snapshot_dict<'py>(py: Python<'py>, s: &SchedulerSnapshot) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("num_running", s.num_running)?;
+    d.set_item("num_waiting", s.num_waiting)?;
+    d.set_item("num_preempted_waiting", s.num_preempted_waiting)?;
+    d.set_item("num_inflight_steps", s.num_inflight_steps)?;
+    d.set_item("kv_blocks_total", s.kv.total)?;
+    d.set_item("kv_blocks_free", s.kv.free)?;
+    d.set_item("kv_blocks_evictable", s.kv.evictable)?;
+    d.set_item("kv_blocks_used", s.kv.used)?;
+    d.set_item("kv_usage", if s.kv.total > 0 { s.kv.used as f64 / s.kv.total as f64 } else { 0.0 })?;
+    d.set_item("prefix_cache_queried_tokens", s.prefix.queried_tokens)?;
+    d.set_item("prefix_cache_hit_tokens", s.prefix.hit_tokens)?;
+    let c = &s.counters;
+    d.set_item("steps_planned", c.steps_planned)?;
+    d.set_item("steps_applied", c.steps_applied)?;
+    d.set_item("preemptions", c.preemptions)?;
+    d.set_item("requests_added", c.requests_added)?;
+    d.set_item("sequences_finished", c.sequences_finished)?;
+    d.set_item("prefill_tokens_scheduled", c.prefill_tokens_scheduled)?;
+    d.set_item("decode_tokens_scheduled", c.decode_tokens_scheduled)?;
+    d.set_item("generated_tokens", c.generated_tokens)?;
+    d.set_item("discarded_tokens", c.discarded_tokens)?;
+    Ok(d)
+}
+
+#[pymethods]
+impl PyScheduler {
+    #[new]
+    fn new(py: Python<'_>, config: &PySchedulerConfig) -> PyResult<Self> {
+        let inner = Scheduler::new(config.inner.clone()).py_err(py)?;
+        Ok(PyScheduler { inner: Mutex::new(inner) })
+    }
+
+    /// Adds a request; returns its first sequence id.
+    fn add_request(&self, py: Python<'_>, request: &PyRequest) -> PyResult<u64> {
+        let spec = request.spec.clone();
+        self.lock().add_request(spec).py_err(py)
+    }
+
+    /// Plans the next step (GIL released), or None.
+    fn schedule(&self, py: Python<'_>) -> Option<PyStepPlan> {
+        let plan = detached(py, || self.lock().schedule())?;
+        Some(PyStepPlan::new(py, plan))
+    }
+
+    /// Applies the oldest in-flight step's sampled tokens (GIL released).
+    fn apply_result(&self, py: Python<'_>, step_id: u64, sampled: &Bound<'_, PyAny>) -> PyResult<()> {
+        let sampled = sampled_tokens(sampled)?;
+        detached(py, || self.lock().apply_result(step_id, &sampled)).py_err(py)
+    }
+
+    /// Ends every sequence of a step the executor could not run, with reason "error".
+    fn fail_step(&self, py: Python<'_>, step_id: u64) -> PyResult<()> {
+        self.lock().fail_step(step_id).py_err(py)
+    }
+
+    /// What happened since the last call: accepted tokens and ended sequences.
+    #[pyo3(signature = (step_id = None))]
+    fn take_output(&self, py: Python<'_>, step_id: Option<u64>) -> PyOutputEvent {
+        let ev = self.lock().take_output(step_id);
+        PyOutputEvent::new(py, ev)
+    }
+
+    fn abort(&self, request_id: &str) -> bool {
+        self.lock().abort(request_id)
+    }
+
+    #[pyo3(signature = (seq_id, reason = "stop"))]
+    fn finish(&self, py: Python<'_>, seq_id: u64, reason: &str) -> PyResult<bool> {
+        let reason = parse_reason(py, reason)?;
+        self.lock().finish(seq_id, reason).py_err(py)
+    }
+
+    fn has_unfinished(&self) -> bool {
+        self.lock().has_unfinished()
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let snap = self.lock().snapshot();
+        snapshot_dict(py, &snap)
+    }
+
+    /// Raises `EngineError` describing the first broken internal invariant, if any.
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        let result = self.lock().check_invariants();
+        result.map_err(|m| super::errors::to_py_err(py, crate::SchedError::BadStepResult(format!("invariant broken: {m}"))))
+    }
+
+    /// Test hook: panics inside the core, to show a Rust panic surfaces as an exception.
+    fn _panic(&self) {
+        panic!("requested by Scheduler._panic()");
+    }
+}
