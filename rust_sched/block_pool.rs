@@ -11,6 +11,7 @@
 //! only when none is left, so the cache keeps as much as the pool can afford.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::block_hash::BlockHash;
 use crate::lru::LruList;
@@ -41,13 +42,37 @@ pub struct PrefixCacheStats {
     pub hit_tokens: u64,
 }
 
+/// Hashes a [`BlockHash`] by taking its low 64 bits: the key is already a strong hash, so
+/// hashing it again would only cost time.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PassThroughHasher(u64);
+
+impl Hasher for PassThroughHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only reached for keys other than `BlockHash`; fold them in anyway.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u128(&mut self, v: u128) {
+        self.0 = v as u64;
+    }
+}
+
+type BlockHashMap = HashMap<BlockHash, BlockId, BuildHasherDefault<PassThroughHasher>>;
+
 #[derive(Debug, Clone)]
 pub struct BlockPool {
     block_size: usize,
     enable_caching: bool,
     ref_counts: Vec<u32>,
     hashes: Vec<Option<BlockHash>>,
-    cached: HashMap<BlockHash, BlockId>,
+    cached: BlockHashMap,
     fresh: Vec<BlockId>,
     evictable: LruList,
     num_used: usize,
@@ -63,7 +88,12 @@ impl BlockPool {
             enable_caching,
             ref_counts: vec![0; num_blocks],
             hashes: vec![None; num_blocks],
-            cached: HashMap::new(),
+            // Sized once: registering blocks never rehashes on the hot path.
+            cached: if enable_caching {
+                BlockHashMap::with_capacity_and_hasher(num_blocks, Default::default())
+            } else {
+                BlockHashMap::default()
+            },
             // Reversed so that block 0 is handed out first (easier to read in tests).
             fresh: (0..num_blocks as BlockId).rev().collect(),
             evictable: LruList::new(num_blocks),

@@ -7,6 +7,7 @@ use crate::block_hash::{extend_block_hashes, BlockHash};
 use crate::block_pool::BlockId;
 use crate::config::SchedulerConfig;
 use crate::error::{SchedError, SchedResult};
+use crate::plan::FinishReason;
 
 /// Sequence id: one per sample, never reused within a scheduler.
 pub type SeqId = u64;
@@ -118,32 +119,46 @@ pub enum SeqState {
 }
 
 /// Scheduling state of one sample.
+///
+/// `repr(C, align(64))` keeps the fields every step reads or writes in the first two cache
+/// lines, so that a decode step touches those two lines and the tail of `tokens` per
+/// sequence; this is what keeps the cost per request flat from hundreds to thousands of
+/// running sequences.
 #[derive(Debug, Clone)]
+#[repr(C, align(64))]
 pub struct Sequence {
+    // ---- hot: read or written by every step ----
+    /// Prompt followed by every output token known so far.
+    pub tokens: Vec<u32>,
+    pub blocks: Vec<BlockId>,
+    /// Tokens whose KV is written or being written by a planned step.
+    pub num_computed: usize,
+    pub num_prompt: usize,
+    /// Copy of `stop.max_tokens`, read every step.
+    pub max_tokens: usize,
+    /// Leading entries of `blocks` already offered to the prefix cache.
+    pub num_registered: usize,
+    /// Planned steps that will sample a token for this sequence and have not reported.
+    pub pending_samples: u32,
+    /// Planned steps that reference this sequence and have not reported.
+    pub inflight_steps: u32,
+    pub row: Option<u32>,
+    /// Copies of `tokens.last()` and `blocks.last()`: a decode reads these instead of the
+    /// two vectors' heap memory.
+    pub last_token: u32,
+    pub tail_block: BlockId,
     pub id: SeqId,
-    pub request_id: Arc<str>,
     /// Sample index within its request (0..n).
     pub index: u32,
     pub state: SeqState,
-    /// Prompt followed by every output token known so far.
-    pub tokens: Vec<u32>,
-    pub num_prompt: usize,
-    /// Tokens whose KV is written or being written by a planned step.
-    pub num_computed: usize,
-    /// Planned steps that will sample a token for this sequence and have not reported.
-    pub pending_samples: usize,
-    /// Planned steps that reference this sequence and have not reported.
-    pub inflight_steps: usize,
-    pub blocks: Vec<BlockId>,
+    pub pooling: bool,
+    // ---- cold ----
+    pub request_id: Arc<str>,
     /// Hashes of the full blocks of `tokens`.
     pub hashes: Vec<BlockHash>,
-    /// Leading entries of `blocks` already offered to the prefix cache.
-    pub num_registered: usize,
-    pub row: Option<u32>,
     pub stop: Arc<StopCriteria>,
     pub priority: i64,
     pub arrival: u64,
-    pub pooling: bool,
     pub cache_salt: Option<Arc<str>>,
     pub num_preemptions: u32,
     /// Prompt tokens not computed at first admission (prefix hit or shared with sibling).
@@ -153,14 +168,67 @@ pub struct Sequence {
     pub fork_source: Option<u32>,
 }
 
+/// A cheap, conservative test of "could this token stop some sequence": one bit per token
+/// id modulo 4096, set for every EOS and stop token id ever registered. A miss lets the
+/// per-token stop check skip the sequence's stop lists; a hit falls through to them.
+#[derive(Debug, Clone)]
+pub struct StopTokenFilter {
+    bits: Box<[u64; 64]>,
+}
+
+impl Default for StopTokenFilter {
+    fn default() -> Self {
+        StopTokenFilter { bits: Box::new([0; 64]) }
+    }
+}
+
+impl StopTokenFilter {
+    pub fn insert(&mut self, token: u32) {
+        let b = (token & 4095) as usize;
+        self.bits[b / 64] |= 1 << (b % 64);
+    }
+
+    pub fn may_contain(&self, token: u32) -> bool {
+        let b = (token & 4095) as usize;
+        self.bits[b / 64] & (1 << (b % 64)) != 0
+    }
+}
+
 impl Sequence {
+    /// Appends a sampled token.
+    pub fn push_token(&mut self, token: u32) {
+        self.tokens.push(token);
+        self.last_token = token;
+    }
+
+    /// Token at `pos`, which must be known.
+    #[inline]
+    pub fn token_at(&self, pos: usize) -> u32 {
+        if pos + 1 == self.tokens.len() {
+            self.last_token
+        } else {
+            self.tokens[pos]
+        }
+    }
+
+    /// KV block holding `pos`, which must be allocated.
+    #[inline]
+    pub fn block_at(&self, pos: usize, block_size: usize) -> BlockId {
+        let i = pos / block_size;
+        if i + 1 == self.blocks.len() {
+            self.tail_block
+        } else {
+            self.blocks[i]
+        }
+    }
+
     pub fn num_output(&self) -> usize {
         self.tokens.len() - self.num_prompt
     }
 
     /// Known tokens plus those being sampled by in-flight steps.
     pub fn num_tokens_with_pending(&self) -> usize {
-        self.tokens.len() + self.pending_samples
+        self.tokens.len() + self.pending_samples as usize
     }
 
     /// Tokens this sequence could compute in the next step, before budget caps: 0 while it
@@ -170,7 +238,7 @@ impl Sequence {
             return if self.num_computed == 0 { self.tokens.len() } else { 0 };
         }
         let total = self.num_tokens_with_pending();
-        if self.num_output() + self.pending_samples >= self.stop.max_tokens
+        if self.num_output() + self.pending_samples as usize >= self.max_tokens
             || total >= config.max_model_len
         {
             return 0;
@@ -182,11 +250,16 @@ impl Sequence {
         extend_block_hashes(&mut self.hashes, &self.tokens, block_size, self.cache_salt.as_deref());
     }
 
-    /// Whether `token` (just appended) ends the sequence, and why.
-    pub fn check_stop(&self, token: u32, config: &SchedulerConfig) -> Option<(crate::plan::FinishReason, Option<u32>)> {
-        use crate::plan::FinishReason;
+    /// Whether `token` (just appended) ends the sequence, and why. `maybe_stop_token` is
+    /// the [`StopTokenFilter`] verdict; when false the stop lists are not read.
+    pub fn check_stop(
+        &self,
+        token: u32,
+        maybe_stop_token: bool,
+        config: &SchedulerConfig,
+    ) -> Option<(FinishReason, Option<u32>)> {
         let out = self.num_output();
-        if out >= self.stop.min_tokens {
+        if maybe_stop_token && out >= self.stop.min_tokens {
             if !self.stop.ignore_eos && self.stop.eos_token_ids.contains(&token) {
                 return Some((FinishReason::Stop, Some(token)));
             }
@@ -194,7 +267,7 @@ impl Sequence {
                 return Some((FinishReason::Stop, Some(token)));
             }
         }
-        if out >= self.stop.max_tokens || self.tokens.len() >= config.max_model_len {
+        if out >= self.max_tokens || self.tokens.len() >= config.max_model_len {
             return Some((FinishReason::Length, None));
         }
         None

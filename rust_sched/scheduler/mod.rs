@@ -25,7 +25,7 @@ use crate::block_pool::{BlockPool, PoolUsage, PrefixCacheStats};
 use crate::config::{Policy, SchedulerConfig};
 use crate::error::{SchedError, SchedResult};
 use crate::plan::{FinishReason, OutputEvent};
-use crate::request::{RequestSpec, SeqId, SeqState, Sequence, StopCriteria};
+use crate::request::{RequestSpec, SeqId, SeqState, Sequence, StopCriteria, StopTokenFilter};
 
 pub use queues::Rank;
 use queues::{RowAllocator, RunningList, WaitingQueue};
@@ -40,6 +40,8 @@ struct InflightStep {
     sampled: Vec<u32>,
     /// Slots of pooling sequences that complete with this step.
     pooled: Vec<u32>,
+    /// First samples whose prompt completes in this step (their siblings may start).
+    unpark: Vec<u32>,
 }
 
 /// The samples of one request, for abort and for id reuse.
@@ -99,6 +101,7 @@ pub struct Scheduler {
     /// Rows released since the last plan.
     freed_rows: Vec<i32>,
     output: OutputEvent,
+    stop_filter: StopTokenFilter,
     /// Request ids whose last sample ended since the last `take_ended_requests`.
     ended_requests: Vec<Arc<str>>,
     counters: SchedulerCounters,
@@ -123,6 +126,7 @@ impl Scheduler {
             next_step_id: 0,
             freed_rows: Vec::new(),
             output: OutputEvent::default(),
+            stop_filter: StopTokenFilter::default(),
             ended_requests: Vec::new(),
             counters: SchedulerCounters::default(),
         })
@@ -159,6 +163,9 @@ impl Scheduler {
             return Err(SchedError::DuplicateRequest(spec.request_id));
         }
         let request_id: Arc<str> = Arc::from(spec.request_id.as_str());
+        for &t in spec.eos_token_ids.iter().chain(&spec.stop_token_ids) {
+            self.stop_filter.insert(t);
+        }
         let stop = Arc::new(StopCriteria {
             max_tokens: spec.max_tokens,
             min_tokens: spec.min_tokens,
@@ -190,6 +197,9 @@ impl Scheduler {
                 hashes: Vec::new(),
                 num_registered: 0,
                 row: None,
+                last_token: *spec.prompt.last().expect("validated non-empty"),
+                tail_block: 0,
+                max_tokens: spec.max_tokens,
                 stop: stop.clone(),
                 priority: if self.config.policy == Policy::Priority { spec.priority } else { 0 },
                 arrival,
@@ -224,7 +234,11 @@ impl Scheduler {
         };
         let slots = group.slots.clone();
         for slot in slots {
-            if self.seq(slot).is_some_and(|s| s.state != SeqState::Finished) {
+            // A sample that already ended may have had its slot reused by another request.
+            if self
+                .seq(slot)
+                .is_some_and(|s| s.state != SeqState::Finished && &*s.request_id == request_id)
+            {
                 self.end_sequence(slot, FinishReason::Abort, None);
             }
         }

@@ -9,26 +9,44 @@ use super::{InflightStep, Scheduler};
 
 impl Scheduler {
     /// Plans the next step, or returns None when the pipeline is full or nothing can run.
+    ///
+    /// Each sequence is written into the plan as soon as it is picked: preemption only
+    /// ever takes sequences ranked below the one being served, which have not been
+    /// visited yet, so nothing written needs to be taken back.
     pub fn schedule(&mut self) -> Option<StepPlan> {
         if !self.can_plan() {
             return None;
         }
         let mut budget = self.config.max_num_batched_tokens;
-        // (slot, tokens) of every scheduled sequence, in plan order.
-        let mut picks: Vec<(u32, usize)> = Vec::with_capacity(self.running.len() + 8);
-        let mut plan = StepPlan::default();
-        let preempted = self.schedule_running(&mut budget, &mut picks, &mut plan);
-        if !preempted {
-            self.schedule_waiting(&mut budget, &mut picks, &mut plan);
+        let mut plan = StepPlan { step_id: self.next_step_id, ..StepPlan::default() };
+        let mut step = InflightStep { step_id: plan.step_id, ..InflightStep::default() };
+        let expected = self.running.len() + 8;
+        for v in [&mut plan.rows, &mut plan.num_scheduled_tokens, &mut plan.seq_lens] {
+            v.reserve(expected);
         }
-        if picks.is_empty() {
+        plan.query_start_loc.reserve(expected + 1);
+        plan.query_start_loc.push(0);
+        plan.input_ids.reserve(expected);
+        plan.positions.reserve(expected);
+        plan.slot_mapping.reserve(expected);
+        plan.logits_indices.reserve(expected);
+        plan.sample_rows.reserve(expected);
+        step.slots.reserve(expected);
+        step.sampled.reserve(expected);
+        let preempted = self.schedule_running(&mut budget, &mut plan, &mut step);
+        if !preempted {
+            self.schedule_waiting(&mut budget, &mut plan, &mut step);
+        }
+        if step.slots.is_empty() {
             // Rows freed so far stay queued for the next plan that is actually sent.
             return None;
         }
-        plan.step_id = self.next_step_id;
         self.next_step_id += 1;
         plan.freed_rows = std::mem::take(&mut self.freed_rows);
-        let step = self.emit_tokens(&picks, &mut plan);
+        let unpark = std::mem::take(&mut step.unpark);
+        for slot in unpark {
+            self.unpark_siblings(slot);
+        }
         self.inflight.push_back(step);
         self.counters.steps_planned += 1;
         Some(plan)
@@ -57,8 +75,8 @@ impl Scheduler {
     fn schedule_running(
         &mut self,
         budget: &mut usize,
-        picks: &mut Vec<(u32, usize)>,
         plan: &mut StepPlan,
+        step: &mut InflightStep,
     ) -> bool {
         let mut preempted = false;
         let mut i = 0;
@@ -82,7 +100,7 @@ impl Scheduler {
                 continue;
             }
             self.grow_blocks(slot, need, plan);
-            picks.push((slot, n));
+            self.emit(slot, n, plan, step);
             *budget -= n;
             i += 1;
         }
@@ -92,8 +110,8 @@ impl Scheduler {
     fn schedule_waiting(
         &mut self,
         budget: &mut usize,
-        picks: &mut Vec<(u32, usize)>,
         plan: &mut StepPlan,
+        step: &mut InflightStep,
     ) {
         let mut hit: Vec<BlockId> = Vec::new();
         while *budget > 0 && self.running.len() < self.config.max_num_seqs {
@@ -137,6 +155,9 @@ impl Scheduler {
             let seq = self.seq_mut(slot);
             seq.blocks.clear();
             seq.blocks.extend_from_slice(&hit);
+            if let Some(&b) = hit.last() {
+                seq.tail_block = b;
+            }
             seq.num_computed = cached;
             seq.num_registered = hit.len();
             seq.row = Some(row);
@@ -149,7 +170,7 @@ impl Scheduler {
             self.running.insert(rank, slot);
             self.announce_new(slot, plan);
             self.grow_blocks(slot, need, plan);
-            picks.push((slot, n));
+            self.emit(slot, n, plan, step);
             *budget -= n;
         }
     }
@@ -187,6 +208,7 @@ impl Scheduler {
         let seq = self.seqs[slot as usize].as_mut().unwrap();
         let start = seq.blocks.len();
         self.pool.allocate(need, &mut seq.blocks);
+        seq.tail_block = *seq.blocks.last().unwrap();
         let row = seq.row.expect("running sequence has a row") as i32;
         for (col, &b) in seq.blocks.iter().enumerate().skip(start) {
             plan.block_table_rows.push(row);
@@ -215,77 +237,56 @@ impl Scheduler {
         }
     }
 
-    /// Writes the per-token arrays for the picked sequences, advances their computed
-    /// counts, registers blocks that became full and known, and records the in-flight step.
-    fn emit_tokens(&mut self, picks: &[(u32, usize)], plan: &mut StepPlan) -> InflightStep {
+    /// Writes one picked sequence's tokens into the plan, advances its computed count,
+    /// registers blocks that became full and known, and records it in the step.
+    fn emit(&mut self, slot: u32, n: usize, plan: &mut StepPlan, step: &mut InflightStep) {
         let bs = self.config.block_size;
-        let total: usize = picks.iter().map(|&(_, n)| n).sum();
-        plan.rows.reserve(picks.len());
-        plan.num_scheduled_tokens.reserve(picks.len());
-        plan.query_start_loc.reserve(picks.len() + 1);
-        plan.seq_lens.reserve(picks.len());
-        plan.input_ids.reserve(total);
-        plan.positions.reserve(total);
-        plan.slot_mapping.reserve(total);
-        plan.query_start_loc.push(0);
-        let mut step = InflightStep {
-            step_id: plan.step_id,
-            slots: Vec::with_capacity(picks.len()),
-            sampled: Vec::with_capacity(picks.len()),
-            pooled: Vec::new(),
-        };
-        let mut unpark = Vec::new();
-        for (idx, &(slot, n)) in picks.iter().enumerate() {
-            let seq = self.seqs[slot as usize].as_mut().unwrap();
-            let start = seq.num_computed;
-            let end = start + n;
-            let known = seq.tokens.len();
-            for pos in start..end {
-                let token = if pos < known { i64::from(seq.tokens[pos]) } else { PLACEHOLDER_TOKEN };
-                plan.input_ids.push(token);
-                plan.positions.push(pos as i64);
-                let block = seq.blocks[pos / bs] as i64;
-                plan.slot_mapping.push(block * bs as i64 + (pos % bs) as i64);
-            }
-            let row = seq.row.unwrap() as i32;
-            plan.rows.push(row);
-            plan.num_scheduled_tokens.push(n as i32);
-            plan.query_start_loc.push(plan.input_ids.len() as i32);
-            plan.seq_lens.push(end as i32);
-            if n == 1 && start >= seq.num_prompt {
-                self.counters.decode_tokens_scheduled += 1;
-            } else {
-                self.counters.prefill_tokens_scheduled += n as u64;
-            }
-            seq.num_computed = end;
-            seq.inflight_steps += 1;
-            step.slots.push(slot);
-            if seq.pooling {
-                plan.pool_indices.push(idx as i32);
-                step.pooled.push(slot);
-            } else if end == seq.num_tokens_with_pending() {
-                plan.logits_indices.push(plan.input_ids.len() as i64 - 1);
-                plan.sample_rows.push(row);
-                seq.pending_samples += 1;
-                step.sampled.push(slot);
-            }
-            if seq.index == 0 && start < seq.num_prompt && end >= seq.num_prompt {
-                unpark.push(slot);
-            }
-            // Blocks that are now full of known, computed tokens become findable.
-            let full = end.min(known) / bs;
-            if full > seq.num_registered {
-                seq.update_hashes(bs);
-                for i in seq.num_registered..full {
-                    self.pool.register(seq.blocks[i], seq.hashes[i]);
-                }
-                seq.num_registered = full;
-            }
+        let seq = self.seqs[slot as usize].as_mut().expect("live slot");
+        let start = seq.num_computed;
+        let end = start + n;
+        let known = seq.tokens.len();
+        for pos in start..end {
+            let token = if pos < known { i64::from(seq.token_at(pos)) } else { PLACEHOLDER_TOKEN };
+            plan.input_ids.push(token);
+            plan.positions.push(pos as i64);
+            let block = i64::from(seq.block_at(pos, bs));
+            plan.slot_mapping.push(block * bs as i64 + (pos % bs) as i64);
         }
-        for slot in unpark {
-            self.unpark_siblings(slot);
+        let row = seq.row.expect("scheduled sequence has a row") as i32;
+        let index = plan.rows.len() as i32;
+        plan.rows.push(row);
+        plan.num_scheduled_tokens.push(n as i32);
+        plan.query_start_loc.push(plan.input_ids.len() as i32);
+        plan.seq_lens.push(end as i32);
+        if n == 1 && start >= seq.num_prompt {
+            self.counters.decode_tokens_scheduled += 1;
+        } else {
+            self.counters.prefill_tokens_scheduled += n as u64;
         }
-        step
+        seq.num_computed = end;
+        seq.inflight_steps += 1;
+        step.slots.push(slot);
+        if seq.pooling {
+            plan.pool_indices.push(index);
+            step.pooled.push(slot);
+        } else if end == seq.num_tokens_with_pending() {
+            plan.logits_indices.push(plan.input_ids.len() as i64 - 1);
+            plan.sample_rows.push(row);
+            seq.pending_samples += 1;
+            step.sampled.push(slot);
+        }
+        if seq.index == 0 && start < seq.num_prompt && end >= seq.num_prompt {
+            step.unpark.push(slot);
+        }
+        // Blocks that are now full of known, computed tokens become findable.
+        let full = end.min(known) / bs;
+        if full > seq.num_registered {
+            seq.update_hashes(bs);
+            for i in seq.num_registered..full {
+                self.pool.register(seq.blocks[i], seq.hashes[i]);
+            }
+            seq.num_registered = full;
+        }
     }
 
     /// The first sample's prompt is scheduled: its parked siblings may now be admitted and
@@ -299,7 +300,9 @@ impl Scheduler {
             .slots
             .iter()
             .copied()
-            .filter(|&s| self.seq(s).is_some_and(|q| q.state == SeqState::Parked))
+            .filter(|&s| {
+                self.seq(s).is_some_and(|q| q.state == SeqState::Parked && q.request_id == req)
+            })
             .collect();
         for slot in parked {
             self.seq_mut(slot).state = SeqState::Waiting;

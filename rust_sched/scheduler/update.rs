@@ -7,37 +7,45 @@ use crate::request::SeqState;
 
 use super::{InflightStep, Scheduler};
 
+
 impl Scheduler {
     /// Applies the result of the oldest in-flight step: `sampled[k]` is the token sampled
     /// for the k-th entry of that plan's `logits_indices`. A malformed result is rejected
     /// before anything changes.
     pub fn apply_result(&mut self, step_id: u64, sampled: &[i64]) -> SchedResult<()> {
         let step = self.check_result(step_id, Some(sampled))?;
-        for (&slot, &token) in step.sampled.iter().zip(sampled) {
-            let token = token as u32;
+        self.output.seq_ids.reserve(step.sampled.len());
+        self.output.token_ids.reserve(step.sampled.len());
+        // One pass over the step's sequences; `sampled` follows them in order.
+        let mut next_sample = 0;
+        for &slot in &step.slots {
+            let samples_here = step.sampled.get(next_sample) == Some(&slot);
             let seq = self.seqs[slot as usize].as_mut().expect("live slot");
-            seq.pending_samples -= 1;
-            if seq.state == SeqState::Finished {
-                // Planned before its sequence was seen to finish: the extra token is dropped.
-                self.counters.discarded_tokens += 1;
+            seq.inflight_steps -= 1;
+            if samples_here {
+                let token = sampled[next_sample] as u32;
+                next_sample += 1;
+                seq.pending_samples -= 1;
+                if seq.state == SeqState::Finished {
+                    // Planned before its sequence was seen to finish: the extra token is dropped.
+                    self.counters.discarded_tokens += 1;
+                } else {
+                    seq.push_token(token);
+                    self.output.seq_ids.push(seq.id);
+                    self.output.token_ids.push(i64::from(token));
+                    self.counters.generated_tokens += 1;
+                    let maybe_stop = self.stop_filter.may_contain(token);
+                    if let Some((reason, stop_token)) = seq.check_stop(token, maybe_stop, &self.config) {
+                        self.end_sequence(slot, reason, stop_token);
+                        continue; // end_sequence released what was left to release
+                    }
+                }
+            } else if seq.pooling && seq.state != SeqState::Finished {
+                self.end_sequence(slot, FinishReason::Pooled, None);
                 continue;
             }
-            seq.tokens.push(token);
-            let id = seq.id;
-            let stop = seq.check_stop(token, &self.config);
-            self.output.seq_ids.push(id);
-            self.output.token_ids.push(i64::from(token));
-            self.counters.generated_tokens += 1;
-            if let Some((reason, stop_token)) = stop {
-                self.end_sequence(slot, reason, stop_token);
-            }
+            self.release_if_idle(slot);
         }
-        for &slot in &step.pooled {
-            if self.seq(slot).unwrap().state != SeqState::Finished {
-                self.end_sequence(slot, FinishReason::Pooled, None);
-            }
-        }
-        self.retire(step);
         Ok(())
     }
 
@@ -49,11 +57,14 @@ impl Scheduler {
             self.seq_mut(slot).pending_samples -= 1;
         }
         for &slot in &step.slots {
-            if self.seq(slot).unwrap().state != SeqState::Finished {
+            let seq = self.seq_mut(slot);
+            seq.inflight_steps -= 1;
+            if seq.state == SeqState::Finished {
+                self.release_if_idle(slot);
+            } else {
                 self.end_sequence(slot, FinishReason::Error, None);
             }
         }
-        self.retire(step);
         Ok(())
     }
 
@@ -84,13 +95,5 @@ impl Scheduler {
         }
         self.counters.steps_applied += 1;
         Ok(self.inflight.pop_front().unwrap())
-    }
-
-    /// The step no longer references its sequences: free those that ended meanwhile.
-    fn retire(&mut self, step: InflightStep) {
-        for &slot in &step.slots {
-            self.seq_mut(slot).inflight_steps -= 1;
-            self.release_if_idle(slot);
-        }
     }
 }
