@@ -74,3 +74,13 @@ pub fn uniform_requests(n: usize, prompt_len: usize, max_tokens: usize, vocab: u
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn fake_token_matches_the_python_twin() {
+        // pyengine.testing.fake_executor.fake_tokens([0, 5, 123], [10, 7, 3], 1000)
+        let got: Vec<u32> = [(0, 10), (5, 7), (123, 3)].iter().map(|&(s, p)| super::fake_token(s, p, 1000)).collect();
+        assert_eq!(got, vec![261, 620, 914]);
+    }
+}
