@@ -110,3 +110,15 @@ def test_cuda_flash_attn_matches_sdpa(checkpoint, block_size):
     assert first_logits_close
     agreement = np.mean([a == b for x, y in zip(tokens, sdpa_tokens) for a, b in zip(x, y)])
     assert agreement > 0.9  # bfloat16 kernels may flip a near-tie; most tokens must agree
+
+
+def test_cpu_tiled_decode_matches_one_tile(checkpoint, monkeypatch):
+    import pyengine.executor.attention.sdpa as sdpa
+
+    config = ExecutorConfig(max_num_seqs=4, max_model_len=256, num_kv_blocks=64)
+    expected_tokens, expected_logits = _generate(ModelRunner.from_pretrained(checkpoint, config), 16)
+    monkeypatch.setattr(sdpa, "CPU_TILE_BYTES", 1)  # one row per tile
+    tokens, logits = _generate(ModelRunner.from_pretrained(checkpoint, config), 16)
+    assert tokens == expected_tokens
+    for ours, theirs in zip(logits, expected_logits):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)

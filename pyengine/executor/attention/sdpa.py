@@ -3,9 +3,11 @@
 Per step the sequences split into two groups:
 
 - single-query sequences (decodes, 1-token chunks): handled together. Their blocks are
-  gathered into one ``[R, L, kv_heads, head_dim]`` tensor and attended in one SDPA call;
-  GQA is folded into the query length (``[R, kv_heads, group, head_dim]``), so no K/V is
-  repeated, and a length mask is applied only when the lengths differ.
+  gathered into ``[rows, L, kv_heads, head_dim]`` tensors and attended with SDPA; GQA is
+  folded into the query length (``[rows, kv_heads, group, head_dim]``), so no K/V is
+  repeated, and a length mask is applied only when the lengths differ. On CPU the rows
+  are processed in tiles whose gathered K/V fit in the core's cache (the gather buffer is
+  reused), so the copy stays out of main memory; on CUDA all rows form one tile.
 - multi-token sequences (prefill chunks): one SDPA call each, causal, with the chunk's
   earlier context read from the cache. There are few of them per step and each is large,
   so the Python loop costs little next to the work.
@@ -24,13 +26,19 @@ from pyengine.executor.attention.metadata import StepAttentionLayout
 from pyengine.executor.kv_cache import PagedKVCache
 
 
+# Gathered K+V of one CPU tile should stay in a core's cache.
+CPU_TILE_BYTES = 2**21
+
+
 @dataclass
 class _SingleQueryGroup:
     token_indices: Optional[torch.Tensor]  # None: the group is every token of the step, in order
     block_ids: torch.Tensor  # int64 [R * width] flattened block tables
     num_rows: int
+    width: int  # blocks gathered per row
     kv_len: int  # longest context in the group
     mask: Optional[torch.Tensor]  # bool [R, 1, 1, kv_len], None when all lengths equal kv_len
+    tile_rows: int  # rows gathered and attended at once
 
 
 @dataclass
@@ -57,7 +65,7 @@ class SdpaStepAttention:
         self.cache = cache
         self.slot_mapping = layout.slot_mapping
         self.block_size = layout.block_size
-        self.single = _single_query_group(layout)
+        self.single = _single_query_group(layout, cache)
         self.chunks = _multi_token_chunks(layout)
 
     def attend(self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -80,11 +88,24 @@ class SdpaStepAttention:
     ) -> torch.Tensor:
         rows, heads, head_dim = q.shape
         kv_heads = key_blocks.shape[2]
-        keys = _gather_rows(key_blocks, group.block_ids, rows, group.kv_len)
-        values = _gather_rows(value_blocks, group.block_ids, rows, group.kv_len)
         grouped_q = q.view(rows, kv_heads, heads // kv_heads, head_dim)
-        out = F.scaled_dot_product_attention(grouped_q, keys, values, attn_mask=group.mask)
-        return out.reshape(rows, heads, head_dim)
+        if group.tile_rows >= rows:
+            keys = _gather_rows(key_blocks, group.block_ids, rows, group.kv_len)
+            values = _gather_rows(value_blocks, group.block_ids, rows, group.kv_len)
+            out = F.scaled_dot_product_attention(grouped_q, keys, values, attn_mask=group.mask)
+            return out.reshape(rows, heads, head_dim)
+        out = torch.empty_like(grouped_q)
+        tile = group.tile_rows * group.width
+        key_buffer = key_blocks.new_empty((tile,) + tuple(key_blocks.shape[1:]))
+        value_buffer = value_blocks.new_empty((tile,) + tuple(value_blocks.shape[1:]))
+        for start in range(0, rows, group.tile_rows):
+            end = min(start + group.tile_rows, rows)
+            ids = group.block_ids[start * group.width : end * group.width]
+            keys = _gather_rows(key_blocks, ids, end - start, group.kv_len, key_buffer[: ids.numel()])
+            values = _gather_rows(value_blocks, ids, end - start, group.kv_len, value_buffer[: ids.numel()])
+            mask = None if group.mask is None else group.mask[start:end]
+            out[start:end] = F.scaled_dot_product_attention(grouped_q[start:end], keys, values, attn_mask=mask)
+        return out.view(rows, heads, head_dim)
 
     def _attend_chunk(
         self,
@@ -108,11 +129,13 @@ class SdpaStepAttention:
         return out.transpose(0, 1)
 
 
-def _gather_rows(blocks: torch.Tensor, block_ids: torch.Tensor, rows: int, length: int) -> torch.Tensor:
+def _gather_rows(
+    blocks: torch.Tensor, block_ids: torch.Tensor, rows: int, length: int, out: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """Blocks of ``rows`` sequences -> ``[rows, kv_heads, length, head_dim]`` (a strided view)."""
     _, block_size, kv_heads, head_dim = blocks.shape
-    gathered = blocks.index_select(0, block_ids).view(rows, -1, kv_heads, head_dim)
-    return gathered[:, :length].transpose(1, 2)
+    gathered = torch.index_select(blocks, 0, block_ids, out=out) if out is not None else blocks.index_select(0, block_ids)
+    return gathered.view(rows, -1, kv_heads, head_dim)[:, :length].transpose(1, 2)
 
 
 def _chunk_causal_mask(query_len: int, seq_len: int, device: torch.device) -> torch.Tensor:
@@ -121,7 +144,16 @@ def _chunk_causal_mask(query_len: int, seq_len: int, device: torch.device) -> to
     return torch.arange(seq_len, device=device)[None, :] <= query_positions[:, None]
 
 
-def _single_query_group(layout: StepAttentionLayout) -> Optional[_SingleQueryGroup]:
+def _tile_rows(layout: StepAttentionLayout, width: int, cache: PagedKVCache, rows: int) -> int:
+    if layout.slot_mapping.device.type != "cpu":
+        return rows
+    shape = cache.shape
+    element = cache.keys.element_size()
+    row_bytes = 2 * width * shape.block_size * shape.num_kv_heads * shape.head_dim * element
+    return max(1, CPU_TILE_BYTES // row_bytes)
+
+
+def _single_query_group(layout: StepAttentionLayout, cache: PagedKVCache) -> Optional[_SingleQueryGroup]:
     single = np.flatnonzero(layout.num_scheduled_tokens == 1)
     if single.size == 0:
         return None
@@ -140,7 +172,8 @@ def _single_query_group(layout: StepAttentionLayout) -> Optional[_SingleQueryGro
     token_indices = None
     if not everything:
         token_indices = torch.from_numpy(layout.query_start_loc[single].astype(np.int64)).to(device)
-    return _SingleQueryGroup(token_indices, block_ids, int(single.size), kv_len, mask)
+    tile_rows = _tile_rows(layout, width, cache, int(single.size))
+    return _SingleQueryGroup(token_indices, block_ids, int(single.size), width, kv_len, mask, tile_rows)
 
 
 def _multi_token_chunks(layout: StepAttentionLayout) -> list[_Chunk]:
