@@ -279,10 +279,8 @@ impl BlockPool {
                 self.num_free()
             ));
         }
-        for i in 0..n {
-            if self.ref_counts[i] == 0 && !free_seen[i] {
-                return Err(format!("block {i} has no owner and is not free"));
-            }
+        if let Some(i) = (0..n).find(|&i| self.ref_counts[i] == 0 && !free_seen[i]) {
+            return Err(format!("block {i} has no owner and is not free"));
         }
         for (h, &b) in &self.cached {
             if self.hashes[b as usize] != Some(*h) {

@@ -18,9 +18,9 @@ impl Policy {
         match name {
             "fcfs" => Ok(Policy::Fcfs),
             "priority" => Ok(Policy::Priority),
-            other => Err(SchedError::InvalidConfig(format!(
-                "policy must be 'fcfs' or 'priority', got {other:?}"
-            ))),
+            other => {
+                Err(SchedError::InvalidConfig(format!("policy must be 'fcfs' or 'priority', got {other:?}")))
+            }
         }
     }
 
@@ -93,9 +93,7 @@ impl SchedulerConfig {
             )));
         }
         if self.max_num_seqs > i32::MAX as usize || self.num_blocks > i32::MAX as usize {
-            return Err(SchedError::InvalidConfig(
-                "num_blocks and max_num_seqs must fit in int32".into(),
-            ));
+            return Err(SchedError::InvalidConfig("num_blocks and max_num_seqs must fit in int32".into()));
         }
         if self.max_num_batched_tokens < self.max_num_seqs.min(self.max_model_len) {
             // Not fatal for correctness, but a budget below the sequence cap can never run a

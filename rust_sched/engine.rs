@@ -111,6 +111,10 @@ impl EngineHandle {
             .name(THREAD_NAME.into())
             .spawn(move || {
                 let shared = worker.shared.clone();
+                // Unwinding drops the worker's channel ends; these clones keep the other
+                // threads from seeing them close before the death below is recorded, so
+                // their errors name the panic rather than a shutdown.
+                let channels = (worker.cmd_rx.clone(), worker.plan_tx.clone(), worker.out_tx.clone());
                 if let Err(panic) = catch_unwind(AssertUnwindSafe(|| worker.run())) {
                     let msg = panic
                         .downcast_ref::<&str>()
@@ -119,6 +123,7 @@ impl EngineHandle {
                         .unwrap_or_else(|| "unknown panic".into());
                     *shared.death.lock().unwrap() = Some(format!("the scheduler thread panicked: {msg}"));
                 }
+                drop(channels);
                 let _ = exited_tx.send(());
             })
             .map_err(|e| SchedError::Closed(format!("could not start the scheduler thread: {e}")))?;

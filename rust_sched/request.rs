@@ -36,10 +36,7 @@ pub struct RequestSpec {
 impl RequestSpec {
     /// Rejects requests that can never be served under `config`.
     pub fn validate(&self, config: &SchedulerConfig) -> SchedResult<()> {
-        let err = |reason: String| SchedError::InvalidRequest {
-            request_id: self.request_id.clone(),
-            reason,
-        };
+        let err = |reason: String| SchedError::InvalidRequest { request_id: self.request_id.clone(), reason };
         if self.request_id.is_empty() {
             return Err(err("request_id must not be empty".into()));
         }
@@ -50,10 +47,7 @@ impl RequestSpec {
             return Err(err("n must be at least 1".into()));
         }
         if self.n > config.max_num_seqs {
-            return Err(err(format!(
-                "n = {} exceeds max_num_seqs = {}",
-                self.n, config.max_num_seqs
-            )));
+            return Err(err(format!("n = {} exceeds max_num_seqs = {}", self.n, config.max_num_seqs)));
         }
         let prompt_len = self.prompt.len();
         let total = if self.pooling {

@@ -9,7 +9,8 @@ use crate::request::{RequestSpec, SeqId};
 
 /// The token a sequence "samples" at `position` (the position of the new token).
 pub fn fake_token(seq_id: SeqId, position: usize, vocab: u32) -> u32 {
-    let mut x = seq_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (position as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    let mut x =
+        seq_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (position as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
     x ^= x >> 29;
     x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x ^= x >> 32;
@@ -80,7 +81,8 @@ mod tests {
     #[test]
     fn fake_token_matches_the_python_twin() {
         // pyengine.testing.fake_executor.fake_tokens([0, 5, 123], [10, 7, 3], 1000)
-        let got: Vec<u32> = [(0, 10), (5, 7), (123, 3)].iter().map(|&(s, p)| super::fake_token(s, p, 1000)).collect();
+        let got: Vec<u32> =
+            [(0, 10), (5, 7), (123, 3)].iter().map(|&(s, p)| super::fake_token(s, p, 1000)).collect();
         assert_eq!(got, vec![261, 620, 914]);
     }
 }

@@ -21,9 +21,7 @@ fn class_name(err: &SchedError) -> &'static str {
 /// cannot be imported, which would be a packaging bug).
 pub fn to_py_err(py: Python<'_>, err: SchedError) -> PyErr {
     let message = err.to_string();
-    let class = py
-        .import("pyengine.errors")
-        .and_then(|m| m.getattr(class_name(&err)));
+    let class = py.import("pyengine.errors").and_then(|m| m.getattr(class_name(&err)));
     match class {
         Ok(cls) => match cls.call1((message.clone(),)) {
             Ok(instance) => PyErr::from_value(instance),

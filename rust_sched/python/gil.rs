@@ -15,7 +15,11 @@ pub fn detached<T: Send, F: Send + FnOnce() -> T>(py: Python<'_>, f: F) -> T {
 /// Waits for `wait(slice)` to produce a value, with the GIL released, for at most
 /// `timeout` seconds (forever when None). Between slices it lets Python handle signals, so
 /// KeyboardInterrupt reaches a thread blocked here. Ok(None) when the time ran out.
-pub fn wait_interruptibly<T, E, F>(py: Python<'_>, timeout: Option<f64>, wait: F) -> PyResult<Result<Option<T>, E>>
+pub fn wait_interruptibly<T, E, F>(
+    py: Python<'_>,
+    timeout: Option<f64>,
+    wait: F,
+) -> PyResult<Result<Option<T>, E>>
 where
     T: Send,
     E: Send,

@@ -30,7 +30,11 @@ impl PyScheduler {
 
 pub fn parse_reason(py: Python<'_>, reason: &str) -> PyResult<FinishReason> {
     FinishReason::parse(reason).ok_or_else(|| {
-        invalid_request(py, "", format!("unknown finish reason {reason:?}: expected one of {:?}", crate::FINISH_REASONS))
+        invalid_request(
+            py,
+            "",
+            format!("unknown finish reason {reason:?}: expected one of {:?}", crate::FINISH_REASONS),
+        )
     })
 }
 
@@ -121,7 +125,9 @@ impl PyScheduler {
     /// Raises `EngineError` describing the first broken internal invariant, if any.
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         let result = self.lock().check_invariants();
-        result.map_err(|m| super::errors::to_py_err(py, crate::SchedError::BadStepResult(format!("invariant broken: {m}"))))
+        result.map_err(|m| {
+            super::errors::to_py_err(py, crate::SchedError::BadStepResult(format!("invariant broken: {m}")))
+        })
     }
 
     /// Test hook: panics inside the core, to show a Rust panic surfaces as an exception.

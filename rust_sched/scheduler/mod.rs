@@ -235,10 +235,7 @@ impl Scheduler {
         let slots = group.slots.clone();
         for slot in slots {
             // A sample that already ended may have had its slot reused by another request.
-            if self
-                .seq(slot)
-                .is_some_and(|s| s.state != SeqState::Finished && &*s.request_id == request_id)
-            {
+            if self.seq(slot).is_some_and(|s| s.state != SeqState::Finished && &*s.request_id == request_id) {
                 self.end_sequence(slot, FinishReason::Abort, None);
             }
         }

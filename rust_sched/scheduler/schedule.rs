@@ -72,12 +72,7 @@ impl Scheduler {
     }
 
     /// Returns true when it preempted anything.
-    fn schedule_running(
-        &mut self,
-        budget: &mut usize,
-        plan: &mut StepPlan,
-        step: &mut InflightStep,
-    ) -> bool {
+    fn schedule_running(&mut self, budget: &mut usize, plan: &mut StepPlan, step: &mut InflightStep) -> bool {
         let mut preempted = false;
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
@@ -107,12 +102,7 @@ impl Scheduler {
         preempted
     }
 
-    fn schedule_waiting(
-        &mut self,
-        budget: &mut usize,
-        plan: &mut StepPlan,
-        step: &mut InflightStep,
-    ) {
+    fn schedule_waiting(&mut self, budget: &mut usize, plan: &mut StepPlan, step: &mut InflightStep) {
         let mut hit: Vec<BlockId> = Vec::new();
         while *budget > 0 && self.running.len() < self.config.max_num_seqs {
             let Some((rank, slot)) = self.waiting.first() else {
@@ -300,9 +290,7 @@ impl Scheduler {
             .slots
             .iter()
             .copied()
-            .filter(|&s| {
-                self.seq(s).is_some_and(|q| q.state == SeqState::Parked && q.request_id == req)
-            })
+            .filter(|&s| self.seq(s).is_some_and(|q| q.state == SeqState::Parked && q.request_id == req))
             .collect();
         for slot in parked {
             self.seq_mut(slot).state = SeqState::Waiting;

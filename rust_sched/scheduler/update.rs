@@ -7,7 +7,6 @@ use crate::request::SeqState;
 
 use super::{InflightStep, Scheduler};
 
-
 impl Scheduler {
     /// Applies the result of the oldest in-flight step: `sampled[k]` is the token sampled
     /// for the k-th entry of that plan's `logits_indices`. A malformed result is rejected

@@ -1,0 +1,297 @@
+"""Type stubs for ``pyengine._sched``, the native scheduler (Rust, PyO3).
+
+The scheduler owns every sequence's scheduling state and the paged KV block pool. It
+plans steps as flat numpy arrays (:class:`StepPlan`), takes back the sampled token ids,
+and reports accepted tokens and finished sequences as :class:`OutputEvent`. See
+``docs/contract.md`` for how the fields fit together.
+"""
+
+from typing import Final, Literal, TypeAlias, final
+
+from typing_extensions import Self
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "FINISH_REASONS",
+    "OutputEvent",
+    "PLACEHOLDER_TOKEN",
+    "Request",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerThread",
+    "StepPlan",
+    "THREAD_NAME",
+    "__version__",
+]
+
+__version__: Final[str]
+#: Input token id meaning "the token this row sampled in the previous step".
+PLACEHOLDER_TOKEN: Final[int]
+#: Names of finish-reason codes, indexed by ``OutputEvent.finish_reasons``.
+FINISH_REASONS: Final[tuple[str, str, str, str, str]]
+#: OS-level name of the scheduler thread (``ps -T``, ``/proc/PID/task/*/comm``).
+THREAD_NAME: Final[str]
+
+_FinishReason: TypeAlias = Literal["stop", "length", "abort", "pooled", "error"]
+
+@final
+class SchedulerConfig:
+    """The scheduler's engine arguments, validated on construction.
+
+    Raises ``pyengine.InvalidConfigError`` (a ValueError) naming the argument at fault.
+    """
+
+    def __new__(
+        cls,
+        num_blocks: int,
+        *,
+        block_size: int = 16,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        max_model_len: int = 4096,
+        long_prefill_token_threshold: int = 0,
+        enable_prefix_caching: bool = True,
+        policy: Literal["fcfs", "priority"] = "fcfs",
+        pipeline_depth: int = 2,
+    ) -> Self: ...
+    @property
+    def num_blocks(self) -> int:
+        """KV blocks in the pool."""
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block."""
+    @property
+    def max_num_seqs(self) -> int:
+        """Cap on running sequences; also the number of persistent-batch rows."""
+    @property
+    def max_num_batched_tokens(self) -> int:
+        """Token budget of one step (decodes plus prefill chunks)."""
+    @property
+    def max_model_len(self) -> int:
+        """Longest sequence (prompt + output)."""
+    @property
+    def long_prefill_token_threshold(self) -> int:
+        """Cap on prefill tokens one sequence may take per step; 0 = budget only."""
+    @property
+    def enable_prefix_caching(self) -> bool: ...
+    @property
+    def policy(self) -> Literal["fcfs", "priority"]:
+        """``fcfs``: arrival order. ``priority``: lower value first, then arrival."""
+    @property
+    def pipeline_depth(self) -> int:
+        """Steps planned ahead of their results: 1 or 2."""
+
+@final
+class Request:
+    """What the scheduler needs to know about one request.
+
+    ``n`` samples share the prompt's KV blocks; ``pooling`` requests are prefilled in one
+    step and not sampled. Raises ``InvalidRequestError`` for malformed values; whether
+    the request fits the engine is checked by ``add_request``.
+    """
+
+    def __new__(
+        cls,
+        request_id: str,
+        prompt_token_ids: list[int],
+        *,
+        max_tokens: int = 16,
+        min_tokens: int = 0,
+        eos_token_ids: list[int] = ...,
+        ignore_eos: bool = False,
+        stop_token_ids: list[int] = ...,
+        priority: int = 0,
+        pooling: bool = False,
+        n: int = 1,
+        cache_salt: str | None = None,
+    ) -> Self: ...
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def prompt_token_ids(self) -> list[int]: ...
+    @property
+    def num_prompt_tokens(self) -> int: ...
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def n(self) -> int: ...
+    @property
+    def pooling(self) -> bool: ...
+    @property
+    def priority(self) -> int: ...
+
+@final
+class StepPlan:
+    """One step for the executor. ``R`` scheduled sequences, ``T`` tokens, ``S`` samples.
+
+    Every array is a numpy array moved out of Rust without copying.
+    """
+
+    @property
+    def step_id(self) -> int:
+        """Increases by one per plan; results are submitted in this order."""
+    @property
+    def rows(self) -> npt.NDArray[np.int32]:
+        """[R] persistent-batch row of each scheduled sequence."""
+    @property
+    def num_scheduled_tokens(self) -> npt.NDArray[np.int32]:
+        """[R] tokens computed for each sequence in this step (1 for a decode)."""
+    @property
+    def query_start_loc(self) -> npt.NDArray[np.int32]:
+        """[R+1] prefix sum of ``num_scheduled_tokens``, starting at 0."""
+    @property
+    def seq_lens(self) -> npt.NDArray[np.int32]:
+        """[R] context length after this step (tokens before it + scheduled)."""
+    @property
+    def input_ids(self) -> npt.NDArray[np.int64]:
+        """[T] token ids; ``PLACEHOLDER_TOKEN`` = the previous sample of this row."""
+    @property
+    def positions(self) -> npt.NDArray[np.int64]:
+        """[T] position of each token in its sequence."""
+    @property
+    def slot_mapping(self) -> npt.NDArray[np.int64]:
+        """[T] KV slot: ``block_id * block_size + position % block_size``."""
+    @property
+    def logits_indices(self) -> npt.NDArray[np.int64]:
+        """[S] indices into the T tokens whose logits are sampled."""
+    @property
+    def sample_rows(self) -> npt.NDArray[np.int32]:
+        """[S] row of each sampled sequence, in ``logits_indices`` order."""
+    @property
+    def pool_indices(self) -> npt.NDArray[np.int32]:
+        """[P] indices into ``rows`` of pooling sequences whose whole prompt is here."""
+    @property
+    def block_table_rows(self) -> npt.NDArray[np.int32]:
+        """[B] block-table writes: ``block_table[rows[i], cols[i]] = ids[i]``."""
+    @property
+    def block_table_cols(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def block_table_ids(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def new_rows(self) -> npt.NDArray[np.int32]:
+        """[K] rows of sequences entering (or re-entering) the batch in this plan."""
+    @property
+    def new_seq_ids(self) -> npt.NDArray[np.uint64]:
+        """[K] their sequence ids."""
+    @property
+    def new_num_prompt_tokens(self) -> npt.NDArray[np.int32]:
+        """[K] their prompt lengths."""
+    @property
+    def new_token_offsets(self) -> npt.NDArray[np.int64]:
+        """[K+1] offsets into ``new_token_ids``."""
+    @property
+    def new_token_ids(self) -> npt.NDArray[np.int64]:
+        """All known tokens of each new sequence (prompt, then outputs if resumed)."""
+    @property
+    def freed_rows(self) -> npt.NDArray[np.int32]:
+        """[F] rows released since the previous plan."""
+    @property
+    def num_seqs(self) -> int: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def num_samples(self) -> int: ...
+
+@final
+class OutputEvent:
+    """What the output thread learns from one step result (``step_id`` None for events
+    caused by ``abort`` / ``finish`` alone)."""
+
+    @property
+    def step_id(self) -> int | None: ...
+    @property
+    def seq_ids(self) -> npt.NDArray[np.uint64]:
+        """[K] sequences that accepted a token in this step."""
+    @property
+    def token_ids(self) -> npt.NDArray[np.int64]:
+        """[K] the tokens (extras sampled after a sequence finished are dropped)."""
+    @property
+    def finished_seq_ids(self) -> npt.NDArray[np.uint64]:
+        """[F] sequences that ended."""
+    @property
+    def finish_reasons(self) -> npt.NDArray[np.uint8]:
+        """[F] codes into ``FINISH_REASONS``."""
+    @property
+    def stop_token_ids(self) -> npt.NDArray[np.int64]:
+        """[F] the EOS / stop token that ended the sequence, -1 when none did."""
+    @property
+    def num_prompt_tokens(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def num_cached_tokens(self) -> npt.NDArray[np.int32]:
+        """[F] prompt tokens reused from the prefix cache or a sibling at admission."""
+    @property
+    def num_output_tokens(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def num_preemptions(self) -> npt.NDArray[np.int32]: ...
+
+@final
+class Scheduler:
+    """The scheduler driven synchronously from the calling thread (tests, benchmarks).
+
+    Thread-safe: calls lock the scheduler inside; planning and result application run
+    with the GIL released.
+    """
+
+    def __new__(
+cls, config: SchedulerConfig) -> Self: ...
+    def add_request(self, request: Request) -> int:
+        """Adds a request; returns its first sequence id (the n samples follow)."""
+    def schedule(self) -> StepPlan | None:
+        """Plans the next step; None when the pipeline is full or nothing can run."""
+    def apply_result(self, step_id: int, sampled: npt.ArrayLike) -> None:
+        """Applies the oldest in-flight step's sampled ids (``logits_indices`` order)."""
+    def fail_step(self, step_id: int) -> None:
+        """Ends every sequence of a step the executor could not run ("error")."""
+    def take_output(self, step_id: int | None = None) -> OutputEvent:
+        """Tokens accepted and sequences ended since the last call."""
+    def abort(self, request_id: str) -> bool:
+        """Aborts every sample; False if the request is not live (not an error)."""
+    def finish(self, seq_id: int, reason: _FinishReason = "stop") -> bool:
+        """Ends one sequence (a stop string); False if it had already ended."""
+    def has_unfinished(self) -> bool: ...
+    def stats(self) -> dict[str, int | float]:
+        """Running / waiting counts, KV block usage, prefix-cache and step counters."""
+    def check_invariants(self) -> None:
+        """Raises ``StepResultError`` describing a broken internal invariant, if any."""
+    def _panic(self) -> None:
+        """Test hook: panics inside the core (raises ``PanicException``)."""
+
+@final
+class SchedulerThread:
+    """Starts the ``pyengine-sched`` thread; the engine's executor and output threads
+    talk to it through these calls. Every blocking call releases the GIL and can be
+    interrupted with Ctrl-C. After the thread ends, calls raise ``EngineDeadError``."""
+
+    def __new__(
+cls, config: SchedulerConfig) -> Self: ...
+    @property
+    def config(self) -> SchedulerConfig: ...
+    def add_request(self, request: Request) -> int:
+        """Validates and queues a request; returns its first sequence id.
+
+        Raises ``InvalidRequestError`` / ``DuplicateRequestError`` at once."""
+    def abort(self, request_id: str) -> None:
+        """Queues an abort of every sample (ignored for finished requests)."""
+    def finish(self, seq_id: int, reason: _FinishReason = "stop") -> None:
+        """Queues the end of one sequence (the output thread found a stop string)."""
+    def next_plan(self, timeout: float | None = None) -> StepPlan | None:
+        """The next plan; None if ``timeout`` seconds pass first."""
+    def submit_result(self, step_id: int, sampled: npt.ArrayLike) -> None:
+        """Hands back the ids sampled for ``step_id`` in ``logits_indices`` order."""
+    def fail_step(self, step_id: int) -> None:
+        """Reports that ``step_id`` could not run: its sequences end with "error"."""
+    def next_output(self, timeout: float | None = None) -> OutputEvent | None:
+        """The next output event; None if ``timeout`` seconds pass first."""
+    def stats(self, timeout: float = 1.0) -> dict[str, int | float]:
+        """Scheduler figures plus thread busy/idle seconds, queue depths, plan times."""
+    @property
+    def is_alive(self) -> bool: ...
+    @property
+    def death(self) -> str | None:
+        """Why the scheduler thread died (a panic message), or None."""
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stops and joins the thread, also with work in flight."""
+    def _inject_panic(self) -> None:
+        """Test hook: makes the scheduler thread panic."""
