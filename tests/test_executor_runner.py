@@ -149,3 +149,18 @@ def test_unknown_new_sequence_is_a_clear_error(checkpoint):
 def test_max_model_len_beyond_the_model_is_refused(checkpoint):
     with pytest.raises(ValueError, match="max_model_len"):
         _runner(checkpoint, max_model_len=10**6)
+
+
+def test_token_budget_chunks_prefill_without_changing_results(checkpoint):
+    prompts = [_prompt(30 + i, 20 + 7 * i) for i in range(4)]
+    results = []
+    for budget in (None, 24):
+        runner = _runner(checkpoint)
+        planner = HandPlanner(num_blocks=128, max_rows=8)
+        ids = [planner.add(p) for p in prompts]
+        for _ in range(12):
+            plan = planner.next_plan(max_tokens=budget)
+            assert budget is None or len(plan.input_ids) <= budget
+            planner.record(plan, runner.execute(plan, planner.params).sampled_token_ids)
+        results.append([planner.output_tokens(i)[:4] for i in ids])
+    assert results[0] == results[1] and all(len(t) == 4 for t in results[1])

@@ -114,11 +114,16 @@ class HandPlanner:
                 seq.tokens[index] = int(token)
 
     # ----- planning -----------------------------------------------------------------
-    def next_plan(self, max_chunk: Optional[int] = None) -> StepPlan:
-        """Schedule every live sequence: decodes 1 token, prefills up to ``max_chunk``."""
+    def next_plan(self, max_chunk: Optional[int] = None, max_tokens: Optional[int] = None) -> StepPlan:
+        """Schedule live sequences in arrival order: decodes 1 token, prefills up to
+        ``max_chunk``, at most ``max_tokens`` tokens in all (the rest wait)."""
         builder = _PlanBuilder(self.block_size)
+        budget = max_tokens if max_tokens is not None else 1 << 62
         for seq in sorted(self._sequences.values(), key=lambda s: s.seq_id):
-            self._schedule(seq, builder, max_chunk)
+            if budget <= 0:
+                break
+            chunk = budget if max_chunk is None else min(max_chunk, budget)
+            budget -= self._schedule(seq, builder, chunk, token_budget=budget)
         plan = builder.build(self._step_id, self._freed_rows)
         self._freed_rows = []
         self._step_id += 1
@@ -128,15 +133,16 @@ class HandPlanner:
             self.finish(seq_id)
         return plan
 
-    def _schedule(self, seq: _Sequence, builder: "_PlanBuilder", max_chunk: Optional[int]) -> None:
+    def _schedule(self, seq: _Sequence, builder: "_PlanBuilder", max_chunk: int, token_budget: int) -> int:
+        """Schedule part of ``seq``; returns the number of tokens scheduled."""
         remaining = len(seq.tokens) - seq.num_computed
-        if remaining <= 0:
-            return
+        if remaining <= 0 or (seq.pooling and remaining > token_budget):
+            return 0
         if seq.row < 0:
             if not self._free_rows:
-                return  # no row free: waits
+                return 0  # no row free: waits
             seq.row = self._free_rows.pop()
-        count = remaining if (seq.pooling or max_chunk is None) else min(remaining, max_chunk)
+        count = remaining if seq.pooling else min(remaining, max_chunk)
         new_blocks = self._grow(seq, seq.num_computed + count)
         if not seq.announced:
             builder.add_new(seq)
@@ -157,6 +163,7 @@ class HandPlanner:
         seq.num_computed += count
         if samples:
             seq.tokens.append(None)
+        return count
 
     def _grow(self, seq: _Sequence, length: int) -> list[int]:
         needed = -(-length // self.block_size) - len(seq.blocks)
