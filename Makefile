@@ -1,0 +1,42 @@
+# pyengine tasks. `make help` lists them; .ci/run calls the same targets.
+.DEFAULT_GOAL := help
+PY ?= python3
+
+.PHONY: help
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+.PHONY: install-deps
+install-deps:  ## install the Python packages the build, tests and benches need
+	$(PY) -m pip install -q --upgrade "maturin>=1.9,<2" "numpy>=1.24" "pytest>=8" mypy ruff \
+		torch safetensors tokenizers transformers tqdm
+
+.PHONY: build-dev
+build-dev:  ## editable install (the native module is built into pyengine/)
+	$(PY) -m pip install -q --no-build-isolation -e .
+
+.PHONY: build
+build:  ## build the release wheel and install it (removes stale in-tree native modules)
+	rm -f pyengine/_sched*.so
+	$(PY) -m pip install -q --no-build-isolation --force-reinstall --no-deps .
+
+.PHONY: lint
+lint:  ## rustfmt, clippy (core and bindings), ruff, stub check
+	cargo fmt --check
+	cargo clippy --all-targets -- -D warnings
+	cargo clippy --lib --features python -- -D warnings
+	ruff check pyengine tests benches
+
+.PHONY: test-rust
+test-rust:  ## Rust unit, property and integration tests; compile the benches
+	cargo test --release
+	cargo bench --no-run
+
+.PHONY: test
+test:  ## the Python test suite (the README's test command)
+	pytest -q
+
+.PHONY: bench
+bench:  ## scheduler benches: criterion (Rust) and the same workload through the binding
+	cargo bench --bench scheduler
+	$(PY) benches/sched_step.py
