@@ -157,3 +157,19 @@ def test_logprobs_are_log_softmax_of_processed_logits(logits_row):
         assert out.logprobs.sampled_ranks[row] == int((expected > expected[token]).sum()) + 1
     assert out.logprobs.sampled_ranks[1] == 1  # greedy picks the best token
     assert out.logprobs.requested.tolist() == [5, 3, -1]
+
+
+def test_min_tokens_masks_eos_and_stop_tokens_until_reached():
+    table = SamplingTable(2, torch.device("cpu"), eos_token_ids=(3,))
+    rows = np.arange(2)
+    table.install(rows, [SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[5]),
+                         SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[5], ignore_eos=True)])
+    sampler = Sampler(table, torch.Generator().manual_seed(0))
+    logits = torch.zeros(2, VOCAB)
+    logits[:, 3], logits[:, 5], logits[:, 7] = 3.0, 2.0, 1.0
+    picks = []
+    for _ in range(3):
+        out = sampler.sample(logits.clone(), rows, torch.zeros(2, dtype=torch.int64), None)
+        picks.append(out.token_ids.tolist())
+        table.count_samples(rows)
+    assert picks == [[7, 3], [7, 3], [3, 3]]

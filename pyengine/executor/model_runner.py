@@ -61,7 +61,9 @@ class ModelRunner:
             "KV cache: %d blocks of %d tokens (%.1f MiB), attention backend %s",
             num_blocks, self.block_size, self.kv_cache.num_bytes / 2**20, self.attention_backend.name,
         )
-        self.batch = PersistentBatch(config.max_num_seqs, self.max_blocks_per_seq, model_config.vocab_size, self.device)
+        self.batch = PersistentBatch(
+            config.max_num_seqs, self.max_blocks_per_seq, model_config.vocab_size, self.device, loaded.eos_token_ids
+        )
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(self.batch.sampling, self.generator)
 
@@ -104,7 +106,7 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden.index_select(0, logits_indices))
             sample_rows = _to_device(plan.sample_rows, torch.int64, device)
             result = self.sampler.sample(logits, plan.sample_rows, positions[logits_indices] + 1, self.batch.history)
-            self.batch.record_sampled(sample_rows, result.token_ids)
+            self.batch.record_sampled(plan.sample_rows, sample_rows, result.token_ids)
             output.sampled_token_ids = result.token_ids.cpu().numpy()
             output.logprobs = result.logprobs
             output.logits = logits if return_logits else None

@@ -30,13 +30,20 @@ class PlanStateError(ValueError):
 class PersistentBatch:
     """Row-indexed state on the device (block tables, last sampled token, sampling params)."""
 
-    def __init__(self, max_rows: int, max_blocks_per_seq: int, vocab_size: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        max_rows: int,
+        max_blocks_per_seq: int,
+        vocab_size: int,
+        device: torch.device,
+        eos_token_ids: tuple[int, ...] = (),
+    ) -> None:
         self.max_rows = max_rows
         self.vocab_size = vocab_size
         self.device = device
         self.block_table = torch.zeros(max_rows, max_blocks_per_seq, dtype=torch.int32, device=device)
         self.last_sampled = torch.zeros(max_rows, dtype=torch.int64, device=device)
-        self.sampling = SamplingTable(max_rows, device)
+        self.sampling = SamplingTable(max_rows, device, eos_token_ids)
         self.pooling: dict[int, PoolingParams] = {}
         self.history: Optional[TokenHistory] = None
 
@@ -62,6 +69,8 @@ class PersistentBatch:
         sampling_rows = rows[is_sampling]
         self.sampling.install(sampling_rows, [p for p in request_params if isinstance(p, SamplingParams)])
         self.sampling.install_non_sampling(rows[~is_sampling])
+        known = np.diff(plan.new_token_offsets)
+        self.sampling.set_generated_counts(rows, known - plan.new_num_prompt_tokens.astype(np.int64))
         for row, p in zip(rows.tolist(), request_params):
             if isinstance(p, PoolingParams):
                 self.pooling[row] = p
@@ -83,8 +92,9 @@ class PersistentBatch:
         self.history.add_prompt_tokens(to_device(token_rows[is_prompt]), to_device(tokens[is_prompt]))
         self.history.add_output_tokens(to_device(token_rows[~is_prompt]), to_device(tokens[~is_prompt]))
 
-    def record_sampled(self, rows: torch.Tensor, token_ids: torch.Tensor) -> None:
+    def record_sampled(self, host_rows: np.ndarray, rows: torch.Tensor, token_ids: torch.Tensor) -> None:
         """Remember this step's samples (placeholders of the next plan; penalty history)."""
         self.last_sampled[rows] = token_ids
+        self.sampling.count_samples(host_rows)
         if self.history is not None:
             self.history.add_output_tokens(rows, token_ids)

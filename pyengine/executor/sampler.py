@@ -42,6 +42,9 @@ class Sampler:
         positions of the tokens being sampled (seeded noise keys on them)."""
         table = self.table
         row_index = torch.from_numpy(rows.astype(np.int64)).to(logits.device)
+        below_min = table.rows_below_min_tokens(rows)
+        if below_min.size:
+            logits = mask_stop_tokens(logits, below_min, rows, table)
         if history is not None and table.uses_penalties[rows].any():
             logits = apply_penalties(
                 logits,
@@ -88,6 +91,19 @@ class Sampler:
         token_ids = torch.where(greedy_rows, logits.argmax(dim=-1), sampled)
         processed = torch.where(greedy_rows[:, None], logits, scaled) if greedy.any() else scaled
         return token_ids, processed
+
+
+def mask_stop_tokens(logits: torch.Tensor, positions: np.ndarray, rows: np.ndarray, table: SamplingTable) -> torch.Tensor:
+    """min_tokens: forbid EOS / stop tokens for the rows at ``positions`` (few rows, rare)."""
+    stop_ids = [table.min_tokens_stop_ids.get(int(rows[i]), np.zeros(0, dtype=np.int64)) for i in positions]
+    lengths = [ids.size for ids in stop_ids]
+    if sum(lengths) == 0:
+        return logits
+    entry_rows = torch.from_numpy(np.repeat(positions, lengths)).to(logits.device)
+    entry_tokens = torch.from_numpy(np.concatenate(stop_ids)).to(logits.device)
+    logits = logits.clone()
+    logits[entry_rows, entry_tokens] = float("-inf")
+    return logits
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
