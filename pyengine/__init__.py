@@ -16,6 +16,7 @@ from pyengine._sched import (
     StepPlan,
     __version__,
 )
+from pyengine.config import EngineConfig
 from pyengine.errors import (
     DuplicateRequestError,
     EngineDeadError,
@@ -25,9 +26,42 @@ from pyengine.errors import (
     StepResultError,
     UnknownRequestError,
 )
+from pyengine.outputs import (
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    EngineStats,
+    RequestMetrics,
+    RequestOutput,
+)
+from pyengine.sampling_params import PoolingParams, SamplingParams
+
+# The engine classes import torch; load them on first use so that `import pyengine`
+# stays light for scheduler-only use.
+_LAZY = {"LLM": "pyengine.llm", "AsyncEngine": "pyengine.async_engine"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'pyengine' has no attribute {name!r}")
+
 
 __all__ = [
     "__version__",
+    "LLM",
+    "AsyncEngine",
+    "EngineConfig",
+    "SamplingParams",
+    "PoolingParams",
+    "RequestOutput",
+    "CompletionOutput",
+    "RequestMetrics",
+    "EmbeddingRequestOutput",
+    "EmbeddingOutput",
+    "EngineStats",
     "FINISH_REASONS",
     "PLACEHOLDER_TOKEN",
     "OutputEvent",

@@ -246,3 +246,14 @@ fn failed_step_ends_its_sequences_with_error() {
     assert_eq!(s.pool().usage().used, 0);
     assert!(!s.has_unfinished());
 }
+
+#[test]
+fn a_prefix_registered_earlier_in_the_same_step_is_hit() {
+    let mut s = Scheduler::new(config(64)).unwrap();
+    let prefix: Vec<u32> = (100..108).collect();
+    s.add_request(request("a", [prefix.clone(), vec![1, 2, 3]].concat(), 2)).unwrap();
+    s.add_request(request("b", [prefix, vec![4, 5]].concat(), 2)).unwrap();
+    let p = s.schedule().unwrap();
+    assert_eq!(p.num_scheduled_tokens, vec![11, 2]);
+    assert_eq!(s.pool().prefix_stats().hit_tokens, 8);
+}

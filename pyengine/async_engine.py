@@ -1,0 +1,122 @@
+"""``AsyncEngine``: stream outputs into any asyncio event loop.
+
+The output thread hands each output to the caller's loop with
+``loop.call_soon_threadsafe``; cancelling the consuming task (or leaving the ``async for``
+early) aborts the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from pyengine.config import EngineConfig
+from pyengine.engine.core import EngineCore
+from pyengine.engine.request_state import AnyOutput, OutputKind
+from pyengine.outputs import EmbeddingRequestOutput, EngineStats, RequestOutput
+from pyengine.prompts import PromptType, normalize_prompt
+from pyengine.sampling_params import PoolingParams, SamplingParams
+
+
+class _LoopSink:
+    """Delivers outputs (and a failure) into an asyncio queue owned by another thread's loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[Union[AnyOutput, BaseException]] = asyncio.Queue()
+
+    def _deliver(self, item: Union[AnyOutput, BaseException]) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:
+            pass  # the caller's loop is closed: nobody is listening any more
+
+    def put(self, output: AnyOutput) -> None:
+        self._deliver(output)
+
+    def fail(self, error: BaseException) -> None:
+        self._deliver(error)
+
+
+class AsyncEngine:
+    """The engine for asyncio programs: ``async for out in engine.generate(...)``."""
+
+    def __init__(self, model: Optional[Union[str, Path]] = None, **engine_args: Any) -> None:
+        self.config = EngineConfig.from_kwargs(model, **engine_args)
+        self.engine = EngineCore(self.config)
+        self._auto_ids = itertools.count()
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    async def generate(
+        self,
+        prompt: PromptType,
+        sampling_params: Optional[SamplingParams] = None,
+        request_id: Optional[str] = None,
+        *,
+        output_kind: OutputKind = "cumulative",
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """Streams the request's outputs: cumulative (default), deltas, or only the final
+        one (``output_kind``). Raises the request's error, if it fails."""
+        params = sampling_params or SamplingParams()
+        async for out in self._stream(prompt, params, request_id, output_kind, priority):
+            yield out  # type: ignore[misc]
+
+    async def embed(self, prompt: PromptType, pooling_params: Optional[PoolingParams] = None,
+                    request_id: Optional[str] = None) -> EmbeddingRequestOutput:
+        result = None
+        async for out in self._stream(prompt, pooling_params or PoolingParams(), request_id, "final", 0):
+            result = out
+        assert isinstance(result, EmbeddingRequestOutput)
+        return result
+
+    async def _stream(self, prompt: PromptType, params: Union[SamplingParams, PoolingParams],
+                      request_id: Optional[str], kind: OutputKind, priority: int) -> AsyncIterator[AnyOutput]:
+        rid = request_id if request_id is not None else f"async-{next(self._auto_ids)}"
+        text, token_ids = normalize_prompt(prompt, self.engine.tokenize)
+        sink = _LoopSink(asyncio.get_running_loop())
+        self.engine.add_request(rid, text, token_ids, params, sink, kind=kind, priority=priority)
+        finished = False
+        try:
+            while not finished:
+                item = await sink.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:  # cancelled, or the consumer stopped early
+                self.engine.abort(rid)
+
+    async def abort(self, request_id: str) -> None:
+        """Aborts a request; its stream ends with ``finish_reason == "abort"``."""
+        self.engine.abort(request_id)
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    @property
+    def is_alive(self) -> bool:
+        return self.engine.is_alive
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self.engine.shutdown(timeout)
+
+    async def __aenter__(self) -> AsyncEngine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __enter__(self) -> AsyncEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

@@ -1,0 +1,100 @@
+"""Engine arguments: one frozen, validated object passed explicitly to the engine.
+
+``EngineConfig`` gathers what the scheduler (Rust) and the executor (PyTorch) need and
+checks their combinations once, at construction, with messages that name the argument.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pyengine.errors import InvalidConfigError
+
+SchedulingPolicy = Literal["fcfs", "priority"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Everything an engine is built from.
+
+    - ``model``: a Hugging Face checkpoint folder; ``None`` = the built-in tiny Qwen3
+      checkpoint (random weights, trained tokenizer), built once into ``~/.cache/pyengine``.
+    - ``dtype``: "auto" (float32 on CPU, bfloat16 on CUDA), "float32", "bfloat16", "float16".
+    - ``device``: "cpu", "cuda", "cuda:N".
+    - ``kv_cache_bytes`` / ``num_kv_blocks``: the KV cache budget (default: 4 GiB on CPU, a
+      fraction ``gpu_memory_utilization`` of the GPU), or an exact block count.
+    - ``max_num_seqs``: running sequences at most; ``max_num_batched_tokens``: tokens per step.
+    - ``max_model_len``: longest sequence; default the model's ``max_position_embeddings``.
+    - ``long_prefill_token_threshold``: cap on one prompt's tokens per step (0 = budget only).
+    - ``pipeline_depth``: 2 plans step N+1 while N runs (the default); 1 plans, runs and
+      updates in turn (for debugging and to measure what the overlap buys).
+    - ``scheduling_policy``: "fcfs" or "priority" (lower ``priority`` runs first).
+    """
+
+    model: Optional[Union[str, Path]] = None
+    dtype: str = "auto"
+    device: str = "cpu"
+    block_size: int = 16
+    kv_cache_bytes: Optional[int] = None
+    num_kv_blocks: Optional[int] = None
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: Optional[int] = None
+    enable_prefix_caching: bool = True
+    long_prefill_token_threshold: int = 0
+    pipeline_depth: int = 2
+    scheduling_policy: SchedulingPolicy = "fcfs"
+    seed: int = 0
+    attention_backend: Literal["auto", "sdpa", "flash_attn"] = "auto"
+    load_format: Literal["auto", "safetensors", "dummy"] = "auto"
+    max_logprobs: int = 20
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, name: str, requirement: str) -> None:
+            if not ok:
+                raise InvalidConfigError(f"{name} {requirement}, got {getattr(self, name)!r}")
+
+        need(self.block_size >= 1, "block_size", "must be >= 1")
+        need(self.max_num_seqs >= 1, "max_num_seqs", "must be >= 1")
+        need(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be >= 1")
+        need(self.max_model_len is None or self.max_model_len >= 1, "max_model_len", "must be >= 1")
+        need(self.kv_cache_bytes is None or self.kv_cache_bytes > 0, "kv_cache_bytes", "must be > 0")
+        need(self.num_kv_blocks is None or self.num_kv_blocks >= 1, "num_kv_blocks", "must be >= 1")
+        need(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", "must be in (0, 1]")
+        need(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold", "must be >= 0")
+        need(self.pipeline_depth in (1, 2), "pipeline_depth", "must be 1 or 2")
+        need(self.scheduling_policy in ("fcfs", "priority"), "scheduling_policy", "must be 'fcfs' or 'priority'")
+        need(self.dtype in ("auto", "float32", "bfloat16", "float16"), "dtype",
+             "must be 'auto', 'float32', 'bfloat16' or 'float16'")
+        need(self.device == "cpu" or self.device.startswith("cuda"), "device", "must be 'cpu' or 'cuda[:N]'")
+        need(self.attention_backend in ("auto", "sdpa", "flash_attn"), "attention_backend",
+             "must be 'auto', 'sdpa' or 'flash_attn'")
+        need(self.load_format in ("auto", "safetensors", "dummy"), "load_format",
+             "must be 'auto', 'safetensors' or 'dummy'")
+        need(self.max_logprobs >= 0, "max_logprobs", "must be >= 0")
+        if self.max_model_len is not None:
+            need(self.max_num_batched_tokens >= min(self.max_num_seqs, self.max_model_len),
+                 "max_num_batched_tokens", f"must be >= max_num_seqs ({self.max_num_seqs})")
+        else:
+            need(self.max_num_batched_tokens >= self.max_num_seqs, "max_num_batched_tokens",
+                 f"must be >= max_num_seqs ({self.max_num_seqs})")
+        if self.model is not None and self.load_format != "dummy":
+            path = Path(self.model)
+            if not (path / "config.json").is_file():
+                raise InvalidConfigError(
+                    f"model {str(self.model)!r} is not a checkpoint folder (no config.json there); "
+                    "pyengine loads local Hugging Face checkpoint folders"
+                )
+
+    @classmethod
+    def from_kwargs(cls, model: Optional[Union[str, Path]] = None, **kwargs: Any) -> EngineConfig:
+        """Builds a config from engine arguments; an unknown argument is an error naming it."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise InvalidConfigError(f"unknown engine argument(s): {', '.join(unknown)}")
+        return cls(model=model, **kwargs)

@@ -1,0 +1,249 @@
+"""EngineCore: the three threads and the calls that feed them.
+
+``pyengine-sched`` (Rust) plans, ``pyengine-exec`` runs the model, ``pyengine-output``
+turns tokens into text and delivers outputs to sinks. Callers add requests with a sink
+(a collector for ``LLM.generate``, an asyncio queue for ``AsyncEngine``) and may abort.
+
+Failure policy: an exception in one step fails that step's requests and the engine goes
+on serving new ones; if a thread dies (the scheduler panics, the executor or the output
+thread hits an unexpected error) the engine is dead: every waiting caller gets
+``EngineDeadError`` and new requests are refused with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from pyengine._sched import Request, SchedulerConfig, SchedulerThread
+from pyengine.config import EngineConfig
+from pyengine.engine.executor_loop import EXEC_THREAD_NAME, ExecutorLoop, StepExtras
+from pyengine.engine.output_loop import OUTPUT_THREAD_NAME, OutputLoop
+from pyengine.engine.registry import SequenceRegistry
+from pyengine.engine.request_state import OutputKind, OutputSink, RequestState
+from pyengine.errors import EngineDeadError, InvalidRequestError
+from pyengine.executor.config import ExecutorConfig
+from pyengine.executor.model_runner import ModelRunner
+from pyengine.outputs import EngineStats
+from pyengine.sampling_params import PoolingParams, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_model_path(config: EngineConfig) -> Path:
+    if config.model is not None:
+        return Path(config.model)
+    from pyengine.testing.checkpoints import default_tiny_model
+
+    return default_tiny_model()
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.model_path = resolve_model_path(config)
+        self.runner = ModelRunner.from_pretrained(
+            self.model_path,
+            ExecutorConfig(
+                dtype=config.dtype,
+                device=config.device,
+                block_size=config.block_size,
+                max_num_seqs=config.max_num_seqs,
+                max_model_len=config.max_model_len,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                kv_cache_bytes=config.kv_cache_bytes,
+                num_kv_blocks=config.num_kv_blocks,
+                gpu_memory_utilization=config.gpu_memory_utilization,
+                attention_backend=config.attention_backend,
+                load_format=config.load_format,
+                seed=config.seed,
+                max_logprobs=config.max_logprobs,
+            ),
+        )
+        self.tokenizer = self.runner.loaded.tokenizer
+        self.eos_token_ids = list(self.runner.loaded.eos_token_ids)
+        self.max_model_len = self.runner.max_model_len
+        self.sched = SchedulerThread(
+            SchedulerConfig(
+                self.runner.num_kv_blocks,
+                block_size=config.block_size,
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_model_len=self.max_model_len,
+                long_prefill_token_threshold=config.long_prefill_token_threshold,
+                enable_prefix_caching=config.enable_prefix_caching,
+                policy=config.scheduling_policy,
+                pipeline_depth=config.pipeline_depth,
+            )
+        )
+        self.registry = SequenceRegistry()
+        extras: dict[int, StepExtras] = {}
+        self.executor = ExecutorLoop(self.runner, self.sched, self.registry, extras, config.max_num_seqs)
+        self.output = OutputLoop(self.sched, self.registry, extras, lambda: self.executor.fatal)
+        self._exec_thread = threading.Thread(target=self.executor.run, name=EXEC_THREAD_NAME, daemon=True)
+        self._output_thread = threading.Thread(target=self.output.run, name=OUTPUT_THREAD_NAME, daemon=True)
+        self._closed = False
+        self._exec_thread.start()
+        self._output_thread.start()
+        logger.info(
+            "engine ready: %s, %d KV blocks, depth %d", self.model_path, self.runner.num_kv_blocks, config.pipeline_depth
+        )
+
+    # ---- requests ----
+
+    def tokenize(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise InvalidRequestError("this checkpoint has no tokenizer.json: pass token ids instead of text")
+        return list(self.tokenizer.encode(text).ids)
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: Optional[str],
+        prompt_token_ids: list[int],
+        params: Union[SamplingParams, PoolingParams],
+        sink: OutputSink,
+        kind: OutputKind = "cumulative",
+        priority: int = 0,
+    ) -> None:
+        """Queues a request; its outputs go to ``sink``. Raises ``InvalidRequestError`` for a
+        request that can never be served and ``EngineDeadError`` once the engine is dead."""
+        self._check_alive()
+        pooling = isinstance(params, PoolingParams)
+        if isinstance(params, SamplingParams):
+            max_tokens = params.max_tokens
+            if max_tokens is None:
+                max_tokens = max(1, self.max_model_len - len(prompt_token_ids))
+            if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
+                raise InvalidRequestError(
+                    f"logprobs = {params.logprobs} exceeds max_logprobs = {self.config.max_logprobs}"
+                )
+            stop_ids = list(params.stop_token_ids or [])
+            eos = [] if params.ignore_eos else self.eos_token_ids
+            request = Request(
+                request_id, prompt_token_ids, max_tokens=max_tokens, min_tokens=params.min_tokens,
+                eos_token_ids=eos, ignore_eos=params.ignore_eos, stop_token_ids=stop_ids,
+                priority=priority, n=params.n,
+            )
+        else:
+            request = Request(request_id, prompt_token_ids, max_tokens=1, priority=priority, pooling=True)
+        needs_stream = (
+            not pooling and params.detokenize and self.tokenizer is not None
+            and (kind != "final" or bool(params.stop_strings))
+        )
+        text_stream = self._text_stream if needs_stream else None
+        with self.registry.lock:
+            if self.registry.contains_request(request_id):
+                from pyengine.errors import DuplicateRequestError
+
+                raise DuplicateRequestError(f"request id {request_id!r} is still in use")
+            first = self.sched.add_request(request)
+            state = RequestState(
+                request_id, prompt, list(prompt_token_ids), params, sink, kind, first, self.decode, text_stream
+            )
+            self.registry.add(state)
+
+    def _text_stream(self, prompt_token_ids: list[int], params: SamplingParams) -> Any:
+        from pyengine.output.text_stream import TextStream
+
+        return TextStream(
+            self.tokenizer,
+            prompt_token_ids,
+            skip_special_tokens=params.skip_special_tokens,
+            stop=params.stop_strings,
+            include_stop_str_in_output=params.include_stop_str_in_output,
+        )
+
+    def abort(self, request_id: str) -> None:
+        """Aborts a request at any stage; its sink receives a final output with
+        ``finish_reason == "abort"``. Unknown or finished ids are ignored."""
+        if not self._closed:
+            self.sched.abort(request_id)
+
+    # ---- health and stats ----
+
+    def _check_alive(self) -> None:
+        if self._closed:
+            raise EngineDeadError("the engine was shut down")
+        cause = self.dead_reason()
+        if cause is not None:
+            raise EngineDeadError(cause)
+
+    def dead_reason(self) -> Optional[str]:
+        """Why the engine can no longer serve, or None while it can."""
+        if not self.sched.is_alive:
+            return self.sched.death or "the scheduler thread stopped"
+        if self.executor.fatal is not None:
+            return f"the executor thread died: {self.executor.fatal!r}"
+        if self.output.fatal is not None:
+            return f"the output thread died: {self.output.fatal!r}"
+        return None
+
+    @property
+    def is_alive(self) -> bool:
+        return not self._closed and self.dead_reason() is None
+
+    def num_unfinished(self) -> int:
+        return len(self.registry)
+
+    def stats(self) -> EngineStats:
+        s = dict(self.sched.stats())
+        exec_busy, exec_idle = self.executor.clock.busy_idle()
+        out_busy, out_idle = self.output.clock.busy_idle()
+        mean_ms, p99_ms = self.executor.step_times.mean_p99_ms()
+        queried = s["prefix_cache_queried_tokens"]
+        return EngineStats(
+            threads={
+                "pyengine-sched": {"busy_s": s["sched_busy_seconds"], "idle_s": s["sched_idle_seconds"]},
+                EXEC_THREAD_NAME: {"busy_s": exec_busy, "idle_s": exec_idle},
+                OUTPUT_THREAD_NAME: {"busy_s": out_busy, "idle_s": out_idle},
+            },
+            steps=self.executor.step_times.count,
+            step_time_mean_ms=mean_ms,
+            step_time_p99_ms=p99_ms,
+            num_running=int(s["num_running"]),
+            num_waiting=int(s["num_waiting"]),
+            num_preempted_waiting=int(s["num_preempted_waiting"]),
+            preemptions=int(s["preemptions"]),
+            kv_usage=float(s["kv_usage"]),
+            kv_blocks_total=int(s["kv_blocks_total"]),
+            prefix_cache_hit_rate=(s["prefix_cache_hit_tokens"] / queried) if queried else 0.0,
+            prompt_tokens=self.output.prompt_tokens,
+            generated_tokens=self.output.generated_tokens,
+            queue_depths={
+                "plans": int(s["plan_queue_depth"]),
+                "outputs": int(s["output_queue_depth"]),
+                "commands": int(s["command_queue_depth"]),
+                "requests": self.num_unfinished(),
+            },
+            scheduler=s,
+        )
+
+    # ---- shutdown ----
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stops all three threads and joins them (within ``timeout`` seconds); requests
+        still running fail with ``EngineDeadError``."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + timeout
+        self.executor.stopping.set()
+        self.output.stopping.set()
+        self.executor.hang.clear()
+        try:
+            self.sched.shutdown(timeout=max(0.1, timeout / 2))
+        finally:
+            for t in (self._exec_thread, self._output_thread):
+                t.join(timeout=max(0.0, deadline - time.monotonic()))
+        stuck = [t.name for t in (self._exec_thread, self._output_thread) if t.is_alive()]
+        if stuck:
+            raise EngineDeadError(f"threads did not stop within {timeout}s: {', '.join(stuck)}")

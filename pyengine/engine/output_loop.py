@@ -1,0 +1,173 @@
+"""The ``pyengine-output`` thread: turns each step's token ids into text and outputs.
+
+Per event (one per step): append every accepted token to its sample (incremental
+detokenization, stop strings -> ``finish`` back to the scheduler), record finished
+sequences, then deliver one output per touched request to its sink. An exception while
+handling an event fails the requests it touched and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable, Optional
+
+from pyengine._sched import FINISH_REASONS, SchedulerThread
+from pyengine.engine.clock import ThreadClock
+from pyengine.engine.executor_loop import StepExtras
+from pyengine.engine.registry import SequenceRegistry
+from pyengine.engine.request_state import RequestState
+from pyengine.engine.thread_names import name_current_thread
+from pyengine.errors import EngineDeadError, EngineError
+
+logger = logging.getLogger(__name__)
+
+OUTPUT_THREAD_NAME = "pyengine-output"
+_ERROR = FINISH_REASONS.index("error")
+_POOLED = FINISH_REASONS.index("pooled")
+
+
+class OutputLoop:
+    def __init__(
+        self,
+        sched: SchedulerThread,
+        registry: SequenceRegistry,
+        extras: dict[int, StepExtras],
+        executor_fatal: Callable[[], Optional[BaseException]],
+    ) -> None:
+        self.sched = sched
+        self.registry = registry
+        self.extras = extras
+        self.executor_fatal = executor_fatal
+        self.clock = ThreadClock()
+        self.stopping = threading.Event()
+        self.fatal: Optional[BaseException] = None
+        self.fail_on_token: Optional[int] = None  # test hook: raise when this token arrives
+        self.prompt_tokens = 0
+        self.generated_tokens = 0
+
+    def run(self) -> None:
+        name_current_thread(OUTPUT_THREAD_NAME)
+        self.clock.start()
+        try:
+            while True:
+                with self.clock.idle():
+                    event = self.sched.next_output(timeout=0.5)
+                if event is not None:
+                    self._handle(event)
+                elif self.stopping.is_set():
+                    break
+                fatal = self.executor_fatal()
+                if fatal is not None:
+                    raise EngineDeadError(f"the executor thread died: {fatal!r}")
+        except EngineDeadError as e:
+            if not self.stopping.is_set():
+                self.fatal = e
+            self._fail_all(e if not self.stopping.is_set() else EngineDeadError("the engine was shut down"))
+        except BaseException as e:  # noqa: BLE001 - reported to every waiting caller
+            logger.exception("output thread died")
+            self.fatal = e
+            self._fail_all(EngineDeadError(f"the output thread died: {e!r}"))
+        finally:
+            self.clock.stop()
+
+    def _handle(self, event) -> None:
+        touched: dict[str, RequestState] = {}
+        extras = self.extras.pop(event.step_id, None) if event.step_id is not None else None
+        try:
+            self._tokens(event, extras, touched)
+            self._finished(event, extras, touched)
+        except Exception as e:  # noqa: BLE001 - the touched requests get the error
+            logger.exception("output processing failed for step %s", event.step_id)
+            for state in touched.values():
+                self._fail(state, EngineError(f"output processing failed: {e!r}"))
+            return
+        for state in touched.values():
+            if state.failed:
+                continue
+            if state.kind != "final" or state.finished:
+                state.sink.put(state.output())
+            if state.finished:
+                self.registry.forget_request(state)
+
+    def _tokens(self, event, extras: Optional[StepExtras], touched: dict[str, RequestState]) -> None:
+        seq_ids = event.seq_ids.tolist()
+        tokens = event.token_ids.tolist()
+        self.generated_tokens += len(tokens)
+        index_of = None
+        if extras is not None and extras.logprobs is not None:
+            index_of = {s: i for i, s in enumerate(extras.sampled_seq_ids.tolist())}
+        for seq, token in zip(seq_ids, tokens):
+            entry = self.registry.seq(seq)
+            if entry is None:
+                continue
+            state, sample = entry
+            if sample.finish_reason is not None:
+                continue  # ended here (stop string) before the scheduler heard of it
+            if token == self.fail_on_token:
+                raise RuntimeError(f"injected output failure on token {token}")
+            logprobs = None
+            if index_of is not None and sample.logprobs is not None and seq in index_of:
+                logprobs = _logprob_dict(extras.logprobs, index_of[seq], token)
+            touched[state.request_id] = state
+            stop = state.add_token(sample, token, logprobs)
+            if stop is not None:
+                state.finish_sample(sample, "stop", stop)
+                self.sched.finish(seq, "stop")
+
+    def _finished(self, event, extras: Optional[StepExtras], touched: dict[str, RequestState]) -> None:
+        if event.finished_seq_ids.size == 0:
+            return
+        reasons = event.finish_reasons.tolist()
+        stop_tokens = event.stop_token_ids.tolist()
+        cached = event.num_cached_tokens.tolist()
+        preempted = event.num_preemptions.tolist()
+        prompt = event.num_prompt_tokens.tolist()
+        for k, seq in enumerate(event.finished_seq_ids.tolist()):
+            entry = self.registry.seq(seq)
+            if entry is None:
+                continue
+            state, sample = entry
+            self.registry.forget_seq(seq)
+            touched[state.request_id] = state
+            if sample.index == 0:
+                state.metrics.num_cached_tokens = cached[k]
+                self.prompt_tokens += prompt[k]
+            state.metrics.num_preemptions += preempted[k]
+            if reasons[k] == _ERROR:
+                cause = extras.error if extras is not None and extras.error is not None else "unknown"
+                self._fail(state, EngineError(f"the executor failed while running this request: {cause!r}"))
+                continue
+            if reasons[k] == _POOLED:
+                state.embedding = (extras.pooled or {}).get(seq) if extras is not None else None
+                if state.embedding is None:
+                    self._fail(state, EngineError("the executor returned no embedding for this request"))
+                    continue
+            stop_reason = stop_tokens[k] if stop_tokens[k] >= 0 else None
+            state.finish_sample(sample, FINISH_REASONS[reasons[k]], stop_reason)
+
+    def _fail(self, state: RequestState, error: BaseException) -> None:
+        if state.failed:
+            return
+        state.failed = True
+        if any(sample.finish_reason is None for sample in state.samples):
+            try:
+                self.sched.abort(state.request_id)
+            except EngineDeadError:
+                pass  # nothing left to abort
+        self.registry.forget_request(state)
+        state.sink.fail(error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for state in self.registry.requests():
+            if not state.failed:
+                state.failed = True
+                self.registry.forget_request(state)
+                state.sink.fail(error)
+
+
+def _logprob_dict(lp, i: int, token: int) -> dict[int, float]:
+    k = int(lp.requested[i])
+    out = {int(t): float(v) for t, v in zip(lp.top_token_ids[i, :k].tolist(), lp.top_logprobs[i, :k].tolist())}
+    out[token] = float(lp.sampled_logprobs[i])
+    return out

@@ -1,0 +1,155 @@
+"""The output side's record of one request: its samples' tokens and text, and where its
+outputs go. Only the output thread mutates it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, Protocol, Union
+
+from pyengine.outputs import (
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    RequestMetrics,
+    RequestOutput,
+)
+from pyengine.sampling_params import PoolingParams, SamplingParams
+
+# "cumulative": every update carries everything so far; "delta": only what is new;
+# "final": one output when the request has finished.
+OutputKind = Literal["cumulative", "delta", "final"]
+AnyOutput = Union[RequestOutput, EmbeddingRequestOutput]
+
+
+class OutputSink(Protocol):
+    """Where a request's outputs are delivered (called from the output thread)."""
+
+    def put(self, output: AnyOutput) -> None: ...
+
+    def fail(self, error: BaseException) -> None: ...
+
+
+class TextStreamFactory(Protocol):
+    def __call__(self, prompt_token_ids: list[int], params: SamplingParams) -> Any: ...
+
+
+@dataclass
+class SampleState:
+    """One of the request's ``n`` samples."""
+
+    index: int
+    seq_id: int
+    stream: Any  # the incremental text stream, or None when text is decoded at the end
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: Optional[list[dict[int, float]]] = None
+    cumulative_logprob: Optional[float] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
+    sent_tokens: int = 0
+    sent_text: int = 0
+
+
+class RequestState:
+    """Tokens, text and metrics of one request, and its sink."""
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt: Optional[str],
+        prompt_token_ids: list[int],
+        params: Union[SamplingParams, PoolingParams],
+        sink: OutputSink,
+        kind: OutputKind,
+        first_seq_id: int,
+        decode_text: Any,
+        text_stream: Optional[TextStreamFactory],
+    ) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = prompt_token_ids
+        self.params = params
+        self.sink = sink
+        self.kind = kind
+        self.metrics = RequestMetrics(arrival_time=time.time())
+        self._decode_text = decode_text
+        n = params.n if isinstance(params, SamplingParams) else 1
+        wants_logprobs = isinstance(params, SamplingParams) and params.logprobs is not None
+        self.samples = [
+            SampleState(
+                index=i,
+                seq_id=first_seq_id + i,
+                stream=text_stream(prompt_token_ids, params) if text_stream is not None else None,
+                logprobs=[] if wants_logprobs else None,
+                cumulative_logprob=0.0 if wants_logprobs else None,
+            )
+            for i in range(n)
+        ]
+        self.unfinished = n
+        self.embedding: Optional[list[float]] = None
+        self.failed = False
+
+    @property
+    def finished(self) -> bool:
+        return self.unfinished == 0
+
+    def add_token(self, sample: SampleState, token: int, logprobs: Optional[dict[int, float]]) -> Optional[str]:
+        """Appends a sampled token; returns the stop string it completed, if any."""
+        now = time.time()
+        if self.metrics.first_token_time is None:
+            self.metrics.first_token_time = now
+        self.metrics.last_token_time = now
+        sample.token_ids.append(token)
+        if logprobs is not None and sample.logprobs is not None:
+            sample.logprobs.append(logprobs)
+            sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + logprobs.get(token, 0.0)
+        if sample.stream is None:
+            return None
+        delta = sample.stream.add([token])
+        sample.text = sample.stream.text
+        return delta.stopped
+
+    def finish_sample(self, sample: SampleState, reason: str, stop_reason: Union[int, str, None] = None) -> None:
+        if sample.finish_reason is not None:
+            return
+        sample.finish_reason = reason
+        sample.stop_reason = stop_reason
+        if sample.stream is not None:
+            sample.stream.finish()
+            sample.text = sample.stream.text
+        elif isinstance(self.params, SamplingParams) and self.params.detokenize:
+            sample.text = self._decode_text(sample.token_ids, self.params.skip_special_tokens)
+        self.unfinished -= 1
+        if self.unfinished == 0:
+            self.metrics.finished_time = time.time()
+
+    def output(self) -> AnyOutput:
+        """The output to deliver now, cumulative or delta as the request asked."""
+        if isinstance(self.params, PoolingParams):
+            return EmbeddingRequestOutput(
+                request_id=self.request_id,
+                prompt=self.prompt,
+                prompt_token_ids=self.prompt_token_ids,
+                outputs=EmbeddingOutput(embedding=self.embedding or []),
+                finished=True,
+                metrics=self.metrics,
+            )
+        outputs = []
+        for s in self.samples:
+            if self.kind == "delta":
+                text, ids = s.text[s.sent_text:], s.token_ids[s.sent_tokens:]
+                lps = s.logprobs[s.sent_tokens:] if s.logprobs is not None else None
+                s.sent_text, s.sent_tokens = len(s.text), len(s.token_ids)
+            else:
+                text, ids, lps = s.text, list(s.token_ids), (list(s.logprobs) if s.logprobs is not None else None)
+            outputs.append(CompletionOutput(s.index, text, ids, s.cumulative_logprob, lps, s.finish_reason, s.stop_reason))
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,
+            outputs=outputs,
+            finished=self.finished,
+            metrics=self.metrics,
+            num_cached_tokens=self.metrics.num_cached_tokens,
+        )

@@ -1,0 +1,95 @@
+"""What callers get back, with vLLM's names so code moves over by changing an import."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+# One dict per generated token: token id -> its log-probability (top-k plus the sampled one).
+SampleLogprobs = list[dict[int, float]]
+
+
+@dataclass
+class CompletionOutput:
+    """One sample of a generation request."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: Optional[float] = None
+    logprobs: Optional[SampleLogprobs] = None
+    finish_reason: Optional[str] = None  # "stop", "length", "abort", "error"
+    stop_reason: Union[int, str, None] = None  # the stop string or stop token id that ended it
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestMetrics:
+    """Wall-clock times (``time.time()``) of a request's milestones."""
+
+    arrival_time: float
+    first_scheduled_time: Optional[float] = None
+    first_token_time: Optional[float] = None
+    last_token_time: Optional[float] = None
+    finished_time: Optional[float] = None
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+
+
+@dataclass
+class RequestOutput:
+    """The state of a generation request: cumulative, or the latest delta when streaming
+    deltas (``text`` and ``token_ids`` then hold only what is new)."""
+
+    request_id: str
+    prompt: Optional[str]
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """The result of an embedding (pooling) request."""
+
+    request_id: str
+    prompt: Optional[str]
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True
+    metrics: Optional[RequestMetrics] = None
+
+
+@dataclass
+class EngineStats:
+    """A snapshot of the engine: enough to tell which thread is the bottleneck.
+
+    ``threads`` maps the thread name to busy and idle seconds (idle = blocked waiting for
+    work); ``scheduler`` holds the native scheduler's figures (queue lengths, KV usage,
+    prefix-cache and token counters, plan times).
+    """
+
+    threads: dict[str, dict[str, float]]
+    steps: int
+    step_time_mean_ms: float
+    step_time_p99_ms: float
+    num_running: int
+    num_waiting: int
+    num_preempted_waiting: int
+    preemptions: int
+    kv_usage: float
+    kv_blocks_total: int
+    prefix_cache_hit_rate: float
+    prompt_tokens: int
+    generated_tokens: int
+    queue_depths: dict[str, int]
+    scheduler: dict[str, float] = field(default_factory=dict)
