@@ -122,3 +122,13 @@ def test_cpu_tiled_decode_matches_one_tile(checkpoint, monkeypatch):
     assert tokens == expected_tokens
     for ours, theirs in zip(logits, expected_logits):
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_on_cpu_runs_and_tracks_float32(checkpoint):
+    settings = dict(max_num_seqs=4, max_model_len=256, num_kv_blocks=64)
+    _, logits32 = _generate(ModelRunner.from_pretrained(checkpoint, ExecutorConfig(dtype="float32", **settings)), 16, 6)
+    runner16 = ModelRunner.from_pretrained(checkpoint, ExecutorConfig(dtype="bfloat16", **settings))
+    assert runner16.kv_cache.keys.dtype == torch.bfloat16
+    _, logits16 = _generate(runner16, 16, 6)
+    for step in (0, 1, 2):  # prefill chunks and the first decodes (single-query path)
+        assert torch.allclose(logits16[step].float(), logits32[step], atol=0.15)

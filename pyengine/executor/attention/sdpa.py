@@ -2,12 +2,15 @@
 
 Per step the sequences split into two groups:
 
-- single-query sequences (decodes, 1-token chunks): handled together. Their blocks are
-  gathered into ``[rows, L, kv_heads, head_dim]`` tensors and attended with SDPA; GQA is
-  folded into the query length (``[rows, kv_heads, group, head_dim]``), so no K/V is
-  repeated, and a length mask is applied only when the lengths differ. On CPU the rows
-  are processed in tiles whose gathered K/V fit in the core's cache (the gather buffer is
-  reused), so the copy stays out of main memory; on CUDA all rows form one tile.
+- single-query sequences (decodes, 1-token chunks): handled together, GQA folded into
+  the query length (``[rows, kv_heads, group, head_dim]``) so no K/V is repeated, and a
+  length mask only when the lengths differ.
+
+  On CUDA their blocks are gathered into ``[rows, L, kv_heads, head_dim]`` and attended
+  in one SDPA call. On CPU, where the gather's memory traffic dominates, the keys are
+  gathered in tiles that stay in the core's cache (one reused buffer) and multiplied
+  with ``bmm``; the values are never gathered: ``embedding_bag`` sums the cache rows
+  weighted by the attention probabilities straight from the paged cache.
 - multi-token sequences (prefill chunks): one SDPA call each, causal, with the chunk's
   earlier context read from the cache. There are few of them per step and each is large,
   so the Python loop costs little next to the work.
@@ -26,19 +29,23 @@ from pyengine.executor.attention.metadata import StepAttentionLayout
 from pyengine.executor.kv_cache import PagedKVCache
 
 
-# Gathered K+V of one CPU tile should stay in a core's cache.
-CPU_TILE_BYTES = 2**21
+# Gathered keys of one CPU tile should stay in the cores' caches (per intra-op thread).
+CPU_TILE_BYTES = 2**20
 
 
 @dataclass
 class _SingleQueryGroup:
     token_indices: Optional[torch.Tensor]  # None: the group is every token of the step, in order
     block_ids: torch.Tensor  # int64 [R * width] flattened block tables
+    tables: torch.Tensor  # int32 [R, >= width] block tables of the group
     num_rows: int
     width: int  # blocks gathered per row
     kv_len: int  # longest context in the group
     mask: Optional[torch.Tensor]  # bool [R, 1, 1, kv_len], None when all lengths equal kv_len
-    tile_rows: int  # rows gathered and attended at once
+    tile_rows: int  # rows whose keys are gathered at once (CPU)
+    use_value_bags: bool  # CPU path: keys in tiles + bmm, values through embedding_bag
+    value_index: Optional[torch.Tensor] = None  # [R * heads * kv_len], built by the first layer
+    bag_offsets: Optional[torch.Tensor] = None  # start of each (row, query head) bag
 
 
 @dataclass
@@ -89,23 +96,37 @@ class SdpaStepAttention:
         rows, heads, head_dim = q.shape
         kv_heads = key_blocks.shape[2]
         grouped_q = q.view(rows, kv_heads, heads // kv_heads, head_dim)
-        if group.tile_rows >= rows:
+        if not group.use_value_bags:
             keys = _gather_rows(key_blocks, group.block_ids, rows, group.kv_len)
             values = _gather_rows(value_blocks, group.block_ids, rows, group.kv_len)
             out = F.scaled_dot_product_attention(grouped_q, keys, values, attn_mask=group.mask)
             return out.reshape(rows, heads, head_dim)
-        out = torch.empty_like(grouped_q)
-        tile = group.tile_rows * group.width
-        key_buffer = key_blocks.new_empty((tile,) + tuple(key_blocks.shape[1:]))
-        value_buffer = value_blocks.new_empty((tile,) + tuple(value_blocks.shape[1:]))
+        scores = self._tiled_scores(group, grouped_q, key_blocks)
+        scores.mul_(head_dim**-0.5)
+        if group.mask is not None:
+            scores.masked_fill_(~group.mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        if group.value_index is None:  # same for every layer: built once per step
+            group.value_index, group.bag_offsets = _value_bags(group.tables, group.width, group.kv_len, self.cache, heads)
+        value_table = value_blocks.reshape(-1, head_dim)  # a view: [slots * kv_heads, head_dim]
+        out = F.embedding_bag(
+            group.value_index, value_table, group.bag_offsets, mode="sum", per_sample_weights=probs.reshape(-1)
+        )
+        return out.view(rows, heads, head_dim).to(q.dtype)
+
+    def _tiled_scores(self, group: _SingleQueryGroup, grouped_q: torch.Tensor, key_blocks: torch.Tensor) -> torch.Tensor:
+        """q . k for every context position: ``[rows, kv_heads, group, kv_len]``."""
+        rows, kv_heads, group_size, head_dim = grouped_q.shape
+        scores = grouped_q.new_empty((rows, kv_heads, group_size, group.kv_len))
+        buffer = key_blocks.new_empty((group.tile_rows * group.width,) + tuple(key_blocks.shape[1:]))
         for start in range(0, rows, group.tile_rows):
             end = min(start + group.tile_rows, rows)
             ids = group.block_ids[start * group.width : end * group.width]
-            keys = _gather_rows(key_blocks, ids, end - start, group.kv_len, key_buffer[: ids.numel()])
-            values = _gather_rows(value_blocks, ids, end - start, group.kv_len, value_buffer[: ids.numel()])
-            mask = None if group.mask is None else group.mask[start:end]
-            out[start:end] = F.scaled_dot_product_attention(grouped_q[start:end], keys, values, attn_mask=mask)
-        return out.view(rows, heads, head_dim)
+            gathered = torch.index_select(key_blocks, 0, ids, out=buffer[: ids.numel()])
+            keys = gathered.view(end - start, -1, kv_heads, head_dim)[:, : group.kv_len]
+            for head in range(kv_heads):
+                torch.bmm(grouped_q[start:end, head], keys[:, :, head].transpose(1, 2), out=scores[start:end, head])
+        return scores
 
     def _attend_chunk(
         self,
@@ -144,13 +165,25 @@ def _chunk_causal_mask(query_len: int, seq_len: int, device: torch.device) -> to
     return torch.arange(seq_len, device=device)[None, :] <= query_positions[:, None]
 
 
-def _tile_rows(layout: StepAttentionLayout, width: int, cache: PagedKVCache, rows: int) -> int:
-    if layout.slot_mapping.device.type != "cpu":
-        return rows
+def _tile_rows(width: int, cache: PagedKVCache) -> int:
     shape = cache.shape
-    element = cache.keys.element_size()
-    row_bytes = 2 * width * shape.block_size * shape.num_kv_heads * shape.head_dim * element
-    return max(1, CPU_TILE_BYTES // row_bytes)
+    row_bytes = width * shape.block_size * shape.num_kv_heads * shape.head_dim * cache.keys.element_size()
+    return max(1, CPU_TILE_BYTES * torch.get_num_threads() // row_bytes)
+
+
+def _value_bags(
+    tables: torch.Tensor, width: int, kv_len: int, cache: PagedKVCache, num_heads: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Value-table rows (slot * kv_heads + kv_head) of each (row, query head, position) bag."""
+    device = tables.device
+    rows = tables.shape[0]
+    block_size, kv_heads = cache.block_size, cache.shape.num_kv_heads
+    positions = torch.arange(kv_len, device=device)
+    slots = tables[:, :width].to(torch.int64)[:, positions // block_size] * block_size + positions % block_size
+    kv_head_of_query_head = torch.arange(num_heads, device=device) // (num_heads // kv_heads)
+    index = slots[:, None, :] * kv_heads + kv_head_of_query_head[None, :, None]
+    offsets = torch.arange(0, rows * num_heads * kv_len, kv_len, device=device)
+    return index.reshape(-1), offsets
 
 
 def _single_query_group(layout: StepAttentionLayout, cache: PagedKVCache) -> Optional[_SingleQueryGroup]:
@@ -172,8 +205,11 @@ def _single_query_group(layout: StepAttentionLayout, cache: PagedKVCache) -> Opt
     token_indices = None
     if not everything:
         token_indices = torch.from_numpy(layout.query_start_loc[single].astype(np.int64)).to(device)
-    tile_rows = _tile_rows(layout, width, cache, int(single.size))
-    return _SingleQueryGroup(token_indices, block_ids, int(single.size), width, kv_len, mask, tile_rows)
+    on_cpu = device.type == "cpu"
+    tile_rows = _tile_rows(width, cache) if on_cpu else int(single.size)
+    return _SingleQueryGroup(
+        token_indices, block_ids, tables, int(single.size), width, kv_len, mask, tile_rows, on_cpu
+    )
 
 
 def _multi_token_chunks(layout: StepAttentionLayout) -> list[_Chunk]:
