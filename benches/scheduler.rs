@@ -43,13 +43,16 @@ struct DecodeState {
 
 /// N requests admitted and prefilled; the next step is a pure decode of all N.
 fn decode_state(n: usize) -> DecodeState {
-    let max_tokens = DECODE_WINDOW + 64; // never reached within a window
+    let budget = n.max(16_384);
+    // Never reached within a window, counting the tokens the first requests decode while
+    // the last ones are still in prefill.
+    let max_tokens = DECODE_WINDOW + (n * DECODE_PROMPT).div_ceil(budget) + 64;
     let total = DECODE_PROMPT + max_tokens;
     let config = SchedulerConfig {
         num_blocks: n * total.div_ceil(BLOCK_SIZE) + 16,
         block_size: BLOCK_SIZE,
         max_num_seqs: n,
-        max_num_batched_tokens: n.max(16_384),
+        max_num_batched_tokens: budget,
         max_model_len: total,
         pipeline_depth: 1,
         ..SchedulerConfig::default()

@@ -247,6 +247,22 @@ impl BlockPool {
         }
     }
 
+    /// Takes back the cache identity `register` gave `block` under `hash` (the step that was
+    /// to compute it failed). A block holding another identity by now is left alone; a free
+    /// one becomes fresh.
+    pub fn forget(&mut self, block: BlockId, hash: BlockHash) {
+        let i = block as usize;
+        if self.hashes[i] != Some(hash) {
+            return;
+        }
+        self.hashes[i] = None;
+        self.cached.remove(&hash);
+        if self.ref_counts[i] == 0 {
+            self.evictable.remove(block);
+            self.fresh.push(block);
+        }
+    }
+
     /// Checks the pool's own invariants; returns a description of the first broken one.
     pub fn check_invariants(&self) -> Result<(), String> {
         let n = self.num_blocks();

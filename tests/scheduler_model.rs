@@ -26,6 +26,8 @@ const PROMPT_VOCAB: u32 = 4;
 /// Sampled tokens too, so that EOS and stop ids are drawn often.
 const SAMPLE_VOCAB: u32 = 8;
 const MAX_PROMPT: usize = 80;
+/// KV content of a slot whose step failed.
+const POISON: u64 = 0xDEAD_BEEF;
 
 // ---------------------------------------------------------------- generated inputs ----
 
@@ -56,6 +58,9 @@ enum Op {
     Apply,
     Abort(Index),
     Finish(Index),
+    /// Report the oldest in-flight step as failed (`fail_step`), when it is the only one in
+    /// flight; otherwise apply it.
+    Fail,
 }
 
 #[derive(Debug, Clone)]
@@ -149,6 +154,7 @@ fn op_strategy(with_commands: bool) -> BoxedStrategy<Op> {
             11 => base,
             1 => any::<Index>().prop_map(Op::Abort),
             1 => any::<Index>().prop_map(Op::Finish),
+            1 => Just(Op::Fail),
         ]
         .boxed()
     } else {
@@ -242,6 +248,8 @@ struct InflightModel {
     sampled_seqs: Vec<u64>,
     pooled: Vec<u64>,
     tokens: Vec<i64>,
+    /// KV slots the plan writes (garbage if the step fails).
+    slots: Vec<i64>,
 }
 
 struct Model {
@@ -334,6 +342,7 @@ impl Model {
             Op::Apply => self.apply(),
             Op::Abort(i) => self.abort(*i),
             Op::Finish(i) => self.finish(*i),
+            Op::Fail => self.fail(),
         }
         self.check();
     }
@@ -651,6 +660,7 @@ impl Model {
             sampled_seqs: Vec::new(),
             pooled: Vec::new(),
             tokens: Vec::new(),
+            slots: plan.slot_mapping.clone(),
         };
         for (k, (&idx, &r)) in plan.logits_indices.iter().zip(&plan.sample_rows).enumerate() {
             let i = plan.rows.iter().position(|&x| x == r).expect("sampled row is scheduled");
@@ -685,6 +695,41 @@ impl Model {
         }
         self.prev_sample_rows = sampled_rows;
         self.inflight.push_back(record);
+    }
+
+    /// The executor failed the oldest step: its KV writes never happened and every
+    /// sequence in it that had not ended ends with `error`. Only the sole in-flight step
+    /// fails here: a later plan would already build on the failed one.
+    fn fail(&mut self) {
+        if self.inflight.len() != 1 {
+            return self.apply();
+        }
+        let step = self.inflight.pop_front().unwrap();
+        self.sched.fail_step(step.step_id).expect("failure accepted");
+        for slot in &step.slots {
+            self.kv.insert(*slot, POISON);
+        }
+        let ev = self.sched.take_output(Some(step.step_id));
+        assert!(ev.seq_ids.is_empty(), "a failed step yields no tokens");
+        let want = step
+            .seqs
+            .iter()
+            .filter(|id| self.seqs[id].finished.is_none())
+            .map(|&id| (id, (FinishReason::Error, -1)))
+            .collect();
+        self.check_finished(&ev, &want);
+        self.retire(&step);
+    }
+
+    fn retire(&mut self, step: &InflightModel) {
+        for &id in &step.seqs {
+            let seq = self.seqs.get_mut(&id).unwrap();
+            seq.inflight -= 1;
+            if seq.finished.is_some() && seq.inflight == 0 {
+                seq.hold = Hold::None;
+                seq.blocks.clear();
+            }
+        }
     }
 
     fn apply(&mut self) {
@@ -722,14 +767,7 @@ impl Model {
             ev.seq_ids.iter().copied().zip(ev.token_ids.iter().copied()).collect();
         assert_eq!(got_tokens, want_tokens, "accepted tokens of step {}", step.step_id);
         self.check_finished(&ev, &want_finished);
-        for &id in &step.seqs {
-            let seq = self.seqs.get_mut(&id).unwrap();
-            seq.inflight -= 1;
-            if seq.finished.is_some() && seq.inflight == 0 {
-                seq.hold = Hold::None;
-                seq.blocks.clear();
-            }
-        }
+        self.retire(&step);
     }
 
     /// Compares an event's ended sequences with the expected ones and records them.
@@ -1034,4 +1072,35 @@ fn abort_does_not_touch_a_reused_slot() {
     assert_eq!(ev.finished_seq_ids, vec![first + 1], "only the live sample of 'pair' ends");
     assert_eq!(s.num_live_requests(), 1, "'other' ({other}) is still live");
     s.check_invariants().unwrap();
+}
+
+/// A failed step never wrote its KV: a later request must not find the blocks that step
+/// filled in the prefix cache.
+#[test]
+fn failed_step_leaves_nothing_in_the_prefix_cache() {
+    let config = SchedulerConfig {
+        num_blocks: 64,
+        block_size: 4,
+        max_num_seqs: 4,
+        max_num_batched_tokens: 64,
+        pipeline_depth: 1,
+        ..SchedulerConfig::default()
+    };
+    let mut s = Scheduler::new(config).unwrap();
+    let spec = |id: &str| RequestSpec {
+        request_id: id.into(),
+        prompt: (0..9).collect(),
+        max_tokens: 2,
+        ignore_eos: true,
+        n: 1,
+        ..Default::default()
+    };
+    s.add_request(spec("a")).unwrap();
+    let p = s.schedule().unwrap();
+    s.fail_step(p.step_id).unwrap();
+    s.check_invariants().unwrap();
+    s.add_request(spec("b")).unwrap();
+    let p = s.schedule().unwrap();
+    assert_eq!(p.positions.first(), Some(&0), "b reuses KV the failed step never wrote");
+    assert_eq!(s.pool().prefix_stats().hit_tokens, 0);
 }

@@ -21,7 +21,8 @@ mod update;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::block_pool::{BlockPool, PoolUsage, PrefixCacheStats};
+use crate::block_hash::BlockHash;
+use crate::block_pool::{BlockId, BlockPool, PoolUsage, PrefixCacheStats};
 use crate::config::{Policy, SchedulerConfig};
 use crate::error::{SchedError, SchedResult};
 use crate::plan::{FinishReason, OutputEvent};
@@ -40,6 +41,9 @@ struct InflightStep {
     sampled: Vec<u32>,
     /// Slots of pooling sequences that complete with this step.
     pooled: Vec<u32>,
+    /// Blocks this step made findable in the prefix cache, with their hashes: forgotten
+    /// again if the step fails, since their KV was never written.
+    registered: Vec<(BlockId, BlockHash)>,
     /// First samples whose prompt completes in this step (their siblings may start).
     unpark: Vec<u32>,
 }

@@ -274,6 +274,7 @@ impl Scheduler {
             seq.update_hashes(bs);
             for i in seq.num_registered..full {
                 self.pool.register(seq.blocks[i], seq.hashes[i]);
+                step.registered.push((seq.blocks[i], seq.hashes[i]));
             }
             seq.num_registered = full;
         }

@@ -52,6 +52,9 @@ impl Scheduler {
     /// `error` (sequences in it that had already ended are untouched).
     pub fn fail_step(&mut self, step_id: u64) -> SchedResult<()> {
         let step = self.check_result(step_id, None)?;
+        for &(block, hash) in &step.registered {
+            self.pool.forget(block, hash);
+        }
         for &slot in &step.sampled {
             self.seq_mut(slot).pending_samples -= 1;
         }
