@@ -88,6 +88,8 @@ class EngineCore:
         self._closed = False
         self._exec_thread.start()
         self._output_thread.start()
+        self.executor.started.wait()
+        self.output.started.wait()
         logger.info(
             "engine ready: %s, %d KV blocks, depth %d", self.model_path, self.runner.num_kv_blocks, config.pipeline_depth
         )

@@ -53,6 +53,8 @@ class ExecutorLoop:
         self.registry = registry
         self.extras = extras
         self.clock = ThreadClock()
+        self.started = threading.Event()  # set once the thread runs under its OS name
+        self.native_id: Optional[int] = None
         self.step_times = StepTimes()
         self.stopping = threading.Event()
         self.fatal: Optional[BaseException] = None
@@ -63,6 +65,8 @@ class ExecutorLoop:
     def run(self) -> None:
         name_current_thread(EXEC_THREAD_NAME)
         self.clock.start()
+        self.native_id = threading.get_native_id()
+        self.started.set()
         try:
             while not self.stopping.is_set():
                 with self.clock.idle():

@@ -40,15 +40,19 @@ class OutputLoop:
         self.extras = extras
         self.executor_fatal = executor_fatal
         self.clock = ThreadClock()
+        self.started = threading.Event()  # set once the thread runs under its OS name
+        self.native_id: Optional[int] = None
         self.stopping = threading.Event()
         self.fatal: Optional[BaseException] = None
-        self.fail_on_token: Optional[int] = None  # test hook: raise when this token arrives
+        self.fail_next_event = threading.Event()  # test hook: the next event with tokens raises
         self.prompt_tokens = 0
         self.generated_tokens = 0
 
     def run(self) -> None:
         name_current_thread(OUTPUT_THREAD_NAME)
         self.clock.start()
+        self.native_id = threading.get_native_id()
+        self.started.set()
         try:
             while True:
                 with self.clock.idle():
@@ -104,12 +108,13 @@ class OutputLoop:
             state, sample = entry
             if sample.finish_reason is not None:
                 continue  # ended here (stop string) before the scheduler heard of it
-            if token == self.fail_on_token:
-                raise RuntimeError(f"injected output failure on token {token}")
             logprobs = None
             if index_of is not None and sample.logprobs is not None and seq in index_of:
                 logprobs = _logprob_dict(extras.logprobs, index_of[seq], token)
             touched[state.request_id] = state
+            if self.fail_next_event.is_set():
+                self.fail_next_event.clear()
+                raise RuntimeError("injected output failure")
             stop = state.add_token(sample, token, logprobs)
             if stop is not None:
                 state.finish_sample(sample, "stop", stop)

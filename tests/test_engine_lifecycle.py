@@ -1,0 +1,140 @@
+"""The engine's threads, failures, aborts, interrupts and shutdown: nothing lost, nothing
+hung, no KV block leaked."""
+
+from __future__ import annotations
+
+import _thread
+import resource
+import threading
+import time
+
+import pytest
+
+from pyengine import LLM, EngineDeadError, EngineError, SamplingParams
+from pyengine.engine.thread_names import os_thread_names
+
+
+@pytest.fixture(scope="module")
+def llm():
+    engine = LLM(max_num_seqs=64, max_num_batched_tokens=1024)
+    yield engine
+    engine.shutdown()
+
+
+def assert_idle(llm):
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        stats = llm.stats()
+        if stats.kv_usage == 0 and stats.num_running == 0 and stats.num_waiting == 0 \
+                and stats.queue_depths["requests"] == 0:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"engine not idle: {stats}")
+
+
+def test_three_named_threads_are_visible_while_running(llm):
+    names = os_thread_names()
+    for name in ("pyengine-sched", "pyengine-exec", "pyengine-output"):
+        assert name in names, names
+
+
+def test_executor_exception_fails_the_batch_and_the_engine_recovers(llm):
+    llm.engine.executor.fail_at_step = llm.engine.executor.step_times.count + 3
+    with pytest.raises(EngineError, match="injected failure"):
+        llm.generate([[5, 6, 7, 8]] * 8, SamplingParams(max_tokens=30, ignore_eos=True), use_tqdm=False)
+    assert_idle(llm)
+    outs = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=5, ignore_eos=True), use_tqdm=False)
+    assert len(outs[0].outputs[0].token_ids) == 5
+    assert llm.engine.is_alive
+
+
+def test_output_exception_fails_the_requests_and_the_engine_recovers(llm):
+    llm.engine.output.fail_next_event.set()
+    with pytest.raises(EngineError, match="output processing failed"):
+        llm.generate([[9, 9, 9]] * 4, SamplingParams(max_tokens=10, ignore_eos=True), use_tqdm=False)
+    assert_idle(llm)
+    outs = llm.generate([[9, 9, 9]], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert outs[0].outputs[0].finish_reason == "length"
+
+
+def test_keyboard_interrupt_aborts_the_batch_and_leaves_the_engine_usable(llm):
+    timer = threading.Timer(0.3, _thread.interrupt_main)
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate([[1, 2, 3, 4]] * 64, SamplingParams(max_tokens=2000, ignore_eos=True), use_tqdm=False)
+    timer.join()
+    assert_idle(llm)
+    outs = llm.generate([[1, 2]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    assert len(outs[0].outputs[0].token_ids) == 4
+
+
+def test_n_samples_compute_the_prompt_once(llm):
+    prompt = list(range(3, 3 + 160))  # 10 full blocks
+    before = llm.stats().scheduler["prefill_tokens_scheduled"]
+    out = llm.generate([prompt], SamplingParams(n=4, max_tokens=6, temperature=1.0, seed=7,
+                                                ignore_eos=True), use_tqdm=False)[0]
+    prefill = llm.stats().scheduler["prefill_tokens_scheduled"] - before
+    assert len(out.outputs) == 4 and all(len(o.token_ids) == 6 for o in out.outputs)
+    # 160 prompt tokens once; each extra sample recomputes only the last token.
+    assert prefill <= 160 + 3 * 16, prefill
+    assert len({tuple(o.token_ids) for o in out.outputs}) > 1, "seeded samples must differ"
+
+
+def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(llm):
+    p = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=12, ignore_eos=True)
+    alone = llm.generate([[7, 8, 9, 10]], p, use_tqdm=False)[0].outputs[0].token_ids
+    again = llm.generate([[7, 8, 9, 10]], p, use_tqdm=False)[0].outputs[0].token_ids
+    noise = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+    mixed = llm.generate([[1, 2], [7, 8, 9, 10], [3, 4, 5]], [noise, p, noise], use_tqdm=False)
+    assert alone == again == mixed[1].outputs[0].token_ids
+
+
+def test_ten_thousand_short_requests_finish_and_memory_stays_flat(llm):
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+
+    def batch(offset: int):
+        prompts = [[(offset + i) % 400 + 3, (i * 7) % 400 + 3, 11] for i in range(5000)]
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        assert all(o.finished and len(o.outputs[0].token_ids) == 2 for o in outs)
+
+    batch(0)
+    rss_after_first = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    batch(5000)
+    rss_after_second = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert_idle(llm)
+    # ru_maxrss is in KiB: the second 5,000 requests may not grow the peak by more than 64 MiB.
+    assert rss_after_second - rss_after_first < 64 * 1024, (rss_after_first, rss_after_second)
+
+
+def test_shutdown_joins_all_threads_with_requests_in_flight():
+    engine = LLM(max_num_seqs=8)
+    tids = [engine.engine.executor.native_id, engine.engine.output.native_id]
+    errors = []
+
+    def run():
+        try:
+            engine.generate([[1, 2, 3]] * 8, SamplingParams(max_tokens=3000, ignore_eos=True), use_tqdm=False)
+        except EngineDeadError as e:
+            errors.append(e)
+
+    caller = threading.Thread(target=run)
+    caller.start()
+    time.sleep(0.5)
+    started = time.time()
+    engine.shutdown(timeout=10)
+    caller.join(timeout=10)
+    assert not caller.is_alive(), "a caller was left waiting"
+    assert time.time() - started < 10
+    assert errors and "shut down" in str(errors[0])
+    # Joined: the Python threads' OS threads are gone, and so is the scheduler thread.
+    # (Worker threads that torch or tokenizers start inherit the names, so names alone
+    # do not tell.)
+    import os
+
+    deadline = time.time() + 2  # the OS reaps a thread a moment after Python's join
+    while any(os.path.exists(f"/proc/self/task/{tid}") for tid in tids) and time.time() < deadline:
+        time.sleep(0.01)
+    assert not any(os.path.exists(f"/proc/self/task/{tid}") for tid in tids)
+    assert not engine.engine.sched.is_alive
+    with pytest.raises(EngineDeadError):
+        engine.generate([[1]], use_tqdm=False)
