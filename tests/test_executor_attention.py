@@ -132,3 +132,11 @@ def test_bfloat16_on_cpu_runs_and_tracks_float32(checkpoint):
     _, logits16 = _generate(runner16, 16, 6)
     for step in (0, 1, 2):  # prefill chunks and the first decodes (single-query path)
         assert torch.allclose(logits16[step].float(), logits32[step], atol=0.15)
+
+
+def test_old_flash_attn_without_block_table_gathers_context():
+    def old_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False):
+        raise AssertionError("not called")
+
+    assert FlashAttentionBackend(reference_varlen).supports_block_table
+    assert not FlashAttentionBackend(old_varlen).supports_block_table

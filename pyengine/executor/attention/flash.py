@@ -2,14 +2,16 @@
 
 One ``flash_attn_varlen_func`` call per layer covers the whole step (prefill chunks and
 decodes together; ``causal=True`` aligns each query chunk to the end of its context).
-Upstream flash-attn 2 reads a paged cache directly through ``block_table`` only when the
-block size is a multiple of 256; for smaller blocks the step's context is gathered into
-a packed ``[sum(seq_lens), kv_heads, head_dim]`` tensor first (indices computed once per
-step, one ``index_select`` per layer).
+Upstream flash-attn 2 (>= 2.5) reads a paged cache directly through ``block_table`` only
+when the block size is a multiple of 256; for smaller blocks (or older versions without
+``block_table``) the step's context is gathered into a packed
+``[sum(seq_lens), kv_heads, head_dim]`` tensor first (indices computed once per step, one
+``index_select`` per layer).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -37,15 +39,27 @@ class FlashAttentionBackend:
 
     def __init__(self, varlen_func: Callable[..., Any]) -> None:
         self.varlen_func = varlen_func
+        self.supports_block_table = _accepts_block_table(varlen_func)
 
     def bind(self, cache: PagedKVCache, layout: StepAttentionLayout) -> "FlashStepAttention":
-        return FlashStepAttention(self.varlen_func, cache, layout)
+        paged = self.supports_block_table and layout.block_size % FLASH_PAGED_BLOCK_MULTIPLE == 0
+        return FlashStepAttention(self.varlen_func, cache, layout, paged)
+
+
+def _accepts_block_table(func: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return False
+    return "block_table" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
 
 
 class FlashStepAttention:
     """One step's attention through flash-attn."""
 
-    def __init__(self, varlen_func: Callable[..., Any], cache: PagedKVCache, layout: StepAttentionLayout) -> None:
+    def __init__(
+        self, varlen_func: Callable[..., Any], cache: PagedKVCache, layout: StepAttentionLayout, paged: bool
+    ) -> None:
         device = layout.slot_mapping.device
         self.varlen_func = varlen_func
         self.cache = cache
@@ -55,7 +69,7 @@ class FlashStepAttention:
         self.cu_seqlens_k = torch.from_numpy(np.concatenate([[0], np.cumsum(seq_lens)]).astype(np.int32)).to(device)
         self.max_seqlen_q = int(layout.num_scheduled_tokens.max())
         self.max_seqlen_k = int(seq_lens.max())
-        self.paged = layout.block_size % FLASH_PAGED_BLOCK_MULTIPLE == 0
+        self.paged = paged
         self.block_table = layout.block_tables.to(torch.int32).contiguous() if self.paged else None
         self.context_slots = None if self.paged else _context_slots(layout, seq_lens, device)
 
@@ -63,8 +77,10 @@ class FlashStepAttention:
         key_slots, value_slots = self.cache.layer_slots(layer_index)
         key_slots.index_copy_(0, self.slot_mapping, k)
         value_slots.index_copy_(0, self.slot_mapping, v)
+        extra = {}
         if self.paged:
             keys, values = self.cache.layer_blocks(layer_index)
+            extra["block_table"] = self.block_table
         else:
             keys = key_slots.index_select(0, self.context_slots)
             values = value_slots.index_select(0, self.context_slots)
@@ -77,7 +93,7 @@ class FlashStepAttention:
             max_seqlen_q=self.max_seqlen_q,
             max_seqlen_k=self.max_seqlen_k,
             causal=True,
-            block_table=self.block_table,
+            **extra,
         )
 
 
