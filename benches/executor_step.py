@@ -56,8 +56,13 @@ BLOCK_SIZE = 16
 
 def make_runner(folder: Path, max_num_seqs: int) -> ModelRunner:
     config = ExecutorConfig(
-        dtype="float32", max_num_seqs=max_num_seqs, max_model_len=1024, block_size=BLOCK_SIZE,
-        num_kv_blocks=max_num_seqs * 1024 // BLOCK_SIZE, load_format="dummy", attention_backend="sdpa",
+        dtype="float32",
+        max_num_seqs=max_num_seqs,
+        max_model_len=1024,
+        block_size=BLOCK_SIZE,
+        num_kv_blocks=max_num_seqs * 1024 // BLOCK_SIZE,
+        load_format="dummy",
+        attention_backend="sdpa",
     )
     return ModelRunner.from_pretrained(folder, config)
 
@@ -72,7 +77,9 @@ class PagedDecode:
         )
         rng = np.random.default_rng(0)
         for _ in range(DECODE_BATCH):
-            self.planner.add(rng.integers(0, 4096, size=DECODE_CONTEXT - 1).tolist(), SamplingParams(temperature=0.0))
+            self.planner.add(
+                rng.integers(0, 4096, size=DECODE_CONTEXT - 1).tolist(), SamplingParams(temperature=0.0)
+            )
         for _ in range(DECODE_BATCH // 8):  # prefill 8 sequences per step
             self._run()
 
@@ -94,7 +101,9 @@ class ContiguousDecode:
     def __init__(self, folder: Path, steps: int) -> None:
         self.model = make_runner(folder, 1).model  # same config and seed -> same weights
         self.cache = ContiguousKVCache(self.model, DECODE_BATCH, DECODE_CONTEXT + steps + 8)
-        prompts = torch.randint(0, 4096, (DECODE_BATCH, DECODE_CONTEXT - 1), generator=torch.Generator().manual_seed(0))
+        prompts = torch.randint(
+            0, 4096, (DECODE_BATCH, DECODE_CONTEXT - 1), generator=torch.Generator().manual_seed(0)
+        )
         for chunk in prompts.split(64, dim=1):
             logits = contiguous_step(self.model, self.cache, chunk)
         self.tokens = logits.argmax(-1, keepdim=True)
@@ -124,7 +133,9 @@ def bench_prefill(folder: Path, repeats: int) -> tuple[float, float]:
     paged, contiguous = [], []
     for _ in range(repeats):
         runner = make_runner(folder, PREFILL_PROMPTS)
-        planner = HandPlanner(block_size=BLOCK_SIZE, num_blocks=runner.num_kv_blocks, max_rows=PREFILL_PROMPTS)
+        planner = HandPlanner(
+            block_size=BLOCK_SIZE, num_blocks=runner.num_kv_blocks, max_rows=PREFILL_PROMPTS
+        )
         for prompt in prompts:
             planner.add(prompt, SamplingParams(temperature=0.0))
         plan = planner.next_plan()
@@ -140,7 +151,9 @@ def bench_prefill(folder: Path, repeats: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--steps", type=int, default=30, help="timed decode steps")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch intra-op threads")
@@ -170,7 +183,9 @@ def main() -> None:
         print(json.dumps(result))
         return
     print(f"decode, batch {DECODE_BATCH}, context {DECODE_CONTEXT} ({args.threads} threads):")
-    print(f"  paged ModelRunner.execute   {paged_ms:8.2f} ms/step   ({result['decode_tokens_per_s_paged']} tok/s)")
+    print(
+        f"  paged ModelRunner.execute   {paged_ms:8.2f} ms/step   ({result['decode_tokens_per_s_paged']} tok/s)"
+    )
     print(f"  contiguous forward + argmax {contiguous_ms:8.2f} ms/step")
     print(f"  ratio                       {result['decode_ratio_paged_over_contiguous']:8.3f}   (bar <= 1.3)")
     print(f"prefill, {PREFILL_PROMPTS} x {PREFILL_LENGTH} tokens in one step:")

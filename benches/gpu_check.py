@@ -36,17 +36,30 @@ from pyengine.testing.checkpoints import make_tiny_checkpoint  # noqa: E402
 from pyengine.testing.hand_plan import HandPlanner  # noqa: E402
 
 QWEN3_06B = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024,
-    "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
-    "head_dim": 128, "rms_norm_eps": 1e-6, "max_position_embeddings": 40960, "tie_word_embeddings": True,
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 40960,
+    "tie_word_embeddings": True,
     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
 }
 ARCHES = ("llama", "llama3", "mistral", "qwen2", "qwen3")
 
 
 def greedy_tokens(runner: ModelRunner, prompts: list[list[int]], steps: int, chunk: int) -> list[list[int]]:
-    planner = HandPlanner(block_size=runner.block_size, num_blocks=runner.num_kv_blocks,
-                          max_rows=runner.config.max_num_seqs, seed=3)
+    planner = HandPlanner(
+        block_size=runner.block_size,
+        num_blocks=runner.num_kv_blocks,
+        max_rows=runner.config.max_num_seqs,
+        seed=3,
+    )
     ids = [planner.add(p, SamplingParams(temperature=0.0)) for p in prompts]
     for _ in range(steps):
         plan = planner.next_plan(max_chunk=chunk)
@@ -66,22 +79,34 @@ def parity(workdir: Path) -> dict:
     for arch in ARCHES:
         path = make_tiny_checkpoint(workdir / arch, arch)
         settings = dict(device="cuda", max_num_seqs=4, max_model_len=512, num_kv_blocks=64)
-        sdpa32 = ModelRunner.from_pretrained(path, ExecutorConfig(dtype="float32", attention_backend="sdpa", **settings))
+        sdpa32 = ModelRunner.from_pretrained(
+            path, ExecutorConfig(dtype="float32", attention_backend="sdpa", **settings)
+        )
         ours = [t[:32] for t in greedy_tokens(sdpa32, prompts, 36, 16)]
         reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
         reference.generation_config.eos_token_id = None
         theirs = [
-            reference.generate(torch.tensor([p], device="cuda"), max_new_tokens=32, do_sample=False)[0, len(p):].tolist()
+            reference.generate(torch.tensor([p], device="cuda"), max_new_tokens=32, do_sample=False)[
+                0, len(p) :
+            ].tolist()
             for p in prompts
         ]
         entry = {"sdpa_fp32_equals_transformers": ours == theirs}
         if flash:
             for block_size in (16, 256):
                 bf16 = dict(settings, dtype="bfloat16", block_size=block_size)
-                a = greedy_tokens(ModelRunner.from_pretrained(path, ExecutorConfig(attention_backend="sdpa", **bf16)),
-                                  prompts, 36, 16)
-                b = greedy_tokens(ModelRunner.from_pretrained(path, ExecutorConfig(attention_backend="flash_attn", **bf16)),
-                                  prompts, 36, 16)
+                a = greedy_tokens(
+                    ModelRunner.from_pretrained(path, ExecutorConfig(attention_backend="sdpa", **bf16)),
+                    prompts,
+                    36,
+                    16,
+                )
+                b = greedy_tokens(
+                    ModelRunner.from_pretrained(path, ExecutorConfig(attention_backend="flash_attn", **bf16)),
+                    prompts,
+                    36,
+                    16,
+                )
                 same = np.mean([x == y for s, f in zip(a, b) for x, y in zip(s, f)])
                 entry[f"flash_vs_sdpa_bf16_token_agreement_block{block_size}"] = round(float(same), 3)
         results[arch] = entry
@@ -94,13 +119,23 @@ def decode_timing(workdir: Path, backend: str, batch: int = 256, context: int = 
     folder.mkdir(exist_ok=True)
     (folder / "config.json").write_text(json.dumps(QWEN3_06B))
     blocks_per_seq = -(-(context + steps + 8) // 16)
-    config = ExecutorConfig(device="cuda", dtype="bfloat16", load_format="dummy", attention_backend=backend,
-                            max_num_seqs=batch, max_model_len=2048, num_kv_blocks=batch * blocks_per_seq + 16)
+    config = ExecutorConfig(
+        device="cuda",
+        dtype="bfloat16",
+        load_format="dummy",
+        attention_backend=backend,
+        max_num_seqs=batch,
+        max_model_len=2048,
+        num_kv_blocks=batch * blocks_per_seq + 16,
+    )
     runner = ModelRunner.from_pretrained(folder, config)
     planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=batch, seed=1)
     rng = np.random.default_rng(0)
     for _ in range(batch):
-        planner.add(rng.integers(0, QWEN3_06B["vocab_size"], size=context - 1).tolist(), SamplingParams(temperature=0.0))
+        planner.add(
+            rng.integers(0, QWEN3_06B["vocab_size"], size=context - 1).tolist(),
+            SamplingParams(temperature=0.0),
+        )
     prefill_start = time.perf_counter()
     while any(len(planner.output_tokens(i)) == 0 for i in range(1, batch + 1)):
         plan = planner.next_plan(max_tokens=8192)
@@ -115,9 +150,14 @@ def decode_timing(workdir: Path, backend: str, batch: int = 256, context: int = 
         times.append(time.perf_counter() - start)
         planner.record(plan, out.sampled_token_ids)
     step_ms = statistics.median(times[3:]) * 1e3
-    result = {"backend": runner.attention_backend.name, "batch": batch, "context": context,
-              "decode_step_ms": round(step_ms, 2), "decode_tokens_per_s": round(batch / step_ms * 1e3, 1),
-              "prefill_s": round(prefill_s, 2)}
+    result = {
+        "backend": runner.attention_backend.name,
+        "batch": batch,
+        "context": context,
+        "decode_step_ms": round(step_ms, 2),
+        "decode_tokens_per_s": round(batch / step_ms * 1e3, 1),
+        "prefill_s": round(prefill_s, 2),
+    }
     print(result, flush=True)
     del runner
     torch.cuda.empty_cache()
@@ -126,11 +166,20 @@ def decode_timing(workdir: Path, backend: str, batch: int = 256, context: int = 
 
 def kv_sizing(workdir: Path) -> dict:
     folder = workdir / "qwen3-0.6b-shape"
-    config = ExecutorConfig(device="cuda", dtype="bfloat16", load_format="dummy", max_num_seqs=256,
-                            max_model_len=40960, gpu_memory_utilization=0.5)
+    config = ExecutorConfig(
+        device="cuda",
+        dtype="bfloat16",
+        load_format="dummy",
+        max_num_seqs=256,
+        max_model_len=40960,
+        gpu_memory_utilization=0.5,
+    )
     runner = ModelRunner.from_pretrained(folder, config)
-    result = {"num_kv_blocks": runner.num_kv_blocks, "kv_cache_gib": round(runner.kv_cache.num_bytes / 2**30, 2),
-              "gpu_memory_utilization": 0.5}
+    result = {
+        "num_kv_blocks": runner.num_kv_blocks,
+        "kv_cache_gib": round(runner.kv_cache.num_bytes / 2**30, 2),
+        "gpu_memory_utilization": 0.5,
+    }
     print(result, flush=True)
     del runner
     torch.cuda.empty_cache()
@@ -138,18 +187,26 @@ def kv_sizing(workdir: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--skip-pytest", action="store_true")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA device")
-    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "flash_attn": import_flash_varlen() is not None}
+    report = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "flash_attn": import_flash_varlen() is not None,
+    }
     print(report, flush=True)
     if not args.skip_pytest:
-        code = subprocess.run([sys.executable, "-m", "pytest", "-q", str(ROOT / "tests/test_executor_attention.py")],
-                              cwd=ROOT, timeout=300).returncode
+        code = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", str(ROOT / "tests/test_executor_attention.py")],
+            cwd=ROOT,
+            timeout=300,
+        ).returncode
         report["pytest_attention_rc"] = code
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)

@@ -55,8 +55,18 @@ class SamplingParams:
         _check(self.top_k == -1 or self.top_k >= 0, "top_k", "must be -1, 0 (off) or >= 1", self.top_k)
         _check(0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]", self.min_p)
         _check(self.repetition_penalty > 0.0, "repetition_penalty", "must be > 0", self.repetition_penalty)
-        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]", self.presence_penalty)
-        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]", self.frequency_penalty)
+        _check(
+            -2.0 <= self.presence_penalty <= 2.0,
+            "presence_penalty",
+            "must be in [-2, 2]",
+            self.presence_penalty,
+        )
+        _check(
+            -2.0 <= self.frequency_penalty <= 2.0,
+            "frequency_penalty",
+            "must be in [-2, 2]",
+            self.frequency_penalty,
+        )
         if self.seed is not None:
             _check(0 <= self.seed <= _MAX_SEED, "seed", f"must be in [0, {_MAX_SEED}]", self.seed)
         if self.max_tokens is not None:

@@ -17,9 +17,16 @@ from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.hand_plan import HandPlanner
 
 
-def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, block_table=None):
+def reference_varlen(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, block_table=None
+):
     """What flash_attn_varlen_func computes (bottom-right causal), written plainly."""
-    assert causal and q.dtype == k.dtype and cu_seqlens_q.dtype == torch.int32 and cu_seqlens_k.dtype == torch.int32
+    assert (
+        causal
+        and q.dtype == k.dtype
+        and cu_seqlens_q.dtype == torch.int32
+        and cu_seqlens_k.dtype == torch.int32
+    )
     out = torch.empty_like(q)
     for i in range(cu_seqlens_q.numel() - 1):
         qs, qe = int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1])
@@ -35,7 +42,11 @@ def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         query_len = qe - qs
         mask = torch.arange(length)[None, :] <= torch.arange(length - query_len, length)[:, None]
         result = F.scaled_dot_product_attention(
-            q[qs:qe].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask, enable_gqa=True
+            q[qs:qe].transpose(0, 1),
+            keys.transpose(0, 1),
+            values.transpose(0, 1),
+            attn_mask=mask,
+            enable_gqa=True,
         )
         out[qs:qe] = result.transpose(0, 1)
     return out
@@ -49,7 +60,10 @@ def checkpoint(tmp_path_factory):
 def _generate(runner, block_size, steps=24):
     planner = HandPlanner(block_size=block_size, num_blocks=runner.num_kv_blocks, max_rows=4, seed=3)
     rng = np.random.default_rng(0)
-    ids = [planner.add(rng.integers(0, 512, size=n).tolist(), SamplingParams(temperature=0.0)) for n in (30, 7, 19)]
+    ids = [
+        planner.add(rng.integers(0, 512, size=n).tolist(), SamplingParams(temperature=0.0))
+        for n in (30, 7, 19)
+    ]
     logits = []
     for _ in range(steps):
         plan = planner.next_plan(max_chunk=12)
@@ -82,8 +96,12 @@ def test_backend_selection_on_cpu():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_sdpa_matches_cpu(checkpoint):
-    settings = dict(max_num_seqs=4, max_model_len=256, num_kv_blocks=64, dtype="float32", attention_backend="sdpa")
-    cpu_tokens, cpu_logits = _generate(ModelRunner.from_pretrained(checkpoint, ExecutorConfig(**settings)), 16)
+    settings = dict(
+        max_num_seqs=4, max_model_len=256, num_kv_blocks=64, dtype="float32", attention_backend="sdpa"
+    )
+    cpu_tokens, cpu_logits = _generate(
+        ModelRunner.from_pretrained(checkpoint, ExecutorConfig(**settings)), 16
+    )
     cuda = ModelRunner.from_pretrained(checkpoint, ExecutorConfig(device="cuda", **settings))
     tokens, logits = _generate(cuda, 16)
     assert tokens == cpu_tokens
@@ -96,16 +114,26 @@ def test_cuda_sdpa_matches_cpu(checkpoint):
 )
 @pytest.mark.parametrize("block_size", [16, 256])
 def test_cuda_flash_attn_matches_sdpa(checkpoint, block_size):
-    settings = dict(max_num_seqs=4, max_model_len=256, num_kv_blocks=64, dtype="bfloat16", device="cuda",
-                    block_size=block_size)
-    sdpa_tokens, sdpa_logits = _generate(
-        ModelRunner.from_pretrained(checkpoint, ExecutorConfig(attention_backend="sdpa", **settings)), block_size
+    settings = dict(
+        max_num_seqs=4,
+        max_model_len=256,
+        num_kv_blocks=64,
+        dtype="bfloat16",
+        device="cuda",
+        block_size=block_size,
     )
-    flash = ModelRunner.from_pretrained(checkpoint, ExecutorConfig(attention_backend="flash_attn", **settings))
+    sdpa_tokens, sdpa_logits = _generate(
+        ModelRunner.from_pretrained(checkpoint, ExecutorConfig(attention_backend="sdpa", **settings)),
+        block_size,
+    )
+    flash = ModelRunner.from_pretrained(
+        checkpoint, ExecutorConfig(attention_backend="flash_attn", **settings)
+    )
     assert flash.attention_backend.name == "flash_attn"
     tokens, logits = _generate(flash, block_size)
     first_logits_close = all(
-        torch.allclose(a.float(), b.float(), atol=0.05, rtol=0.05) for a, b in zip(logits[:4], sdpa_logits[:4])
+        torch.allclose(a.float(), b.float(), atol=0.05, rtol=0.05)
+        for a, b in zip(logits[:4], sdpa_logits[:4])
     )
     assert first_logits_close
     agreement = np.mean([a == b for x, y in zip(tokens, sdpa_tokens) for a, b in zip(x, y)])
@@ -126,7 +154,9 @@ def test_cpu_tiled_decode_matches_one_tile(checkpoint, monkeypatch):
 
 def test_bfloat16_on_cpu_runs_and_tracks_float32(checkpoint):
     settings = dict(max_num_seqs=4, max_model_len=256, num_kv_blocks=64)
-    _, logits32 = _generate(ModelRunner.from_pretrained(checkpoint, ExecutorConfig(dtype="float32", **settings)), 16, 6)
+    _, logits32 = _generate(
+        ModelRunner.from_pretrained(checkpoint, ExecutorConfig(dtype="float32", **settings)), 16, 6
+    )
     runner16 = ModelRunner.from_pretrained(checkpoint, ExecutorConfig(dtype="bfloat16", **settings))
     assert runner16.kv_cache.keys.dtype == torch.bfloat16
     _, logits16 = _generate(runner16, 16, 6)

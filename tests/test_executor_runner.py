@@ -86,8 +86,9 @@ def test_seeded_request_alone_and_in_a_mixed_batch(checkpoint):
 
 def test_penalties_and_logprobs_over_prompt_and_generated_tokens(checkpoint):
     runner = _runner(checkpoint)
-    params = SamplingParams(temperature=0.0, repetition_penalty=1.8, presence_penalty=0.7,
-                            frequency_penalty=0.9, logprobs=4)
+    params = SamplingParams(
+        temperature=0.0, repetition_penalty=1.8, presence_penalty=0.7, frequency_penalty=0.9, logprobs=4
+    )
     prompt = [5, 6, 7, 5] + _prompt(4, 12)
     planner = HandPlanner(num_blocks=128, max_rows=8)
     seq_id = planner.add(prompt, params)

@@ -47,7 +47,9 @@ def test_missing_tensor_is_named(qwen3, tmp_path):
     tensors = load_file(folder / "model.safetensors")
     del tensors["model.layers.1.mlp.up_proj.weight"]
     save_file(tensors, folder / "model.safetensors")
-    with pytest.raises(WeightMismatchError, match=r"missing tensors \(1\): model.layers.1.mlp.up_proj.weight") as info:
+    with pytest.raises(
+        WeightMismatchError, match=r"missing tensors \(1\): model.layers.1.mlp.up_proj.weight"
+    ) as info:
         load_model(folder)
     assert info.value.missing == ["model.layers.1.mlp.up_proj.weight"]
 
@@ -84,17 +86,32 @@ def test_unsupported_configs_are_refused_naming_the_field(qwen3, tmp_path, chang
 
 
 def test_mistral_sliding_window_is_refused():
-    raw = {"architectures": ["MistralForCausalLM"], "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
-           "num_hidden_layers": 1, "num_attention_heads": 2, "sliding_window": 4096, "max_position_embeddings": 32768}
+    raw = {
+        "architectures": ["MistralForCausalLM"],
+        "vocab_size": 32,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "sliding_window": 4096,
+        "max_position_embeddings": 32768,
+    }
     with pytest.raises(UnsupportedModelError, match="sliding_window: 4096"):
         parse_decoder_config(raw)
     assert parse_decoder_config({**raw, "sliding_window": None}).architecture == "MistralForCausalLM"
 
 
 def test_legacy_rope_scaling_fields_are_read():
-    raw = {"architectures": ["LlamaForCausalLM"], "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
-           "num_hidden_layers": 1, "num_attention_heads": 2, "rope_theta": 500000.0,
-           "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}}
+    raw = {
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 32,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "rope_theta": 500000.0,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192},
+    }
     rope = parse_decoder_config(raw).rope
     assert (rope.rope_type, rope.theta, rope.factor) == ("llama3", 500000.0, 8.0)
 

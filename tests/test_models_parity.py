@@ -19,7 +19,8 @@ VARIANTS = {
     "llama": ("llama", {}),
     "llama_tied_mha": ("llama", dict(num_key_value_heads=4, tie_word_embeddings=True)),
     "llama_linear_rope": (
-        "llama", dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}),
+        "llama",
+        dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}),
     ),
     "llama3_rope_odd_heads": ("llama3", {}),
     "mistral_mqa": ("mistral", {}),
@@ -66,7 +67,9 @@ def test_prefill_logits_match_transformers(checkpoint):
 
 def _run_generation(runner, prompts, *, steps, chunk, scatter, depth, seed=0):
     """Greedy generation through hand plans; returns (tokens per seq, logits per seq)."""
-    planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=8, scatter_blocks=scatter, seed=seed)
+    planner = HandPlanner(
+        block_size=16, num_blocks=runner.num_kv_blocks, max_rows=8, scatter_blocks=scatter, seed=seed
+    )
     seq_ids = [planner.add(prompt, SamplingParams(temperature=0.0)) for prompt in prompts]
     logits = {seq_id: [] for seq_id in seq_ids}
     pending = []
@@ -101,7 +104,7 @@ def test_chunked_prefill_then_decode_matches_generate(checkpoint, depth):
     for seq_id, prompt in zip(sorted(tokens), prompts):
         ours = tokens[seq_id][:32]
         theirs = reference.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)[0]
-        assert ours == theirs[len(prompt):].tolist()
+        assert ours == theirs[len(prompt) :].tolist()
         with torch.no_grad():
             full = reference(theirs[None]).logits[0]
         expected = full[len(prompt) - 1 : len(prompt) - 1 + 32]
@@ -110,7 +113,9 @@ def test_chunked_prefill_then_decode_matches_generate(checkpoint, depth):
 
 def test_scattered_and_contiguous_blocks_agree(checkpoint):
     prompts = _prompts(3, (40, 21))
-    scattered = _run_generation(_runner(checkpoint), prompts, steps=20, chunk=8, scatter=True, depth=2, seed=5)
+    scattered = _run_generation(
+        _runner(checkpoint), prompts, steps=20, chunk=8, scatter=True, depth=2, seed=5
+    )
     contiguous = _run_generation(_runner(checkpoint), prompts, steps=20, chunk=8, scatter=False, depth=2)
     assert scattered[0] == contiguous[0]
     for seq_id in scattered[1]:

@@ -126,7 +126,9 @@ def test_penalties_match_a_direct_implementation():
         if output:
             history.add_output_tokens(torch.full((len(output),), row), torch.tensor(output))
     repetition, presence, frequency = (torch.tensor(column) for column in zip(*settings))
-    ours = apply_penalties(logits, history.prompt_mask, history.output_counts, repetition, presence, frequency)
+    ours = apply_penalties(
+        logits, history.prompt_mask, history.output_counts, repetition, presence, frequency
+    )
     for row in range(rows):
         expected = _reference_penalties(logits[row], prompts[row], outputs[row], *settings[row])
         torch.testing.assert_close(ours[row], expected)
@@ -150,7 +152,9 @@ def test_logprobs_are_log_softmax_of_processed_logits(logits_row):
     top0 = expected0.topk(5)
     np.testing.assert_allclose(out.logprobs.top_logprobs[0], top0.values.numpy(), rtol=1e-5, atol=1e-6)
     assert out.logprobs.top_token_ids[0].tolist() == top0.indices.tolist()
-    np.testing.assert_allclose(out.logprobs.top_logprobs[1, :3], expected1.topk(3).values.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        out.logprobs.top_logprobs[1, :3], expected1.topk(3).values.numpy(), rtol=1e-5, atol=1e-6
+    )
     for row, expected in ((0, expected0), (1, expected1)):
         token = int(out.token_ids[row])
         assert out.logprobs.sampled_logprobs[row] == pytest.approx(float(expected[token]), abs=1e-5)
@@ -162,8 +166,13 @@ def test_logprobs_are_log_softmax_of_processed_logits(logits_row):
 def test_min_tokens_masks_eos_and_stop_tokens_until_reached():
     table = SamplingTable(2, torch.device("cpu"), eos_token_ids=(3,))
     rows = np.arange(2)
-    table.install(rows, [SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[5]),
-                         SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[5], ignore_eos=True)])
+    table.install(
+        rows,
+        [
+            SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[5]),
+            SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[5], ignore_eos=True),
+        ],
+    )
     sampler = Sampler(table, torch.Generator().manual_seed(0))
     logits = torch.zeros(2, VOCAB)
     logits[:, 3], logits[:, 5], logits[:, 7] = 3.0, 2.0, 1.0

@@ -43,13 +43,42 @@ class ExecutorConfig:
         checks = [
             (self.block_size >= 1, "block_size", "must be >= 1", self.block_size),
             (self.max_num_seqs >= 1, "max_num_seqs", "must be >= 1", self.max_num_seqs),
-            (self.max_model_len is None or self.max_model_len >= 1, "max_model_len", "must be >= 1", self.max_model_len),
-            (self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be >= 1", self.max_num_batched_tokens),
-            (self.kv_cache_bytes is None or self.kv_cache_bytes > 0, "kv_cache_bytes", "must be > 0", self.kv_cache_bytes),
-            (self.num_kv_blocks is None or self.num_kv_blocks >= 1, "num_kv_blocks", "must be >= 1", self.num_kv_blocks),
-            (0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", "must be in (0, 1]", self.gpu_memory_utilization),
-            (self.attention_backend in ("auto", "sdpa", "flash_attn"), "attention_backend",
-             "must be 'auto', 'sdpa' or 'flash_attn'", self.attention_backend),
+            (
+                self.max_model_len is None or self.max_model_len >= 1,
+                "max_model_len",
+                "must be >= 1",
+                self.max_model_len,
+            ),
+            (
+                self.max_num_batched_tokens >= 1,
+                "max_num_batched_tokens",
+                "must be >= 1",
+                self.max_num_batched_tokens,
+            ),
+            (
+                self.kv_cache_bytes is None or self.kv_cache_bytes > 0,
+                "kv_cache_bytes",
+                "must be > 0",
+                self.kv_cache_bytes,
+            ),
+            (
+                self.num_kv_blocks is None or self.num_kv_blocks >= 1,
+                "num_kv_blocks",
+                "must be >= 1",
+                self.num_kv_blocks,
+            ),
+            (
+                0.0 < self.gpu_memory_utilization <= 1.0,
+                "gpu_memory_utilization",
+                "must be in (0, 1]",
+                self.gpu_memory_utilization,
+            ),
+            (
+                self.attention_backend in ("auto", "sdpa", "flash_attn"),
+                "attention_backend",
+                "must be 'auto', 'sdpa' or 'flash_attn'",
+                self.attention_backend,
+            ),
             (self.max_logprobs >= 0, "max_logprobs", "must be >= 0", self.max_logprobs),
         ]
         for ok, name, requirement, value in checks:

@@ -51,7 +51,10 @@ def _cuda_budget(config: ExecutorConfig, device: torch.device, profile_forward: 
     budget = int(total * config.gpu_memory_utilization - in_use - activation_peak)
     logger.info(
         "CUDA memory: total %.2f GiB, in use %.2f GiB, activation peak %.2f GiB -> KV budget %.2f GiB",
-        total / 2**30, in_use / 2**30, activation_peak / 2**30, budget / 2**30,
+        total / 2**30,
+        in_use / 2**30,
+        activation_peak / 2**30,
+        budget / 2**30,
     )
     if budget <= 0:
         raise KVCacheTooSmallError(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 import numpy as np
 import torch
@@ -54,22 +54,36 @@ class ModelRunner:
             dtype=loaded.dtype,
         )
         num_blocks = decide_num_blocks(
-            config, self.kv_shape, self.device, config.max_num_seqs * self.max_blocks_per_seq, self._profile_forward
+            config,
+            self.kv_shape,
+            self.device,
+            config.max_num_seqs * self.max_blocks_per_seq,
+            self._profile_forward,
         )
         self.kv_cache = PagedKVCache(self.kv_shape, num_blocks, self.device)
         logger.info(
             "KV cache: %d blocks of %d tokens (%.1f MiB), attention backend %s",
-            num_blocks, self.block_size, self.kv_cache.num_bytes / 2**20, self.attention_backend.name,
+            num_blocks,
+            self.block_size,
+            self.kv_cache.num_bytes / 2**20,
+            self.attention_backend.name,
         )
         self.batch = PersistentBatch(
-            config.max_num_seqs, self.max_blocks_per_seq, model_config.vocab_size, self.device, loaded.eos_token_ids
+            config.max_num_seqs,
+            self.max_blocks_per_seq,
+            model_config.vocab_size,
+            self.device,
+            loaded.eos_token_ids,
         )
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(self.batch.sampling, self.generator)
 
     @classmethod
-    def from_pretrained(cls, path: Union[str, Path], config: ExecutorConfig = ExecutorConfig()) -> "ModelRunner":
+    def from_pretrained(
+        cls, path: Union[str, Path], config: Optional[ExecutorConfig] = None
+    ) -> "ModelRunner":
         """Load the checkpoint folder ``path`` (or dummy weights) and build a runner."""
+        config = config if config is not None else ExecutorConfig()
         loaded = load_model(
             path, dtype=config.dtype, device=config.device, load_format=config.load_format, seed=config.seed
         )
@@ -105,7 +119,9 @@ class ModelRunner:
             logits_indices = _to_device(plan.logits_indices, torch.int64, device)
             logits = self.model.compute_logits(hidden.index_select(0, logits_indices))
             sample_rows = _to_device(plan.sample_rows, torch.int64, device)
-            result = self.sampler.sample(logits, plan.sample_rows, positions[logits_indices] + 1, self.batch.history)
+            result = self.sampler.sample(
+                logits, plan.sample_rows, positions[logits_indices] + 1, self.batch.history
+            )
             self.batch.record_sampled(plan.sample_rows, sample_rows, result.token_ids)
             output.sampled_token_ids = result.token_ids.cpu().numpy()
             output.logprobs = result.logprobs

@@ -64,7 +64,9 @@ class PersistentBatch:
         try:
             request_params = [params[int(seq_id)] for seq_id in plan.new_seq_ids.tolist()]
         except KeyError as error:
-            raise PlanStateError(f"plan {plan.step_id}: no parameters given for new sequence {error.args[0]}") from None
+            raise PlanStateError(
+                f"plan {plan.step_id}: no parameters given for new sequence {error.args[0]}"
+            ) from None
         is_sampling = np.array([isinstance(p, SamplingParams) for p in request_params], dtype=bool)
         sampling_rows = rows[is_sampling]
         self.sampling.install(sampling_rows, [p for p in request_params if isinstance(p, SamplingParams)])

@@ -29,7 +29,9 @@ def pool_hidden_states(
         token_index = np.concatenate([np.arange(starts[i], ends[i]) for i in mean_rows])
         segment = np.repeat(np.arange(mean_rows.size), lengths)
         sums = torch.zeros(mean_rows.size, hidden.shape[1], device=device)
-        sums.index_add_(0, torch.from_numpy(segment).to(device), hidden[torch.from_numpy(token_index).to(device)].float())
+        sums.index_add_(
+            0, torch.from_numpy(segment).to(device), hidden[torch.from_numpy(token_index).to(device)].float()
+        )
         pooled[torch.from_numpy(mean_rows).to(device)] = sums / torch.from_numpy(lengths).to(device)[:, None]
     normalize = np.array([p.normalize for p in params], dtype=bool)
     if normalize.any():

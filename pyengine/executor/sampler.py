@@ -93,7 +93,9 @@ class Sampler:
         return token_ids, processed
 
 
-def mask_stop_tokens(logits: torch.Tensor, positions: np.ndarray, rows: np.ndarray, table: SamplingTable) -> torch.Tensor:
+def mask_stop_tokens(
+    logits: torch.Tensor, positions: np.ndarray, rows: np.ndarray, table: SamplingTable
+) -> torch.Tensor:
     """min_tokens: forbid EOS / stop tokens for the rows at ``positions`` (few rows, rare)."""
     stop_ids = [table.min_tokens_stop_ids.get(int(rows[i]), np.zeros(0, dtype=np.int64)) for i in positions]
     lengths = [ids.size for ids in stop_ids]
@@ -132,7 +134,9 @@ def compute_logprobs(processed: torch.Tensor, token_ids: torch.Tensor, wanted: n
     """Top-k logprobs of the final distribution, plus the sampled token's logprob and rank."""
     logprobs = torch.log_softmax(processed, dim=-1)
     k = int(wanted.max())
-    top_logprobs, top_ids = logprobs.topk(k, dim=-1) if k > 0 else (logprobs[:, :0], token_ids[:, None][:, :0])
+    top_logprobs, top_ids = (
+        logprobs.topk(k, dim=-1) if k > 0 else (logprobs[:, :0], token_ids[:, None][:, :0])
+    )
     sampled = logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
     ranks = (logprobs > sampled.unsqueeze(1)).sum(dim=-1) + 1
     return LogprobsOutput(

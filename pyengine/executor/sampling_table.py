@@ -15,7 +15,14 @@ import torch
 
 from pyengine.sampling_params import SamplingParams
 
-_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+_FLOAT_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
 
 
 class SamplingTable:
@@ -57,7 +64,8 @@ class SamplingTable:
         self.uses_top_k_top_p[rows] = [p.effective_top_k > 0 or p.top_p < 1.0 for p in params]
         self.uses_min_p[rows] = [p.min_p > 0.0 for p in params]
         self.uses_penalties[rows] = [
-            p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params
+            p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+            for p in params
         ]
         self.has_seed[rows] = [p.seed is not None for p in params]
         self.logprobs[rows] = [-1 if p.logprobs is None else p.logprobs for p in params]

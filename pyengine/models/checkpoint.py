@@ -42,7 +42,9 @@ def checkpoint_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
         with safe_open(str(path), framework="pt") as handle:
             for name in handle.keys():
                 if name in shapes:
-                    raise ModelLoadError(f"tensor {name} appears in more than one checkpoint file ({path.name})")
+                    raise ModelLoadError(
+                        f"tensor {name} appears in more than one checkpoint file ({path.name})"
+                    )
                 shapes[name] = tuple(handle.get_slice(name).get_shape())
     return shapes
 

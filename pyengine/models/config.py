@@ -152,7 +152,9 @@ def _refuse_unsupported_features(raw: dict[str, Any], architecture: str, max_pos
         )
     layer_types = raw.get("layer_types")
     if layer_types and any(kind != "full_attention" for kind in layer_types):
-        raise UnsupportedModelError(f"layer_types: only 'full_attention' layers are supported, got {sorted(set(layer_types))}")
+        raise UnsupportedModelError(
+            f"layer_types: only 'full_attention' layers are supported, got {sorted(set(layer_types))}"
+        )
 
 
 def _rope_config(raw: dict[str, Any]) -> RopeConfig:

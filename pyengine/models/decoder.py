@@ -32,7 +32,9 @@ class DecoderLayer(torch.nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GatedMLP(config, parallel)
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: AttentionOp) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: AttentionOp
+    ) -> torch.Tensor:
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, attention)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
@@ -64,7 +66,11 @@ class DecoderForCausalLM(torch.nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # A tied model has no LM head parameter of its own (see ``output_embedding``).
-        self.lm_head = None if config.tie_word_embeddings else torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings)
 
     @property
@@ -81,7 +87,9 @@ class DecoderForCausalLM(torch.nn.Module):
     def num_heads(self) -> int:
         return self.layers[0].self_attn.num_heads
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionOp) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionOp
+    ) -> torch.Tensor:
         """Final-normed hidden states [T, hidden] for a flat batch of tokens."""
         hidden = self.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, hidden.dtype)
@@ -95,7 +103,11 @@ class DecoderForCausalLM(torch.nn.Module):
 
     def weight_slots(self) -> dict[str, WeightSlot]:
         """Every checkpoint tensor the model needs, by Hugging Face name."""
-        slots = {"model.embed_tokens.weight": WeightSlot(self.embed_tokens.weight, tuple(self.embed_tokens.weight.shape))}
+        slots = {
+            "model.embed_tokens.weight": WeightSlot(
+                self.embed_tokens.weight, tuple(self.embed_tokens.weight.shape)
+            )
+        }
         for index, layer in enumerate(self.layers):
             slots.update(layer.slots(f"model.layers.{index}"))
         slots.update(self.norm.slots("model.norm.weight"))

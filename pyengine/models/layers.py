@@ -65,7 +65,9 @@ class RMSNorm(torch.nn.Module):
 class ColumnParallelLinear(torch.nn.Module):
     """y = x W^T (+ b) where this rank owns a slice of every part of the output features."""
 
-    def __init__(self, input_size: int, output_sizes: list[int], bias: bool, parallel: ParallelContext) -> None:
+    def __init__(
+        self, input_size: int, output_sizes: list[int], bias: bool, parallel: ParallelContext
+    ) -> None:
         super().__init__()
         self.parallel = parallel
         self.output_sizes = list(output_sizes)
@@ -82,7 +84,9 @@ class ColumnParallelLinear(torch.nn.Module):
         slots = {}
         offset = 0
         for name, full, local in zip(names, self.output_sizes, self.local_sizes):
-            slots[f"{name}.weight"] = WeightSlot(self.weight, (full, self.input_size), shard_dim=0, row_offset=offset)
+            slots[f"{name}.weight"] = WeightSlot(
+                self.weight, (full, self.input_size), shard_dim=0, row_offset=offset
+            )
             if self.bias is not None:
                 slots[f"{name}.bias"] = WeightSlot(self.bias, (full,), shard_dim=0, row_offset=offset)
             offset += local
@@ -96,7 +100,9 @@ class RowParallelLinear(torch.nn.Module):
         super().__init__()
         self.parallel = parallel
         self.input_size = input_size
-        self.weight = torch.nn.Parameter(torch.empty(output_size, parallel.shard(input_size, "input features")))
+        self.weight = torch.nn.Parameter(
+            torch.empty(output_size, parallel.shard(input_size, "input features"))
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.parallel.all_reduce(F.linear(x, self.weight))
@@ -112,7 +118,9 @@ class GatedMLP(torch.nn.Module):
     def __init__(self, config: DecoderConfig, parallel: ParallelContext) -> None:
         super().__init__()
         inter = config.intermediate_size
-        self.gate_up_proj = ColumnParallelLinear(config.hidden_size, [inter, inter], bias=False, parallel=parallel)
+        self.gate_up_proj = ColumnParallelLinear(
+            config.hidden_size, [inter, inter], bias=False, parallel=parallel
+        )
         self.down_proj = RowParallelLinear(inter, config.hidden_size, parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -137,11 +145,17 @@ class DecoderAttention(torch.nn.Module):
         self.num_kv_heads = parallel.shard(config.num_key_value_heads, "num_key_value_heads")
         q_size = config.num_attention_heads * config.head_dim
         kv_size = config.num_key_value_heads * config.head_dim
-        self.qkv_proj = ColumnParallelLinear(config.hidden_size, [q_size, kv_size, kv_size], config.qkv_bias, parallel)
+        self.qkv_proj = ColumnParallelLinear(
+            config.hidden_size, [q_size, kv_size, kv_size], config.qkv_bias, parallel
+        )
         self.o_proj = RowParallelLinear(q_size, config.hidden_size, parallel)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
-        self._split = [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim]
+        self._split = [
+            self.num_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+        ]
 
     def forward(
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: AttentionOp

@@ -28,7 +28,13 @@ LoadFormat = Literal["auto", "safetensors", "dummy"]
 DTypeName = Union[str, torch.dtype]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_DTYPE_ALIASES = {"float": "float32", "fp32": "float32", "bf16": "bfloat16", "half": "float16", "fp16": "float16"}
+_DTYPE_ALIASES = {
+    "float": "float32",
+    "fp32": "float32",
+    "bf16": "bfloat16",
+    "half": "float16",
+    "fp16": "float16",
+}
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,7 @@ class LoadedModel:
 
 
 def resolve_dtype(dtype: DTypeName, device: torch.device) -> torch.dtype:
-    """"auto" = float32 on CPU, bfloat16 on CUDA when supported (else float16)."""
+    """ "auto" = float32 on CPU, bfloat16 on CUDA when supported (else float16)."""
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
@@ -110,7 +116,10 @@ def load_model(
 
 
 def instantiate_model(
-    config: DecoderConfig, dtype: torch.dtype, device: torch.device, parallel: Optional[ParallelContext] = None
+    config: DecoderConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    parallel: Optional[ParallelContext] = None,
 ) -> DecoderForCausalLM:
     """Allocate the model's parameters (uninitialised) directly on ``device`` in ``dtype``."""
     with torch.device("meta"):
@@ -139,7 +148,9 @@ def load_checkpoint_weights(model: DecoderForCausalLM, folder: Path) -> None:
     shapes = checkpoint_shapes(files)
     slots = model.weight_slots()
     missing = sorted(name for name in slots if name not in shapes)
-    unexpected = sorted(name for name in shapes if name not in slots and not model.is_ignorable_checkpoint_tensor(name))
+    unexpected = sorted(
+        name for name in shapes if name not in slots and not model.is_ignorable_checkpoint_tensor(name)
+    )
     wrong_shapes = sorted(
         (name, slot.checkpoint_shape, shapes[name])
         for name, slot in slots.items()

@@ -22,12 +22,16 @@ class ParallelContext:
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank must be in [0, world_size), got rank={self.rank} world_size={self.world_size}")
+            raise ValueError(
+                f"rank must be in [0, world_size), got rank={self.rank} world_size={self.world_size}"
+            )
 
     def shard(self, size: int, what: str) -> int:
         """This rank's share of a dimension that must split evenly (e.g. heads)."""
         if size % self.world_size != 0:
-            raise UnsupportedModelError(f"{what} ({size}) is not divisible by the tensor-parallel size {self.world_size}")
+            raise UnsupportedModelError(
+                f"{what} ({size}) is not divisible by the tensor-parallel size {self.world_size}"
+            )
         return size // self.world_size
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:

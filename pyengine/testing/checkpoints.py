@@ -14,31 +14,64 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from pyengine.testing.tokenizer_factory import EOS_TOKEN, IM_END_TOKEN, BOS_TOKEN, save_tokenizer
+from pyengine.testing.tokenizer_factory import BOS_TOKEN, EOS_TOKEN, IM_END_TOKEN, save_tokenizer
 
 # Small shapes that still exercise GQA, explicit head_dim, biases and rope scaling.
 TINY_ARCHITECTURES: dict[str, dict[str, Any]] = {
     "llama": dict(
-        config_class="LlamaConfig", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+        config_class="LlamaConfig",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
     ),
     "llama3": dict(
-        config_class="LlamaConfig", hidden_size=96, intermediate_size=160, num_hidden_layers=2,
-        num_attention_heads=6, num_key_value_heads=3, tie_word_embeddings=True,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+        config_class="LlamaConfig",
+        hidden_size=96,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=3,
+        tie_word_embeddings=True,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
     ),
     "mistral": dict(
-        config_class="MistralConfig", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=1, sliding_window=None, tie_word_embeddings=False,
+        config_class="MistralConfig",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        sliding_window=None,
+        tie_word_embeddings=False,
     ),
     "qwen2": dict(
-        config_class="Qwen2Config", hidden_size=80, intermediate_size=144, num_hidden_layers=2,
-        num_attention_heads=5, num_key_value_heads=5, tie_word_embeddings=True,
+        config_class="Qwen2Config",
+        hidden_size=80,
+        intermediate_size=144,
+        num_hidden_layers=2,
+        num_attention_heads=5,
+        num_key_value_heads=5,
+        tie_word_embeddings=True,
     ),
     "qwen3": dict(
-        config_class="Qwen3Config", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
+        config_class="Qwen3Config",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        tie_word_embeddings=False,
     ),
 }
 
@@ -84,7 +117,10 @@ def make_tiny_checkpoint(
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     save_kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(folder, **save_kwargs)
-    generation = {"eos_token_id": [token_ids[EOS_TOKEN], token_ids[IM_END_TOKEN]], "bos_token_id": token_ids[BOS_TOKEN]}
+    generation = {
+        "eos_token_id": [token_ids[EOS_TOKEN], token_ids[IM_END_TOKEN]],
+        "bos_token_id": token_ids[BOS_TOKEN],
+    }
     (folder / "generation_config.json").write_text(json.dumps(generation, indent=2))
     return folder
 

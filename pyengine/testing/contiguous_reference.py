@@ -56,7 +56,9 @@ class _UniformStepAttention:
 
 
 @torch.inference_mode()
-def contiguous_step(model: DecoderForCausalLM, cache: ContiguousKVCache, token_ids: torch.Tensor) -> torch.Tensor:
+def contiguous_step(
+    model: DecoderForCausalLM, cache: ContiguousKVCache, token_ids: torch.Tensor
+) -> torch.Tensor:
     """Run ``token_ids`` [batch, n] (the next n tokens of every sequence); logits of the last.
 
     Returns float32 logits ``[batch, vocab]`` and advances the cache by n.

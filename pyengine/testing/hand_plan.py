@@ -81,7 +81,9 @@ class HandPlanner:
         seq_id = self._next_seq_id
         self._next_seq_id += 1
         self.params[seq_id] = params
-        self._sequences[seq_id] = _Sequence(seq_id, list(prompt), len(prompt), isinstance(params, PoolingParams))
+        self._sequences[seq_id] = _Sequence(
+            seq_id, list(prompt), len(prompt), isinstance(params, PoolingParams)
+        )
         return seq_id
 
     def finish(self, seq_id: int) -> None:
@@ -155,7 +157,9 @@ class HandPlanner:
             first_of_decode = index == start and start >= seq.num_prompt
             if token is None or (first_of_decode and self.use_placeholders and seq.sampled_in_last_plan):
                 if not (first_of_decode and seq.sampled_in_last_plan):
-                    raise HandPlanError(f"sequence {seq.seq_id}: token {index} unknown and not a valid placeholder")
+                    raise HandPlanError(
+                        f"sequence {seq.seq_id}: token {index} unknown and not a valid placeholder"
+                    )
                 token = PLACEHOLDER_TOKEN
             ids.append(token)
         samples = start + count == len(seq.tokens) and not seq.pooling
@@ -196,7 +200,9 @@ class _PlanBuilder:
         self.new.append(seq)
         self.new_tokens.append([t for t in seq.tokens if t is not None])
 
-    def add_scheduled(self, seq: _Sequence, ids: list[int], start: int, new_blocks: list[int], samples: bool) -> None:
+    def add_scheduled(
+        self, seq: _Sequence, ids: list[int], start: int, new_blocks: list[int], samples: bool
+    ) -> None:
         index = len(self.rows)
         self.rows.append(seq.row)
         self.counts.append(len(ids))
@@ -205,7 +211,9 @@ class _PlanBuilder:
             position = start + offset
             self.input_ids.append(token)
             self.positions.append(position)
-            self.slots.append(seq.blocks[position // self.block_size] * self.block_size + position % self.block_size)
+            self.slots.append(
+                seq.blocks[position // self.block_size] * self.block_size + position % self.block_size
+            )
         self.table_writes.extend((seq.row, col, seq.blocks[col]) for col in new_blocks)
         if samples:
             self.logits_indices.append(len(self.input_ids) - 1)

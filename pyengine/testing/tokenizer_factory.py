@@ -63,8 +63,14 @@ def save_tokenizer(folder: Path, vocab_size: int) -> dict[str, int]:
         "model_max_length": 4096,
         "chat_template": CHAT_TEMPLATE,
         "added_tokens_decoder": {
-            str(ids[token]): {"content": token, "special": True, "lstrip": False, "rstrip": False,
-                              "normalized": False, "single_word": False}
+            str(ids[token]): {
+                "content": token,
+                "special": True,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "single_word": False,
+            }
             for token in SPECIAL_TOKENS
         },
     }

@@ -66,7 +66,9 @@ class FlashStepAttention:
         self.slot_mapping = layout.slot_mapping
         seq_lens = layout.seq_lens.astype(np.int64)
         self.cu_seqlens_q = torch.from_numpy(layout.query_start_loc.astype(np.int32)).to(device)
-        self.cu_seqlens_k = torch.from_numpy(np.concatenate([[0], np.cumsum(seq_lens)]).astype(np.int32)).to(device)
+        self.cu_seqlens_k = torch.from_numpy(np.concatenate([[0], np.cumsum(seq_lens)]).astype(np.int32)).to(
+            device
+        )
         self.max_seqlen_q = int(layout.num_scheduled_tokens.max())
         self.max_seqlen_k = int(seq_lens.max())
         self.paged = paged

@@ -28,7 +28,6 @@ import torch.nn.functional as F
 from pyengine.executor.attention.metadata import StepAttentionLayout
 from pyengine.executor.kv_cache import PagedKVCache
 
-
 # Gathered keys of one CPU tile should stay in the cores' caches (per intra-op thread).
 CPU_TILE_BYTES = 2**20
 
@@ -85,9 +84,13 @@ class SdpaStepAttention:
             return self._attend_single(single, q, key_blocks, value_blocks)
         out = torch.empty_like(q)
         if single is not None:
-            out[single.token_indices] = self._attend_single(single, q[single.token_indices], key_blocks, value_blocks)
+            out[single.token_indices] = self._attend_single(
+                single, q[single.token_indices], key_blocks, value_blocks
+            )
         for chunk in self.chunks:
-            out[chunk.token_start : chunk.token_end] = self._attend_chunk(chunk, q, k, v, key_blocks, value_blocks)
+            out[chunk.token_start : chunk.token_end] = self._attend_chunk(
+                chunk, q, k, v, key_blocks, value_blocks
+            )
         return out
 
     def _attend_single(
@@ -107,14 +110,22 @@ class SdpaStepAttention:
             scores.masked_fill_(~group.mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         if group.value_index is None:  # same for every layer: built once per step
-            group.value_index, group.bag_offsets = _value_bags(group.tables, group.width, group.kv_len, self.cache, heads)
+            group.value_index, group.bag_offsets = _value_bags(
+                group.tables, group.width, group.kv_len, self.cache, heads
+            )
         value_table = value_blocks.reshape(-1, head_dim)  # a view: [slots * kv_heads, head_dim]
         out = F.embedding_bag(
-            group.value_index, value_table, group.bag_offsets, mode="sum", per_sample_weights=probs.reshape(-1)
+            group.value_index,
+            value_table,
+            group.bag_offsets,
+            mode="sum",
+            per_sample_weights=probs.reshape(-1),
         )
         return out.view(rows, heads, head_dim).to(q.dtype)
 
-    def _tiled_scores(self, group: _SingleQueryGroup, grouped_q: torch.Tensor, key_blocks: torch.Tensor) -> torch.Tensor:
+    def _tiled_scores(
+        self, group: _SingleQueryGroup, grouped_q: torch.Tensor, key_blocks: torch.Tensor
+    ) -> torch.Tensor:
         """q . k for every context position: ``[rows, kv_heads, group, kv_len]``."""
         rows, kv_heads, group_size, head_dim = grouped_q.shape
         scores = grouped_q.new_empty((rows, kv_heads, group_size, group.kv_len))
@@ -125,7 +136,9 @@ class SdpaStepAttention:
             gathered = torch.index_select(key_blocks, 0, ids, out=buffer[: ids.numel()])
             keys = gathered.view(end - start, -1, kv_heads, head_dim)[:, : group.kv_len]
             for head in range(kv_heads):
-                torch.bmm(grouped_q[start:end, head], keys[:, :, head].transpose(1, 2), out=scores[start:end, head])
+                torch.bmm(
+                    grouped_q[start:end, head], keys[:, :, head].transpose(1, 2), out=scores[start:end, head]
+                )
         return scores
 
     def _attend_chunk(
@@ -155,7 +168,11 @@ def _gather_rows(
 ) -> torch.Tensor:
     """Blocks of ``rows`` sequences -> ``[rows, kv_heads, length, head_dim]`` (a strided view)."""
     _, block_size, kv_heads, head_dim = blocks.shape
-    gathered = torch.index_select(blocks, 0, block_ids, out=out) if out is not None else blocks.index_select(0, block_ids)
+    gathered = (
+        torch.index_select(blocks, 0, block_ids, out=out)
+        if out is not None
+        else blocks.index_select(0, block_ids)
+    )
     return gathered.view(rows, -1, kv_heads, head_dim)[:, :length].transpose(1, 2)
 
 
@@ -179,7 +196,9 @@ def _value_bags(
     rows = tables.shape[0]
     block_size, kv_heads = cache.block_size, cache.shape.num_kv_heads
     positions = torch.arange(kv_len, device=device)
-    slots = tables[:, :width].to(torch.int64)[:, positions // block_size] * block_size + positions % block_size
+    slots = (
+        tables[:, :width].to(torch.int64)[:, positions // block_size] * block_size + positions % block_size
+    )
     kv_head_of_query_head = torch.arange(num_heads, device=device) // (num_heads // kv_heads)
     index = slots[:, None, :] * kv_heads + kv_head_of_query_head[None, :, None]
     offsets = torch.arange(0, rows * num_heads * kv_len, kv_len, device=device)
@@ -201,7 +220,9 @@ def _single_query_group(layout: StepAttentionLayout, cache: PagedKVCache) -> Opt
     mask = None
     if int(lengths.min()) != kv_len:
         lengths_t = torch.from_numpy(lengths.astype(np.int64)).to(device)
-        mask = (torch.arange(kv_len, device=device)[None, :] < lengths_t[:, None]).view(single.size, 1, 1, kv_len)
+        mask = (torch.arange(kv_len, device=device)[None, :] < lengths_t[:, None]).view(
+            single.size, 1, 1, kv_len
+        )
     token_indices = None
     if not everything:
         token_indices = torch.from_numpy(layout.query_start_loc[single].astype(np.int64)).to(device)

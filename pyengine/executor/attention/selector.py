@@ -19,7 +19,9 @@ class AttentionBackendUnavailableError(RuntimeError):
     """A forced backend cannot run here (flash-attn missing, or not on CUDA)."""
 
 
-def select_attention_backend(requested: str, device: torch.device, dtype: torch.dtype) -> AttentionBackendChoice:
+def select_attention_backend(
+    requested: str, device: torch.device, dtype: torch.dtype
+) -> AttentionBackendChoice:
     """``requested`` is "auto", "sdpa" or "flash_attn"; "auto" prefers flash-attn on CUDA."""
     if requested == "sdpa":
         logger.info("attention backend: sdpa (forced by configuration)")
@@ -28,7 +30,9 @@ def select_attention_backend(requested: str, device: torch.device, dtype: torch.
     flash_problem = _flash_problem(flash is not None, device, dtype)
     if requested == "flash_attn":
         if flash_problem:
-            raise AttentionBackendUnavailableError(f"attention_backend='flash_attn' cannot be used: {flash_problem}")
+            raise AttentionBackendUnavailableError(
+                f"attention_backend='flash_attn' cannot be used: {flash_problem}"
+            )
         logger.info("attention backend: flash_attn (forced by configuration)")
         return FlashAttentionBackend(flash)
     if requested != "auto":
