@@ -27,6 +27,7 @@ from pyengine.engine.request_state import OutputKind, OutputSink, RequestState
 from pyengine.errors import EngineDeadError, InvalidRequestError
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
+from pyengine.output import DecodeTable, TextStream
 from pyengine.outputs import EngineStats
 from pyengine.sampling_params import PoolingParams, SamplingParams
 
@@ -42,10 +43,14 @@ def resolve_model_path(config: EngineConfig) -> Path:
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig) -> None:
+    """The engine: see the module docstring. ``runner`` replaces the model runner (a
+    synthetic executor for benchmarks and tests); by default it is loaded from
+    ``config.model``."""
+
+    def __init__(self, config: EngineConfig, runner: Optional[Any] = None) -> None:
         self.config = config
-        self.model_path = resolve_model_path(config)
-        self.runner = ModelRunner.from_pretrained(
+        self.model_path = resolve_model_path(config) if runner is None else Path("<synthetic>")
+        self.runner = runner or ModelRunner.from_pretrained(
             self.model_path,
             ExecutorConfig(
                 dtype=config.dtype,
@@ -64,6 +69,8 @@ class EngineCore:
             ),
         )
         self.tokenizer = self.runner.loaded.tokenizer
+        # Token id -> bytes, built once and shared by every sequence's text stream.
+        self.decode_table = DecodeTable.from_tokenizer(self.tokenizer) if self.tokenizer is not None else None
         self.eos_token_ids = list(self.runner.loaded.eos_token_ids)
         self.max_model_len = self.runner.max_model_len
         self.sched = SchedulerThread(
@@ -153,16 +160,8 @@ class EngineCore:
             )
             self.registry.add(state)
 
-    def _text_stream(self, prompt_token_ids: list[int], params: SamplingParams) -> Any:
-        from pyengine.output.text_stream import TextStream
-
-        return TextStream(
-            self.tokenizer,
-            prompt_token_ids,
-            skip_special_tokens=params.skip_special_tokens,
-            stop=params.stop_strings,
-            include_stop_str_in_output=params.include_stop_str_in_output,
-        )
+    def _text_stream(self, prompt_token_ids: list[int], params: SamplingParams) -> TextStream:
+        return TextStream.from_sampling_params(self.decode_table, prompt_token_ids, params)
 
     def abort(self, request_id: str) -> None:
         """Aborts a request at any stage; its sink receives a final output with

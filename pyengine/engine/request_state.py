@@ -106,8 +106,9 @@ class RequestState:
             sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + logprobs.get(token, 0.0)
         if sample.stream is None:
             return None
-        delta = sample.stream.add([token])
-        sample.text = sample.stream.text
+        delta = sample.stream.add((token,))
+        if delta.text:
+            sample.text += delta.text
         return delta.stopped
 
     def finish_sample(self, sample: SampleState, reason: str, stop_reason: Union[int, str, None] = None) -> None:
@@ -116,8 +117,7 @@ class RequestState:
         sample.finish_reason = reason
         sample.stop_reason = stop_reason
         if sample.stream is not None:
-            sample.stream.finish()
-            sample.text = sample.stream.text
+            sample.text += sample.stream.finish()
         elif isinstance(self.params, SamplingParams) and self.params.detokenize:
             sample.text = self._decode_text(sample.token_ids, self.params.skip_special_tokens)
         self.unfinished -= 1

@@ -1,0 +1,181 @@
+"""Offline throughput: pyengine next to transformers and a plain PyTorch lower bound.
+
+Model: Qwen3-shaped random checkpoint (hidden 256, 4 layers, 4 heads / 2 KV heads,
+vocab 4096, float32, CPU). Workload: ``--num-requests`` prompts of 64-512 random tokens,
+each asking for 64, 128, 192 or 256 output tokens (ignore_eos, greedy, fixed seed).
+Measured in one run, output tokens per second:
+
+- ``pyengine``: ``LLM.generate`` on the whole workload (engine start-up not timed).
+- ``hf_generate``: transformers' ``generate`` in left-padded static batches of 16, grouped
+  by output length (so no batch decodes past what its requests asked for).
+- ``hf_generate_batch``: transformers' continuous batching (``generate_batch``), one call
+  per output length.
+- ``lower_bound``: the same tokens through a plain PyTorch loop over a contiguous KV cache
+  with perfect batching: total prompt tokens at the measured prefill rate plus total
+  output tokens at the measured decode rate of a full batch (``--batch``) at the
+  workload's mean context. No real scheduler can beat it.
+
+Bars: pyengine >= 75% of the lower bound and >= 3x the better transformers run.
+
+    python benches/throughput.py [--json] [--num-requests N] [--skip-hf]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pyengine import LLM, SamplingParams  # noqa: E402
+from pyengine.testing.checkpoints import make_tiny_checkpoint  # noqa: E402
+from pyengine.testing.contiguous_reference import ContiguousKVCache, contiguous_step  # noqa: E402
+
+MODEL = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)
+OUTPUT_LENGTHS = (64, 128, 192, 256)
+
+
+def workload(n: int, seed: int) -> tuple[list[list[int]], list[int]]:
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(3, 4096, int(rng.integers(64, 513))).tolist() for _ in range(n)]
+    outputs = [int(x) for x in rng.choice(OUTPUT_LENGTHS, n)]
+    return prompts, outputs
+
+
+def run_pyengine(folder: Path, prompts, outputs, max_num_seqs: int) -> tuple[float, dict]:
+    with LLM(str(folder), dtype="float32", max_num_seqs=max_num_seqs, max_model_len=1024) as llm:
+        llm.generate([prompts[0]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)  # warm-up
+        params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in outputs]
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        stats = llm.stats()
+    produced = sum(len(o.outputs[0].token_ids) for o in outs)
+    assert produced == sum(outputs)
+    threads = {name: round(v["busy_s"] / elapsed, 3) for name, v in stats.threads.items()}
+    return produced / elapsed, {"thread_busy_fraction": threads, "steps": stats.steps,
+                                "step_ms_mean": round(stats.step_time_mean_ms, 2)}
+
+
+def _hf_model(folder: Path):
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # ignore_eos
+    return model
+
+
+def run_hf_generate(folder: Path, prompts, outputs, batch: int = 16) -> float:
+    model = _hf_model(folder)
+    total, elapsed = 0, 0.0
+    with torch.inference_mode():
+        for length in OUTPUT_LENGTHS:
+            group = [p for p, m in zip(prompts, outputs) if m == length]
+            for i in range(0, len(group), batch):
+                chunk = group[i:i + batch]
+                width = max(map(len, chunk))
+                ids = torch.tensor([[0] * (width - len(p)) + p for p in chunk])
+                mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+                start = time.perf_counter()
+                out = model.generate(ids, attention_mask=mask, max_new_tokens=length, min_new_tokens=length,
+                                     do_sample=False, pad_token_id=0)
+                elapsed += time.perf_counter() - start
+                total += (out.shape[1] - width) * len(chunk)
+    return total / elapsed
+
+
+def run_hf_generate_batch(folder: Path, prompts, outputs) -> float:
+    from transformers import GenerationConfig
+
+    model = _hf_model(folder)
+    total, elapsed = 0, 0.0
+    for length in OUTPUT_LENGTHS:
+        group = [p for p, m in zip(prompts, outputs) if m == length]
+        if not group:
+            continue
+        config = GenerationConfig(max_new_tokens=length, min_new_tokens=length, do_sample=False,
+                                  eos_token_id=None, pad_token_id=0)
+        start = time.perf_counter()
+        results = model.generate_batch(inputs=group, generation_config=config, progress_bar=False)
+        elapsed += time.perf_counter() - start
+        total += sum(len(r.generated_tokens) for r in results.values())
+    return total / elapsed
+
+
+def run_lower_bound(folder: Path, prompts, outputs, batch: int) -> tuple[float, dict]:
+    with LLM(str(folder), dtype="float32", max_num_seqs=1, num_kv_blocks=8) as llm:
+        model = llm.engine.runner.model  # the same weights the engine runs
+    mean_context = int(statistics.mean(map(len, prompts)) + statistics.mean(outputs) / 2)
+    batch = min(batch, len(prompts))
+    gen = torch.Generator().manual_seed(0)
+    cache = ContiguousKVCache(model, batch, mean_context + 40)
+    context = torch.randint(3, 4096, (batch, mean_context), generator=gen)
+    for chunk in context.split(128, dim=1):
+        logits = contiguous_step(model, cache, chunk)
+    tokens = logits.argmax(-1, keepdim=True)
+    times = []
+    for _ in range(23):
+        start = time.perf_counter()
+        tokens = contiguous_step(model, cache, tokens).argmax(-1, keepdim=True)
+        times.append(time.perf_counter() - start)
+    decode_tps = batch / statistics.median(times[3:])
+    prefill_len = 256
+    prefill_cache = ContiguousKVCache(model, 8, prefill_len)
+    start = time.perf_counter()
+    contiguous_step(model, prefill_cache, torch.randint(3, 4096, (8, prefill_len), generator=gen))
+    prefill_tps = 8 * prefill_len / (time.perf_counter() - start)
+    seconds = sum(map(len, prompts)) / prefill_tps + sum(outputs) / decode_tps
+    return sum(outputs) / seconds, {"decode_tokens_per_s": round(decode_tps), "prefill_tokens_per_s": round(prefill_tps),
+                                     "batch": batch, "mean_context": mean_context}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--num-requests", type=int, default=128)
+    parser.add_argument("--max-num-seqs", type=int, default=128, help="engine batch cap (and lower-bound batch)")
+    parser.add_argument("--skip-hf", action="store_true", help="skip the transformers runs")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    logging.disable(logging.WARNING)
+    prompts, outputs = workload(args.num_requests, args.seed)
+    result: dict = {"num_requests": args.num_requests, "output_tokens": sum(outputs),
+                    "prompt_tokens": sum(map(len, prompts)), "torch_threads": torch.get_num_threads()}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = make_tiny_checkpoint(Path(tmp) / "model", "qwen3", vocab_size=4096, **MODEL)
+        result["lower_bound"], result["lower_bound_detail"] = run_lower_bound(folder, prompts, outputs, args.max_num_seqs)
+        result["pyengine"], result["pyengine_detail"] = run_pyengine(folder, prompts, outputs, args.max_num_seqs)
+        if not args.skip_hf:
+            result["hf_generate"] = run_hf_generate(folder, prompts, outputs)
+            result["hf_generate_batch"] = run_hf_generate_batch(folder, prompts, outputs)
+    for key in ("pyengine", "hf_generate", "hf_generate_batch", "lower_bound"):
+        if key in result:
+            result[key] = round(result[key], 1)
+    result["pyengine_over_lower_bound"] = round(result["pyengine"] / result["lower_bound"], 3)
+    if "hf_generate" in result:
+        result["pyengine_over_best_hf"] = round(result["pyengine"] / max(result["hf_generate"],
+                                                                         result["hf_generate_batch"]), 2)
+    if args.json:
+        print(json.dumps(result))
+        return
+    for key in ("pyengine", "hf_generate", "hf_generate_batch", "lower_bound"):
+        if key in result:
+            print(f"{key:>18}: {result[key]:10.1f} output tokens/s")
+    print(f"pyengine / lower bound = {result['pyengine_over_lower_bound']:.3f} (bar >= 0.75)")
+    if "pyengine_over_best_hf" in result:
+        print(f"pyengine / best transformers = {result['pyengine_over_best_hf']:.2f}x (bar >= 3x)")
+    print("details:", json.dumps({k: v for k, v in result.items() if k.endswith("detail")}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""A synthetic executor for the engine: no model, a fixed time per step.
+
+``SleepRunner.execute`` sleeps for ``step_seconds`` (the GIL released, like a device
+running a forward pass) and "samples" with :class:`FakeExecutor`, so the engine's
+scheduling and output work is real while the executor's cost is known exactly. Used by
+``benches/overlap.py`` and by tests of the engine's threading.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from pyengine.executor.outputs import StepOutput
+from pyengine.testing.fake_executor import FakeExecutor
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    tokenizer: Any
+    eos_token_ids: tuple[int, ...] = ()
+    tokenizer_config: dict = field(default_factory=dict)
+
+
+class SleepRunner:
+    """Stands in for ``ModelRunner``: the attributes and ``execute`` the engine uses."""
+
+    def __init__(self, step_seconds: float, num_kv_blocks: int = 65536, max_model_len: int = 4096,
+                 tokenizer_folder: Optional[Path] = None, max_rows: int = 4096) -> None:
+        from tokenizers import Tokenizer
+
+        from pyengine.testing.checkpoints import default_tiny_model
+
+        folder = tokenizer_folder or default_tiny_model()
+        tokenizer = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
+        self.loaded = _Loaded(tokenizer)
+        self.step_seconds = step_seconds
+        self.num_kv_blocks = num_kv_blocks
+        self.max_model_len = max_model_len
+        self.fake = FakeExecutor(vocab=tokenizer.get_vocab_size(), max_rows=max_rows)
+
+    def execute(self, plan: Any, params: Any) -> StepOutput:
+        sampled = self.fake.run(plan)
+        time.sleep(self.step_seconds)
+        return StepOutput(plan.step_id, sampled)
