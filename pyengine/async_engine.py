@@ -49,6 +49,13 @@ class AsyncEngine:
         self.engine = EngineCore(self.config)
         self._auto_ids = itertools.count()
 
+    @classmethod
+    def from_engine_core(cls, core: EngineCore) -> AsyncEngine:
+        """Wraps an already built engine (e.g. one with a synthetic executor)."""
+        engine = cls.__new__(cls)
+        engine.config, engine.engine, engine._auto_ids = core.config, core, itertools.count()
+        return engine
+
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer

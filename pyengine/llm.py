@@ -56,6 +56,13 @@ class LLM:
         self.engine = EngineCore(self.config)
         self._request_ids = itertools.count()
 
+    @classmethod
+    def from_engine_core(cls, core: EngineCore) -> LLM:
+        """Wraps an already built engine (e.g. one with a synthetic executor)."""
+        llm = cls.__new__(cls)
+        llm.config, llm.engine, llm._request_ids = core.config, core, itertools.count()
+        return llm
+
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 

@@ -45,3 +45,26 @@ class SleepRunner:
         sampled = self.fake.run(plan)
         time.sleep(self.step_seconds)
         return StepOutput(plan.step_id, sampled)
+
+
+class ScriptedRunner(SleepRunner):
+    """Every sequence "samples" the tokens of ``script`` in order (then repeats its last),
+    so streaming, detokenization and stop strings can be tested on exact text."""
+
+    def __init__(self, script: list[int], step_seconds: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(step_seconds, **kwargs)
+        self.script = script
+        self._prompt_len: dict[int, int] = {}
+
+    def execute(self, plan: Any, params: Any) -> StepOutput:
+        import numpy as np
+
+        for row, n in zip(plan.new_rows.tolist(), plan.new_num_prompt_tokens.tolist()):
+            self._prompt_len[row] = n
+        out = []
+        for idx, row in zip(plan.logits_indices.tolist(), plan.sample_rows.tolist()):
+            k = int(plan.positions[idx]) + 1 - self._prompt_len[row]
+            out.append(self.script[min(k, len(self.script) - 1)])
+        if self.step_seconds:
+            time.sleep(self.step_seconds)
+        return StepOutput(plan.step_id, np.array(out, dtype=np.int64))
