@@ -1,4 +1,7 @@
-"""Command line: ``python -m pyengine simulate`` (and ``pyengine simulate``)."""
+"""Command line: ``pyengine generate`` (the default), ``pyengine simulate``, ``pyengine serve``.
+
+Also ``python -m pyengine ...`` where the installed package is the one imported.
+"""
 
 from __future__ import annotations
 
@@ -7,26 +10,73 @@ import dataclasses
 import json
 import sys
 
+_DEMO_PROMPTS = [
+    "The three threads of an inference engine are",
+    "你好，世界！",
+    "Once upon a time",
+    "def fibonacci(n):",
+]
 
-def main(argv: list[str] | None = None) -> int:
+
+def _generate(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="pyengine generate",
+                                     description="generate on a checkpoint (default: the built-in tiny model)")
+    parser.add_argument("--model", default=None, help="Hugging Face checkpoint folder (default: built-in tiny)")
+    parser.add_argument("--prompt", action="append", help="a prompt (repeatable); default: a few demo prompts")
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--pipeline-depth", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    from pyengine import LLM, SamplingParams
+
+    with LLM(args.model, device=args.device, pipeline_depth=args.pipeline_depth) as llm:
+        outs = llm.generate(args.prompt or _DEMO_PROMPTS,
+                            SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=0))
+        for out in outs:
+            c = out.outputs[0]
+            print(f"--- {out.prompt!r}\n    -> {c.text!r}\n    ({len(c.token_ids)} tokens, finish: {c.finish_reason})")
+        stats = llm.stats()
+    print("--- engine stats")
+    for name, t in stats.threads.items():
+        print(f"  {name:<16} busy {t['busy_s']:.3f} s, idle {t['idle_s']:.3f} s")
+    print(f"  steps {stats.steps}, step time mean {stats.step_time_mean_ms:.2f} ms / p99 {stats.step_time_p99_ms:.2f} ms")
+    print(f"  tokens: {stats.prompt_tokens} prompt, {stats.generated_tokens} generated; "
+          f"KV blocks {stats.kv_blocks_total}, prefix-cache hit rate {stats.prefix_cache_hit_rate:.1%}, "
+          f"preemptions {stats.preemptions}")
+    return 0
+
+
+def _simulate(argv: list[str]) -> int:
     from pyengine.simulate import SimulationConfig, report, run
 
-    parser = argparse.ArgumentParser(prog="pyengine", description="pyengine command line")
-    sub = parser.add_subparsers(dest="command")
-    sim = sub.add_parser("simulate", help="run the scheduler thread on a random workload with a fake executor")
+    parser = argparse.ArgumentParser(prog="pyengine simulate",
+                                     description="the scheduler thread on a random workload, fake executor")
     for f in dataclasses.fields(SimulationConfig):
-        sim.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
-    sim.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+        parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args(argv)
-    if args.command in (None, "simulate"):
-        if args.command is None:
-            args = parser.parse_args(["simulate", *(argv or [])])
-        cfg = SimulationConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(SimulationConfig)})
-        stats = run(cfg)
-        print(json.dumps(stats) if args.json else report(stats))
+    stats = run(SimulationConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(SimulationConfig)}))
+    print(json.dumps(stats) if args.json else report(stats))
+    return 0
+
+
+def _serve(argv: list[str]) -> int:
+    from pyengine.server.cli import main as serve_main
+
+    return serve_main(argv)
+
+
+COMMANDS = {"generate": _generate, "simulate": _simulate, "serve": _serve}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print("usage: pyengine {generate,simulate,serve} [options]   (default: generate)")
         return 0
-    parser.print_help()
-    return 2
+    command = argv.pop(0) if argv and argv[0] in COMMANDS else "generate"
+    return COMMANDS[command](argv)
 
 
 if __name__ == "__main__":
