@@ -8,10 +8,9 @@ and reports accepted tokens and finished sequences as :class:`OutputEvent`. See
 
 from typing import Final, Literal, TypeAlias, final
 
-from typing_extensions import Self
-
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import Self
 
 __all__ = [
     "FINISH_REASONS",
