@@ -1,6 +1,6 @@
 //! Model-based property test of the scheduler: random sequences of add / schedule / apply /
-//! abort / finish run in lock-step against a naive model of what the executor and the
-//! output thread see.
+//! fail / abort / finish run in lock-step against a naive model of what the executor and
+//! the output thread see.
 //!
 //! The model plays the executor: it keeps each row's block table (from the plan's
 //! block-table writes), each row's known tokens (announced tokens plus its samples) and a KV
@@ -10,7 +10,10 @@
 //! store (so a block shared, cached, evicted or reallocated at the wrong time shows up as
 //! a content mismatch), and block reference counts are compared with the owners the model
 //! derives from plans and output events. Output events are checked against the stop rules
-//! (max_tokens, min_tokens, EOS, stop ids) computed independently.
+//! (max_tokens, min_tokens, EOS, stop ids) computed independently. A failed step writes
+//! poison into its slots, so KV reused from it is caught by the same content check.
+//!
+//! `PROPTEST_CASES=N` changes the case count of both properties (defaults: 512 and 256).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
