@@ -23,6 +23,7 @@ from pyengine.engine.thread_names import name_current_thread
 from pyengine.errors import EngineDeadError
 from pyengine.executor.model_runner import ModelRunner
 from pyengine.executor.outputs import LogprobsOutput
+from pyengine.sampling_params import PoolingParams, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,19 @@ class ExecutorLoop:
         finally:
             self.clock.stop()
 
+    def _new_params(self, plan) -> dict:
+        """Parameters of the plan's new sequences. Sequences whose request is already gone
+        (failed or aborted after this plan was made) get inert stand-ins: their results
+        are dropped, and the rest of the step must not fail because of them."""
+        seq_ids = plan.new_seq_ids.tolist()
+        params = self.registry.params_for(seq_ids)
+        if len(params) < len(seq_ids):
+            pooling_rows = set(plan.rows[plan.pool_indices].tolist())
+            for seq, row in zip(seq_ids, plan.new_rows.tolist()):
+                if seq not in params:
+                    params[seq] = PoolingParams() if row in pooling_rows else SamplingParams(max_tokens=1)
+        return params
+
     def _step(self, plan) -> None:
         t0 = time.perf_counter()
         if plan.new_rows.size:
@@ -93,7 +107,7 @@ class ExecutorLoop:
                 raise RuntimeError(f"injected failure in step {plan.step_id}")
             while self.hang.is_set() and not self.stopping.is_set():
                 time.sleep(0.01)
-            params = self.registry.params_for(plan.new_seq_ids.tolist()) if plan.new_seq_ids.size else {}
+            params = self._new_params(plan) if plan.new_seq_ids.size else {}
             out = self.runner.execute(plan, params)
             if out.logprobs is not None or out.pooled is not None:
                 pooled = None

@@ -33,8 +33,10 @@ class SequenceRegistry:
         return request_id in self._requests
 
     def params_for(self, seq_ids: list[int]) -> dict[int, Params]:
+        """Parameters of the given sequences that are still live (a request that failed or
+        was aborted may still be in a plan made before the scheduler heard of it)."""
         with self.lock:
-            return {s: self._params[s] for s in seq_ids}
+            return {s: self._params[s] for s in seq_ids if s in self._params}
 
     def seq(self, seq_id: int) -> Optional[tuple[RequestState, SampleState]]:
         return self._seqs.get(seq_id)
