@@ -140,12 +140,12 @@ def test_cuda_flash_attn_matches_sdpa(checkpoint, block_size):
     assert agreement > 0.9  # bfloat16 kernels may flip a near-tie; most tokens must agree
 
 
-def test_cpu_tiled_decode_matches_one_tile(checkpoint, monkeypatch):
+def test_cpu_key_tiles_match_one_tile(checkpoint, monkeypatch):
     import pyengine.executor.attention.sdpa as sdpa
 
-    config = ExecutorConfig(max_num_seqs=4, max_model_len=256, num_kv_blocks=64)
+    config = ExecutorConfig(max_num_seqs=4, max_model_len=256, num_kv_blocks=64, dtype="bfloat16")
     expected_tokens, expected_logits = _generate(ModelRunner.from_pretrained(checkpoint, config), 16)
-    monkeypatch.setattr(sdpa, "CPU_TILE_BYTES", 1)  # one row per tile
+    monkeypatch.setattr(sdpa, "CPU_TILE_BYTES", 1)  # one row per key tile (bfloat16 uses tiles)
     tokens, logits = _generate(ModelRunner.from_pretrained(checkpoint, config), 16)
     assert tokens == expected_tokens
     for ours, theirs in zip(logits, expected_logits):

@@ -7,10 +7,12 @@ Per step the sequences split into two groups:
   length mask only when the lengths differ.
 
   On CUDA their blocks are gathered into ``[rows, L, kv_heads, head_dim]`` and attended
-  in one SDPA call. On CPU, where the gather's memory traffic dominates, the keys are
-  gathered in tiles that stay in the core's cache (one reused buffer) and multiplied
-  with ``bmm``; the values are never gathered: ``embedding_bag`` sums the cache rows
-  weighted by the attention probabilities straight from the paged cache.
+  in one SDPA call. On CPU, where a gather's memory traffic would dominate, nothing is
+  gathered: in float32 the scores are ``torch.sparse.sampled_addmm`` of the queries with
+  the whole key table, evaluated only at each (row, head)'s context slots (a CSR pattern
+  built once per step); other dtypes gather keys in tiles that stay in the core's cache
+  and use ``bmm``. The values are summed straight from the paged cache by
+  ``embedding_bag``, weighted by the attention probabilities.
 - multi-token sequences (prefill chunks): one SDPA call each, causal, with the chunk's
   earlier context read from the cache. There are few of them per step and each is large,
   so the Python loop costs little next to the work.
@@ -18,6 +20,7 @@ Per step the sequences split into two groups:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -45,6 +48,7 @@ class _SingleQueryGroup:
     use_value_bags: bool  # CPU path: keys in tiles + bmm, values through embedding_bag
     value_index: Optional[torch.Tensor] = None  # [R * heads * kv_len], built by the first layer
     bag_offsets: Optional[torch.Tensor] = None  # start of each (row, query head) bag
+    score_pattern: Optional[torch.Tensor] = None  # sparse CSR [R * heads, slots * kv_heads]
 
 
 @dataclass
@@ -104,15 +108,18 @@ class SdpaStepAttention:
             values = _gather_rows(value_blocks, group.block_ids, rows, group.kv_len)
             out = F.scaled_dot_product_attention(grouped_q, keys, values, attn_mask=group.mask)
             return out.reshape(rows, heads, head_dim)
-        scores = self._tiled_scores(group, grouped_q, key_blocks)
-        scores.mul_(head_dim**-0.5)
-        if group.mask is not None:
-            scores.masked_fill_(~group.mask, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
         if group.value_index is None:  # same for every layer: built once per step
             group.value_index, group.bag_offsets = _value_bags(
                 group.tables, group.width, group.kv_len, self.cache, heads
             )
+        if q.dtype == torch.float32:
+            scores = self._sampled_scores(group, q, key_blocks)
+        else:  # CPU sampled_addmm supports float32/float64 only
+            scores = self._tiled_scores(group, grouped_q, key_blocks)
+        scores.mul_(head_dim**-0.5)
+        if group.mask is not None:
+            scores.masked_fill_(~group.mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
         value_table = value_blocks.reshape(-1, head_dim)  # a view: [slots * kv_heads, head_dim]
         out = F.embedding_bag(
             group.value_index,
@@ -122,6 +129,22 @@ class SdpaStepAttention:
             per_sample_weights=probs.reshape(-1),
         )
         return out.view(rows, heads, head_dim).to(q.dtype)
+
+    def _sampled_scores(
+        self, group: _SingleQueryGroup, q: torch.Tensor, key_blocks: torch.Tensor
+    ) -> torch.Tensor:
+        """q . k at each context slot without gathering keys: ``[rows, kv_heads, group, kv_len]``."""
+        rows, heads, head_dim = q.shape
+        kv_heads = key_blocks.shape[2]
+        if group.score_pattern is None:
+            group.score_pattern = _score_pattern(
+                group, heads, key_blocks.shape[0] * key_blocks.shape[1] * kv_heads
+            )
+        key_table = key_blocks.reshape(-1, head_dim)  # a view: [slots * kv_heads, head_dim]
+        scores = torch.sparse.sampled_addmm(
+            group.score_pattern, q.reshape(rows * heads, head_dim), key_table.t(), beta=0.0
+        )
+        return scores.values().view(rows, kv_heads, heads // kv_heads, group.kv_len)
 
     def _tiled_scores(
         self, group: _SingleQueryGroup, grouped_q: torch.Tensor, key_blocks: torch.Tensor
@@ -203,6 +226,21 @@ def _value_bags(
     index = slots[:, None, :] * kv_heads + kv_head_of_query_head[None, :, None]
     offsets = torch.arange(0, rows * num_heads * kv_len, kv_len, device=device)
     return index.reshape(-1), offsets
+
+
+def _score_pattern(group: _SingleQueryGroup, heads: int, table_rows: int) -> torch.Tensor:
+    """CSR pattern: bag (row, query head) -> the key-table rows of its context."""
+    index = group.value_index
+    row_starts = torch.arange(0, index.numel() + 1, group.kv_len, device=index.device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
+        return torch.sparse_csr_tensor(
+            row_starts,
+            index,
+            torch.zeros(index.numel(), device=index.device),
+            size=(group.num_rows * heads, table_rows),
+            check_invariants=False,
+        )
 
 
 def _single_query_group(layout: StepAttentionLayout, cache: PagedKVCache) -> Optional[_SingleQueryGroup]:
