@@ -17,6 +17,10 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use rust_sched::sim::{fake_token, uniform_requests};
 use rust_sched::{RequestSpec, Scheduler, SchedulerConfig};
 
+/// The same allocator the extension module uses (see `lib.rs`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const BLOCK_SIZE: usize = 16;
 const VOCAB: u32 = 32_000;
 

@@ -19,6 +19,13 @@ pub mod sim;
 #[cfg(feature = "python")]
 mod python;
 
+/// The extension module allocates through mimalloc: a plan's arrays are allocated every
+/// step and freed when Python drops them, and glibc's malloc turns such large, short-lived
+/// blocks into fresh mmaps and page faults at thousands of sequences.
+#[cfg(feature = "python")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 pub use block_pool::{BlockId, BlockPool, PoolUsage, PrefixCacheStats};
 pub use config::{Policy, SchedulerConfig};
 pub use engine::{EngineHandle, EngineStats};

@@ -257,3 +257,26 @@ fn a_prefix_registered_earlier_in_the_same_step_is_hit() {
     assert_eq!(p.num_scheduled_tokens, vec![11, 2]);
     assert_eq!(s.pool().prefix_stats().hit_tokens, 8);
 }
+
+#[test]
+fn a_failed_step_also_fails_later_readers_of_its_blocks() {
+    let mut cfg = config(64);
+    cfg.pipeline_depth = 2;
+    let mut s = Scheduler::new(cfg).unwrap();
+    let prefix: Vec<u32> = (100..108).collect();
+    s.add_request(request("a", [prefix.clone(), vec![1]].concat(), 4)).unwrap();
+    let p0 = s.schedule().unwrap();
+    // Admitted in the next plan, hitting the blocks p0 is still computing.
+    s.add_request(request("b", [prefix, vec![2]].concat(), 4)).unwrap();
+    let p1 = s.schedule().unwrap();
+    assert!(p1.new_seq_ids.contains(&1));
+    assert_eq!(s.pool().prefix_stats().hit_tokens, 8);
+    s.fail_step(p0.step_id).unwrap();
+    let ev = s.take_output(None);
+    assert_eq!(ev.finished_seq_ids, vec![0, 1], "b read KV that p0 never wrote");
+    assert!(ev.finish_reasons.iter().all(|&r| r == FinishReason::Error as u8));
+    s.apply_result(p1.step_id, &vec![5; p1.num_samples()]).unwrap();
+    s.check_invariants().unwrap();
+    assert_eq!(s.pool().usage().used, 0);
+    assert!(!s.has_unfinished());
+}

@@ -7,6 +7,9 @@ use crate::request::SeqState;
 
 use super::{InflightStep, Scheduler};
 
+/// How many sequences ahead `apply_result` prefetches the token vector it will append to.
+const PREFETCH_DISTANCE: usize = 8;
+
 impl Scheduler {
     /// Applies the result of the oldest in-flight step: `sampled[k]` is the token sampled
     /// for the k-th entry of that plan's `logits_indices`. A malformed result is rejected
@@ -17,7 +20,12 @@ impl Scheduler {
         self.output.token_ids.reserve(step.sampled.len());
         // One pass over the step's sequences; `sampled` follows them in order.
         let mut next_sample = 0;
-        for &slot in &step.slots {
+        for (i, &slot) in step.slots.iter().enumerate() {
+            if let Some(&ahead) = step.slots.get(i + PREFETCH_DISTANCE) {
+                if let Some(s) = self.seqs[ahead as usize].as_ref() {
+                    s.prefetch_token_tail();
+                }
+            }
             let samples_here = step.sampled.get(next_sample) == Some(&slot);
             let seq = self.seqs[slot as usize].as_mut().expect("live slot");
             seq.inflight_steps -= 1;
@@ -43,13 +51,17 @@ impl Scheduler {
                 self.end_sequence(slot, FinishReason::Pooled, None);
                 continue;
             }
-            self.release_if_idle(slot);
+            if seq.state == SeqState::Finished && seq.inflight_steps == 0 {
+                self.release_if_idle(slot);
+            }
         }
         Ok(())
     }
 
     /// The executor could not run `step_id`: every sequence in it ends with reason
-    /// `error` (sequences in it that had already ended are untouched).
+    /// `error` (sequences in it that had already ended are untouched), and so does every
+    /// sequence that reused a block the failed step was to compute (a prefix-cache hit or
+    /// a forked sibling admitted by a later plan): that KV was never written.
     pub fn fail_step(&mut self, step_id: u64) -> SchedResult<()> {
         let step = self.check_result(step_id, None)?;
         for &(block, hash) in &step.registered {
@@ -64,6 +76,19 @@ impl Scheduler {
             if seq.state == SeqState::Finished {
                 self.release_if_idle(slot);
             } else {
+                self.end_sequence(slot, FinishReason::Error, None);
+            }
+        }
+        if !step.registered.is_empty() {
+            let unwritten: std::collections::HashSet<_> = step.registered.iter().map(|&(b, _)| b).collect();
+            let readers: Vec<u32> = (0..self.seqs.len() as u32)
+                .filter(|&slot| {
+                    self.seq(slot).is_some_and(|s| {
+                        s.state != SeqState::Finished && s.blocks.iter().any(|b| unwritten.contains(b))
+                    })
+                })
+                .collect();
+            for slot in readers {
                 self.end_sequence(slot, FinishReason::Error, None);
             }
         }
