@@ -9,6 +9,7 @@
    (context 512), for each available attention backend.
 
 Usage: python benches/gpu_check.py [--json] [--skip-pytest]
+       python benches/gpu_check.py --dry-run   # CPU, tiny sizes: checks the script itself
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def greedy_tokens(runner: ModelRunner, prompts: list[list[int]], steps: int, chu
     return [planner.output_tokens(i) for i in ids]
 
 
-def parity(workdir: Path) -> dict:
+def parity(workdir: Path, device: str) -> dict:
     import transformers
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -75,18 +76,20 @@ def parity(workdir: Path) -> dict:
     results = {}
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 512, size=n).tolist() for n in (45, 9, 33)]
-    flash = import_flash_varlen() is not None
+    flash = import_flash_varlen() is not None and device == "cuda"
     for arch in ARCHES:
         path = make_tiny_checkpoint(workdir / arch, arch)
-        settings = dict(device="cuda", max_num_seqs=4, max_model_len=512, num_kv_blocks=64)
+        settings = dict(device=device, max_num_seqs=4, max_model_len=512, num_kv_blocks=64)
         sdpa32 = ModelRunner.from_pretrained(
             path, ExecutorConfig(dtype="float32", attention_backend="sdpa", **settings)
         )
         ours = [t[:32] for t in greedy_tokens(sdpa32, prompts, 36, 16)]
-        reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+        reference = (
+            transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+        )
         reference.generation_config.eos_token_id = None
         theirs = [
-            reference.generate(torch.tensor([p], device="cuda"), max_new_tokens=32, do_sample=False)[
+            reference.generate(torch.tensor([p], device=device), max_new_tokens=32, do_sample=False)[
                 0, len(p) :
             ].tolist()
             for p in prompts
@@ -114,14 +117,22 @@ def parity(workdir: Path) -> dict:
     return results
 
 
-def decode_timing(workdir: Path, backend: str, batch: int = 256, context: int = 512, steps: int = 20) -> dict:
+def decode_timing(
+    workdir: Path,
+    backend: str,
+    device: str,
+    dtype: str,
+    batch: int = 256,
+    context: int = 512,
+    steps: int = 20,
+) -> dict:
     folder = workdir / "qwen3-0.6b-shape"
     folder.mkdir(exist_ok=True)
     (folder / "config.json").write_text(json.dumps(QWEN3_06B))
     blocks_per_seq = -(-(context + steps + 8) // 16)
     config = ExecutorConfig(
-        device="cuda",
-        dtype="bfloat16",
+        device=device,
+        dtype=dtype,
         load_format="dummy",
         attention_backend=backend,
         max_num_seqs=batch,
@@ -140,7 +151,8 @@ def decode_timing(workdir: Path, backend: str, batch: int = 256, context: int = 
     while any(len(planner.output_tokens(i)) == 0 for i in range(1, batch + 1)):
         plan = planner.next_plan(max_tokens=8192)
         planner.record(plan, runner.execute(plan, planner.params).sampled_token_ids)
-    torch.cuda.synchronize()
+    if device == "cuda":
+        torch.cuda.synchronize()
     prefill_s = time.perf_counter() - prefill_start
     times = []
     for _ in range(steps + 3):
@@ -160,7 +172,8 @@ def decode_timing(workdir: Path, backend: str, batch: int = 256, context: int = 
     }
     print(result, flush=True)
     del runner
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return result
 
 
@@ -186,13 +199,27 @@ def kv_sizing(workdir: Path) -> dict:
     return result
 
 
+def dry_run() -> None:
+    """Exercise every code path of this script on CPU with tiny sizes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        results = parity(workdir, "cpu")
+        assert all(entry["sdpa_fp32_equals_transformers"] for entry in results.values()), results
+        decode_timing(workdir, "sdpa", "cpu", "float32", batch=4, context=40, steps=3)
+    print("dry run ok")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--skip-pytest", action="store_true")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes (checks the script)")
     args = parser.parse_args()
+    if args.dry_run:
+        dry_run()
+        return
     if not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA device")
     report = {
@@ -210,9 +237,9 @@ def main() -> None:
         report["pytest_attention_rc"] = code
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        report["parity"] = parity(workdir)
+        report["parity"] = parity(workdir, "cuda")
         backends = ["sdpa"] + (["flash_attn"] if report["flash_attn"] else [])
-        report["decode"] = [decode_timing(workdir, backend) for backend in backends]
+        report["decode"] = [decode_timing(workdir, backend, "cuda", "bfloat16") for backend in backends]
         report["kv_sizing"] = kv_sizing(workdir)
     if args.json:
         print(json.dumps(report))

@@ -30,8 +30,6 @@ from pyengine.models.loader import LoadedModel, load_model
 
 logger = logging.getLogger(__name__)
 
-_EMPTY_TOKENS = np.zeros(0, dtype=np.int64)
-
 
 class ModelRunner:
     """Owns the model, the KV cache, the persistent batch and the sampler (one device)."""
@@ -107,14 +105,16 @@ class ModelRunner:
         self.batch.apply_plan(plan, params)
         num_tokens = len(plan.input_ids)
         if num_tokens == 0:
-            return StepOutput(plan.step_id, _EMPTY_TOKENS)
+            return StepOutput(plan.step_id, np.zeros(0, dtype=np.int64))
         device = self.device
         rows = _to_device(plan.rows, torch.int64, device)
         input_ids = self._input_ids(plan, rows)
         positions = _to_device(plan.positions, torch.int64, device)
         layout = self._layout(plan, rows)
         hidden = self.model(input_ids, positions, self.attention_backend.bind(self.kv_cache, layout))
-        output = StepOutput(plan.step_id, _EMPTY_TOKENS, hidden_states=hidden if return_hidden else None)
+        output = StepOutput(
+            plan.step_id, np.zeros(0, dtype=np.int64), hidden_states=hidden if return_hidden else None
+        )
         if len(plan.logits_indices):
             logits_indices = _to_device(plan.logits_indices, torch.int64, device)
             logits = self.model.compute_logits(hidden.index_select(0, logits_indices))

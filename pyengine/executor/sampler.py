@@ -133,7 +133,7 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 def compute_logprobs(processed: torch.Tensor, token_ids: torch.Tensor, wanted: np.ndarray) -> LogprobsOutput:
     """Top-k logprobs of the final distribution, plus the sampled token's logprob and rank."""
     logprobs = torch.log_softmax(processed, dim=-1)
-    k = int(wanted.max())
+    k = min(int(wanted.max()), processed.shape[-1])
     top_logprobs, top_ids = (
         logprobs.topk(k, dim=-1) if k > 0 else (logprobs[:, :0], token_ids[:, None][:, :0])
     )
