@@ -49,8 +49,9 @@ class PersistentBatch:
 
     def apply_plan(self, plan: StepPlanLike, params: Mapping[int, RequestParams]) -> None:
         """Release freed rows, install new sequences, write block-table changes."""
-        for row in plan.freed_rows.tolist():
-            self.pooling.pop(row, None)
+        if self.pooling and len(plan.freed_rows):  # pooling rows are rare: skip the loop otherwise
+            for row in plan.freed_rows.tolist():
+                self.pooling.pop(row, None)
         if len(plan.new_rows):
             self._install_new_rows(plan, params)
         if len(plan.block_table_rows):

@@ -96,13 +96,13 @@ class Sampler:
 def mask_stop_tokens(
     logits: torch.Tensor, positions: np.ndarray, rows: np.ndarray, table: SamplingTable
 ) -> torch.Tensor:
-    """min_tokens: forbid EOS / stop tokens for the rows at ``positions`` (few rows, rare)."""
-    stop_ids = [table.min_tokens_stop_ids.get(int(rows[i]), np.zeros(0, dtype=np.int64)) for i in positions]
-    lengths = [ids.size for ids in stop_ids]
-    if sum(lengths) == 0:
+    """min_tokens: forbid EOS / stop tokens for the sampled entries at ``positions``."""
+    stop_ids = table.min_tokens_stop_ids[rows[positions]]  # [n, width], -1 = padding
+    entry, column = np.nonzero(stop_ids >= 0)
+    if entry.size == 0:
         return logits
-    entry_rows = torch.from_numpy(np.repeat(positions, lengths)).to(logits.device)
-    entry_tokens = torch.from_numpy(np.concatenate(stop_ids)).to(logits.device)
+    entry_rows = torch.from_numpy(positions[entry].astype(np.int64)).to(logits.device)
+    entry_tokens = torch.from_numpy(stop_ids[entry, column]).to(logits.device)
     logits = logits.clone()
     logits[entry_rows, entry_tokens] = float("-inf")
     return logits

@@ -44,7 +44,8 @@ class SamplingTable:
         # min_tokens: stop tokens are masked while a row has produced fewer outputs.
         self.min_tokens = np.zeros(max_rows, dtype=np.int64)
         self.num_generated = np.zeros(max_rows, dtype=np.int64)
-        self.min_tokens_stop_ids: dict[int, np.ndarray] = {}
+        # Per row, the ids masked while below min_tokens, padded with -1 (widened on demand).
+        self.min_tokens_stop_ids = np.full((max_rows, 0), -1, dtype=np.int64)
 
     def install(self, rows: np.ndarray, params: Sequence[SamplingParams]) -> None:
         """Write the parameters of sequences entering ``rows`` (aligned with ``params``)."""
@@ -70,11 +71,18 @@ class SamplingTable:
         self.has_seed[rows] = [p.seed is not None for p in params]
         self.logprobs[rows] = [-1 if p.logprobs is None else p.logprobs for p in params]
         self.min_tokens[rows] = [p.min_tokens for p in params]
+        self.min_tokens_stop_ids[rows] = -1
         for row, p in zip(rows.tolist(), params):
-            self.min_tokens_stop_ids.pop(row, None)
             if p.min_tokens > 0:
                 stop_ids = list(p.stop_token_ids or []) + ([] if p.ignore_eos else list(self.eos_token_ids))
-                self.min_tokens_stop_ids[row] = np.array(sorted(set(stop_ids)), dtype=np.int64)
+                self._set_stop_ids(row, sorted(set(stop_ids)))
+
+    def _set_stop_ids(self, row: int, stop_ids: list[int]) -> None:
+        width = self.min_tokens_stop_ids.shape[1]
+        if len(stop_ids) > width:
+            extra = np.full((self.min_tokens_stop_ids.shape[0], len(stop_ids) - width), -1, dtype=np.int64)
+            self.min_tokens_stop_ids = np.concatenate([self.min_tokens_stop_ids, extra], axis=1)
+        self.min_tokens_stop_ids[row, : len(stop_ids)] = stop_ids
 
     def set_generated_counts(self, rows: np.ndarray, counts: np.ndarray) -> None:
         """Outputs already produced by sequences entering ``rows`` (non-zero when resumed)."""
@@ -97,5 +105,4 @@ class SamplingTable:
         self.has_seed[rows] = False
         self.logprobs[rows] = -1
         self.min_tokens[rows] = 0
-        for row in rows.tolist():
-            self.min_tokens_stop_ids.pop(row, None)
+        self.min_tokens_stop_ids[rows] = -1
