@@ -273,7 +273,7 @@ impl Scheduler {
         if full > seq.num_registered {
             seq.update_hashes(bs);
             for i in seq.num_registered..full {
-                self.pool.register(seq.blocks[i], seq.hashes[i]);
+                self.pool.register(seq.block_at(i * bs, bs), seq.hashes[i]);
                 step.registered.push((seq.blocks[i], seq.hashes[i]));
             }
             seq.num_registered = full;
