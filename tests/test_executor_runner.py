@@ -165,3 +165,23 @@ def test_token_budget_chunks_prefill_without_changing_results(checkpoint):
             planner.record(plan, runner.execute(plan, planner.params).sampled_token_ids)
         results.append([planner.output_tokens(i)[:4] for i in ids])
     assert results[0] == results[1] and all(len(t) == 4 for t in results[1])
+
+
+def test_preempted_sequence_resumes_with_its_history(checkpoint):
+    params = SamplingParams(temperature=0.0, repetition_penalty=1.6, frequency_penalty=0.8, min_tokens=12)
+    runner = _runner(checkpoint)
+    straight = HandPlanner(num_blocks=128, max_rows=8)
+    reference = straight.add(_prompt(40, 18), params)
+    _generate(runner, straight, 16)
+    runner = _runner(checkpoint)
+    interrupted = HandPlanner(num_blocks=128, max_rows=8, seed=4)
+    other = interrupted.add(_prompt(41, 9))
+    seq_id = interrupted.add(_prompt(40, 18), params)
+    _generate(runner, interrupted, 6)
+    interrupted.preempt(seq_id)
+    interrupted.finish(other)
+    plan = interrupted.next_plan()
+    assert plan.new_num_prompt_tokens.tolist() == [18] and len(plan.new_token_ids) == 18 + 6
+    interrupted.record(plan, runner.execute(plan, interrupted.params).sampled_token_ids)
+    _generate(runner, interrupted, 9)
+    assert interrupted.output_tokens(seq_id) == straight.output_tokens(reference)

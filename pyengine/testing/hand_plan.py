@@ -96,6 +96,22 @@ class HandPlanner:
             self._free_rows.append(seq.row)
         self._free_blocks.extend(reversed(seq.blocks))
 
+    def preempt(self, seq_id: int) -> None:
+        """Preempt by recompute: free the row and blocks; the sequence re-enters later with
+        all its known tokens (prompt, then outputs) as a new sequence of the batch."""
+        seq = self._sequences.get(seq_id)
+        if seq is None:
+            raise HandPlanError(f"unknown sequence {seq_id}")
+        if None in seq.tokens[:-1]:
+            raise HandPlanError(f"sequence {seq_id}: record every step before preempting it")
+        if seq.row >= 0:
+            self._freed_rows.append(seq.row)
+            self._free_rows.append(seq.row)
+        self._free_blocks.extend(reversed(seq.blocks))
+        seq.tokens = [t for t in seq.tokens if t is not None]
+        seq.row, seq.num_computed, seq.blocks = -1, 0, []
+        seq.announced, seq.sampled_in_last_plan = False, False
+
     def tokens(self, seq_id: int) -> list[int]:
         """Known tokens of a sequence (prompt, then recorded samples)."""
         return [t for t in self._sequences[seq_id].tokens if t is not None]
