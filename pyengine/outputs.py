@@ -75,7 +75,8 @@ class EngineStats:
 
     ``threads`` maps the thread name to busy and idle seconds (idle = blocked waiting for
     work); ``scheduler`` holds the native scheduler's figures (queue lengths, KV usage,
-    prefix-cache and token counters, plan times).
+    prefix-cache and token counters, plan times); ``pipeline_bubble_s`` is the time the
+    executor waited for a plan while requests were live.
     """
 
     threads: dict[str, dict[str, float]]
@@ -93,3 +94,6 @@ class EngineStats:
     generated_tokens: int
     queue_depths: dict[str, int]
     scheduler: dict[str, float] = field(default_factory=dict)
+    # Executor waits for a plan while requests were live (pipeline bubbles).
+    pipeline_bubble_s: float = 0.0
+    pipeline_bubbles: int = 0

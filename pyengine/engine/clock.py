@@ -17,6 +17,7 @@ class ThreadClock:
         self._started: float | None = None
         self._stopped: float | None = None
         self._idle = 0.0
+        self._idle_since: float | None = None  # start of the current wait, if waiting
 
     def start(self) -> None:
         self._started = time.perf_counter()
@@ -27,18 +28,21 @@ class ThreadClock:
     @contextmanager
     def idle(self) -> Iterator[None]:
         t0 = time.perf_counter()
+        with self._lock:
+            self._idle_since = t0
         try:
             yield
         finally:
             with self._lock:
                 self._idle += time.perf_counter() - t0
+                self._idle_since = None
 
     def busy_idle(self) -> tuple[float, float]:
         if self._started is None:
             return 0.0, 0.0
         end = self._stopped if self._stopped is not None else time.perf_counter()
-        with self._lock:
-            idle = self._idle
+        with self._lock:  # a wait in progress counts as idle already: both figures only grow
+            idle = self._idle + (end - self._idle_since if self._idle_since is not None else 0.0)
         return max(0.0, end - self._started - idle), idle
 
 

@@ -226,6 +226,8 @@ class EngineCore:
                 "requests": self.num_unfinished(),
             },
             scheduler=s,
+            pipeline_bubble_s=self.executor.bubble_seconds,
+            pipeline_bubbles=self.executor.bubbles,
         )
 
     # ---- shutdown ----

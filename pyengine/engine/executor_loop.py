@@ -61,6 +61,10 @@ class ExecutorLoop:
         self.fatal: Optional[BaseException] = None
         self.fail_at_step: Optional[int] = None  # test hook: raise in this step
         self.hang = threading.Event()  # test hook: stall the executor while set
+        # Pipeline bubbles: waits for a plan that began and ended with requests live in
+        # the engine (the executor idle while there was work).
+        self.bubble_seconds = 0.0
+        self.bubbles = 0
         self._row_seq = np.full(max_rows, -1, dtype=np.int64)
 
     def run(self) -> None:
@@ -70,8 +74,13 @@ class ExecutorLoop:
         self.started.set()
         try:
             while not self.stopping.is_set():
+                pending = len(self.registry) > 0
+                t0 = time.perf_counter()
                 with self.clock.idle():
                     plan = self.sched.next_plan(timeout=0.5)
+                if pending and len(self.registry) > 0:
+                    self.bubble_seconds += time.perf_counter() - t0
+                    self.bubbles += 1
                 if plan is not None:
                     self._step(plan)
         except EngineDeadError as e:
@@ -90,6 +99,7 @@ class ExecutorLoop:
         are dropped, and the rest of the step must not fail because of them."""
         seq_ids = plan.new_seq_ids.tolist()
         params = self.registry.params_for(seq_ids)
+        self.registry.mark_scheduled(seq_ids, time.time())
         if len(params) < len(seq_ids):
             pooling_rows = set(plan.rows[plan.pool_indices].tolist())
             for seq, row in zip(seq_ids, plan.new_rows.tolist()):

@@ -38,6 +38,13 @@ class SequenceRegistry:
         with self.lock:
             return {s: self._params[s] for s in seq_ids if s in self._params}
 
+    def mark_scheduled(self, seq_ids: list[int], now: float) -> None:
+        """Records when the given (new) sequences' requests were first scheduled."""
+        for s in seq_ids:
+            entry = self._seqs.get(s)
+            if entry is not None and entry[0].metrics.first_scheduled_time is None:
+                entry[0].metrics.first_scheduled_time = now
+
     def seq(self, seq_id: int) -> Optional[tuple[RequestState, SampleState]]:
         return self._seqs.get(seq_id)
 

@@ -1,0 +1,76 @@
+"""``create_app(engine, args)``: the FastAPI application around one engine.
+
+The app owns no engine thread: the caller builds the ``AsyncEngine`` and shuts it down.
+The lifespan starts the watchdog and the periodic stats logger and stops them on exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+
+from pyengine._sched import __version__
+from pyengine.async_engine import AsyncEngine
+from pyengine.server import chat, completions, embeddings, info
+from pyengine.server.args import ServerArgs
+from pyengine.server.chat_template import ChatTemplate
+from pyengine.server.context import ServerContext
+from pyengine.server.errors import install_error_handlers
+from pyengine.server.guard import GuardMiddleware
+from pyengine.server.health import ProgressMonitor, Watchdog
+from pyengine.server.logs import get_logger
+from pyengine.server.metrics import ServerMetrics
+from pyengine.server.stats_log import log_stats_forever
+from pyengine.server.tokens import TokenText
+
+
+def build_context(engine: AsyncEngine, args: ServerArgs) -> ServerContext:
+    core = engine.engine
+    tokenizer_config = getattr(core.runner.loaded, "tokenizer_config", None) or {}
+    return ServerContext(
+        engine=engine,
+        args=args,
+        metrics=ServerMetrics(core, args.model_name),
+        monitor=ProgressMonitor(core, args.stall_timeout),
+        token_text=TokenText(core.tokenizer, core.decode_table),
+        logger=get_logger(model=args.model_name),
+        chat_template=ChatTemplate.from_tokenizer_config(tokenizer_config),
+    )
+
+
+def create_app(engine: AsyncEngine, args: ServerArgs) -> FastAPI:
+    """The OpenAI-compatible app serving ``engine`` under ``args.model_name``."""
+    ctx = build_context(engine, args)
+    watchdog = Watchdog(ctx.monitor, args.watchdog_interval, ctx.logger)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        ctx.background.append(asyncio.ensure_future(watchdog.run()))
+        if args.stats_interval > 0:
+            ctx.background.append(asyncio.ensure_future(log_stats_forever(ctx, args.stats_interval)))
+        ctx.logger.info("server ready", model_path=str(ctx.core.model_path), max_model_len=ctx.max_model_len,
+                        chat_template=ctx.chat_template is not None, api_key=args.api_key is not None)
+        try:
+            yield
+        finally:
+            for task in ctx.background:
+                task.cancel()
+            await asyncio.gather(*ctx.background, return_exceptions=True)
+            ctx.background.clear()
+
+    app = FastAPI(title="pyengine", version=__version__, lifespan=lifespan)
+    app.state.context = ctx
+    app.state.watchdog = watchdog
+    install_error_handlers(app)
+    for module in (completions, chat, embeddings, info):
+        app.include_router(module.router)
+
+    app.add_middleware(GuardMiddleware, api_key=args.api_key, errors=ctx.metrics.http_errors,
+                       model_name=args.model_name)
+    return app
+
+
+__all__ = ["create_app", "build_context"]

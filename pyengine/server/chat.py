@@ -1,0 +1,144 @@
+"""``POST /v1/chat/completions``: messages rendered with the checkpoint's chat template,
+then generated like a completion; streamed as role / content deltas or returned whole."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Optional, Union
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from pyengine.server.choices import ChoiceDelta, ChoiceTracker
+from pyengine.server.context import Context, ServerContext
+from pyengine.server.errors import bad_request, to_api_error
+from pyengine.server.generation import ClientDisconnected, GenerationSet
+from pyengine.server.protocol import (
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatLogprobs,
+    ChatLogprobToken,
+    ChatLogprobTop,
+    ChatResponseMessage,
+    ChatStreamChoice,
+)
+from pyengine.server.sampling import check_length, sampling_params
+from pyengine.server.sse import DONE, error_event, event, sse_response
+from pyengine.server.tokens import TokenText
+
+router = APIRouter()
+
+
+def chat_logprobs(tt: TokenText, token_ids: list[int], logprobs: list[dict[int, float]], top: int) -> ChatLogprobs:
+    """The chat logprobs object: per token its text, logprob, bytes and the ``top`` best."""
+    content = []
+    for token, lps in zip(token_ids, logprobs):
+        best = sorted(lps.items(), key=lambda kv: -kv[1])[:top]
+        content.append(ChatLogprobToken(
+            token=tt.text(token), logprob=lps.get(token, float("-inf")), bytes=tt.bytes(token),
+            top_logprobs=[ChatLogprobTop(token=tt.text(t), logprob=v, bytes=tt.bytes(t)) for t, v in best],
+        ))
+    return ChatLogprobs(content=content)
+
+
+def render_prompt(ctx: ServerContext, body: ChatCompletionRequest) -> list[int]:
+    """The chat's prompt token ids (a 400 when the checkpoint has no chat template)."""
+    if ctx.chat_template is None:
+        raise bad_request("this model has no chat template (no chat_template in tokenizer_config.json); "
+                          "use /v1/completions", "messages", "chat_template_missing")
+    if ctx.core.tokenizer is None:
+        raise bad_request("this model has no tokenizer; use /v1/completions with token ids", "messages")
+    messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
+                for m in body.messages]
+    text = ctx.chat_template.render(messages, body.add_generation_prompt, body.chat_template_kwargs)
+    return list(ctx.core.tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def create_chat_completion(body: ChatCompletionRequest, request: Request,
+                                 ctx: Context) -> Union[Response, JSONResponse]:
+    ctx.check_model(body.model)
+    ctx.check_alive()
+    if body.top_logprobs is not None and not body.logprobs:
+        raise bad_request("top_logprobs needs logprobs = true", "top_logprobs")
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    tokens_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    top = body.top_logprobs or 0
+    params = sampling_params(ctx, body, max_tokens=max_tokens, logprobs=top if body.logprobs else None,
+                             renames={"logprobs": "top_logprobs", "max_tokens": tokens_param})
+    prompt_ids = render_prompt(ctx, body)
+    check_length(ctx, len(prompt_ids), max_tokens, "messages", tokens_param)
+    request_id = ctx.new_id("chatcmpl")
+    gen = GenerationSet(ctx.engine, [prompt_ids], params, request_id)
+    try:
+        await gen.start(request)
+    except Exception as error:  # noqa: BLE001 - refused by the engine: an error response
+        raise to_api_error(error) from None
+    tracker = ChoiceTracker(ctx, request_id, [len(prompt_ids)], params.n)
+    if body.stream:
+        return sse_response(_stream(ctx, body, gen, tracker, top))
+    try:
+        async for index, out in gen.outputs():
+            tracker.apply(index, out)
+    except ClientDisconnected:
+        ctx.metrics.disconnects.labels(ctx.args.model_name).inc()
+        return Response(status_code=499)
+    except Exception as error:  # noqa: BLE001 - the engine failed the request
+        raise to_api_error(error) from None
+    finally:
+        gen.close()
+    choices = [
+        ChatChoice(
+            index=c.index, message=ChatResponseMessage(content=c.text),
+            logprobs=chat_logprobs(ctx.token_text, c.token_ids, c.logprobs, top) if body.logprobs else None,
+            finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+            token_ids=c.token_ids if body.return_token_ids else None,
+        )
+        for c in tracker.choices
+    ]
+    response = ChatCompletionResponse(id=request_id, model=ctx.args.model_name, choices=choices,
+                                      usage=tracker.usage(),
+                                      prompt_token_ids=prompt_ids if body.return_token_ids else None)
+    return JSONResponse(response.model_dump())
+
+
+async def _stream(ctx: ServerContext, body: ChatCompletionRequest, gen: GenerationSet, tracker: ChoiceTracker,
+                  top: int) -> AsyncIterator[bytes]:
+    created = int(time.time())
+
+    def chunk(index: int, delta: ChatDelta, d: Optional[ChoiceDelta] = None) -> bytes:
+        choice = ChatStreamChoice(
+            index=index, delta=delta,
+            logprobs=chat_logprobs(ctx.token_text, d.token_ids, d.logprobs, top) if d and body.logprobs else None,
+            finish_reason=d.finish_reason if d else None,
+            stop_reason=d.choice.stop_reason if d and d.finish_reason else None,
+            token_ids=d.token_ids if d and body.return_token_ids else None,
+        )
+        return event(ChatCompletionChunk(id=gen.request_id, created=created, model=ctx.args.model_name,
+                                         choices=[choice]))
+
+    try:
+        for choice in tracker.choices:
+            yield chunk(choice.index, ChatDelta(role="assistant", content=""))
+        async for index, out in gen.outputs():
+            for d in tracker.apply(index, out):
+                yield chunk(d.choice.index, ChatDelta(content=d.text), d)
+        if body.stream_options is not None and body.stream_options.include_usage:
+            yield event(ChatCompletionChunk(id=gen.request_id, created=created, model=ctx.args.model_name,
+                                            choices=[], usage=tracker.usage()))
+        yield DONE
+    except ClientDisconnected:
+        ctx.metrics.disconnects.labels(ctx.args.model_name).inc()
+    except asyncio.CancelledError:
+        ctx.metrics.disconnects.labels(ctx.args.model_name).inc()
+        raise
+    except Exception as error:  # noqa: BLE001 - reported in the stream
+        yield error_event(to_api_error(error))
+        yield DONE
+    finally:
+        gen.close()

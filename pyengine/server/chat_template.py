@@ -1,0 +1,51 @@
+"""The checkpoint's chat template (``chat_template`` in tokenizer_config.json), rendered
+with jinja2 in a sandbox, as Hugging Face's ``apply_chat_template`` does."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from pyengine.server.errors import bad_request
+
+
+class ChatTemplate:
+    """A compiled chat template plus the special tokens templates refer to."""
+
+    def __init__(self, source: str, tokenizer_config: dict[str, Any]) -> None:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise
+        self.template = env.from_string(source)
+        self.special = {name: _token_text(tokenizer_config.get(name))
+                        for name in ("bos_token", "eos_token", "pad_token", "unk_token")}
+
+    @classmethod
+    def from_tokenizer_config(cls, tokenizer_config: dict[str, Any]) -> Optional[ChatTemplate]:
+        """The checkpoint's template, or None when it has none. A list of named templates
+        (as some checkpoints have) contributes its "default" one."""
+        source = tokenizer_config.get("chat_template")
+        if isinstance(source, list):
+            named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+            source = named.get("default")
+        return cls(source, tokenizer_config) if isinstance(source, str) and source else None
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+               extra: Optional[dict[str, Any]] = None) -> str:
+        """The prompt text; a template error is the request's fault: a 400 on ``messages``."""
+        try:
+            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                        **self.special, **(extra or {}))
+        except TemplateError as error:
+            raise bad_request(f"the chat template failed on these messages: {error}", "messages") from None
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _token_text(token: Any) -> str:
+    if isinstance(token, dict):  # {"content": "<s>", ...}
+        return str(token.get("content", ""))
+    return "" if token is None else str(token)

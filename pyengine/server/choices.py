@@ -1,0 +1,94 @@
+"""``ChoiceTracker``: the choices of one HTTP request, fed with the engine's deltas.
+
+Choice ``i`` of prompt ``p`` is choice ``p * n + i`` of the response (OpenAI's order).
+Each ``apply`` returns what is new per choice (for a stream chunk) and keeps the totals
+(for a full response and for usage). When an engine request finishes, the tracker
+records its metrics and writes its one log line.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+from pyengine.outputs import RequestOutput
+from pyengine.server.context import ServerContext
+from pyengine.server.protocol import UsageInfo
+
+
+@dataclass
+class Choice:
+    """Everything generated so far for one choice."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
+
+
+@dataclass
+class ChoiceDelta:
+    """What one engine output added to one choice."""
+
+    choice: Choice
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict[int, float]]
+    finish_reason: Optional[str]
+    text_offset: int  # where ``text`` starts in the choice's text
+
+
+class ChoiceTracker:
+    def __init__(self, ctx: ServerContext, request_id: str, prompt_lens: list[int], n: int) -> None:
+        self.ctx = ctx
+        self.request_id = request_id
+        self.prompt_lens = prompt_lens
+        self.n = n
+        self.choices = [Choice(i) for i in range(len(prompt_lens) * n)]
+        self._timers = [ctx.metrics.itl_timer() for _ in prompt_lens]
+        self._started = time.perf_counter()
+
+    def apply(self, prompt_index: int, out: RequestOutput) -> list[ChoiceDelta]:
+        deltas = []
+        new_tokens = 0
+        for sample in out.outputs:
+            choice = self.choices[prompt_index * self.n + sample.index]
+            if not (sample.text or sample.token_ids or (sample.finish_reason and not choice.finish_reason)):
+                continue
+            offset = len(choice.text)
+            choice.text += sample.text
+            choice.token_ids.extend(sample.token_ids)
+            new_tokens = max(new_tokens, len(sample.token_ids))
+            lps = list(sample.logprobs or [])
+            choice.logprobs.extend(lps)
+            if sample.finish_reason is not None:
+                choice.finish_reason, choice.stop_reason = sample.finish_reason, sample.stop_reason
+            deltas.append(ChoiceDelta(choice, sample.text, list(sample.token_ids), lps, sample.finish_reason, offset))
+        self._timers[prompt_index].tick(new_tokens)
+        if out.finished:
+            self._finished(prompt_index, out)
+        return deltas
+
+    def _finished(self, prompt_index: int, out: RequestOutput) -> None:
+        mine = self.choices[prompt_index * self.n:(prompt_index + 1) * self.n]
+        output_tokens = sum(len(c.token_ids) for c in mine)
+        self.ctx.metrics.observe_finished(out, max(len(c.token_ids) for c in mine))
+        if not self.ctx.args.log_requests:
+            return
+        t = out.metrics
+        ttft = (t.first_token_time - t.arrival_time) if t.first_token_time is not None else None
+        e2e = (t.finished_time - t.arrival_time) if t.finished_time is not None else None
+        self.ctx.logger.info(
+            "request finished", request_id=out.request_id, prompt_tokens=self.prompt_lens[prompt_index],
+            output_tokens=output_tokens, finish_reason=",".join(sorted({c.finish_reason or "?" for c in mine})),
+            ttft_s=round(ttft, 4) if ttft is not None else None, e2e_s=round(e2e, 4) if e2e is not None else None,
+            cached_tokens=out.num_cached_tokens,
+        )
+
+    def usage(self) -> UsageInfo:
+        prompt = sum(self.prompt_lens)
+        completion = sum(len(c.token_ids) for c in self.choices)
+        return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)

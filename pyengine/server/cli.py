@@ -1,0 +1,102 @@
+"""``pyengine serve [MODEL] [--host H] [--port P] [server options] [engine args]``.
+
+Engine arguments are ``EngineConfig``'s fields spelled as flags (``--max-num-seqs 64``,
+``--pipeline-depth 1``, ``--dtype bfloat16``, ``--no-enable-prefix-caching``...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from pyengine.config import EngineConfig
+from pyengine.server.args import ServerArgs
+
+_ENGINE_SKIP = {"model"}
+_TYPES = {"int": int, "float": float, "str": str, "Optional[int]": int, "Optional[float]": float}
+
+
+def _engine_flags(parser: argparse.ArgumentParser) -> list[str]:
+    group = parser.add_argument_group("engine arguments (EngineConfig)")
+    names = []
+    for f in dataclasses.fields(EngineConfig):
+        if f.name in _ENGINE_SKIP:
+            continue
+        flag = f"--{f.name.replace('_', '-')}"
+        kind = str(f.type)
+        if kind == "bool":
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+        else:
+            group.add_argument(flag, type=_TYPES.get(kind, str), default=None, metavar=f.name.upper())
+        names.append(f.name)
+    return names
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
+    parser = argparse.ArgumentParser(prog="pyengine serve", description="OpenAI-compatible HTTP server")
+    parser.add_argument("model", nargs="?", default=None,
+                        help="Hugging Face checkpoint folder (default: the built-in tiny model)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", default=None, help="the model name clients send (default: "
+                        "the checkpoint folder's name)")
+    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    parser.add_argument("--max-n", type=int, default=16, help="largest n a request may ask for")
+    parser.add_argument("--stall-timeout", type=float, default=30.0,
+                        help="seconds without a finished step (requests pending) before /health is 503")
+    parser.add_argument("--watchdog-interval", type=float, default=1.0)
+    parser.add_argument("--stats-interval", type=float, default=10.0,
+                        help="seconds between engine-stats log lines (0: none)")
+    parser.add_argument("--log-format", choices=["console", "json"], default="console")
+    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--no-log-requests", action="store_true", help="no log line per finished request")
+    return parser, _engine_flags(parser)
+
+
+def parse(argv: list[str]) -> tuple[Optional[str], dict[str, Any], ServerArgs]:
+    """(model, engine kwargs, server args) from the command line."""
+    parser, engine_names = build_parser()
+    ns = parser.parse_args(argv)
+    engine_kwargs = {name: getattr(ns, name) for name in engine_names if getattr(ns, name) is not None}
+    name = ns.served_model_name or (Path(ns.model).name if ns.model else "pyengine-tiny")
+    args = ServerArgs(model_name=name, host=ns.host, port=ns.port, api_key=ns.api_key, max_n=ns.max_n,
+                      stall_timeout=ns.stall_timeout, watchdog_interval=ns.watchdog_interval,
+                      stats_interval=ns.stats_interval, log_format=ns.log_format, log_level=ns.log_level,
+                      log_requests=not ns.no_log_requests)
+    return ns.model, engine_kwargs, args
+
+
+def main(argv: list[str]) -> int:
+    """Builds the engine, serves until interrupted, then shuts the engine down."""
+    try:
+        model, engine_kwargs, args = parse(argv)
+        config = EngineConfig.from_kwargs(model, **engine_kwargs)
+    except ValueError as error:
+        print(f"pyengine serve: {error}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from pyengine.async_engine import AsyncEngine
+    from pyengine.engine.core import EngineCore
+    from pyengine.server.app import create_app
+    from pyengine.server.logs import configure_logging
+
+    listener = configure_logging(args.log_format, args.log_level)
+    try:
+        engine = AsyncEngine.from_engine_core(EngineCore(config))
+        try:
+            app = create_app(engine, args)
+            server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
+                                                   log_level=args.log_level.lower(), timeout_graceful_shutdown=5))
+            try:
+                server.run()
+            except KeyboardInterrupt:
+                pass  # uvicorn re-raises Ctrl-C after its graceful shutdown: a normal exit
+        finally:
+            engine.shutdown()
+    finally:
+        listener.stop()
+    return 0

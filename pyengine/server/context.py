@@ -1,0 +1,61 @@
+"""``ServerContext``: what every handler needs, built once per app by ``create_app``
+(stored on ``app.state``; nothing lives at module level)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Optional
+
+from fastapi import Depends, Request
+
+from pyengine.async_engine import AsyncEngine
+from pyengine.engine.core import EngineCore
+from pyengine.server.args import ServerArgs
+from pyengine.server.errors import APIError, bad_request
+from pyengine.server.health import ProgressMonitor
+from pyengine.server.metrics import ServerMetrics
+from pyengine.server.tokens import TokenText
+
+
+@dataclass
+class ServerContext:
+    engine: AsyncEngine
+    args: ServerArgs
+    metrics: ServerMetrics
+    monitor: ProgressMonitor
+    token_text: TokenText
+    logger: Any
+    chat_template: Optional[Any] = None  # a compiled jinja2 template, or None
+    background: list[Any] = field(default_factory=list)  # asyncio tasks started by the lifespan
+
+    @property
+    def core(self) -> EngineCore:
+        return self.engine.engine
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.core.max_model_len)
+
+    def check_model(self, model: Optional[str]) -> None:
+        """A request may name this server's model or none; anything else is a 400."""
+        if model is not None and model != self.args.model_name:
+            raise bad_request(f"the model {model!r} does not exist; this server serves {self.args.model_name!r}",
+                              "model", "model_not_found")
+
+    def check_alive(self) -> None:
+        reason = self.core.dead_reason()
+        if reason is not None:
+            raise APIError(503, f"the engine cannot serve: {reason}", code="engine_dead")
+
+    @staticmethod
+    def new_id(prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def get_context(request: Request) -> ServerContext:
+    """FastAPI dependency: the app's context."""
+    return request.app.state.context
+
+
+Context = Annotated[ServerContext, Depends(get_context)]

@@ -1,0 +1,119 @@
+"""OpenAI-style errors: ``{"error": {"message", "type", "param", "code"}}`` and the
+exception handlers that turn pyengine's and FastAPI's exceptions into them.
+
+- malformed JSON / wrong types (pydantic) -> 400, ``param`` = the offending field
+- ``InvalidRequestError`` and the ``ValueError`` of ``SamplingParams`` -> 400
+- ``EngineDeadError`` -> 503
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pyengine.errors import EngineDeadError, InvalidRequestError
+
+_KNOWN_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    503: "service_unavailable",
+}
+# SamplingParams names a field first in its messages: "max_tokens must be >= 1, got 0".
+_LEADING_FIELD = re.compile(r"^([a-z_]+) ")
+
+
+class APIError(Exception):
+    """An error to return as an OpenAI error body with ``status``."""
+
+    def __init__(self, status: int, message: str, param: Optional[str] = None, code: Optional[str] = None,
+                 type_: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type_ or _KNOWN_TYPES.get(status, "server_error")
+
+
+def error_body(message: str, type_: str, param: Optional[str] = None, code: Optional[str] = None) -> dict[str, Any]:
+    """The OpenAI error object."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(error_body(error.message, error.type, error.param, error.code), status_code=error.status)
+
+
+def bad_request(message: str, param: Optional[str] = None, code: Optional[str] = None) -> APIError:
+    return APIError(400, message, param, code)
+
+
+def from_value_error(error: ValueError, renames: Optional[dict[str, str]] = None) -> APIError:
+    """A 400 for a ``ValueError`` from ``SamplingParams`` or the engine; ``param`` is the
+    field the message starts with, renamed to the request's spelling (``renames``)."""
+    message = str(error)
+    match = _LEADING_FIELD.match(message)
+    param = match.group(1) if match else None
+    if param is not None and renames:
+        param = renames.get(param, param)
+    return bad_request(message, param)
+
+
+def to_api_error(error: BaseException) -> APIError:
+    """Maps any exception a handler lets through to the error to return."""
+    if isinstance(error, APIError):
+        return error
+    if isinstance(error, EngineDeadError):
+        return APIError(503, f"the engine cannot serve: {error}", code="engine_dead")
+    if isinstance(error, (InvalidRequestError, ValueError)):
+        return from_value_error(error)
+    return APIError(500, f"internal error: {error!r}", type_="server_error")
+
+
+def _param_of(loc: tuple[Any, ...]) -> Optional[str]:
+    """The top-level request field of a pydantic error location
+    (``("body", "messages", 0, "role")`` -> "messages")."""
+    parts = [str(p) for p in loc if p != "body"]
+    return parts[0] if parts else None
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error leaves the server as an OpenAI error body."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": "value_error"}
+        if first.get("type") == "json_invalid":
+            return error_response(bad_request(f"malformed JSON body: {first.get('msg')}", None, "json_invalid"))
+        loc = tuple(first.get("loc", ()))
+        param = _param_of(loc)
+        where = ".".join(str(p) for p in loc if p != "body") or "body"
+        message = f"{where}: {first.get('msg')}"
+        if len(errors) > 1:
+            message += f" (and {len(errors) - 1} more error(s))"
+        return error_response(bad_request(message, param, str(first.get("type"))))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error = APIError(exc.status_code, str(exc.detail))
+        return error_response(error)
+
+    @app.exception_handler(EngineDeadError)
+    async def _dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+        return error_response(to_api_error(exc))
+
+    @app.exception_handler(ValueError)
+    async def _value(_: Request, exc: ValueError) -> JSONResponse:
+        return error_response(to_api_error(exc))

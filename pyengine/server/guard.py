@@ -1,0 +1,39 @@
+"""A plain ASGI middleware (no ``BaseHTTPMiddleware``, which gets in the way of streaming
+and disconnect detection): the API key on ``/v1/*`` and a count of error responses."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any, Optional
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from pyengine.server.errors import APIError, error_response
+
+
+class GuardMiddleware:
+    def __init__(self, app: ASGIApp, api_key: Optional[str], errors: Any, model_name: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode() if api_key is not None else None
+        self.errors = errors  # prometheus Counter labelled (model_name, status)
+        self.model_name = model_name
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.expected is not None and scope["path"].startswith("/v1/"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                self.errors.labels(self.model_name, "401").inc()
+                response = error_response(APIError(401, "invalid or missing API key (Authorization: Bearer ...)",
+                                                   code="invalid_api_key"))
+                await response(scope, receive, send)
+                return
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                self.errors.labels(self.model_name, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)

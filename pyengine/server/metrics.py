@@ -1,0 +1,170 @@
+"""Prometheus metrics (``GET /metrics``), named like vLLM's with a ``pyengine:`` prefix.
+
+Two sources, both in one per-app ``CollectorRegistry`` (no global registry):
+
+- ``EngineCollector`` reads ``EngineStats`` at scrape time: running / waiting requests,
+  KV usage, token and preemption counters, prefix-cache queries and hits, per-thread
+  busy / idle seconds, step time, queue depths and pipeline bubbles.
+- ``ServerMetrics`` observes each finished request on the asyncio side: TTFT,
+  inter-token latency, end-to-end, queue, prefill and decode time, finish reasons.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Optional
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from pyengine.engine.core import EngineCore
+from pyengine.errors import EngineError
+from pyengine.outputs import RequestMetrics, RequestOutput
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                    10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                    50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+class EngineCollector(Collector):
+    """Engine-wide figures, read from ``EngineCore.stats()`` when scraped."""
+
+    def __init__(self, core: EngineCore, model_name: str) -> None:
+        self.core = core
+        self.model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            s = self.core.stats()
+        except EngineError:
+            return  # a dead engine has no figures; /health says why
+        m = self.model_name
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(f"pyengine:{name}", doc, labels=["model_name"])
+            g.add_metric([m], value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(f"pyengine:{name}", doc, labels=["model_name"])
+            c.add_metric([m], value)
+            return c
+
+        yield gauge("num_requests_running", "Requests in the running batch.", s.num_running)
+        yield gauge("num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting)
+        yield gauge("num_requests_preempted_waiting", "Preempted requests waiting to resume.",
+                    s.num_preempted_waiting)
+        yield gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", s.kv_usage)
+        yield gauge("kv_cache_blocks_total", "KV-cache blocks in the pool.", s.kv_blocks_total)
+        yield counter("prompt_tokens", "Prompt tokens of finished requests.", s.prompt_tokens)
+        yield counter("generation_tokens", "Generated tokens.", s.generated_tokens)
+        yield counter("num_preemptions", "Preemptions (by recompute).", s.preemptions)
+        yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                      s.scheduler.get("prefix_cache_queried_tokens", 0))
+        yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                      s.scheduler.get("prefix_cache_hit_tokens", 0))
+        yield counter("engine_steps", "Steps the executor ran.", s.steps)
+        yield gauge("step_time_mean_seconds", "Mean executor step time over the last 2048 steps.",
+                    s.step_time_mean_ms / 1e3)
+        yield gauge("step_time_p99_seconds", "p99 executor step time over the last 2048 steps.",
+                    s.step_time_p99_ms / 1e3)
+        yield gauge("plan_time_mean_seconds", "Mean scheduler planning time per step.",
+                    s.scheduler.get("plan_us_mean", 0.0) / 1e6)
+        yield counter("pipeline_bubble_seconds", "Executor time waiting for a plan while requests were live.",
+                      s.pipeline_bubble_s)
+        yield counter("pipeline_bubbles", "Executor waits for a plan while requests were live.",
+                      s.pipeline_bubbles)
+        busy = CounterMetricFamily("pyengine:thread_busy_seconds", "Busy seconds of each engine thread.",
+                                   labels=["model_name", "thread"])
+        idle = CounterMetricFamily("pyengine:thread_idle_seconds", "Seconds each engine thread waited for work.",
+                                   labels=["model_name", "thread"])
+        for thread, t in s.threads.items():
+            busy.add_metric([m, thread], t["busy_s"])
+            idle.add_metric([m, thread], t["idle_s"])
+        yield busy
+        yield idle
+        depth = GaugeMetricFamily("pyengine:queue_depth", "Items queued between the engine threads.",
+                                  labels=["model_name", "queue"])
+        for queue, n in s.queue_depths.items():
+            depth.add_metric([m, queue], n)
+        yield depth
+
+
+class InterTokenTimer:
+    """Observes the gap between successive token-bearing outputs of one request."""
+
+    def __init__(self, histogram: Histogram) -> None:
+        self.histogram = histogram
+        self.last: Optional[float] = None
+
+    def tick(self, num_new_tokens: int) -> None:
+        if num_new_tokens <= 0:
+            return
+        now = time.perf_counter()
+        if self.last is not None:
+            self.histogram.observe(now - self.last)
+        self.last = now
+
+
+class ServerMetrics:
+    """The app's registry and the per-request metrics observed by the handlers."""
+
+    def __init__(self, core: EngineCore, model_name: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.model_name = model_name
+        labels = ["model_name"]
+
+        def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(f"pyengine:{name}", doc, labels, buckets=buckets, registry=self.registry)
+
+        self.ttft = hist("time_to_first_token_seconds", "Time to first token.", _LATENCY_BUCKETS)
+        self.itl = hist("inter_token_latency_seconds", "Time between successive outputs of a request.",
+                        _ITL_BUCKETS)
+        self.tpot = hist("request_time_per_output_token_seconds", "Mean time per output token of a request.",
+                         _ITL_BUCKETS)
+        self.e2e = hist("e2e_request_latency_seconds", "Arrival to finish.", _REQUEST_BUCKETS)
+        self.queue = hist("request_queue_time_seconds", "Arrival to first scheduled.", _REQUEST_BUCKETS)
+        self.prefill = hist("request_prefill_time_seconds", "First scheduled to first token.", _REQUEST_BUCKETS)
+        self.decode = hist("request_decode_time_seconds", "First token to finish.", _REQUEST_BUCKETS)
+        self.success = Counter("pyengine:request_success", "Finished sequences by finish reason.",
+                               ["model_name", "finished_reason"], registry=self.registry)
+        self.disconnects = Counter("pyengine:request_client_disconnects", "Requests aborted because the "
+                                   "client went away.", labels, registry=self.registry)
+        self.http_errors = Counter("pyengine:http_request_errors", "Requests answered with an error status.",
+                                   ["model_name", "status"], registry=self.registry)
+        self.registry.register(EngineCollector(core, model_name))
+
+    def itl_timer(self) -> InterTokenTimer:
+        return InterTokenTimer(self.itl.labels(self.model_name))
+
+    def observe_finished(self, output: RequestOutput, num_output_tokens: int) -> None:
+        """Latency breakdown and finish reasons of one finished engine request
+        (``num_output_tokens``: the longest of its samples)."""
+        m = self.model_name
+        for completion in output.outputs:
+            self.success.labels(m, completion.finish_reason or "unknown").inc()
+        t: RequestMetrics = output.metrics
+        if t.first_token_time is not None:
+            self.ttft.labels(m).observe(max(0.0, t.first_token_time - t.arrival_time))
+        if t.finished_time is not None:
+            self.e2e.labels(m).observe(max(0.0, t.finished_time - t.arrival_time))
+            if t.first_token_time is not None:
+                self.decode.labels(m).observe(max(0.0, t.finished_time - t.first_token_time))
+                if num_output_tokens > 1:
+                    decode = max(0.0, t.finished_time - t.first_token_time)
+                    self.tpot.labels(m).observe(decode / (num_output_tokens - 1))
+        if t.first_scheduled_time is not None:
+            self.queue.labels(m).observe(max(0.0, t.first_scheduled_time - t.arrival_time))
+            if t.first_token_time is not None:
+                self.prefill.labels(m).observe(max(0.0, t.first_token_time - t.first_scheduled_time))
+
+    def render(self) -> bytes:
+        """The exposition text (call off the event loop: it reads the engine's stats)."""
+        return generate_latest(self.registry)

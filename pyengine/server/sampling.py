@@ -1,0 +1,92 @@
+"""From request bodies to engine inputs: ``SamplingParams`` and token-id prompts, with
+the checks that turn into 400s naming the request's field."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+from pyengine.errors import InvalidRequestError
+from pyengine.sampling_params import SamplingParams
+from pyengine.server.context import ServerContext
+from pyengine.server.errors import bad_request, from_value_error
+from pyengine.server.protocol import SamplingFields
+
+_OPTIONAL_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                    "frequency_penalty", "seed", "stop", "stop_token_ids")
+
+
+def sampling_params(ctx: ServerContext, req: SamplingFields, *, max_tokens: Optional[int],
+                    logprobs: Optional[int], renames: Optional[dict[str, str]] = None) -> SamplingParams:
+    """The engine's parameters for ``req``; ``renames`` maps SamplingParams' field names to
+    the request's (chat: ``logprobs`` -> ``top_logprobs``)."""
+    renames = renames or {}
+    if req.n > ctx.args.max_n:
+        raise bad_request(f"n must be <= {ctx.args.max_n}, got {req.n}", "n")
+    if req.logit_bias:
+        raise bad_request("logit_bias is not supported", "logit_bias")
+    max_logprobs = ctx.core.config.max_logprobs
+    if logprobs is not None and logprobs > max_logprobs:
+        raise bad_request(f"{renames.get('logprobs', 'logprobs')} must be <= {max_logprobs}, got {logprobs}",
+                          renames.get("logprobs", "logprobs"))
+    kwargs: dict[str, Any] = {name: getattr(req, name) for name in _OPTIONAL_FIELDS if getattr(req, name) is not None}
+    if isinstance(kwargs.get("stop"), list):
+        kwargs["stop"] = list(kwargs["stop"])
+    try:
+        return SamplingParams(
+            n=req.n, max_tokens=max_tokens, min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            skip_special_tokens=req.skip_special_tokens, logprobs=logprobs, **kwargs,
+        )
+    except ValueError as error:
+        raise from_value_error(error, renames) from None
+
+
+def tokenize_prompts(ctx: ServerContext, prompt: Union[str, list[Any]], param: str) -> list[tuple[Optional[str], list[int]]]:
+    """``prompt`` (a string, strings, token ids or lists of token ids) as (text, ids) pairs."""
+    if isinstance(prompt, str):
+        items: list[Any] = [prompt]
+    elif prompt and all(isinstance(t, int) for t in prompt):
+        items = [prompt]
+    else:
+        items = list(prompt)
+    if not items:
+        raise bad_request(f"{param} must not be empty", param)
+    out: list[tuple[Optional[str], list[int]]] = []
+    vocab = _vocab_size(ctx)
+    for item in items:
+        if isinstance(item, str):
+            try:
+                out.append((item, ctx.core.tokenize(item)))
+            except InvalidRequestError as error:
+                raise bad_request(str(error), param) from None
+        else:
+            ids = [int(t) for t in item]
+            if vocab is not None and any(t >= vocab for t in ids):
+                raise bad_request(f"{param} holds token ids beyond the vocabulary ({vocab})", param)
+            out.append((None, ids))
+    return out
+
+
+def _vocab_size(ctx: ServerContext) -> Optional[int]:
+    """The model's vocabulary (ids at or beyond it would fail the whole batch's step)."""
+    config = getattr(ctx.core.runner.loaded, "config", None)
+    if getattr(config, "vocab_size", None):
+        return int(config.vocab_size)
+    tokenizer = ctx.core.tokenizer
+    return tokenizer.get_vocab_size() if tokenizer is not None else None
+
+
+def check_length(ctx: ServerContext, prompt_len: int, max_tokens: Optional[int], prompt_param: str,
+                 max_tokens_param: str = "max_tokens") -> None:
+    """A 400 for an empty prompt, or one that with ``max_tokens`` exceeds ``max_model_len``."""
+    limit = ctx.max_model_len
+    if prompt_len == 0:
+        raise bad_request(f"{prompt_param} is empty (0 tokens)", prompt_param)
+    if prompt_len >= limit:
+        raise bad_request(f"this model's maximum context length is {limit} tokens, but the {prompt_param} "
+                          f"has {prompt_len} tokens", prompt_param, "context_length_exceeded")
+    if max_tokens is not None and prompt_len + max_tokens > limit:
+        raise bad_request(f"this model's maximum context length is {limit} tokens, but {prompt_len} prompt "
+                          f"tokens + {max_tokens} {max_tokens_param} were requested", max_tokens_param,
+                          "context_length_exceeded")
+

@@ -1,0 +1,78 @@
+"""``python -m pyengine serve MODEL ...`` as a user runs it: engine flags, JSON logs,
+a request, and a clean exit on Ctrl-C. Loopback only, bounded waits."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pyengine.server.cli import parse
+from pyengine.testing.checkpoints import make_tiny_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_engine_flags_map_to_engine_config_fields():
+    model, engine, args = parse(["/some/ckpt", "--port", "9001", "--max-num-seqs", "8", "--pipeline-depth", "1",
+                                 "--dtype", "float32", "--no-enable-prefix-caching", "--max-model-len", "128",
+                                 "--api-key", "k", "--stall-timeout", "5", "--log-format", "json"])
+    assert model == "/some/ckpt"
+    assert engine == {"max_num_seqs": 8, "pipeline_depth": 1, "dtype": "float32", "enable_prefix_caching": False,
+                      "max_model_len": 128}
+    assert (args.port, args.api_key, args.stall_timeout, args.log_format) == (9001, "k", 5.0, "json")
+    assert args.model_name == "ckpt"
+    assert parse([])[0] is None and parse([])[2].model_name == "pyengine-tiny"
+
+
+def test_bad_engine_flag_is_a_usage_error():
+    from pyengine.server.cli import main
+
+    assert main(["--pipeline-depth", "3"]) == 2
+    with pytest.raises(SystemExit):
+        main(["--no-such-flag"])
+
+
+def test_serve_subprocess_answers_and_exits_on_ctrl_c(tmp_path):
+    ckpt = make_tiny_checkpoint(tmp_path / "ckpt")
+    port = free_port()
+    cmd = [sys.executable, "-m", "pyengine", "serve", str(ckpt), "--port", str(port), "--max-num-seqs", "8",
+           "--max-model-len", "256", "--num-kv-blocks", "64", "--log-format", "json", "--stats-interval", "0"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.2)
+        resp = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
+                          json={"model": "ckpt", "prompt": "Hello", "max_tokens": 3, "ignore_eos": True})
+        assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 3
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    finished = [e for e in lines if e.get("event") == "request finished"]
+    assert len(finished) == 1 and finished[0]["output_tokens"] == 3 and finished[0]["level"] == "info"
