@@ -76,6 +76,7 @@ def test_wrong_shape_and_unexpected_tensor_are_named(qwen3, tmp_path):
         (dict(hidden_act="gelu"), "hidden_act"),
         (dict(use_sliding_window=True, sliding_window=128), "sliding_window"),
         (dict(num_key_value_heads=3), "num_key_value_heads"),
+        (dict(attention_bias=True), "attention_bias"),
     ],
 )
 def test_unsupported_configs_are_refused_naming_the_field(qwen3, tmp_path, changes, field):

@@ -88,9 +88,10 @@ def parse_decoder_config(raw: dict[str, Any]) -> DecoderConfig:
         )
     max_positions = int(raw.get("max_position_embeddings") or 2048)
     _refuse_unsupported_features(raw, architecture, max_positions)
-    qkv_bias = bool(raw.get("attention_bias", qkv_bias_default))
-    if architecture == "Qwen2ForCausalLM":
-        qkv_bias = True
+    if architecture != "Qwen2ForCausalLM" and raw.get("attention_bias"):
+        # Llama/Mistral put the bias on o_proj as well, which the layers do not implement.
+        raise UnsupportedModelError(f"attention_bias: true is not supported for {architecture}")
+    qkv_bias = qkv_bias_default
     eos = raw.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
     return DecoderConfig(
