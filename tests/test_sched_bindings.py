@@ -118,7 +118,7 @@ def test_abort_and_finish_report_what_happened():
     assert reasons == ["abort", "stop"]
 
 
-def test_a_rust_panic_is_a_python_exception_not_a_crash():
+def test_a_rust_panic_is_a_python_exception_not_a_crash(tmp_path):
     # pyo3 raises PanicException (a BaseException); the interpreter keeps running.
     code = (
         "from pyengine import Scheduler, SchedulerConfig\n"
@@ -129,7 +129,9 @@ def test_a_rust_panic_is_a_python_exception_not_a_crash():
         "    print('caught', type(e).__name__)\n"
         "print('alive')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    # Run outside the source tree, so the installed package (with its native module) is used.
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path, check=False)
     assert out.returncode == 0, out.stderr
     assert "caught PanicException" in out.stdout and "alive" in out.stdout
 

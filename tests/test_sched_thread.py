@@ -115,7 +115,8 @@ def test_abort_frees_blocks_and_ends_streams():
 def test_gil_is_released_while_a_4096_request_step_is_planned():
     n = 4096
     sched = Scheduler(
-        SchedulerConfig(n * 40, max_num_seqs=n, max_num_batched_tokens=n * 512, max_model_len=600)
+        SchedulerConfig(n * 40, max_num_seqs=n, max_num_batched_tokens=n * 512, max_model_len=600,
+                        enable_prefix_caching=False)  # every prompt token is computed
     )
     for i in range(n):
         sched.add_request(Request(f"g{i}", [i % 1000 + 1] * 512, max_tokens=8, ignore_eos=True))
