@@ -51,7 +51,8 @@ class Result:
 async def one_request(http: httpx.AsyncClient, url: str, model: Optional[str], prompt: list[int],
                       output_len: int, timeout: float) -> Result:
     body: dict[str, Any] = {"prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "ignore_eos": True,
-                            "stream": True, "stream_options": {"include_usage": True}}
+                            "stream": True, "stream_options": {"include_usage": True},
+                            "return_token_ids": True}  # a chunk with tokens but no text yet still counts
     if model:
         body["model"] = model
     start = time.perf_counter()
@@ -72,7 +73,8 @@ async def one_request(http: httpx.AsyncClient, url: str, model: Optional[str], p
                 now = time.perf_counter()
                 if chunk.get("usage"):
                     result.output_tokens = chunk["usage"]["completion_tokens"]
-                if not chunk.get("choices") or not chunk["choices"][0].get("text"):
+                choice = chunk["choices"][0] if chunk.get("choices") else {}
+                if not (choice.get("token_ids") or choice.get("text")):
                     continue
                 if last is None:
                     result.ttft = now - start
@@ -105,7 +107,9 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
     high = max(low, int(args.input_len * (1 + args.range_ratio)))
     prompts = [[rng.randrange(args.min_token_id, args.vocab) for _ in range(rng.randint(low, high))]
                for _ in range(args.num_prompts)]
-    limits = httpx.Limits(max_connections=args.max_concurrency or 1000, max_keepalive_connections=256)
+    # Idle connections expire before the server (uvicorn: 5 s) closes them: no reuse races.
+    limits = httpx.Limits(max_connections=args.max_concurrency or 1000, max_keepalive_connections=256,
+                          keepalive_expiry=2.0)
     gate = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
     async with httpx.AsyncClient(limits=limits, timeout=args.timeout) as http:
         for _ in range(args.warmup):

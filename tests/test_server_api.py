@@ -103,6 +103,19 @@ def test_n_samples_seeded_and_reproducible(client):
     assert len(set(first)) > 1, "the n samples should differ"
 
 
+def test_several_prompts_with_n_samples_are_ordered_prompt_major(served, client):
+    _, _, llm = served
+    prompts = [[30, 31], [32, 33, 34]]
+    resp = client.completions.create(model=MODEL, prompt=prompts, n=2, max_tokens=4, temperature=0,
+                                     extra_body={"ignore_eos": True, "return_token_ids": True})
+    expected = offline(llm, prompts, max_tokens=4, temperature=0, ignore_eos=True)
+    choices = sorted(resp.choices, key=lambda c: c.index)
+    assert [c.index for c in choices] == [0, 1, 2, 3]
+    assert [c.token_ids for c in choices] == [expected[0].token_ids] * 2 + [expected[1].token_ids] * 2
+    assert [c.prompt_token_ids for c in choices] == [prompts[0]] * 2 + [prompts[1]] * 2
+    assert resp.usage.prompt_tokens == 5 and resp.usage.completion_tokens == 16
+
+
 def test_completion_logprobs(served, client):
     _, _, llm = served
     want = offline(llm, [[20, 21, 22]], max_tokens=5, temperature=0, ignore_eos=True, logprobs=3)[0]
@@ -174,7 +187,7 @@ def test_200_concurrent_streams_match_offline_greedy_and_free_the_pool(served):
     expected = offline(llm, prompts, max_tokens=6, temperature=0, ignore_eos=True)
 
     async def run() -> list[tuple[list[int], str]]:
-        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=2.0)
         async with httpx.AsyncClient(limits=limits, timeout=30) as http, \
                 openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", http_client=http, max_retries=0) as c:
             gate = asyncio.Semaphore(64)

@@ -176,6 +176,21 @@ def test_chat_without_a_template_is_a_clear_400(synthetic):
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
 
 
+def test_a_failed_step_is_an_error_response_or_an_error_event(synthetic):
+    server, engine = synthetic
+    executor = engine.engine.executor
+    body = {"prompt": [1, 2], "max_tokens": 50, "ignore_eos": True}
+    executor.fail_at_step = executor.step_times.count + 3
+    resp = post(server, "/v1/completions", body)
+    assert resp.status_code == 500 and "injected failure" in resp.json()["error"]["message"]
+    executor.fail_at_step = executor.step_times.count + 3
+    with httpx.stream("POST", f"{server.url}/v1/completions", json={**body, "stream": True}, timeout=10) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data:")]
+    assert lines[-1] == "data: [DONE]" and '"error"' in lines[-2]
+    ok = post(server, "/v1/completions", {**body, "max_tokens": 3})
+    assert ok.status_code == 200
+
+
 def test_a_dead_engine_is_503_and_unhealthy(synthetic):
     server, engine = synthetic
     engine.engine.sched._inject_panic()

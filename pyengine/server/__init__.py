@@ -1,4 +1,21 @@
-"""The OpenAI-compatible HTTP server (``pyengine serve``): ``create_app(engine, args)``."""
+"""The OpenAI-compatible HTTP server (``pyengine serve``): ``create_app(engine, args)``.
+
+Module map (one concept each):
+
+- ``cli``: ``pyengine serve`` flags (server options + ``EngineConfig`` fields), uvicorn.
+- ``app``: the app factory; ``context``: the per-app ``ServerContext`` handlers share.
+- ``args``: ``ServerArgs``; ``protocol``: pydantic request / response bodies.
+- ``completions``, ``chat`` (+ ``chat_template``), ``embeddings``: the ``/v1`` endpoints;
+  ``info``: ``/v1/models``, ``/version``, ``/health``, ``/metrics``.
+- ``sampling``: request -> ``SamplingParams`` and token-id prompts, with 400s naming fields.
+- ``generation``: the engine requests of one HTTP request; client disconnects abort them.
+- ``choices``: per-choice accumulation of deltas, usage, per-request metrics and log line.
+- ``sse``: the streaming wire format; ``tokens``: token text / bytes for logprobs.
+- ``errors``: OpenAI error bodies and exception handlers; ``guard``: API key middleware.
+- ``health``: progress monitor and stall watchdog (thread dump); ``metrics``: Prometheus;
+  ``logs``: structlog through a queue; ``stats_log``: periodic engine-stats lines.
+- ``testing``: ``LiveServer``, the app on uvicorn in a thread (tests, benchmarks).
+"""
 
 from pyengine.server.app import create_app
 from pyengine.server.args import ServerArgs

@@ -21,7 +21,6 @@ from typing import Any, Optional
 from pyengine.engine.core import EngineCore
 from pyengine.engine.executor_loop import EXEC_THREAD_NAME
 from pyengine.engine.output_loop import OUTPUT_THREAD_NAME
-from pyengine.errors import EngineError
 
 SCHED_THREAD_NAME = "pyengine-sched"
 
@@ -104,8 +103,8 @@ def diagnose(core: EngineCore) -> dict[str, Any]:
         sched["running"], sched["waiting"] = stats.num_running, stats.num_waiting
         sched["steps_planned"] = stats.scheduler.get("steps_planned")
         sched["steps_applied"] = stats.scheduler.get("steps_applied")
-    except EngineError as error:
-        sched["stats_error"] = str(error)
+    except Exception as error:  # noqa: BLE001 - a stuck or dead scheduler may not answer
+        sched["stats_error"] = repr(error)
     if exec_fn not in ("", "run"):
         stuck = f"{EXEC_THREAD_NAME} (inside {exec_fn}: a step that does not return)"
     elif output_fn not in ("", "run"):
@@ -134,7 +133,10 @@ class Watchdog:
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            await self.step()
+            try:
+                await self.step()
+            except Exception:  # noqa: BLE001 - the watchdog must outlive any one failure
+                self.logger.exception("watchdog check failed")
 
     async def step(self) -> Health:
         health = self.monitor.check()

@@ -70,8 +70,9 @@ def tokenize_prompts(ctx: ServerContext, prompt: Union[str, list[Any]], param: s
 def _vocab_size(ctx: ServerContext) -> Optional[int]:
     """The model's vocabulary (ids at or beyond it would fail the whole batch's step)."""
     config = getattr(ctx.core.runner.loaded, "config", None)
-    if getattr(config, "vocab_size", None):
-        return int(config.vocab_size)
+    vocab = getattr(config, "vocab_size", None)
+    if vocab:
+        return int(vocab)
     tokenizer = ctx.core.tokenizer
     return tokenizer.get_vocab_size() if tokenizer is not None else None
 

@@ -27,7 +27,7 @@ class LiveServer:
         self.app = create_app(engine, self.args)
         self.server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_config=None,
                                                     log_level="warning", lifespan="on",
-                                                    timeout_graceful_shutdown=2))
+                                                    timeout_keep_alive=30, timeout_graceful_shutdown=2))
         self.host = host
         self.port = port
         self.start_timeout = start_timeout
