@@ -72,8 +72,9 @@ def test_health_turns_503_while_the_executor_hangs_and_recovers(served):
     assert result["resp"].status_code == 200
     dump = next(e for e in logs if e["event"] == "engine unhealthy")
     assert dump["stuck_thread"].startswith("pyengine-exec")
-    assert "_step" in dump["pyengine-exec"]  # the Python stack of the stuck step
-    assert "run" in dump["pyengine-output"]
+    exec_part, rest = dump["stack"].split("--- pyengine-output", 1)
+    assert exec_part.startswith("--- pyengine-exec") and "in _step" in exec_part  # the stuck step's stack
+    assert "in run" in rest and "--- pyengine-sched (native" in rest
     sched = dump["pyengine-sched"]
     assert sched["native"] and "queue_depths" in sched and "busy_s" in sched
 

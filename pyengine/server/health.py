@@ -90,7 +90,8 @@ def _innermost_engine_function(stack: Optional[list[str]]) -> str:
 
 
 def diagnose(core: EngineCore) -> dict[str, Any]:
-    """Which thread looks stuck, and each thread's state, for the stall log line."""
+    """Which thread looks stuck, the native scheduler's figures, and a ``stack`` text with
+    the Python stacks of the executor and output threads, for the stall log line."""
     exec_stack = _python_stack(EXEC_THREAD_NAME)
     output_stack = _python_stack(OUTPUT_THREAD_NAME)
     exec_fn = _innermost_engine_function(exec_stack)
@@ -111,12 +112,12 @@ def diagnose(core: EngineCore) -> dict[str, Any]:
         stuck = f"{OUTPUT_THREAD_NAME} (inside {output_fn})"
     else:
         stuck = f"{SCHED_THREAD_NAME} (the executor and output threads wait for it; see its queue depths)"
-    return {
-        "stuck_thread": stuck,
-        EXEC_THREAD_NAME: "".join(exec_stack or ["<no Python frames: thread not running>"]),
-        OUTPUT_THREAD_NAME: "".join(output_stack or ["<no Python frames: thread not running>"]),
-        SCHED_THREAD_NAME: sched,
-    }
+    missing = ["<no Python frames: thread not running>\n"]
+    # One "stack" text: structlog's console renderer prints it below the line, as is.
+    stack = (f"--- {EXEC_THREAD_NAME} (Python)\n{''.join(exec_stack or missing)}"
+             f"--- {OUTPUT_THREAD_NAME} (Python)\n{''.join(output_stack or missing)}"
+             f"--- {SCHED_THREAD_NAME} (native Rust thread, no Python frames)\n{sched}\n")
+    return {"stuck_thread": stuck, SCHED_THREAD_NAME: sched, "stack": stack}
 
 
 class Watchdog:
