@@ -24,7 +24,7 @@ from pyengine.engine.executor_loop import EXEC_THREAD_NAME, ExecutorLoop, StepEx
 from pyengine.engine.output_loop import OUTPUT_THREAD_NAME, OutputLoop
 from pyengine.engine.registry import SequenceRegistry
 from pyengine.engine.request_state import OutputKind, OutputSink, RequestState
-from pyengine.errors import EngineDeadError, InvalidRequestError
+from pyengine.errors import DuplicateRequestError, EngineDeadError, InvalidRequestError
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
 from pyengine.output import DecodeTable, TextStream
@@ -151,8 +151,6 @@ class EngineCore:
         text_stream = self._text_stream if needs_stream else None
         with self.registry.lock:
             if self.registry.contains_request(request_id):
-                from pyengine.errors import DuplicateRequestError
-
                 raise DuplicateRequestError(f"request id {request_id!r} is still in use")
             first = self.sched.add_request(request)
             state = RequestState(

@@ -27,8 +27,14 @@ class _Loaded:
 class SleepRunner:
     """Stands in for ``ModelRunner``: the attributes and ``execute`` the engine uses."""
 
-    def __init__(self, step_seconds: float, num_kv_blocks: int = 65536, max_model_len: int = 4096,
-                 tokenizer_folder: Optional[Path] = None, max_rows: int = 4096) -> None:
+    def __init__(
+        self,
+        step_seconds: float,
+        num_kv_blocks: int = 65536,
+        max_model_len: int = 4096,
+        tokenizer_folder: Optional[Path] = None,
+        max_rows: int = 4096,
+    ) -> None:
         from tokenizers import Tokenizer
 
         from pyengine.testing.checkpoints import default_tiny_model
