@@ -9,15 +9,12 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 from pyengine.server.cli import parse
 from pyengine.testing.checkpoints import make_tiny_checkpoint
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -51,7 +48,8 @@ def test_serve_subprocess_answers_and_exits_on_ctrl_c(tmp_path):
     port = free_port()
     cmd = [sys.executable, "-m", "pyengine", "serve", str(ckpt), "--port", str(port), "--max-num-seqs", "8",
            "--max-model-len", "256", "--num-kv-blocks", "64", "--log-format", "json", "--stats-interval", "0"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Started outside the source tree so that the installed package (native module included) runs.
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         while True:

@@ -44,6 +44,8 @@ struct InflightStep {
     /// Blocks this step made findable in the prefix cache, with their hashes: forgotten
     /// again if the step fails, since their KV was never written.
     registered: Vec<(BlockId, BlockHash)>,
+    /// Leading entries of `registered` already handed to the block pool.
+    num_flushed: usize,
     /// First samples whose prompt completes in this step (their siblings may start).
     unpark: Vec<u32>,
 }

@@ -34,8 +34,10 @@ impl Scheduler {
         step.slots.reserve(expected);
         step.sampled.reserve(expected);
         let preempted = self.schedule_running(&mut budget, &mut plan, &mut step);
+        self.flush_registrations(&mut step);
         if !preempted {
             self.schedule_waiting(&mut budget, &mut plan, &mut step);
+            self.flush_registrations(&mut step);
         }
         if step.slots.is_empty() {
             // Rows freed so far stay queued for the next plan that is actually sent.
@@ -50,6 +52,14 @@ impl Scheduler {
         self.inflight.push_back(step);
         self.counters.steps_planned += 1;
         Some(plan)
+    }
+
+    /// Makes the blocks this step filled so far findable in the prefix cache.
+    fn flush_registrations(&mut self, step: &mut InflightStep) {
+        for &(block, hash) in &step.registered[step.num_flushed..] {
+            self.pool.register(block, hash);
+        }
+        step.num_flushed = step.registered.len();
     }
 
     /// Tokens for one sequence this step, after the budget and the per-step prefill cap.
@@ -115,6 +125,8 @@ impl Scheduler {
                 break;
             }
             let known = seq.tokens.len();
+            // What earlier admissions of this step filled must be findable now.
+            self.flush_registrations(step);
             // Never reuse the whole prompt: at least one token is computed for its logits.
             let max_hit_blocks = (known - 1) / bs;
             self.find_reusable_prefix(slot, max_hit_blocks, &mut hit);
@@ -273,8 +285,9 @@ impl Scheduler {
         if full > seq.num_registered {
             seq.update_hashes(bs);
             for i in seq.num_registered..full {
-                self.pool.register(seq.block_at(i * bs, bs), seq.hashes[i]);
-                step.registered.push((seq.blocks[i], seq.hashes[i]));
+                // Registered in batches (`flush_registrations`): a tight loop of independent
+                // map inserts lets the CPU overlap their cache misses.
+                step.registered.push((seq.block_at(i * bs, bs), seq.hashes[i]));
             }
             seq.num_registered = full;
         }
