@@ -92,8 +92,11 @@ impl SchedulerConfig {
                 self.pipeline_depth
             )));
         }
-        if self.max_num_seqs > i32::MAX as usize || self.num_blocks > i32::MAX as usize {
-            return Err(SchedError::InvalidConfig("num_blocks and max_num_seqs must fit in int32".into()));
+        let fits = |v: usize| v <= i32::MAX as usize;
+        if !(fits(self.max_num_seqs) && fits(self.num_blocks) && fits(self.max_model_len)) {
+            return Err(SchedError::InvalidConfig(
+                "num_blocks, max_num_seqs and max_model_len must fit in int32".into(),
+            ));
         }
         if self.max_num_batched_tokens < self.max_num_seqs.min(self.max_model_len) {
             // Not fatal for correctness, but a budget below the sequence cap can never run a

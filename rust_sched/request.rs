@@ -114,39 +114,41 @@ pub enum SeqState {
 
 /// Scheduling state of one sample.
 ///
-/// `repr(C, align(64))` keeps the fields every step reads or writes in the first two cache
-/// lines, so that a decode step touches those two lines and the tail of `tokens` per
-/// sequence; this is what keeps the cost per request flat from hundreds to thousands of
-/// running sequences.
+/// Everything a step reads or writes for a running sequence sits in its first cache line
+/// (`repr(C, align(64))`, counters as `u32`); the block table and the rest live behind it.
+/// A decode step thus touches one line per sequence plus the tail of `tokens`, which is
+/// what keeps the cost per request flat from hundreds to thousands of sequences.
 #[derive(Debug, Clone)]
 #[repr(C, align(64))]
 pub struct Sequence {
-    // ---- hot: read or written by every step ----
+    // ---- hot: the first 64 bytes ----
     /// Prompt followed by every output token known so far.
     pub tokens: Vec<u32>,
-    pub blocks: Vec<BlockId>,
-    /// Tokens whose KV is written or being written by a planned step.
-    pub num_computed: usize,
-    pub num_prompt: usize,
+    /// Tokens whose KV is written or being written by a planned step. While the sequence
+    /// runs, it holds exactly `blocks_for(num_computed)` blocks.
+    pub num_computed: u32,
+    pub num_prompt: u32,
     /// Copy of `stop.max_tokens`, read every step.
-    pub max_tokens: usize,
+    pub max_tokens: u32,
     /// Leading entries of `blocks` already offered to the prefix cache.
-    pub num_registered: usize,
+    pub num_registered: u32,
     /// Planned steps that will sample a token for this sequence and have not reported.
-    pub pending_samples: u32,
+    pub pending_samples: u8,
     /// Planned steps that reference this sequence and have not reported.
-    pub inflight_steps: u32,
-    pub row: Option<u32>,
+    pub inflight_steps: u8,
+    pub state: SeqState,
+    pub pooling: bool,
+    /// Persistent-batch row, [`NO_ROW`] while not running.
+    pub row: u32,
     /// Copies of `tokens.last()` and `blocks.last()`: a decode reads these instead of the
     /// two vectors' heap memory.
     pub last_token: u32,
     pub tail_block: BlockId,
     pub id: SeqId,
+    // ---- cold ----
+    pub blocks: Vec<BlockId>,
     /// Sample index within its request (0..n).
     pub index: u32,
-    pub state: SeqState,
-    pub pooling: bool,
-    // ---- cold ----
     pub request_id: Arc<str>,
     /// Hashes of the full blocks of `tokens`.
     pub hashes: Vec<BlockHash>,
@@ -161,6 +163,9 @@ pub struct Sequence {
     /// Slot of the sibling whose prompt blocks this parked sample will share.
     pub fork_source: Option<u32>,
 }
+
+/// `Sequence::row` of a sequence that holds no row.
+pub const NO_ROW: u32 = u32::MAX;
 
 /// A cheap, conservative test of "could this token stop some sequence": one bit per token
 /// id modulo 4096, set for every EOS and stop token id ever registered. A miss lets the
@@ -219,11 +224,12 @@ impl Sequence {
         }
     }
 
-    /// KV block holding `pos`, which must be allocated.
+    /// KV block holding `pos`, which must be allocated; `num_blocks` is how many blocks the
+    /// sequence holds (passed in so that a decode does not read the block table).
     #[inline]
-    pub fn block_at(&self, pos: usize, block_size: usize) -> BlockId {
+    pub fn block_at(&self, pos: usize, block_size: usize, num_blocks: usize) -> BlockId {
         let i = pos / block_size;
-        if i + 1 == self.blocks.len() {
+        if i + 1 == num_blocks {
             self.tail_block
         } else {
             self.blocks[i]
@@ -231,7 +237,19 @@ impl Sequence {
     }
 
     pub fn num_output(&self) -> usize {
-        self.tokens.len() - self.num_prompt
+        self.tokens.len() - self.num_prompt as usize
+    }
+
+    pub fn computed(&self) -> usize {
+        self.num_computed as usize
+    }
+
+    pub fn prompt_len(&self) -> usize {
+        self.num_prompt as usize
+    }
+
+    pub fn row(&self) -> Option<u32> {
+        (self.row != NO_ROW).then_some(self.row)
     }
 
     /// Known tokens plus those being sampled by in-flight steps.
@@ -246,12 +264,12 @@ impl Sequence {
             return if self.num_computed == 0 { self.tokens.len() } else { 0 };
         }
         let total = self.num_tokens_with_pending();
-        if self.num_output() + self.pending_samples as usize >= self.max_tokens
+        if self.num_output() + self.pending_samples as usize >= self.max_tokens as usize
             || total >= config.max_model_len
         {
             return 0;
         }
-        total.saturating_sub(self.num_computed)
+        total.saturating_sub(self.computed())
     }
 
     pub fn update_hashes(&mut self, block_size: usize) {
@@ -275,7 +293,7 @@ impl Sequence {
                 return Some((FinishReason::Stop, Some(token)));
             }
         }
-        if out >= self.max_tokens || self.tokens.len() >= config.max_model_len {
+        if out >= self.max_tokens as usize || self.tokens.len() >= config.max_model_len {
             return Some((FinishReason::Length, None));
         }
         None

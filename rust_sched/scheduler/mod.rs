@@ -26,7 +26,7 @@ use crate::block_pool::{BlockId, BlockPool, PoolUsage, PrefixCacheStats};
 use crate::config::{Policy, SchedulerConfig};
 use crate::error::{SchedError, SchedResult};
 use crate::plan::{FinishReason, OutputEvent};
-use crate::request::{RequestSpec, SeqId, SeqState, Sequence, StopCriteria, StopTokenFilter};
+use crate::request::{RequestSpec, SeqId, SeqState, Sequence, StopCriteria, StopTokenFilter, NO_ROW};
 
 pub use queues::Rank;
 use queues::{RowAllocator, RunningList, WaitingQueue};
@@ -195,17 +195,17 @@ impl Scheduler {
                 index: index as u32,
                 state: if parked { SeqState::Parked } else { SeqState::Waiting },
                 tokens: spec.prompt.clone(),
-                num_prompt: spec.prompt.len(),
+                num_prompt: spec.prompt.len() as u32,
                 num_computed: 0,
                 pending_samples: 0,
                 inflight_steps: 0,
                 blocks: Vec::new(),
                 hashes: Vec::new(),
                 num_registered: 0,
-                row: None,
+                row: NO_ROW,
                 last_token: *spec.prompt.last().expect("validated non-empty"),
                 tail_block: 0,
-                max_tokens: spec.max_tokens,
+                max_tokens: spec.max_tokens as u32,
                 stop: stop.clone(),
                 priority: if self.config.policy == Policy::Priority { spec.priority } else { 0 },
                 arrival,
@@ -327,10 +327,13 @@ impl Scheduler {
             if seq.state != SeqState::Running && seq.state != SeqState::Finished && !seq.blocks.is_empty() {
                 return Err(format!("sequence {} holds blocks while {:?}", seq.id, seq.state));
             }
-            if seq.blocks.len() < self.config.blocks_for(seq.num_computed) {
+            if seq.blocks.len() < self.config.blocks_for(seq.computed()) {
                 return Err(format!("sequence {} computes past its blocks", seq.id));
             }
-            for (i, &b) in seq.blocks.iter().enumerate().take(seq.num_registered) {
+            if seq.state == SeqState::Running && seq.blocks.len() != self.config.blocks_for(seq.computed()) {
+                return Err(format!("running sequence {} holds blocks beyond what it computes", seq.id));
+            }
+            for (i, &b) in seq.blocks.iter().enumerate().take(seq.num_registered as usize) {
                 if let Some(h) = self.pool.hash_of(b) {
                     if seq.hashes.get(i) != Some(&h) {
                         return Err(format!("block {b} cached with a hash its content does not have"));
@@ -354,7 +357,7 @@ impl Scheduler {
                 return Err(format!("slot {slot} in the waiting queue is not waiting"));
             }
         }
-        let rows_held = self.live_seqs().filter(|s| s.row.is_some()).count();
+        let rows_held = self.live_seqs().filter(|s| s.row().is_some()).count();
         if rows_held + self.rows.num_free() != self.rows.capacity() {
             return Err(format!("{rows_held} rows held + {} free != capacity", self.rows.num_free()));
         }
@@ -400,7 +403,9 @@ impl Scheduler {
     }
 
     fn release_row(&mut self, slot: u32) {
-        if let Some(row) = self.seq_mut(slot).row.take() {
+        let seq = self.seq_mut(slot);
+        if let Some(row) = seq.row() {
+            seq.row = NO_ROW;
             self.rows.give_back(row);
             self.freed_rows.push(row as i32);
         }

@@ -92,8 +92,10 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            let seq = self.seq(slot).unwrap();
-            let need = self.config.blocks_for(seq.num_computed + n).saturating_sub(seq.blocks.len());
+            // A running sequence holds exactly blocks_for(num_computed) blocks, so the block
+            // table itself (a cache line of its own) is not read here.
+            let computed = self.seq(slot).unwrap().computed();
+            let need = self.config.blocks_for(computed + n) - self.config.blocks_for(computed);
             // Make room by preempting lower-ranked sequences (always the last of the list).
             while self.pool.num_free() < need && self.running.len() > i + 1 {
                 self.preempt_at(self.running.len() - 1);
@@ -154,20 +156,25 @@ impl Scheduler {
             self.pool.acquire(&hit);
             self.waiting.remove(&rank);
             let row = self.rows.take().expect("a free row exists while running < max_num_seqs");
+            let max_model_len = self.config.max_model_len;
             let seq = self.seq_mut(slot);
             seq.blocks.clear();
             seq.blocks.extend_from_slice(&hit);
             if let Some(&b) = hit.last() {
                 seq.tail_block = b;
             }
-            seq.num_computed = cached;
-            seq.num_registered = hit.len();
-            seq.row = Some(row);
+            seq.num_computed = cached as u32;
+            seq.num_registered = hit.len() as u32;
+            seq.row = row;
             seq.state = SeqState::Running;
             seq.fork_source = None;
             if !seq.admitted_once {
                 seq.admitted_once = true;
                 seq.num_cached_tokens = cached;
+                // Room for every token it may produce, so that decode steps never move the
+                // token vector (a copy, and fresh pages to fault in, in the middle of a step).
+                let most = (seq.prompt_len() + seq.max_tokens as usize).min(max_model_len);
+                seq.tokens.reserve_exact(most.saturating_sub(seq.tokens.len()));
             }
             self.running.insert(rank, slot);
             self.announce_new(slot, plan);
@@ -190,7 +197,7 @@ impl Scheduler {
         if let Some(src) = seq.fork_source {
             if let Some(parent) = self.seq(src) {
                 if parent.state == SeqState::Running && parent.id < seq.id {
-                    let shared = (parent.num_computed.min(seq.num_prompt) / self.config.block_size)
+                    let shared = (parent.computed().min(seq.prompt_len()) / self.config.block_size)
                         .min(max_blocks)
                         .min(parent.blocks.len());
                     hit.extend_from_slice(&parent.blocks[..shared]);
@@ -211,7 +218,7 @@ impl Scheduler {
         let start = seq.blocks.len();
         self.pool.allocate(need, &mut seq.blocks);
         seq.tail_block = *seq.blocks.last().unwrap();
-        let row = seq.row.expect("running sequence has a row") as i32;
+        let row = seq.row().expect("running sequence has a row") as i32;
         for (col, &b) in seq.blocks.iter().enumerate().skip(start) {
             plan.block_table_rows.push(row);
             plan.block_table_cols.push(col as i32);
@@ -223,7 +230,7 @@ impl Scheduler {
     /// far (prefix hits; blocks allocated in this step are added by `grow_blocks`).
     fn announce_new(&mut self, slot: u32, plan: &mut StepPlan) {
         let seq = self.seq(slot).unwrap();
-        let row = seq.row.unwrap() as i32;
+        let row = seq.row().expect("admitted sequence has a row") as i32;
         if plan.new_token_offsets.is_empty() {
             plan.new_token_offsets.push(0);
         }
@@ -244,28 +251,29 @@ impl Scheduler {
     fn emit(&mut self, slot: u32, n: usize, plan: &mut StepPlan, step: &mut InflightStep) {
         let bs = self.config.block_size;
         let seq = self.seqs[slot as usize].as_mut().expect("live slot");
-        let start = seq.num_computed;
+        let start = seq.computed();
         let end = start + n;
         let known = seq.tokens.len();
+        let num_blocks = end.div_ceil(bs); // grown to cover `end` before emit
         for pos in start..end {
             let token = if pos < known { i64::from(seq.token_at(pos)) } else { PLACEHOLDER_TOKEN };
             plan.input_ids.push(token);
             plan.positions.push(pos as i64);
-            let block = i64::from(seq.block_at(pos, bs));
+            let block = i64::from(seq.block_at(pos, bs, num_blocks));
             plan.slot_mapping.push(block * bs as i64 + (pos % bs) as i64);
         }
-        let row = seq.row.expect("scheduled sequence has a row") as i32;
+        let row = seq.row().expect("scheduled sequence has a row") as i32;
         let index = plan.rows.len() as i32;
         plan.rows.push(row);
         plan.num_scheduled_tokens.push(n as i32);
         plan.query_start_loc.push(plan.input_ids.len() as i32);
         plan.seq_lens.push(end as i32);
-        if n == 1 && start >= seq.num_prompt {
+        if n == 1 && start >= seq.prompt_len() {
             self.counters.decode_tokens_scheduled += 1;
         } else {
             self.counters.prefill_tokens_scheduled += n as u64;
         }
-        seq.num_computed = end;
+        seq.num_computed = end as u32;
         seq.inflight_steps += 1;
         step.slots.push(slot);
         if seq.pooling {
@@ -277,19 +285,20 @@ impl Scheduler {
             seq.pending_samples += 1;
             step.sampled.push(slot);
         }
-        if seq.index == 0 && start < seq.num_prompt && end >= seq.num_prompt {
+        // (The index, in the block table's cache line, is only read at the end of a prompt.)
+        if start < seq.prompt_len() && end >= seq.prompt_len() && seq.index == 0 {
             step.unpark.push(slot);
         }
         // Blocks that are now full of known, computed tokens become findable.
         let full = end.min(known) / bs;
-        if full > seq.num_registered {
+        if full > seq.num_registered as usize {
             seq.update_hashes(bs);
-            for i in seq.num_registered..full {
+            for i in seq.num_registered as usize..full {
                 // Registered in batches (`flush_registrations`): a tight loop of independent
                 // map inserts lets the CPU overlap their cache misses.
-                step.registered.push((seq.block_at(i * bs, bs), seq.hashes[i]));
+                step.registered.push((seq.block_at(i * bs, bs, num_blocks), seq.hashes[i]));
             }
-            seq.num_registered = full;
+            seq.num_registered = full as u32;
         }
     }
 
