@@ -1,13 +1,15 @@
 """Offline throughput: pyengine next to transformers and a plain PyTorch lower bound.
 
 Model: Qwen3-shaped random checkpoint (hidden 256, 4 layers, 4 heads / 2 KV heads,
-vocab 4096, float32, CPU). Workload: ``--num-requests`` prompts of 64-512 random tokens,
-each asking for 64, 128, 192 or 256 output tokens (ignore_eos, greedy, fixed seed).
+vocab 4096, float32, CPU). Workload: ``--num-requests`` prompts of ``--prompt-range``
+(default 64-512) random tokens, each asking for one of four output lengths spread over
+``--output-range`` (default 64-256), ignore_eos, greedy, fixed seed.
 Measured in one run, output tokens per second:
 
 - ``pyengine``: ``LLM.generate`` on the whole workload (engine start-up not timed).
-- ``hf_generate``: transformers' ``generate`` in left-padded static batches of 16, grouped
-  by output length (so no batch decodes past what its requests asked for).
+- ``hf_generate``: transformers' ``generate`` in left-padded static batches of 16 in input
+  order; a batch decodes until its longest request is done, and only the tokens each
+  request asked for count (what static batching costs).
 - ``hf_generate_batch``: transformers' continuous batching (``generate_batch``), one call
   per output length.
 - ``lower_bound``: the same tokens through a plain PyTorch loop over a contiguous KV cache
@@ -17,7 +19,8 @@ Measured in one run, output tokens per second:
 
 Bars: pyengine >= 75% of the lower bound and >= 3x the better transformers run.
 
-    python benches/throughput.py [--json] [--num-requests N] [--skip-hf]
+    python benches/throughput.py [--json] [--num-requests N] [--max-num-seqs N] [--skip-hf]
+        [--prompt-range 64 512] [--output-range 64 256]
 """
 
 from __future__ import annotations
@@ -42,13 +45,17 @@ from pyengine.testing.contiguous_reference import ContiguousKVCache, contiguous_
 
 MODEL = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4,
              num_attention_heads=4, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)
-OUTPUT_LENGTHS = (64, 128, 192, 256)
+def output_lengths(shortest: int, longest: int) -> tuple[int, ...]:
+    """Four output lengths from ``shortest`` to ``longest`` (few distinct lengths, so that
+    ``generate_batch``, which takes one length per call, runs the same workload)."""
+    return tuple(int(x) for x in np.linspace(shortest, longest, 4))
 
 
-def workload(n: int, seed: int) -> tuple[list[list[int]], list[int]]:
+def workload(n: int, seed: int, prompt_range=(64, 512), output_range=(64, 256)):
     rng = np.random.default_rng(seed)
-    prompts = [rng.integers(3, 4096, int(rng.integers(64, 513))).tolist() for _ in range(n)]
-    outputs = [int(x) for x in rng.choice(OUTPUT_LENGTHS, n)]
+    prompts = [rng.integers(3, 4096, int(rng.integers(prompt_range[0], prompt_range[1] + 1))).tolist()
+               for _ in range(n)]
+    outputs = [int(x) for x in rng.choice(output_lengths(*output_range), n)]
     return prompts, outputs
 
 
@@ -76,22 +83,23 @@ def _hf_model(folder: Path):
 
 
 def run_hf_generate(folder: Path, prompts, outputs, batch: int = 16) -> float:
+    """Static batching as a transformers user does it: batches of 16 in input order, left
+    padded, each generating as many tokens as its longest request asks for. Only the
+    tokens each request asked for count."""
     model = _hf_model(folder)
-    total, elapsed = 0, 0.0
+    useful, elapsed = 0, 0.0
     with torch.inference_mode():
-        for length in OUTPUT_LENGTHS:
-            group = [p for p, m in zip(prompts, outputs) if m == length]
-            for i in range(0, len(group), batch):
-                chunk = group[i:i + batch]
-                width = max(map(len, chunk))
-                ids = torch.tensor([[0] * (width - len(p)) + p for p in chunk])
-                mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
-                start = time.perf_counter()
-                out = model.generate(ids, attention_mask=mask, max_new_tokens=length, min_new_tokens=length,
-                                     do_sample=False, pad_token_id=0)
-                elapsed += time.perf_counter() - start
-                total += (out.shape[1] - width) * len(chunk)
-    return total / elapsed
+        for i in range(0, len(prompts), batch):
+            chunk, lengths = prompts[i:i + batch], outputs[i:i + batch]
+            width = max(map(len, chunk))
+            ids = torch.tensor([[0] * (width - len(p)) + p for p in chunk])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+            start = time.perf_counter()
+            model.generate(ids, attention_mask=mask, max_new_tokens=max(lengths), min_new_tokens=max(lengths),
+                           do_sample=False, pad_token_id=0)
+            elapsed += time.perf_counter() - start
+            useful += sum(lengths)
+    return useful / elapsed
 
 
 def run_hf_generate_batch(folder: Path, prompts, outputs) -> float:
@@ -99,7 +107,7 @@ def run_hf_generate_batch(folder: Path, prompts, outputs) -> float:
 
     model = _hf_model(folder)
     total, elapsed = 0, 0.0
-    for length in OUTPUT_LENGTHS:
+    for length in sorted(set(outputs)):
         group = [p for p, m in zip(prompts, outputs) if m == length]
         if not group:
             continue
@@ -146,10 +154,13 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=128, help="engine batch cap (and lower-bound batch)")
     parser.add_argument("--skip-hf", action="store_true", help="skip the transformers runs")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prompt-range", type=int, nargs=2, default=(64, 512), metavar=("MIN", "MAX"))
+    parser.add_argument("--output-range", type=int, nargs=2, default=(64, 256), metavar=("MIN", "MAX"))
     args = parser.parse_args()
     logging.disable(logging.WARNING)
-    prompts, outputs = workload(args.num_requests, args.seed)
-    result: dict = {"num_requests": args.num_requests, "output_tokens": sum(outputs),
+    prompts, outputs = workload(args.num_requests, args.seed, args.prompt_range, args.output_range)
+    result: dict = {"num_requests": args.num_requests, "prompt_range": list(args.prompt_range),
+                    "output_range": list(args.output_range), "output_tokens": sum(outputs),
                     "prompt_tokens": sum(map(len, prompts)), "torch_threads": torch.get_num_threads()}
     with tempfile.TemporaryDirectory() as tmp:
         folder = make_tiny_checkpoint(Path(tmp) / "model", "qwen3", vocab_size=4096, **MODEL)
