@@ -68,7 +68,10 @@ class SamplingParams:
             self.frequency_penalty,
         )
         if self.seed is not None:
-            _check(0 <= self.seed <= _MAX_SEED, "seed", f"must be in [0, {_MAX_SEED}]", self.seed)
+            # The n samples use seeds seed .. seed + n - 1.
+            _check(0 <= self.seed <= _MAX_SEED - (self.n - 1), "seed",
+                   f"must be in [0, {_MAX_SEED - (self.n - 1)}] (n = {self.n} samples use seed .. seed + n - 1)",
+                   self.seed)
         if self.max_tokens is not None:
             _check(self.max_tokens >= 1, "max_tokens", "must be >= 1", self.max_tokens)
         _check(self.min_tokens >= 0, "min_tokens", "must be >= 0", self.min_tokens)

@@ -70,6 +70,7 @@ def wait_idle(engine: AsyncEngine, timeout: float = 5.0) -> None:
     ({"prompt": "hi", "stop": [""]}, "stop"),
     ({"prompt": "hi", "presence_penalty": 3}, "presence_penalty"),
     ({"prompt": "hi", "min_tokens": 20, "max_tokens": 4}, "min_tokens"),
+    ({"prompt": "hi", "n": 2, "seed": 2**63 - 1}, "seed"),
 ])
 def test_bad_completion_requests_are_400_naming_the_field(served, body, param):
     server, _ = served
@@ -87,6 +88,40 @@ def test_bad_completion_requests_are_400_naming_the_field(served, body, param):
 def test_bad_chat_requests_are_400_naming_the_field(served, body, param):
     server, _ = served
     assert_error(post(server, "/v1/chat/completions", body), 400, param)
+
+
+def test_chat_template_kwargs_cannot_break_rendering(served):
+    server, _ = served
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+            "chat_template_kwargs": {"add_generation_prompt": False, "messages": []}}
+    resp = post(server, "/v1/chat/completions", body)
+    assert resp.status_code == 200, resp.text
+
+
+def test_logprobs_of_excluded_tokens_are_finite(served):
+    """top-k leaves most tokens at -inf; JSON cannot carry that, so they come back floored."""
+    server, _ = served
+    resp = post(server, "/v1/completions", {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 3, "top_k": 1,
+                                            "logprobs": 3, "ignore_eos": True})
+    assert resp.status_code == 200, resp.text
+    tops = resp.json()["choices"][0]["logprobs"]["top_logprobs"]
+    assert all(-9999.0 <= v <= 0.0 for top in tops for v in top.values())
+    chat = post(server, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                                                 "max_tokens": 3, "top_k": 1, "logprobs": True,
+                                                 "top_logprobs": 3, "ignore_eos": True})
+    assert chat.status_code == 200, chat.text
+    content = chat.json()["choices"][0]["logprobs"]["content"]
+    assert all(-9999.0 <= t["logprob"] <= 0.0 for t in content)
+
+
+def test_unexpected_server_errors_are_500_with_an_openai_body():
+    from pyengine.server.errors import to_api_error
+
+    error = to_api_error(ValueError("a bug deep in the executor"))
+    assert error.status == 500
+    from pyengine import InvalidRequestError
+
+    assert to_api_error(InvalidRequestError("max_tokens must be >= 1, got 0")).status == 400
 
 
 def test_malformed_json_is_400_and_the_server_keeps_serving(served):

@@ -171,8 +171,14 @@ class OutputLoop:
                 state.sink.fail(error)
 
 
+# Tokens that top-k / top-p / min-p excluded have a log-probability of -inf, which JSON
+# cannot carry; like vLLM's server we report them as this floor.
+LOGPROB_FLOOR = -9999.0
+
+
 def _logprob_dict(lp, i: int, token: int) -> dict[int, float]:
     k = int(lp.requested[i])
-    out = {int(t): float(v) for t, v in zip(lp.top_token_ids[i, :k].tolist(), lp.top_logprobs[i, :k].tolist())}
-    out[token] = float(lp.sampled_logprobs[i])
+    tops = zip(lp.top_token_ids[i, :k].tolist(), lp.top_logprobs[i, :k].tolist())
+    out = {int(t): max(float(v), LOGPROB_FLOOR) for t, v in tops}
+    out[token] = max(float(lp.sampled_logprobs[i]), LOGPROB_FLOOR)
     return out

@@ -11,6 +11,7 @@ from typing import Optional, Union
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from pyengine.engine.output_loop import LOGPROB_FLOOR
 from pyengine.server.choices import ChoiceDelta, ChoiceTracker
 from pyengine.server.context import Context, ServerContext
 from pyengine.server.errors import bad_request, to_api_error
@@ -40,7 +41,7 @@ def chat_logprobs(tt: TokenText, token_ids: list[int], logprobs: list[dict[int, 
     for token, lps in zip(token_ids, logprobs):
         best = sorted(lps.items(), key=lambda kv: -kv[1])[:top]
         content.append(ChatLogprobToken(
-            token=tt.text(token), logprob=lps.get(token, float("-inf")), bytes=tt.bytes(token),
+            token=tt.text(token), logprob=lps.get(token, LOGPROB_FLOOR), bytes=tt.bytes(token),
             top_logprobs=[ChatLogprobTop(token=tt.text(t), logprob=v, bytes=tt.bytes(t)) for t, v in best],
         ))
     return ChatLogprobs(content=content)

@@ -35,8 +35,10 @@ class ChatTemplate:
                extra: Optional[dict[str, Any]] = None) -> str:
         """The prompt text; a template error is the request's fault: a 400 on ``messages``."""
         try:
-            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                        **self.special, **(extra or {}))
+            # One merged context: the request's own keys may not collide with ours.
+            context = {**self.special, **(extra or {}), "messages": messages,
+                       "add_generation_prompt": add_generation_prompt}
+            return self.template.render(**context)
         except TemplateError as error:
             raise bad_request(f"the chat template failed on these messages: {error}", "messages") from None
 

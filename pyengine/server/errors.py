@@ -2,7 +2,8 @@
 exception handlers that turn pyengine's and FastAPI's exceptions into them.
 
 - malformed JSON / wrong types (pydantic) -> 400, ``param`` = the offending field
-- ``InvalidRequestError`` and the ``ValueError`` of ``SamplingParams`` -> 400
+- ``InvalidRequestError`` (``SamplingParams`` errors are converted to it where they arise) -> 400
+- anything else -> 500 ``server_error``
 - ``EngineDeadError`` -> 503
 """
 
@@ -72,8 +73,9 @@ def to_api_error(error: BaseException) -> APIError:
         return error
     if isinstance(error, EngineDeadError):
         return APIError(503, f"the engine cannot serve: {error}", code="engine_dead")
-    if isinstance(error, (InvalidRequestError, ValueError)):
+    if isinstance(error, InvalidRequestError):
         return from_value_error(error)
+    # Anything else (a ValueError from inside the executor included) is the server's fault.
     return APIError(500, f"internal error: {error!r}", type_="server_error")
 
 
@@ -114,6 +116,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _dead(_: Request, exc: EngineDeadError) -> JSONResponse:
         return error_response(to_api_error(exc))
 
-    @app.exception_handler(ValueError)
-    async def _value(_: Request, exc: ValueError) -> JSONResponse:
+    @app.exception_handler(InvalidRequestError)
+    async def _invalid(_: Request, exc: InvalidRequestError) -> JSONResponse:
+        return error_response(to_api_error(exc))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         return error_response(to_api_error(exc))
