@@ -1,8 +1,8 @@
 """A scheduler simulation: the real scheduler thread and channels, a fake executor.
 
-This is what ``python -m pyengine simulate`` runs until the model executor is wired in:
-a random workload goes through ``pyengine-sched`` exactly as the engine will drive it,
-and the per-step scheduling cost is printed.
+This is what ``pyengine simulate`` runs: a random workload goes through
+``pyengine-sched`` exactly as the engine drives it, and the per-step scheduling cost is
+printed, with no model in the way.
 """
 
 from __future__ import annotations

@@ -247,16 +247,16 @@ impl BlockPool {
         }
     }
 
-    /// Takes back the cache identity `register` gave `block` under `hash` (the step that was
-    /// to compute it failed). A block holding another identity by now is left alone; a free
-    /// one becomes fresh.
-    pub fn forget(&mut self, block: BlockId, hash: BlockHash) {
+    /// Takes back whatever cache identity `block` has (a step that was to compute part of
+    /// it failed, so its content cannot be trusted). A free block becomes fresh.
+    pub fn forget(&mut self, block: BlockId) {
         let i = block as usize;
-        if self.hashes[i] != Some(hash) {
+        let Some(hash) = self.hashes[i].take() else {
             return;
+        };
+        if self.cached.get(&hash) == Some(&block) {
+            self.cached.remove(&hash);
         }
-        self.hashes[i] = None;
-        self.cached.remove(&hash);
         if self.ref_counts[i] == 0 {
             self.evictable.remove(block);
             self.fresh.push(block);

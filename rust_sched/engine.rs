@@ -32,9 +32,16 @@ enum Command {
     Add(Box<RequestSpec>, SeqId),
     Abort(String),
     Finish(SeqId, FinishReason),
-    Result { step_id: u64, sampled: Vec<i64> },
-    Fail { step_id: u64 },
+    Result {
+        step_id: u64,
+        sampled: Vec<i64>,
+    },
+    Fail {
+        step_id: u64,
+    },
     Stats(Sender<SchedulerSnapshot>),
+    /// Test hook: panic on the scheduler thread.
+    Panic,
     Shutdown,
 }
 
@@ -254,7 +261,7 @@ impl EngineHandle {
     /// Test hook: makes the scheduler thread panic, to exercise the error path.
     #[doc(hidden)]
     pub fn inject_panic(&self) -> SchedResult<()> {
-        self.send(Command::Fail { step_id: u64::MAX })
+        self.send(Command::Panic)
     }
 }
 
@@ -383,9 +390,6 @@ impl Worker {
                 self.flush_output(Some(step_id))
             }
             Command::Fail { step_id } => {
-                if step_id == u64::MAX {
-                    panic!("injected by inject_panic()");
-                }
                 if let Flow::Exit = self.flush_output(None) {
                     return Flow::Exit;
                 }
@@ -399,6 +403,7 @@ impl Worker {
                 let _ = reply.try_send(self.scheduler.snapshot());
                 Flow::Continue
             }
+            Command::Panic => panic!("injected by inject_panic()"),
             Command::Shutdown => Flow::Exit,
         }
     }

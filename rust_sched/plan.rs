@@ -42,7 +42,8 @@ pub struct StepPlan {
     pub new_seq_ids: Vec<u64>,
     /// `[K]` their prompt lengths.
     pub new_num_prompt_tokens: Vec<i32>,
-    /// `[K+1]` offsets into `new_token_ids`.
+    /// `[K+1]` offsets into `new_token_ids` (empty when K = 0; the bindings then hand
+    /// Python `[0]`).
     pub new_token_offsets: Vec<i64>,
     /// All known tokens of each new sequence: its prompt, then (when resumed) its outputs.
     pub new_token_ids: Vec<i64>,

@@ -95,7 +95,6 @@ impl RequestSpec {
 /// Stop conditions shared by the samples of one request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StopCriteria {
-    pub max_tokens: usize,
     pub min_tokens: usize,
     pub eos_token_ids: Vec<u32>,
     pub ignore_eos: bool,
@@ -147,6 +146,9 @@ pub struct Sequence {
     pub id: SeqId,
     // ---- cold ----
     pub blocks: Vec<BlockId>,
+    /// Leading entries of `blocks` reused rather than computed (prefix-cache hits, or a
+    /// sibling's prompt blocks) at the latest admission.
+    pub num_shared_blocks: u32,
     /// Sample index within its request (0..n).
     pub index: u32,
     pub request_id: Arc<str>,

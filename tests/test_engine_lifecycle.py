@@ -138,3 +138,20 @@ def test_shutdown_joins_all_threads_with_requests_in_flight():
     assert not engine.engine.sched.is_alive
     with pytest.raises(EngineDeadError):
         engine.generate([[1]], use_tqdm=False)
+
+
+def test_a_token_outside_the_vocabulary_is_refused_up_front(llm):
+    from pyengine import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match="vocabulary"):
+        llm.generate([[1, 2, 3], [1, 2, 10**9]], SamplingParams(max_tokens=2), use_tqdm=False)
+    assert_idle(llm)
+    outs = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
+    assert len(outs[0].outputs[0].token_ids) == 2
+
+
+def test_prompt_tokens_are_counted_for_every_request(llm):
+    before = llm.stats().prompt_tokens
+    llm.generate([[4, 5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True, stop=["a", "e", "o", " "]),
+                 use_tqdm=False)
+    assert llm.stats().prompt_tokens == before + 4

@@ -73,6 +73,8 @@ class EngineCore:
         self.decode_table = DecodeTable.from_tokenizer(self.tokenizer) if self.tokenizer is not None else None
         self.eos_token_ids = list(self.runner.loaded.eos_token_ids)
         self.max_model_len = self.runner.max_model_len
+        model_config = getattr(self.runner.loaded, "config", None)
+        self.vocab_size: Optional[int] = getattr(model_config, "vocab_size", None)
         self.sched = SchedulerThread(
             SchedulerConfig(
                 self.runner.num_kv_blocks,
@@ -126,6 +128,10 @@ class EngineCore:
         """Queues a request; its outputs go to ``sink``. Raises ``InvalidRequestError`` for a
         request that can never be served and ``EngineDeadError`` once the engine is dead."""
         self._check_alive()
+        if prompt_token_ids and self.vocab_size is not None and max(prompt_token_ids) >= self.vocab_size:
+            raise InvalidRequestError(
+                f"prompt token id {max(prompt_token_ids)} is outside the vocabulary (size {self.vocab_size})"
+            )
         pooling = isinstance(params, PoolingParams)
         if isinstance(params, SamplingParams):
             max_tokens = params.max_tokens
@@ -150,6 +156,7 @@ class EngineCore:
         )
         text_stream = self._text_stream if needs_stream else None
         with self.registry.lock:
+            self._check_alive()  # again, under the lock the output thread's fail-all takes
             if self.registry.contains_request(request_id):
                 raise DuplicateRequestError(f"request id {request_id!r} is still in use")
             first = self.sched.add_request(request)
@@ -164,8 +171,12 @@ class EngineCore:
     def abort(self, request_id: str) -> None:
         """Aborts a request at any stage; its sink receives a final output with
         ``finish_reason == "abort"``. Unknown or finished ids are ignored."""
-        if not self._closed:
+        if self._closed:
+            return
+        try:
             self.sched.abort(request_id)
+        except EngineDeadError:
+            pass  # nothing runs any more; its caller gets EngineDeadError from its sink
 
     # ---- health and stats ----
 
@@ -215,7 +226,7 @@ class EngineCore:
             kv_usage=float(s["kv_usage"]),
             kv_blocks_total=int(s["kv_blocks_total"]),
             prefix_cache_hit_rate=(s["prefix_cache_hit_tokens"] / queried) if queried else 0.0,
-            prompt_tokens=self.output.prompt_tokens,
+            prompt_tokens=self.registry.prompt_tokens,
             generated_tokens=self.output.generated_tokens,
             queue_depths={
                 "plans": int(s["plan_queue_depth"]),

@@ -19,6 +19,7 @@ from pyengine.engine.registry import SequenceRegistry
 from pyengine.engine.request_state import RequestState
 from pyengine.engine.thread_names import name_current_thread
 from pyengine.errors import EngineDeadError, EngineError
+from pyengine.sampling_params import PoolingParams
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,6 @@ class OutputLoop:
         self.stopping = threading.Event()
         self.fatal: Optional[BaseException] = None
         self.fail_next_event = threading.Event()  # test hook: the next event with tokens raises
-        self.prompt_tokens = 0
         self.generated_tokens = 0
 
     def run(self) -> None:
@@ -60,6 +60,7 @@ class OutputLoop:
                 if event is not None:
                     self._handle(event)
                 elif self.stopping.is_set():
+                    self._fail_all(EngineDeadError("the engine was shut down"))
                     break
                 fatal = self.executor_fatal()
                 if fatal is not None:
@@ -127,7 +128,6 @@ class OutputLoop:
         stop_tokens = event.stop_token_ids.tolist()
         cached = event.num_cached_tokens.tolist()
         preempted = event.num_preemptions.tolist()
-        prompt = event.num_prompt_tokens.tolist()
         for k, seq in enumerate(event.finished_seq_ids.tolist()):
             entry = self.registry.seq(seq)
             if entry is None:
@@ -137,11 +137,14 @@ class OutputLoop:
             touched[state.request_id] = state
             if sample.index == 0:
                 state.metrics.num_cached_tokens = cached[k]
-                self.prompt_tokens += prompt[k]
             state.metrics.num_preemptions += preempted[k]
             if reasons[k] == _ERROR:
                 cause = extras.error if extras is not None and extras.error is not None else "unknown"
                 self._fail(state, EngineError(f"the executor failed while running this request: {cause!r}"))
+                continue
+            if isinstance(state.params, PoolingParams) and reasons[k] != _POOLED:
+                self._fail(state, EngineError(f"the embedding request ended without a result: "
+                                              f"{FINISH_REASONS[reasons[k]]}"))
                 continue
             if reasons[k] == _POOLED:
                 state.embedding = (extras.pooled or {}).get(seq) if extras is not None else None

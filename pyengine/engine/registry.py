@@ -20,11 +20,13 @@ class SequenceRegistry:
         self._requests: dict[str, RequestState] = {}
         self._seqs: dict[int, tuple[RequestState, SampleState]] = {}
         self._params: dict[int, Params] = {}
+        self.prompt_tokens = 0  # prompt tokens of every request added (under ``lock``)
 
     def add(self, state: RequestState) -> None:
         """Registers a request whose sequences the scheduler has just numbered (call with
         ``lock`` held, together with the scheduler's ``add_request``)."""
         self._requests[state.request_id] = state
+        self.prompt_tokens += len(state.prompt_token_ids)
         for sample in state.samples:
             self._seqs[sample.seq_id] = (state, sample)
             self._params[sample.seq_id] = sample_params(state.params, sample.index)

@@ -41,10 +41,13 @@ struct InflightStep {
     sampled: Vec<u32>,
     /// Slots of pooling sequences that complete with this step.
     pooled: Vec<u32>,
-    /// Blocks this step made findable in the prefix cache, with their hashes: forgotten
-    /// again if the step fails, since their KV was never written.
-    registered: Vec<(BlockId, BlockHash)>,
-    /// Leading entries of `registered` already handed to the block pool.
+    /// Blocks this step writes KV into (a decode: one per sequence). If the step fails,
+    /// they lose any prefix-cache identity and whoever reused them fails too.
+    written: Vec<BlockId>,
+    /// Blocks that became full and known in this plan, to make findable in the prefix
+    /// cache (in batches: see `flush_registrations`).
+    to_register: Vec<(BlockId, BlockHash)>,
+    /// Leading entries of `to_register` already handed to the block pool.
     num_flushed: usize,
     /// First samples whose prompt completes in this step (their siblings may start).
     unpark: Vec<u32>,
@@ -173,7 +176,6 @@ impl Scheduler {
             self.stop_filter.insert(t);
         }
         let stop = Arc::new(StopCriteria {
-            max_tokens: spec.max_tokens,
             min_tokens: spec.min_tokens,
             eos_token_ids: spec.eos_token_ids,
             ignore_eos: spec.ignore_eos,
@@ -202,6 +204,7 @@ impl Scheduler {
                 blocks: Vec::new(),
                 hashes: Vec::new(),
                 num_registered: 0,
+                num_shared_blocks: 0,
                 row: NO_ROW,
                 last_token: *spec.prompt.last().expect("validated non-empty"),
                 tail_block: 0,
@@ -479,6 +482,7 @@ impl Scheduler {
         let blocks = std::mem::take(&mut seq.blocks);
         seq.num_computed = 0;
         seq.num_registered = 0;
+        seq.num_shared_blocks = 0;
         seq.num_preemptions += 1;
         self.pool.release(&blocks);
         self.waiting.insert(rank, slot);

@@ -56,10 +56,10 @@ impl Scheduler {
 
     /// Makes the blocks this step filled so far findable in the prefix cache.
     fn flush_registrations(&mut self, step: &mut InflightStep) {
-        for &(block, hash) in &step.registered[step.num_flushed..] {
+        for &(block, hash) in &step.to_register[step.num_flushed..] {
             self.pool.register(block, hash);
         }
-        step.num_flushed = step.registered.len();
+        step.num_flushed = step.to_register.len();
     }
 
     /// Tokens for one sequence this step, after the budget and the per-step prefill cap.
@@ -165,6 +165,7 @@ impl Scheduler {
             }
             seq.num_computed = cached as u32;
             seq.num_registered = hit.len() as u32;
+            seq.num_shared_blocks = hit.len() as u32;
             seq.row = row;
             seq.state = SeqState::Running;
             seq.fork_source = None;
@@ -255,6 +256,9 @@ impl Scheduler {
         let end = start + n;
         let known = seq.tokens.len();
         let num_blocks = end.div_ceil(bs); // grown to cover `end` before emit
+        for b in start / bs..=(end - 1) / bs {
+            step.written.push(seq.block_at(b * bs, bs, num_blocks));
+        }
         for pos in start..end {
             let token = if pos < known { i64::from(seq.token_at(pos)) } else { PLACEHOLDER_TOKEN };
             plan.input_ids.push(token);
@@ -296,7 +300,7 @@ impl Scheduler {
             for i in seq.num_registered as usize..full {
                 // Registered in batches (`flush_registrations`): a tight loop of independent
                 // map inserts lets the CPU overlap their cache misses.
-                step.registered.push((seq.block_at(i * bs, bs, num_blocks), seq.hashes[i]));
+                step.to_register.push((seq.block_at(i * bs, bs, num_blocks), seq.hashes[i]));
             }
             seq.num_registered = full as u32;
         }

@@ -280,3 +280,61 @@ fn a_failed_step_also_fails_later_readers_of_its_blocks() {
     assert_eq!(s.pool().usage().used, 0);
     assert!(!s.has_unfinished());
 }
+
+/// Depth 2, decode at a block boundary: the block is registered by the plan after the
+/// one that writes its last slot. If the writing step fails, the block must not stay
+/// findable.
+#[test]
+fn a_block_registered_by_a_later_plan_is_forgotten_when_its_writer_fails() {
+    let mut cfg = config(64);
+    cfg.pipeline_depth = 2;
+    let mut s = Scheduler::new(cfg).unwrap();
+    let mut spec = request("a", vec![1, 2, 3], 10);
+    spec.ignore_eos = false;
+    s.add_request(spec).unwrap();
+    let p0 = s.schedule().unwrap(); // prefill, samples position 3
+    let p1 = s.schedule().unwrap(); // writes position 3 (a placeholder): fills block 0
+    assert_eq!(p1.input_ids, vec![PLACEHOLDER_TOKEN]);
+    s.apply_result(p0.step_id, &[7]).unwrap();
+    let p2 = s.schedule().unwrap(); // token 3 is known now: block 0 is registered here
+    s.fail_step(p1.step_id).unwrap();
+    s.apply_result(p2.step_id, &[9]).unwrap();
+    s.check_invariants().unwrap();
+    s.add_request(request("b", vec![1, 2, 3, 7, 5], 2)).unwrap();
+    let p3 = s.schedule().unwrap();
+    assert_eq!(p3.positions[0], 0, "b must not reuse block 0: its last slot was never written");
+}
+
+/// A failed step's blocks fail the sequences that *reused* them, not one that was merely
+/// handed a freed block and writes it itself.
+#[test]
+fn a_failed_step_spares_sequences_that_got_its_blocks_as_fresh_allocations() {
+    for caching in [true, false] {
+        let cfg = SchedulerConfig {
+            num_blocks: 7,
+            block_size: 4,
+            max_num_seqs: 8,
+            max_num_batched_tokens: 64,
+            max_model_len: 64,
+            long_prefill_token_threshold: 12,
+            enable_prefix_caching: caching,
+            pipeline_depth: 2,
+            ..SchedulerConfig::default()
+        };
+        let mut s = Scheduler::new(cfg).unwrap();
+        s.add_request(request("d", (100..108).collect(), 1)).unwrap();
+        s.add_request(request("b", (200..224).collect(), 1)).unwrap();
+        let p0 = s.schedule().unwrap();
+        s.add_request(request("a", (300..308).collect(), 1)).unwrap();
+        let p1 = s.schedule().unwrap(); // only a: b still needs blocks
+        assert_eq!(p1.new_seq_ids.len(), 1);
+        s.apply_result(p0.step_id, &[1]).unwrap(); // d ends
+        let _ = s.take_output(None);
+        let _p2 = s.schedule().unwrap(); // b preempts a and takes blocks, a's among them
+        assert_eq!(s.counters().preemptions, 1);
+        s.fail_step(p1.step_id).unwrap();
+        let ev = s.take_output(None);
+        assert!(!ev.finished_seq_ids.contains(&1), "caching={caching}: b never read a's KV");
+        s.check_invariants().unwrap();
+    }
+}

@@ -1,6 +1,7 @@
 //! Applying a step's result: sampled tokens join their sequences, stop conditions end
 //! them, and sequences that ended are freed once no in-flight step references them.
 
+use crate::block_pool::BlockId;
 use crate::error::{SchedError, SchedResult};
 use crate::plan::FinishReason;
 use crate::request::SeqState;
@@ -13,7 +14,7 @@ const PREFETCH_DISTANCE: usize = 8;
 impl Scheduler {
     /// Applies the result of the oldest in-flight step: `sampled[k]` is the token sampled
     /// for the k-th entry of that plan's `logits_indices`. A malformed result is rejected
-    /// before anything changes.
+    /// before anything changes (the scheduler thread treats one as a fatal executor bug).
     pub fn apply_result(&mut self, step_id: u64, sampled: &[i64]) -> SchedResult<()> {
         let step = self.check_result(step_id, Some(sampled))?;
         self.output.seq_ids.reserve(step.sampled.len());
@@ -59,13 +60,15 @@ impl Scheduler {
     }
 
     /// The executor could not run `step_id`: every sequence in it ends with reason
-    /// `error` (sequences in it that had already ended are untouched), and so does every
-    /// sequence that reused a block the failed step was to compute (a prefix-cache hit or
-    /// a forked sibling admitted by a later plan): that KV was never written.
+    /// `error` (sequences in it that had already ended are untouched). The blocks it was to
+    /// write lose their prefix-cache identity, and every sequence that reused one of them
+    /// (a prefix-cache hit or a forked sibling admitted by a later plan) ends with `error`
+    /// too: that KV was never written.
     pub fn fail_step(&mut self, step_id: u64) -> SchedResult<()> {
         let step = self.check_result(step_id, None)?;
-        for &(block, hash) in &step.registered {
-            self.pool.forget(block, hash);
+        let unwritten: std::collections::HashSet<BlockId> = step.written.iter().copied().collect();
+        for &block in &unwritten {
+            self.pool.forget(block);
         }
         for &slot in &step.sampled {
             self.seq_mut(slot).pending_samples -= 1;
@@ -79,18 +82,16 @@ impl Scheduler {
                 self.end_sequence(slot, FinishReason::Error, None);
             }
         }
-        if !step.registered.is_empty() {
-            let unwritten: std::collections::HashSet<_> = step.registered.iter().map(|&(b, _)| b).collect();
-            let readers: Vec<u32> = (0..self.seqs.len() as u32)
-                .filter(|&slot| {
-                    self.seq(slot).is_some_and(|s| {
-                        s.state != SeqState::Finished && s.blocks.iter().any(|b| unwritten.contains(b))
-                    })
+        let readers: Vec<u32> = (0..self.seqs.len() as u32)
+            .filter(|&slot| {
+                self.seq(slot).is_some_and(|s| {
+                    s.state != SeqState::Finished
+                        && s.blocks[..s.num_shared_blocks as usize].iter().any(|b| unwritten.contains(b))
                 })
-                .collect();
-            for slot in readers {
-                self.end_sequence(slot, FinishReason::Error, None);
-            }
+            })
+            .collect();
+        for slot in readers {
+            self.end_sequence(slot, FinishReason::Error, None);
         }
         Ok(())
     }
