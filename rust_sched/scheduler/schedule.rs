@@ -33,6 +33,7 @@ impl Scheduler {
         plan.sample_rows.reserve(expected);
         step.slots.reserve(expected);
         step.sampled.reserve(expected);
+        step.written.reserve(expected);
         let preempted = self.schedule_running(&mut budget, &mut plan, &mut step);
         self.flush_registrations(&mut step);
         if !preempted {
