@@ -275,6 +275,17 @@ def test_other_decoders_use_the_window_and_keep_context() -> None:
             assert whole.startswith(context) and "".join(deltas) == whole[len(context) :]
 
 
+def test_the_window_stays_bounded_when_ids_add_no_text() -> None:
+    tokenizer = wordpiece()
+    table = DecodeTable.from_tokenizer(tokenizer)
+    sep = tokenizer.token_to_id("[SEP]")
+    detok = IncrementalDetokenizer(table, tokenizer.encode("mixed text").ids, skip_special_tokens=True)
+    ids = [*[sep] * 500, *tokenizer.encode("hello world").ids]
+    deltas = stream(detok, one_by_one(ids))
+    assert len(detok._strategy._ids) < 32, "skipped ids must not pile up in the window"
+    assert "".join(deltas) == tokenizer.decode([*tokenizer.encode("mixed text").ids, *ids])[len("mixed text"):]
+
+
 def test_the_window_fallback_holds_split_characters_too(byte_level: Tokenizer) -> None:
     table = DecodeTable.window_only(byte_level)  # force the fallback on byte-level BPE
     rng = random.Random(5)

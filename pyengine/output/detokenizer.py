@@ -116,8 +116,16 @@ class _Window:
     def add(self, token_ids: Sequence[int]) -> str:
         self._ids.extend(int(token_id) for token_id in token_ids)
         context_text, window_text = self._decode_window()
+        if window_text == context_text:
+            # The new ids add no text at all (skipped special tokens): they become context,
+            # and the window stays bounded however many of them arrive.
+            self._read_offset = len(self._ids)
+            if self._read_offset > PROMPT_CONTEXT_TOKENS:
+                del self._ids[: self._read_offset - PROMPT_CONTEXT_TOKENS]
+                self._read_offset = PROMPT_CONTEXT_TOKENS
+            return ""
         if len(window_text) <= len(context_text) or window_text.endswith(_REPLACEMENT_CHAR):
-            return ""  # nothing new, or a character still incomplete: wait for more ids
+            return ""  # a character still incomplete: wait for more ids
         # The released ids become the next step's context; older ids are dropped.
         del self._ids[: self._read_offset]
         self._read_offset = len(self._ids)
