@@ -219,7 +219,7 @@ impl Scheduler {
                 admitted_once: false,
                 fork_source: first_slot,
             };
-            if index == 0 {
+            if index == 0 && self.config.enable_prefix_caching {
                 seq.update_hashes(self.config.block_size);
             }
             let slot = self.insert_slot(seq);

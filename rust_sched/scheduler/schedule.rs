@@ -190,11 +190,14 @@ impl Scheduler {
     /// prompt blocks when it was forked, else the longest cached prefix.
     fn find_reusable_prefix(&mut self, slot: u32, max_blocks: usize, hit: &mut Vec<BlockId>) {
         hit.clear();
+        let caching = self.pool.caching_enabled();
         let seq = self.seqs[slot as usize].as_mut().unwrap();
         if seq.pooling {
             return;
         }
-        seq.update_hashes(self.config.block_size);
+        if caching {
+            seq.update_hashes(self.config.block_size);
+        }
         let seq = self.seq(slot).unwrap();
         if let Some(src) = seq.fork_source {
             if let Some(parent) = self.seq(src) {
@@ -206,6 +209,9 @@ impl Scheduler {
                     return;
                 }
             }
+        }
+        if !caching {
+            return;
         }
         let limit = max_blocks.min(seq.hashes.len());
         self.pool.longest_cached_prefix(&seq.hashes[..limit], hit);
@@ -252,6 +258,7 @@ impl Scheduler {
     /// registers blocks that became full and known, and records it in the step.
     fn emit(&mut self, slot: u32, n: usize, plan: &mut StepPlan, step: &mut InflightStep) {
         let bs = self.config.block_size;
+        let caching = self.pool.caching_enabled();
         let seq = self.seqs[slot as usize].as_mut().expect("live slot");
         let start = seq.computed();
         let end = start + n;
@@ -295,13 +302,16 @@ impl Scheduler {
             step.unpark.push(slot);
         }
         // Blocks that are now full of known, computed tokens become findable.
+        // (With prefix caching off nothing is hashed at all.)
         let full = end.min(known) / bs;
         if full > seq.num_registered as usize {
-            seq.update_hashes(bs);
-            for i in seq.num_registered as usize..full {
-                // Registered in batches (`flush_registrations`): a tight loop of independent
-                // map inserts lets the CPU overlap their cache misses.
-                step.to_register.push((seq.block_at(i * bs, bs, num_blocks), seq.hashes[i]));
+            if caching {
+                seq.update_hashes(bs);
+                for i in seq.num_registered as usize..full {
+                    // Registered in batches (`flush_registrations`): a tight loop of
+                    // independent map inserts lets the CPU overlap their cache misses.
+                    step.to_register.push((seq.block_at(i * bs, bs, num_blocks), seq.hashes[i]));
+                }
             }
             seq.num_registered = full as u32;
         }
