@@ -169,9 +169,10 @@ impl EngineHandle {
         let first = reg.next_seq_id;
         reg.next_seq_id += spec.n as u64;
         reg.live.insert(spec.request_id.clone());
-        let result = self.send(Command::Add(Box::new(spec.clone()), first));
+        let request_id = spec.request_id.clone();
+        let result = self.send(Command::Add(Box::new(spec), first));
         if result.is_err() {
-            reg.live.remove(&spec.request_id);
+            reg.live.remove(&request_id);
         }
         result.map(|_| first)
     }

@@ -202,20 +202,6 @@ impl Sequence {
         self.last_token = token;
     }
 
-    /// Asks the CPU to bring in the cache line the next `push_token` writes. Applying a
-    /// step's results walks thousands of sequences whose token vectors live all over the
-    /// heap; prefetching a few sequences ahead hides that latency.
-    #[inline]
-    pub fn prefetch_token_tail(&self) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let tail = self.tokens.as_ptr().wrapping_add(self.tokens.len()) as *const i8;
-            // SAFETY: a prefetch is only a hint: it never faults and never reads or writes
-            // memory as far as the program can observe.
-            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(tail) };
-        }
-    }
-
     /// Token at `pos`, which must be known.
     #[inline]
     pub fn token_at(&self, pos: usize) -> u32 {

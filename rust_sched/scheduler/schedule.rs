@@ -66,20 +66,22 @@ impl Scheduler {
     /// Tokens for one sequence this step, after the budget and the per-step prefill cap.
     fn chunk_size(&self, slot: u32, budget: usize) -> usize {
         let seq = self.seq(slot).unwrap();
-        let wanted = seq.tokens_wanted(&self.config);
-        if wanted == 0 {
-            return 0;
-        }
-        if seq.pooling {
-            // Pooling prompts are computed in one piece (validated to fit the budget).
+        self.cap_chunk(seq.tokens_wanted(&self.config), budget, seq.pooling)
+    }
+
+    /// How many of `wanted` tokens fit this step: within the budget and the per-step prefill
+    /// cap; a pooling prompt goes in one piece or not at all (it is validated to fit the
+    /// budget). 0 means "not this step".
+    fn cap_chunk(&self, wanted: usize, budget: usize, pooling: bool) -> usize {
+        if pooling {
             return if wanted <= budget { wanted } else { 0 };
         }
-        let mut n = wanted.min(budget);
         let cap = self.config.long_prefill_token_threshold;
         if cap > 0 && wanted > 1 {
-            n = n.min(cap);
+            wanted.min(budget).min(cap)
+        } else {
+            wanted.min(budget)
         }
-        n
     }
 
     /// Returns true when it preempted anything.
@@ -136,14 +138,9 @@ impl Scheduler {
             let cached = hit.len() * bs;
             let wanted = known - cached;
             let seq = self.seq(slot).unwrap();
-            let mut n = wanted.min(*budget);
-            if seq.pooling {
-                if wanted > *budget {
-                    break;
-                }
-                n = wanted;
-            } else if self.config.long_prefill_token_threshold > 0 {
-                n = n.min(self.config.long_prefill_token_threshold);
+            let n = self.cap_chunk(wanted, *budget, seq.pooling);
+            if n == 0 {
+                break; // a pooling prompt that does not fit this step's budget
             }
             let need = self.config.blocks_for(cached + n) - hit.len();
             let free_after_hits = self.pool.num_free() - self.pool.count_evictable(&hit);

@@ -8,9 +8,6 @@ use crate::request::SeqState;
 
 use super::{InflightStep, Scheduler};
 
-/// How many sequences ahead `apply_result` prefetches the token vector it will append to.
-const PREFETCH_DISTANCE: usize = 8;
-
 impl Scheduler {
     /// Applies the result of the oldest in-flight step: `sampled[k]` is the token sampled
     /// for the k-th entry of that plan's `logits_indices`. A malformed result is rejected
@@ -21,12 +18,7 @@ impl Scheduler {
         self.output.token_ids.reserve(step.sampled.len());
         // One pass over the step's sequences; `sampled` follows them in order.
         let mut next_sample = 0;
-        for (i, &slot) in step.slots.iter().enumerate() {
-            if let Some(&ahead) = step.slots.get(i + PREFETCH_DISTANCE) {
-                if let Some(s) = self.seqs[ahead as usize].as_ref() {
-                    s.prefetch_token_tail();
-                }
-            }
+        for &slot in &step.slots {
             let samples_here = step.sampled.get(next_sample) == Some(&slot);
             let seq = self.seqs[slot as usize].as_mut().expect("live slot");
             seq.inflight_steps -= 1;
