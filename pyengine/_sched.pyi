@@ -4,6 +4,9 @@ The scheduler owns every sequence's scheduling state and the paged KV block pool
 plans steps as flat numpy arrays (:class:`StepPlan`), takes back the sampled token ids,
 and reports accepted tokens and finished sequences as :class:`OutputEvent`. See
 ``docs/contract.md`` for how the fields fit together.
+
+It also carries the executor's native CPU kernel, :func:`paged_decode_attention`
+(``rust_sched/kernels``).
 """
 
 from typing import Final, Literal, TypeAlias, final
@@ -23,6 +26,7 @@ __all__ = [
     "StepPlan",
     "THREAD_NAME",
     "__version__",
+    "paged_decode_attention",
 ]
 
 __version__: Final[str]
@@ -34,6 +38,26 @@ FINISH_REASONS: Final[tuple[str, str, str, str, str]]
 THREAD_NAME: Final[str]
 
 _FinishReason: TypeAlias = Literal["stop", "length", "abort", "pooled", "error"]
+
+def paged_decode_attention(
+    out: npt.NDArray[np.float32],
+    query: npt.NDArray[np.float32],
+    key_cache: npt.NDArray[np.float32],
+    value_cache: npt.NDArray[np.float32],
+    block_tables: npt.NDArray[np.int32],
+    seq_lens: npt.NDArray[np.int32],
+    scale: float,
+    num_threads: int = 1,
+) -> None:
+    """Single-query attention of each row over its paged context, written into ``out``.
+
+    ``query`` and ``out`` are ``[rows, heads, head_dim]``; the caches are one layer's
+    ``[num_blocks, block_size, kv_heads, head_dim]``; row r attends to the first
+    ``seq_lens[r]`` slots named by ``block_tables[r]`` (``[rows, width]``), with scores
+    ``q . k * scale``. All arrays C-contiguous. Runs with the GIL released, on
+    ``num_threads`` threads (PyTorch's OpenMP team when libgomp is loaded). Raises
+    ValueError for inconsistent shapes, lengths beyond a table or unknown block ids.
+    """
 
 @final
 class SchedulerConfig:

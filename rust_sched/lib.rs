@@ -1,7 +1,8 @@
 //! pyengine's scheduler core.
 //!
 //! A pure Rust crate: the paged KV [`block_pool`], the continuous-batching [`scheduler`],
-//! the [`plan`] it emits and the [`engine`] thread that runs it. The optional `python`
+//! the [`plan`] it emits and the [`engine`] thread that runs it; beside them, the CPU
+//! [`kernels`] the executor calls (decode attention over the paged cache). The optional `python`
 //! feature adds the PyO3 bindings (`pyengine._sched`), which only convert and call
 //! through.
 
@@ -10,6 +11,7 @@ pub mod block_pool;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod kernels;
 mod lru;
 pub mod plan;
 pub mod request;

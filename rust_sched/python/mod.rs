@@ -6,6 +6,7 @@ mod arrays;
 mod config;
 mod errors;
 mod gil;
+mod kernels;
 mod request;
 mod scheduler;
 mod thread;
@@ -25,5 +26,6 @@ fn _sched(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<arrays::PyOutputEvent>()?;
     m.add_class::<scheduler::PyScheduler>()?;
     m.add_class::<thread::PySchedulerThread>()?;
+    m.add_function(wrap_pyfunction!(kernels::paged_decode_attention, m)?)?;
     Ok(())
 }

@@ -8,11 +8,11 @@ Per step the sequences split into two groups:
 
   On CUDA their blocks are gathered into ``[rows, L, kv_heads, head_dim]`` and attended
   in one SDPA call. On CPU, where a gather's memory traffic would dominate, nothing is
-  gathered: in float32 the scores are ``torch.sparse.sampled_addmm`` of the queries with
-  the whole key table, evaluated only at each (row, head)'s context slots (a CSR pattern
-  built once per step); other dtypes gather keys in tiles that stay in the core's cache
-  and use ``bmm``. The values are summed straight from the paged cache by
-  ``embedding_bag``, weighted by the attention probabilities.
+  gathered: in float32 the native kernel ``pyengine._sched.paged_decode_attention``
+  (``rust_sched/kernels``) reads every key and value once, in place, on all intra-op
+  threads; other dtypes gather keys in tiles that stay in the core's cache, use ``bmm``,
+  and sum the values straight from the paged cache with ``embedding_bag``, weighted by
+  the attention probabilities.
 - multi-token sequences (prefill chunks): one SDPA call each, causal, with the chunk's
   earlier context read from the cache. There are few of them per step and each is large,
   so the Python loop costs little next to the work.
@@ -20,7 +20,6 @@ Per step the sequences split into two groups:
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pyengine import _sched
 from pyengine.executor.attention.metadata import StepAttentionLayout
 from pyengine.executor.kv_cache import PagedKVCache
 
@@ -44,11 +44,11 @@ class _SingleQueryGroup:
     width: int  # blocks gathered per row
     kv_len: int  # longest context in the group
     mask: Optional[torch.Tensor]  # bool [R, 1, 1, kv_len], None when all lengths equal kv_len
+    seq_lens: np.ndarray  # int32 [R] context length of each row
     tile_rows: int  # rows whose keys are gathered at once (CPU)
     use_value_bags: bool  # CPU path: keys in tiles + bmm, values through embedding_bag
     value_index: Optional[torch.Tensor] = None  # [R * heads * kv_len], built by the first layer
     bag_offsets: Optional[torch.Tensor] = None  # start of each (row, query head) bag
-    score_pattern: Optional[torch.Tensor] = None  # sparse CSR [R * heads, slots * kv_heads]
 
 
 @dataclass
@@ -108,14 +108,13 @@ class SdpaStepAttention:
             values = _gather_rows(value_blocks, group.block_ids, rows, group.kv_len)
             out = F.scaled_dot_product_attention(grouped_q, keys, values, attn_mask=group.mask)
             return out.reshape(rows, heads, head_dim)
+        if q.dtype == torch.float32:
+            return _native_decode(group, q, key_blocks, value_blocks)
         if group.value_index is None:  # same for every layer: built once per step
             group.value_index, group.bag_offsets = _value_bags(
                 group.tables, group.width, group.kv_len, self.cache, heads
             )
-        if q.dtype == torch.float32:
-            scores = self._sampled_scores(group, q, key_blocks)
-        else:  # CPU sampled_addmm supports float32/float64 only
-            scores = self._tiled_scores(group, grouped_q, key_blocks)
+        scores = self._tiled_scores(group, grouped_q, key_blocks)
         scores.mul_(head_dim**-0.5)
         if group.mask is not None:
             scores.masked_fill_(~group.mask, float("-inf"))
@@ -129,22 +128,6 @@ class SdpaStepAttention:
             per_sample_weights=probs.reshape(-1),
         )
         return out.view(rows, heads, head_dim).to(q.dtype)
-
-    def _sampled_scores(
-        self, group: _SingleQueryGroup, q: torch.Tensor, key_blocks: torch.Tensor
-    ) -> torch.Tensor:
-        """q . k at each context slot without gathering keys: ``[rows, kv_heads, group, kv_len]``."""
-        rows, heads, head_dim = q.shape
-        kv_heads = key_blocks.shape[2]
-        if group.score_pattern is None:
-            group.score_pattern = _score_pattern(
-                group, heads, key_blocks.shape[0] * key_blocks.shape[1] * kv_heads
-            )
-        key_table = key_blocks.reshape(-1, head_dim)  # a view: [slots * kv_heads, head_dim]
-        scores = torch.sparse.sampled_addmm(
-            group.score_pattern, q.reshape(rows * heads, head_dim), key_table.t(), beta=0.0
-        )
-        return scores.values().view(rows, kv_heads, heads // kv_heads, group.kv_len)
 
     def _tiled_scores(
         self, group: _SingleQueryGroup, grouped_q: torch.Tensor, key_blocks: torch.Tensor
@@ -184,6 +167,25 @@ class SdpaStepAttention:
             mask = _chunk_causal_mask(end - start, chunk.seq_len, q.device)
             out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True)
         return out.transpose(0, 1)
+
+
+def _native_decode(
+    group: _SingleQueryGroup, q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: torch.Tensor
+) -> torch.Tensor:
+    """float32 CPU decode attention by the native kernel: no gather, K and V read once."""
+    rows, heads, head_dim = q.shape
+    out = torch.empty((rows, heads, head_dim), dtype=q.dtype)
+    _sched.paged_decode_attention(
+        out.numpy(),
+        q.contiguous().numpy(),
+        key_blocks.numpy(),
+        value_blocks.numpy(),
+        group.tables.contiguous().numpy(),
+        group.seq_lens,
+        head_dim**-0.5,
+        torch.get_num_threads(),
+    )
+    return out
 
 
 def _gather_rows(
@@ -228,21 +230,6 @@ def _value_bags(
     return index.reshape(-1), offsets
 
 
-def _score_pattern(group: _SingleQueryGroup, heads: int, table_rows: int) -> torch.Tensor:
-    """CSR pattern: bag (row, query head) -> the key-table rows of its context."""
-    index = group.value_index
-    row_starts = torch.arange(0, index.numel() + 1, group.kv_len, device=index.device)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
-        return torch.sparse_csr_tensor(
-            row_starts,
-            index,
-            torch.zeros(index.numel(), device=index.device),
-            size=(group.num_rows * heads, table_rows),
-            check_invariants=False,
-        )
-
-
 def _single_query_group(layout: StepAttentionLayout, cache: PagedKVCache) -> Optional[_SingleQueryGroup]:
     single = np.flatnonzero(layout.num_scheduled_tokens == 1)
     if single.size == 0:
@@ -267,7 +254,8 @@ def _single_query_group(layout: StepAttentionLayout, cache: PagedKVCache) -> Opt
     on_cpu = device.type == "cpu"
     tile_rows = _tile_rows(width, cache) if on_cpu else int(single.size)
     return _SingleQueryGroup(
-        token_indices, block_ids, tables, int(single.size), width, kv_len, mask, tile_rows, on_cpu
+        token_indices, block_ids, tables, int(single.size), width, kv_len, mask,
+        np.ascontiguousarray(lengths, dtype=np.int32), tile_rows, on_cpu,
     )
 
 

@@ -1,0 +1,344 @@
+//! Single-query (decode) attention over the paged KV cache, on the CPU.
+//!
+//! For each sequence (row) and KV head, every context position's key is read once and
+//! scored against the query heads of that KV head's group; a softmax per query head; then
+//! every value is read once and added into the group's outputs. Blocks are read in place
+//! (no gather), K and V each once per step and layer: the memory traffic the decode step
+//! is bound by. Rows are split into `threads` ranges of equal context, run as described
+//! in `parallel.rs`.
+
+use std::sync::Mutex;
+
+use thiserror::Error;
+
+use super::parallel::for_each_part;
+#[cfg(target_arch = "x86_64")]
+use super::vector::Avx2;
+use super::vector::{exp_shifted_in_place, max, Ops, Portable};
+
+/// Why the kernel refused its arguments (checked before any work).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("paged decode attention: {0}")]
+pub struct KernelError(String);
+
+/// One layer's paged cache: keys and values `[num_blocks, block_size, kv_heads, head_dim]`.
+#[derive(Clone, Copy)]
+pub struct PagedKv<'a> {
+    pub keys: &'a [f32],
+    pub values: &'a [f32],
+    pub block_size: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// The queries of one step's single-token rows.
+#[derive(Clone, Copy)]
+pub struct DecodeQueries<'a> {
+    /// `[rows, heads, head_dim]`.
+    pub query: &'a [f32],
+    pub heads: usize,
+    /// `[rows, table_width]` block ids; row r's context is its first `seq_lens[r]` slots.
+    pub block_tables: &'a [i32],
+    pub table_width: usize,
+    /// `[rows]`, each in `1..=table_width * block_size`.
+    pub seq_lens: &'a [i32],
+    /// Score scale, usually `head_dim^-0.5`.
+    pub scale: f32,
+}
+
+/// Below this much context (positions times query heads) a second thread costs more than
+/// it saves.
+const MIN_WORK_PER_THREAD: usize = 16_384;
+
+/// Writes `softmax(q K^T * scale) V` of every row and query head into `out`
+/// (`[rows, heads, head_dim]`).
+pub fn paged_decode_attention(
+    queries: &DecodeQueries<'_>,
+    kv: &PagedKv<'_>,
+    out: &mut [f32],
+    threads: usize,
+) -> Result<(), KernelError> {
+    check(queries, kv, out.len())?;
+    let rows = queries.seq_lens.len();
+    let row_len = queries.heads * kv.head_dim;
+    let work: usize = queries.seq_lens.iter().map(|&l| l as usize).sum::<usize>() * queries.heads;
+    let threads = threads.clamp(1, rows.max(1)).min(work / MIN_WORK_PER_THREAD + 1);
+    let bounds = balanced_bounds(queries.seq_lens, threads);
+    let mut pieces = Vec::with_capacity(threads);
+    let mut rest = out;
+    for pair in bounds.windows(2) {
+        let (piece, tail) = rest.split_at_mut((pair[1] - pair[0]) * row_len);
+        pieces.push(Mutex::new(Some((pair[0]..pair[1], piece))));
+        rest = tail;
+    }
+    for_each_part(pieces.len(), &|part| {
+        let taken = pieces[part].lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some((rows, piece)) = taken {
+            attend_rows(queries, kv, rows, piece);
+        }
+    });
+    Ok(())
+}
+
+fn check(q: &DecodeQueries<'_>, kv: &PagedKv<'_>, out_len: usize) -> Result<(), KernelError> {
+    let fail = |message: String| Err(KernelError(message));
+    let (rows, d) = (q.seq_lens.len(), kv.head_dim);
+    if kv.block_size == 0 || kv.kv_heads == 0 || d == 0 || q.heads == 0 {
+        return fail("block_size, kv_heads, head_dim and heads must be positive".into());
+    }
+    if q.heads % kv.kv_heads != 0 {
+        return fail(format!("{} query heads are not a multiple of {} KV heads", q.heads, kv.kv_heads));
+    }
+    let block_len = kv.block_size * kv.kv_heads * d;
+    if kv.keys.len() != kv.values.len() || kv.keys.len() % block_len != 0 {
+        return fail(format!(
+            "key and value caches must both hold whole blocks of {block_len} elements (got {} and {})",
+            kv.keys.len(),
+            kv.values.len()
+        ));
+    }
+    let expected = rows * q.heads * d;
+    if q.query.len() != expected || out_len != expected {
+        return fail(format!(
+            "query and output must be [{rows}, {}, {d}] (got {} and {out_len} elements)",
+            q.heads,
+            q.query.len()
+        ));
+    }
+    if q.block_tables.len() != rows * q.table_width {
+        return fail(format!("block tables must be [{rows}, {}]", q.table_width));
+    }
+    let num_blocks = kv.keys.len() / block_len;
+    for (row, &len) in q.seq_lens.iter().enumerate() {
+        let len = usize::try_from(len).unwrap_or(0);
+        if len == 0 || len > q.table_width * kv.block_size {
+            return fail(format!(
+                "row {row}: sequence length {} outside 1..={}",
+                q.seq_lens[row],
+                q.table_width * kv.block_size
+            ));
+        }
+        let table = &q.block_tables[row * q.table_width..][..len.div_ceil(kv.block_size)];
+        if let Some(bad) = table.iter().find(|&&b| b < 0 || b as usize >= num_blocks) {
+            return fail(format!("row {row}: block id {bad} outside the cache's {num_blocks} blocks"));
+        }
+    }
+    Ok(())
+}
+
+/// Row boundaries `[0, .., rows]` splitting the total context into `parts` near-equal runs.
+fn balanced_bounds(seq_lens: &[i32], parts: usize) -> Vec<usize> {
+    let total: usize = seq_lens.iter().map(|&l| l as usize).sum();
+    let mut bounds = vec![0];
+    let mut done = 0;
+    for (row, &len) in seq_lens.iter().enumerate() {
+        done += len as usize;
+        let target = total * bounds.len() / parts;
+        if bounds.len() < parts && done >= target && row + 1 < seq_lens.len() {
+            bounds.push(row + 1);
+        }
+    }
+    bounds.push(seq_lens.len());
+    bounds
+}
+
+fn attend_rows(q: &DecodeQueries<'_>, kv: &PagedKv<'_>, rows: std::ops::Range<usize>, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if kv.head_dim % 8 == 0
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: the CPU supports the features the function is compiled for.
+        unsafe { attend_rows_avx2(q, kv, rows, out) };
+        return;
+    }
+    attend_rows_with::<Portable>(q, kv, rows, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_rows_avx2(
+    q: &DecodeQueries<'_>,
+    kv: &PagedKv<'_>,
+    rows: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
+    attend_rows_with::<Avx2>(q, kv, rows, out);
+}
+
+#[inline(always)]
+fn attend_rows_with<S: Ops>(
+    q: &DecodeQueries<'_>,
+    kv: &PagedKv<'_>,
+    rows: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
+    let (heads, d, bs) = (q.heads, kv.head_dim, kv.block_size);
+    let group = heads / kv.kv_heads;
+    let slot_len = kv.kv_heads * d;
+    let longest = rows.clone().map(|r| q.seq_lens[r] as usize).max().unwrap_or(0);
+    let mut scores = vec![0f32; heads * longest];
+    for (row, out_row) in rows.zip(out.chunks_exact_mut(heads * d)) {
+        let len = q.seq_lens[row] as usize;
+        let table = &q.block_tables[row * q.table_width..][..len.div_ceil(bs)];
+        let query = &q.query[row * heads * d..][..heads * d];
+        // Scores, head-major: scores[h * len + t].
+        let scores = &mut scores[..heads * len];
+        for (t, (slot, ahead)) in slots(table, bs, len).enumerate() {
+            S::prefetch(&kv.keys[ahead * slot_len..][..slot_len]);
+            let keys = &kv.keys[slot * slot_len..][..slot_len];
+            for (h, qh) in query.chunks_exact(d).enumerate() {
+                let k = &keys[(h / group) * d..][..d];
+                scores[h * len + t] = S::dot(qh, k) * q.scale;
+            }
+        }
+        let mut inverse_sums = [0f32; 64];
+        let many_heads = heads > inverse_sums.len();
+        let mut inverse_sums_vec = if many_heads { vec![0f32; heads] } else { Vec::new() };
+        let inverse_sums = if many_heads { &mut inverse_sums_vec[..] } else { &mut inverse_sums[..heads] };
+        for (h, head_scores) in scores.chunks_exact_mut(len).enumerate() {
+            let top = max(head_scores);
+            inverse_sums[h] = 1.0 / exp_shifted_in_place(head_scores, top);
+        }
+        out_row.fill(0.0);
+        for (t, (slot, ahead)) in slots(table, bs, len).enumerate() {
+            S::prefetch(&kv.values[ahead * slot_len..][..slot_len]);
+            let values = &kv.values[slot * slot_len..][..slot_len];
+            for (h, acc) in out_row.chunks_exact_mut(d).enumerate() {
+                S::axpy(acc, scores[h * len + t], &values[(h / group) * d..][..d]);
+            }
+        }
+        for (acc, &inverse) in out_row.chunks_exact_mut(d).zip(inverse_sums.iter()) {
+            acc.iter_mut().for_each(|x| *x *= inverse);
+        }
+    }
+}
+
+/// How far ahead, in blocks, a row's K / V are prefetched. Blocks are scattered over the
+/// cache, so the hardware prefetcher cannot guess the next one; on randomly scattered
+/// tables (2 cores, 128 rows of 384 positions) four blocks ahead ran 1.35x faster than one.
+const PREFETCH_BLOCKS: usize = 4;
+
+/// The cache slots of a row's first `len` positions, in order, each with the slot
+/// [`PREFETCH_BLOCKS`] ahead (the same offset in that block; the slot itself near the end).
+#[inline(always)]
+fn slots(table: &[i32], block_size: usize, len: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+    table.iter().enumerate().flat_map(move |(i, &block)| {
+        let start = block as usize * block_size;
+        let next = table.get(i + PREFETCH_BLOCKS).map_or(start, |&b| b as usize * block_size);
+        let filled = (len - i * block_size).min(block_size);
+        (0..filled).map(move |offset| (start + offset, next + offset))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Straightforward attention over the gathered context, in f64.
+    fn reference(q: &DecodeQueries<'_>, kv: &PagedKv<'_>) -> Vec<f32> {
+        let (heads, d, bs) = (q.heads, kv.head_dim, kv.block_size);
+        let group = heads / kv.kv_heads;
+        let mut out = vec![0f32; q.seq_lens.len() * heads * d];
+        for (row, &len) in q.seq_lens.iter().enumerate() {
+            let len = len as usize;
+            for h in 0..heads {
+                let kvh = h / group;
+                let qh = &q.query[(row * heads + h) * d..][..d];
+                let slot_of = |t: usize| q.block_tables[row * q.table_width + t / bs] as usize * bs + t % bs;
+                let at = |t: usize| (slot_of(t) * kv.kv_heads + kvh) * d;
+                let scores: Vec<f64> = (0..len)
+                    .map(|t| {
+                        let k = &kv.keys[at(t)..][..d];
+                        qh.iter().zip(k).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * q.scale as f64
+                    })
+                    .collect();
+                let top = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                for i in 0..d {
+                    let value: f64 = (0..len).map(|t| weights[t] * kv.values[at(t) + i] as f64).sum();
+                    out[(row * heads + h) * d + i] = (value / total) as f32;
+                }
+            }
+        }
+        out
+    }
+
+    fn pseudo_random(n: usize, seed: u64) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    fn case(heads: usize, kv_heads: usize, head_dim: usize, seq_lens: &[i32], threads: usize) {
+        let (block_size, num_blocks, width) = (4, 64, 12);
+        let block_len = block_size * kv_heads * head_dim;
+        let keys = pseudo_random(num_blocks * block_len, 1);
+        let values = pseudo_random(num_blocks * block_len, 2);
+        let query = pseudo_random(seq_lens.len() * heads * head_dim, 3);
+        // Scattered, reversed block ids so that a wrong slot computation shows.
+        let tables: Vec<i32> =
+            (0..seq_lens.len() * width).map(|i| (num_blocks - 1 - (i * 5) % num_blocks) as i32).collect();
+        let kv = PagedKv { keys: &keys, values: &values, block_size, kv_heads, head_dim };
+        let q = DecodeQueries {
+            query: &query,
+            heads,
+            block_tables: &tables,
+            table_width: width,
+            seq_lens,
+            scale: (head_dim as f32).powf(-0.5),
+        };
+        let mut out = vec![f32::NAN; query.len()];
+        paged_decode_attention(&q, &kv, &mut out, threads).unwrap();
+        for (got, want) in out.iter().zip(reference(&q, &kv)) {
+            assert!((got - want).abs() < 2e-5, "{got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn matches_reference_for_gqa_shapes_and_ragged_lengths() {
+        case(4, 2, 64, &[1, 5, 48, 17, 33], 1);
+        case(6, 3, 24, &[7, 1, 2], 1);
+        case(8, 1, 128, &[40, 3], 1);
+        case(2, 2, 16, &[48; 3], 1);
+    }
+
+    #[test]
+    fn threads_split_rows_without_changing_results() {
+        let lens: Vec<i32> = (0..40).map(|i| 1 + (i * 7) % 48).collect();
+        case(4, 2, 64, &lens, 3);
+        assert_eq!(balanced_bounds(&[10, 10, 10, 10], 2), vec![0, 2, 4]);
+        assert_eq!(balanced_bounds(&[100, 1, 1], 3), vec![0, 1, 2, 3]);
+        assert_eq!(balanced_bounds(&[5], 4), vec![0, 1]);
+    }
+
+    #[test]
+    fn bad_arguments_are_refused() {
+        let (keys, values) = (vec![0f32; 2 * 4 * 2 * 8], vec![0f32; 2 * 4 * 2 * 8]);
+        let kv = PagedKv { keys: &keys, values: &values, block_size: 4, kv_heads: 2, head_dim: 8 };
+        let query = vec![0f32; 4 * 8];
+        let mut out = vec![0f32; 4 * 8];
+        let q = |seq_lens: &'static [i32], tables: &'static [i32]| DecodeQueries {
+            query: &query,
+            heads: 4,
+            block_tables: tables,
+            table_width: 2,
+            seq_lens,
+            scale: 1.0,
+        };
+        assert!(paged_decode_attention(&q(&[8], &[0, 1]), &kv, &mut out, 1).is_ok());
+        let error = paged_decode_attention(&q(&[9], &[0, 1]), &kv, &mut out, 1).unwrap_err();
+        assert!(error.to_string().contains("sequence length 9"), "{error}");
+        let error = paged_decode_attention(&q(&[5], &[0, 7]), &kv, &mut out, 1).unwrap_err();
+        assert!(error.to_string().contains("block id 7"), "{error}");
+        let error = paged_decode_attention(&q(&[0], &[0, 1]), &kv, &mut out, 1).unwrap_err();
+        assert!(error.to_string().contains("outside 1..=8"), "{error}");
+    }
+}

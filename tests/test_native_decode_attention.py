@@ -1,0 +1,89 @@
+"""The native CPU decode-attention kernel (`pyengine._sched.paged_decode_attention`)
+against PyTorch SDPA over the gathered context, and its argument checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pyengine import _sched
+
+
+def _case(rows, heads, kv_heads, head_dim, block_size, seq_lens, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    width = max(-(-n // block_size) for n in seq_lens)
+    num_blocks = rows * width + 3
+    keys = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)
+    values = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)
+    tables = torch.randperm(num_blocks, generator=gen)[: rows * width].view(rows, width).to(torch.int32)
+    query = torch.randn(rows, heads, head_dim, generator=gen)
+    return query, keys, values, tables, np.array(seq_lens, dtype=np.int32)
+
+
+def _reference(query, keys, values, tables, seq_lens):
+    rows, heads, head_dim = query.shape
+    out = torch.empty_like(query)
+    for row in range(rows):
+        n = int(seq_lens[row])
+        blocks = tables[row, : -(-n // keys.shape[1])].long()
+        k = keys[blocks].flatten(0, 1)[:n].transpose(0, 1)  # [kv_heads, n, d]
+        v = values[blocks].flatten(0, 1)[:n].transpose(0, 1)
+        out[row] = F.scaled_dot_product_attention(query[row][:, None], k, v, enable_gqa=True)[:, 0]
+    return out
+
+
+def _native(query, keys, values, tables, seq_lens, threads=1):
+    out = torch.full_like(query, float("nan"))
+    _sched.paged_decode_attention(
+        out.numpy(), query.numpy(), keys.numpy(), values.numpy(), tables.numpy(), seq_lens,
+        query.shape[-1] ** -0.5, threads,
+    )
+    return out
+
+
+@pytest.mark.parametrize(
+    "heads, kv_heads, head_dim, block_size",
+    [(4, 2, 64, 16), (8, 1, 128, 16), (6, 3, 24, 4), (2, 2, 20, 8)],  # 20: the portable path
+)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_matches_sdpa_over_gathered_context(heads, kv_heads, head_dim, block_size, threads):
+    seq_lens = [1, 17, 200, 33, 64, 5, 129]
+    case = _case(len(seq_lens), heads, kv_heads, head_dim, block_size, seq_lens)
+    torch.testing.assert_close(_native(*case, threads=threads), _reference(*case), rtol=1e-5, atol=1e-5)
+
+
+def test_large_scores_stay_finite():
+    query, keys, values, tables, seq_lens = _case(3, 4, 2, 64, 16, [300, 40, 1])
+    query *= 40.0  # scores in the thousands: the softmax must subtract the maximum
+    out = _native(query, keys, values, tables, seq_lens, threads=2)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, _reference(query, keys, values, tables, seq_lens), rtol=1e-4, atol=1e-4)
+
+
+def test_bad_arguments_raise_value_error():
+    query, keys, values, tables, seq_lens = _case(2, 4, 2, 64, 16, [20, 30])
+    out = torch.empty_like(query)
+
+    def call(**changes):
+        args = dict(
+            out=out.numpy(), query=query.numpy(), key_cache=keys.numpy(), value_cache=values.numpy(),
+            block_tables=tables.numpy(), seq_lens=seq_lens, scale=0.125,
+        )
+        args.update(changes)
+        _sched.paged_decode_attention(**args)
+
+    call()  # the unchanged arguments are fine
+    with pytest.raises(ValueError, match="sequence length 33"):
+        call(seq_lens=np.array([20, 33], dtype=np.int32))  # beyond the table's 2 blocks
+    with pytest.raises(ValueError, match="block id"):
+        call(block_tables=np.full_like(tables.numpy(), 10_000))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        call(query=torch.randn(2, 64, 4).transpose(1, 2).numpy())
+    with pytest.raises(ValueError, match="multiple"):
+        call(query=torch.randn(2, 3, 64).numpy(), out=torch.empty(2, 3, 64).numpy())
+    with pytest.raises(ValueError, match="must match"):
+        call(value_cache=values[:-1].numpy())
+    with pytest.raises(TypeError):
+        call(query=query.double().numpy())
