@@ -133,3 +133,13 @@ def test_paged_runner_matches_contiguous_cache_forward(checkpoint):
         for row, seq_id in enumerate(sorted(tokens)):
             torch.testing.assert_close(logits[seq_id][step], step_logits[row], atol=2e-5, rtol=1e-5)
         current = torch.tensor([[tokens[seq_id][step]] for seq_id in sorted(tokens)])
+
+
+def test_mlp_token_slices_give_the_same_result(checkpoint, monkeypatch):
+    """A step longer than GatedMLP.token_chunk runs its MLP in slices: same logits."""
+    runner = _runner(checkpoint)
+    mlp = runner.model.layers[0].mlp
+    x = torch.randn(50, runner.model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    whole = mlp(x)
+    monkeypatch.setattr(type(mlp), "token_chunk", 16)
+    torch.testing.assert_close(mlp(x), whole, rtol=1e-5, atol=1e-6)
