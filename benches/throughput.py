@@ -137,11 +137,13 @@ def run_lower_bound(folder: Path, prompts, outputs, batch: int) -> tuple[float, 
         tokens = contiguous_step(model, cache, tokens).argmax(-1, keepdim=True)
         times.append(time.perf_counter() - start)
     decode_tps = batch / statistics.median(times[3:])
-    prefill_len = 256
-    prefill_cache = ContiguousKVCache(model, 8, prefill_len)
-    start = time.perf_counter()
-    contiguous_step(model, prefill_cache, torch.randint(3, 4096, (8, prefill_len), generator=gen))
-    prefill_tps = 8 * prefill_len / (time.perf_counter() - start)
+    prefill_len, prefill_times = 256, []
+    for _ in range(3):  # a bound: the best of three, as one run on a shared machine is noisy
+        prefill_cache = ContiguousKVCache(model, 8, prefill_len)
+        start = time.perf_counter()
+        contiguous_step(model, prefill_cache, torch.randint(3, 4096, (8, prefill_len), generator=gen))
+        prefill_times.append(time.perf_counter() - start)
+    prefill_tps = 8 * prefill_len / min(prefill_times)
     seconds = sum(map(len, prompts)) / prefill_tps + sum(outputs) / decode_tps
     return sum(outputs) / seconds, {"decode_tokens_per_s": round(decode_tps), "prefill_tokens_per_s": round(prefill_tps),
                                      "batch": batch, "mean_context": mean_context}
