@@ -113,16 +113,19 @@ pub enum SeqState {
 
 /// Scheduling state of one sample.
 ///
-/// Everything a step reads or writes for a running sequence sits in its first cache line
-/// (`repr(C, align(64))`, counters as `u32`); the block table and the rest live behind it.
-/// A decode step thus touches one line per sequence plus the tail of `tokens`, which is
-/// what keeps the cost per request flat from hundreds to thousands of sequences.
+/// A decode step reads and writes only the first 128 bytes (`repr(C, align(128))`,
+/// counters as `u32`): line 1 is what planning reads, line 2 where a sampled token lands
+/// (the newest tokens are staged there and moved into `tokens` a few at a time). The two
+/// lines form one aligned pair, which the CPU fetches together; writing each token
+/// straight into `tokens` missed the cache on a line of its own per sequence and step.
+/// The block table and the rest live behind them.
 #[derive(Debug, Clone)]
-#[repr(C, align(64))]
+#[repr(C, align(128))]
 pub struct Sequence {
-    // ---- hot: the first 64 bytes ----
-    /// Prompt followed by every output token known so far.
-    pub tokens: Vec<u32>,
+    // ---- line 1: read by planning ----
+    /// Tokens known so far: the prompt and every accepted output token (`tokens`, then
+    /// the staged ones).
+    pub num_tokens: u32,
     /// Tokens whose KV is written or being written by a planned step. While the sequence
     /// runs, it holds exactly `blocks_for(num_computed)` blocks.
     pub num_computed: u32,
@@ -139,11 +142,16 @@ pub struct Sequence {
     pub pooling: bool,
     /// Persistent-batch row, [`NO_ROW`] while not running.
     pub row: u32,
-    /// Copies of `tokens.last()` and `blocks.last()`: a decode reads these instead of the
-    /// two vectors' heap memory.
+    /// Copies of the last known token and of `blocks.last()`: a decode reads these
+    /// instead of the two vectors' heap memory.
     pub last_token: u32,
     pub tail_block: BlockId,
     pub id: SeqId,
+    // ---- line 2: written by every accepted token ----
+    /// The known tokens but the staged ones.
+    tokens: Vec<u32>,
+    /// The newest `num_tokens - tokens.len()` tokens.
+    staged: [u32; STAGED_TOKENS],
     // ---- cold ----
     pub blocks: Vec<BlockId>,
     /// Leading entries of `blocks` reused rather than computed (prefix-cache hits, or a
@@ -162,12 +170,18 @@ pub struct Sequence {
     /// Prompt tokens not computed at first admission (prefix hit or shared with sibling).
     pub num_cached_tokens: usize,
     pub admitted_once: bool,
+    /// A step that computed part of this sequence failed: its blocks are never offered
+    /// to the prefix cache again.
+    pub kv_failed: bool,
     /// Slot of the sibling whose prompt blocks this parked sample will share.
     pub fork_source: Option<u32>,
 }
 
 /// `Sequence::row` of a sequence that holds no row.
 pub const NO_ROW: u32 = u32::MAX;
+
+/// Accepted tokens a sequence keeps in its second hot line before moving them to `tokens`.
+const STAGED_TOKENS: usize = 10;
 
 /// A cheap, conservative test of "could this token stop some sequence": one bit per token
 /// id modulo 4096, set for every EOS and stop token id ever registered. A miss lets the
@@ -196,17 +210,95 @@ impl StopTokenFilter {
 }
 
 impl Sequence {
+    /// A sequence in its first state, knowing only its prompt (validated non-empty).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: SeqId,
+        request_id: Arc<str>,
+        index: u32,
+        state: SeqState,
+        prompt: &[u32],
+        stop: Arc<StopCriteria>,
+        max_tokens: u32,
+        priority: i64,
+        arrival: u64,
+        pooling: bool,
+        cache_salt: Option<Arc<str>>,
+    ) -> Sequence {
+        Sequence {
+            num_tokens: prompt.len() as u32,
+            num_computed: 0,
+            num_prompt: prompt.len() as u32,
+            max_tokens,
+            num_registered: 0,
+            pending_samples: 0,
+            inflight_steps: 0,
+            state,
+            pooling,
+            row: NO_ROW,
+            last_token: *prompt.last().expect("validated non-empty"),
+            tail_block: 0,
+            id,
+            tokens: prompt.to_vec(),
+            staged: [0; STAGED_TOKENS],
+            blocks: Vec::new(),
+            num_shared_blocks: 0,
+            index,
+            request_id,
+            hashes: Vec::new(),
+            stop,
+            priority,
+            arrival,
+            cache_salt,
+            num_preemptions: 0,
+            num_cached_tokens: 0,
+            admitted_once: false,
+            kv_failed: false,
+            fork_source: None,
+        }
+    }
+
     /// Appends a sampled token.
+    #[inline]
     pub fn push_token(&mut self, token: u32) {
-        self.tokens.push(token);
+        let mut staged = self.num_tokens as usize - self.tokens.len();
+        if staged == STAGED_TOKENS {
+            self.flush_staged();
+            staged = 0;
+        }
+        self.staged[staged] = token;
+        self.num_tokens += 1;
         self.last_token = token;
+    }
+
+    /// Moves the staged tokens into `tokens`.
+    fn flush_staged(&mut self) {
+        let staged = self.num_tokens as usize - self.tokens.len();
+        self.tokens.extend_from_slice(&self.staged[..staged]);
+    }
+
+    /// Every known token, in order.
+    pub fn known_tokens(&mut self) -> &[u32] {
+        self.flush_staged();
+        &self.tokens
+    }
+
+    /// Reserves room for `total` known tokens, so that appending never moves them.
+    pub fn reserve_tokens(&mut self, total: usize) {
+        self.tokens.reserve_exact(total.saturating_sub(self.tokens.len()));
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.num_tokens as usize
     }
 
     /// Token at `pos`, which must be known.
     #[inline]
     pub fn token_at(&self, pos: usize) -> u32 {
-        if pos + 1 == self.tokens.len() {
+        if pos + 1 == self.num_tokens as usize {
             self.last_token
+        } else if pos >= self.tokens.len() {
+            self.staged[pos - self.tokens.len()]
         } else {
             self.tokens[pos]
         }
@@ -225,7 +317,7 @@ impl Sequence {
     }
 
     pub fn num_output(&self) -> usize {
-        self.tokens.len() - self.num_prompt as usize
+        (self.num_tokens - self.num_prompt) as usize
     }
 
     pub fn computed(&self) -> usize {
@@ -242,14 +334,14 @@ impl Sequence {
 
     /// Known tokens plus those being sampled by in-flight steps.
     pub fn num_tokens_with_pending(&self) -> usize {
-        self.tokens.len() + self.pending_samples as usize
+        self.num_tokens as usize + self.pending_samples as usize
     }
 
     /// Tokens this sequence could compute in the next step, before budget caps: 0 while it
     /// waits for its pending sample or has nothing left it may produce.
     pub fn tokens_wanted(&self, config: &SchedulerConfig) -> usize {
         if self.pooling {
-            return if self.num_computed == 0 { self.tokens.len() } else { 0 };
+            return if self.num_computed == 0 { self.num_tokens as usize } else { 0 };
         }
         let total = self.num_tokens_with_pending();
         if self.num_output() + self.pending_samples as usize >= self.max_tokens as usize
@@ -261,6 +353,7 @@ impl Sequence {
     }
 
     pub fn update_hashes(&mut self, block_size: usize) {
+        self.flush_staged();
         extend_block_hashes(&mut self.hashes, &self.tokens, block_size, self.cache_salt.as_deref());
     }
 
@@ -281,7 +374,7 @@ impl Sequence {
                 return Some((FinishReason::Stop, Some(token)));
             }
         }
-        if out >= self.max_tokens as usize || self.tokens.len() >= config.max_model_len {
+        if out >= self.max_tokens as usize || self.num_tokens as usize >= config.max_model_len {
             return Some((FinishReason::Length, None));
         }
         None

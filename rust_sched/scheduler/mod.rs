@@ -191,34 +191,22 @@ impl Scheduler {
             let id = self.next_seq_id;
             self.next_seq_id += 1;
             let parked = index > 0;
-            let mut seq = Sequence {
+            let state = if parked { SeqState::Parked } else { SeqState::Waiting };
+            let priority = if self.config.policy == Policy::Priority { spec.priority } else { 0 };
+            let mut seq = Sequence::new(
                 id,
-                request_id: request_id.clone(),
-                index: index as u32,
-                state: if parked { SeqState::Parked } else { SeqState::Waiting },
-                tokens: spec.prompt.clone(),
-                num_prompt: spec.prompt.len() as u32,
-                num_computed: 0,
-                pending_samples: 0,
-                inflight_steps: 0,
-                blocks: Vec::new(),
-                hashes: Vec::new(),
-                num_registered: 0,
-                num_shared_blocks: 0,
-                row: NO_ROW,
-                last_token: *spec.prompt.last().expect("validated non-empty"),
-                tail_block: 0,
-                max_tokens: spec.max_tokens as u32,
-                stop: stop.clone(),
-                priority: if self.config.policy == Policy::Priority { spec.priority } else { 0 },
+                request_id.clone(),
+                index as u32,
+                state,
+                &spec.prompt,
+                stop.clone(),
+                spec.max_tokens as u32,
+                priority,
                 arrival,
-                pooling: spec.pooling,
-                cache_salt: salt.clone(),
-                num_preemptions: 0,
-                num_cached_tokens: 0,
-                admitted_once: false,
-                fork_source: first_slot,
-            };
+                spec.pooling,
+                salt.clone(),
+            );
+            seq.fork_source = first_slot;
             if index == 0 && self.config.enable_prefix_caching {
                 seq.update_hashes(self.config.block_size);
             }
@@ -462,10 +450,35 @@ impl Scheduler {
         if seq.state != SeqState::Finished || seq.inflight_steps > 0 {
             return;
         }
-        let seq = self.seqs[slot as usize].take().unwrap();
+        let mut seq = self.seqs[slot as usize].take().unwrap();
+        if !seq.kv_failed {
+            self.register_rest(&mut seq);
+        }
         self.pool.release(&seq.blocks);
         self.slot_of_seq.remove(&seq.id);
         self.free_slots.push(slot);
+    }
+
+    /// Offers the prefix cache the full blocks of `seq` that planning did not: those holding
+    /// generated tokens. They are registered only when the sequence stops running (it ends
+    /// or is preempted), as before that only a request repeating text this sequence is still
+    /// generating could hit them; this keeps hashing out of the steady decode step, where at
+    /// thousands of sequences its cache misses cost more per sequence than at hundreds.
+    /// A follow-up turn, or this sequence recomputed after preemption, finds them.
+    fn register_rest(&mut self, seq: &mut Sequence) {
+        if !self.pool.caching_enabled() || seq.pooling {
+            return;
+        }
+        let bs = self.config.block_size;
+        let full = (seq.computed().min(seq.num_tokens()) / bs).min(seq.blocks.len());
+        if full <= seq.num_registered as usize {
+            return;
+        }
+        seq.update_hashes(bs);
+        for i in seq.num_registered as usize..full {
+            self.pool.register(seq.blocks[i], seq.hashes[i]);
+        }
+        seq.num_registered = full as u32;
     }
 
     /// Preempts the running sequence at `index` by recompute: its blocks go back at once
@@ -477,7 +490,9 @@ impl Scheduler {
     fn preempt_at(&mut self, index: usize) {
         let (rank, slot) = self.running.remove_at(index);
         self.release_row(slot);
-        let seq = self.seqs[slot as usize].as_mut().unwrap();
+        let mut seq = self.seqs[slot as usize].take().unwrap();
+        self.register_rest(&mut seq);
+        let seq = self.seqs[slot as usize].insert(seq);
         seq.state = SeqState::Waiting;
         let blocks = std::mem::take(&mut seq.blocks);
         seq.num_computed = 0;

@@ -129,7 +129,7 @@ impl Scheduler {
                 // Preempted while its last step is in flight; admissible once that reports.
                 break;
             }
-            let known = seq.tokens.len();
+            let known = seq.num_tokens();
             // What earlier admissions of this step filled must be findable now.
             self.flush_registrations(step);
             // Never reuse the whole prompt: at least one token is computed for its logits.
@@ -173,7 +173,7 @@ impl Scheduler {
                 // Room for every token it may produce, so that decode steps never move the
                 // token vector (a copy, and fresh pages to fault in, in the middle of a step).
                 let most = (seq.prompt_len() + seq.max_tokens as usize).min(max_model_len);
-                seq.tokens.reserve_exact(most.saturating_sub(seq.tokens.len()));
+                seq.reserve_tokens(most);
             }
             self.running.insert(rank, slot);
             self.announce_new(slot, plan);
@@ -234,7 +234,7 @@ impl Scheduler {
     /// Lists a sequence entering the batch with all its known tokens and its block table so
     /// far (prefix hits; blocks allocated in this step are added by `grow_blocks`).
     fn announce_new(&mut self, slot: u32, plan: &mut StepPlan) {
-        let seq = self.seq(slot).unwrap();
+        let seq = self.seqs[slot as usize].as_mut().expect("live slot");
         let row = seq.row().expect("admitted sequence has a row") as i32;
         if plan.new_token_offsets.is_empty() {
             plan.new_token_offsets.push(0);
@@ -242,7 +242,7 @@ impl Scheduler {
         plan.new_rows.push(row);
         plan.new_seq_ids.push(seq.id);
         plan.new_num_prompt_tokens.push(seq.num_prompt as i32);
-        plan.new_token_ids.extend(seq.tokens.iter().map(|&t| i64::from(t)));
+        plan.new_token_ids.extend(seq.known_tokens().iter().map(|&t| i64::from(t)));
         plan.new_token_offsets.push(plan.new_token_ids.len() as i64);
         for (col, &b) in seq.blocks.iter().enumerate() {
             plan.block_table_rows.push(row);
@@ -259,7 +259,7 @@ impl Scheduler {
         let seq = self.seqs[slot as usize].as_mut().expect("live slot");
         let start = seq.computed();
         let end = start + n;
-        let known = seq.tokens.len();
+        let known = seq.num_tokens();
         let num_blocks = end.div_ceil(bs); // grown to cover `end` before emit
         for b in start / bs..=(end - 1) / bs {
             step.written.push(seq.block_at(b * bs, bs, num_blocks));
@@ -298,9 +298,10 @@ impl Scheduler {
         if start < seq.prompt_len() && end >= seq.prompt_len() && seq.index == 0 {
             step.unpark.push(slot);
         }
-        // Blocks that are now full of known, computed tokens become findable.
+        // Prompt blocks that are now full of computed tokens become findable. Blocks that
+        // hold generated tokens wait until the sequence stops running (`register_rest`).
         // (With prefix caching off nothing is hashed at all.)
-        let full = end.min(known) / bs;
+        let full = end.min(seq.prompt_len()) / bs;
         if full > seq.num_registered as usize {
             if caching {
                 seq.update_hashes(bs);

@@ -281,9 +281,9 @@ fn a_failed_step_also_fails_later_readers_of_its_blocks() {
     assert!(!s.has_unfinished());
 }
 
-/// Depth 2, decode at a block boundary: the block is registered by the plan after the
-/// one that writes its last slot. If the writing step fails, the block must not stay
-/// findable.
+/// Depth 2, decode at a block boundary: the block holding the first generated token is
+/// written by a step that fails. It must never become findable (the sequence ends with
+/// an error, and its blocks are not offered to the cache).
 #[test]
 fn a_block_registered_by_a_later_plan_is_forgotten_when_its_writer_fails() {
     let mut cfg = config(64);
@@ -337,4 +337,40 @@ fn a_failed_step_spares_sequences_that_got_its_blocks_as_fresh_allocations() {
         assert!(!ev.finished_seq_ids.contains(&1), "caching={caching}: b never read a's KV");
         s.check_invariants().unwrap();
     }
+}
+
+/// Blocks holding generated tokens are not hashed while their sequence runs (the decode
+/// step stays free of hashing); once it ends they are findable, so a follow-up turn that
+/// repeats the conversation reuses them.
+#[test]
+fn generated_blocks_become_findable_when_their_sequence_ends() {
+    let prompt: Vec<u32> = (1..=6).collect();
+    let follow_up = |known: &[u32]| request("b", [known, &[999]].concat(), 1);
+
+    // While a runs: after 4 decode results it knows 10 tokens and computed 9, so blocks 0
+    // (prompt) and 1 (2 prompt + 2 generated tokens) are full; only block 0 is findable.
+    let mut s = Scheduler::new(config(64)).unwrap(); // block size 4, depth 1
+    s.add_request(request("a", prompt.clone(), 7)).unwrap();
+    let mut exec = FakeExecutor::new(1000);
+    let mut known = prompt.clone();
+    for _ in 0..4 {
+        let plan = s.schedule().unwrap();
+        let sampled = exec.run(&plan);
+        known.extend(sampled.iter().map(|&t| t as u32));
+        s.apply_result(plan.step_id, &sampled).unwrap();
+    }
+    s.add_request(follow_up(&known)).unwrap();
+    s.schedule().unwrap();
+    assert_eq!(s.pool().prefix_stats().hit_tokens, 4);
+
+    // After a ended: its 12 computed tokens fill 3 blocks, all findable.
+    let mut s = Scheduler::new(config(64)).unwrap();
+    s.add_request(request("a", prompt.clone(), 7)).unwrap();
+    let out = run_to_completion(&mut s);
+    let known: Vec<u32> = prompt.iter().copied().chain(out[&0].iter().map(|&t| t as u32)).collect();
+    assert_eq!(known.len(), 13);
+    s.add_request(follow_up(&known)).unwrap();
+    s.schedule().unwrap();
+    assert_eq!(s.pool().prefix_stats().hit_tokens, 12);
+    s.check_invariants().unwrap();
 }

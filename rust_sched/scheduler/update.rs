@@ -68,6 +68,7 @@ impl Scheduler {
         for &slot in &step.slots {
             let seq = self.seq_mut(slot);
             seq.inflight_steps -= 1;
+            seq.kv_failed = true;
             if seq.state == SeqState::Finished {
                 self.release_if_idle(slot);
             } else {
@@ -83,6 +84,7 @@ impl Scheduler {
             })
             .collect();
         for slot in readers {
+            self.seq_mut(slot).kv_failed = true;
             self.end_sequence(slot, FinishReason::Error, None);
         }
         Ok(())
