@@ -114,15 +114,15 @@ pub enum SeqState {
 /// Scheduling state of one sample.
 ///
 /// A decode step reads and writes only the first 128 bytes (`repr(C, align(128))`,
-/// counters as `u32`): line 1 is what planning reads, line 2 where a sampled token lands
-/// (the newest tokens are staged there and moved into `tokens` a few at a time). The two
-/// lines form one aligned pair, which the CPU fetches together; writing each token
-/// straight into `tokens` missed the cache on a line of its own per sequence and step.
-/// The block table and the rest live behind them.
+/// counters as `u32`): the counters planning reads (the first 48 bytes), then the token
+/// vector's header and the newest tokens, staged there and moved into `tokens` a few at
+/// a time. The two cache lines form one aligned pair, which the CPU fetches together;
+/// writing each token straight into `tokens` missed the cache on a line of its own per
+/// sequence and step. The block table and the rest live behind them.
 #[derive(Debug, Clone)]
 #[repr(C, align(128))]
 pub struct Sequence {
-    // ---- line 1: read by planning ----
+    // ---- hot: read by planning ----
     /// Tokens known so far: the prompt and every accepted output token (`tokens`, then
     /// the staged ones).
     pub num_tokens: u32,
@@ -147,7 +147,7 @@ pub struct Sequence {
     pub last_token: u32,
     pub tail_block: BlockId,
     pub id: SeqId,
-    // ---- line 2: written by every accepted token ----
+    // ---- hot: written by every accepted token ----
     /// The known tokens but the staged ones.
     tokens: Vec<u32>,
     /// The newest `num_tokens - tokens.len()` tokens.
@@ -180,8 +180,11 @@ pub struct Sequence {
 /// `Sequence::row` of a sequence that holds no row.
 pub const NO_ROW: u32 = u32::MAX;
 
-/// Accepted tokens a sequence keeps in its second hot line before moving them to `tokens`.
-const STAGED_TOKENS: usize = 10;
+/// Accepted tokens a sequence keeps in its hot bytes before moving them to `tokens`: as
+/// many as fill the 128 (checked below).
+const STAGED_TOKENS: usize = 14;
+
+const _: () = assert!(std::mem::offset_of!(Sequence, blocks) == 128, "the hot part must fill 128 bytes");
 
 /// A cheap, conservative test of "could this token stop some sequence": one bit per token
 /// id modulo 4096, set for every EOS and stop token id ever registered. A miss lets the

@@ -178,6 +178,7 @@ fn attend_rows_with<S: Ops>(
     let slot_len = kv.kv_heads * d;
     let longest = rows.clone().map(|r| q.seq_lens[r] as usize).max().unwrap_or(0);
     let mut scores = vec![0f32; heads * longest];
+    let mut inverse_sums = vec![0f32; heads];
     for (row, out_row) in rows.zip(out.chunks_exact_mut(heads * d)) {
         let len = q.seq_lens[row] as usize;
         let table = &q.block_tables[row * q.table_width..][..len.div_ceil(bs)];
@@ -192,10 +193,6 @@ fn attend_rows_with<S: Ops>(
                 scores[h * len + t] = S::dot(qh, k) * q.scale;
             }
         }
-        let mut inverse_sums = [0f32; 64];
-        let many_heads = heads > inverse_sums.len();
-        let mut inverse_sums_vec = if many_heads { vec![0f32; heads] } else { Vec::new() };
-        let inverse_sums = if many_heads { &mut inverse_sums_vec[..] } else { &mut inverse_sums[..heads] };
         for (h, head_scores) in scores.chunks_exact_mut(len).enumerate() {
             let top = max(head_scores);
             inverse_sums[h] = 1.0 / exp_shifted_in_place(head_scores, top);

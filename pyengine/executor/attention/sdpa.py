@@ -180,7 +180,7 @@ def _native_decode(
         q.contiguous().numpy(),
         key_blocks.numpy(),
         value_blocks.numpy(),
-        group.tables.contiguous().numpy(),
+        group.tables.numpy(),
         group.seq_lens,
         head_dim**-0.5,
         torch.get_num_threads(),
@@ -241,6 +241,7 @@ def _single_query_group(layout: StepAttentionLayout, cache: PagedKVCache) -> Opt
     everything = single.size == layout.num_scheduled_tokens.size
     row_index = None if everything else torch.from_numpy(single).to(device)
     tables = layout.block_tables if row_index is None else layout.block_tables.index_select(0, row_index)
+    tables = tables.contiguous()  # read by the native kernel as one array, every layer
     block_ids = tables[:, :width].reshape(-1).to(torch.int64)
     mask = None
     if int(lengths.min()) != kv_len:
