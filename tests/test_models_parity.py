@@ -143,3 +143,14 @@ def test_mlp_token_slices_give_the_same_result(checkpoint, monkeypatch):
     whole = mlp(x)
     monkeypatch.setattr(type(mlp), "token_chunk", 16)
     torch.testing.assert_close(mlp(x), whole, rtol=1e-5, atol=1e-6)
+
+
+def test_float32_rms_norm_fast_path_matches_the_reference_formula():
+    from pyengine.models.layers import RMSNorm
+
+    norm = RMSNorm(64, 1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(64, generator=torch.Generator().manual_seed(1)))
+    x = torch.randn(33, 64, generator=torch.Generator().manual_seed(2)) * 3.0
+    expected = norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+    torch.testing.assert_close(norm(x), expected, rtol=1e-6, atol=1e-6)
