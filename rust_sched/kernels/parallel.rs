@@ -7,9 +7,6 @@
 //! OpenMP parallel region on that same team, whose workers pick them up at once; otherwise
 //! on scoped threads.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
-
 /// Runs `work(part)` once for every part in `0..parts`, possibly concurrently, and
 /// returns when all are done. A panic in a part is raised again here.
 pub fn for_each_part(parts: usize, work: &(dyn Fn(usize) + Sync)) {
@@ -30,25 +27,24 @@ pub fn for_each_part(parts: usize, work: &(dyn Fn(usize) + Sync)) {
     });
 }
 
-/// A part's panic, caught on the thread that ran it (unwinding must not cross OpenMP's
-/// C frames) and raised again by the caller.
-struct PanicFlag(AtomicBool);
-
-impl PanicFlag {
-    fn run(&self, work: impl FnOnce()) {
-        if catch_unwind(AssertUnwindSafe(work)).is_err() {
-            self.0.store(true, Ordering::Relaxed);
-        }
-    }
-}
-
 #[cfg(target_os = "linux")]
 mod openmp {
     use std::ffi::{c_int, c_uint, c_void, CString};
+    use std::panic::{catch_unwind, AssertUnwindSafe};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::OnceLock;
 
-    use super::PanicFlag;
+    /// A part's panic, caught on the thread that ran it (unwinding must not cross OpenMP's
+    /// C frames) and raised again by the caller.
+    struct PanicFlag(AtomicBool);
+
+    impl PanicFlag {
+        fn run(&self, work: impl FnOnce()) {
+            if catch_unwind(AssertUnwindSafe(work)).is_err() {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+    }
 
     type ParallelFn = unsafe extern "C" fn(unsafe extern "C" fn(*mut c_void), *mut c_void, c_uint, c_uint);
     type QueryFn = unsafe extern "C" fn() -> c_int;
@@ -135,7 +131,7 @@ mod openmp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
     fn every_part_runs_once() {

@@ -450,10 +450,10 @@ impl Scheduler {
         if seq.state != SeqState::Finished || seq.inflight_steps > 0 {
             return;
         }
-        let mut seq = self.seqs[slot as usize].take().unwrap();
         if !seq.kv_failed {
-            self.register_rest(&mut seq);
+            self.register_rest(slot);
         }
+        let seq = self.seqs[slot as usize].take().unwrap();
         self.pool.release(&seq.blocks);
         self.slot_of_seq.remove(&seq.id);
         self.free_slots.push(slot);
@@ -465,18 +465,19 @@ impl Scheduler {
     /// generating could hit them; this keeps hashing out of the steady decode step, where at
     /// thousands of sequences its cache misses cost more per sequence than at hundreds.
     /// A follow-up turn, or this sequence recomputed after preemption, finds them.
-    fn register_rest(&mut self, seq: &mut Sequence) {
-        if !self.pool.caching_enabled() || seq.pooling {
+    fn register_rest(&mut self, slot: u32) {
+        let bs = self.config.block_size;
+        let (pool, seq) = (&mut self.pool, self.seqs[slot as usize].as_mut().expect("live slot"));
+        if !pool.caching_enabled() || seq.pooling {
             return;
         }
-        let bs = self.config.block_size;
         let full = (seq.computed().min(seq.num_tokens()) / bs).min(seq.blocks.len());
         if full <= seq.num_registered as usize {
             return;
         }
         seq.update_hashes(bs);
         for i in seq.num_registered as usize..full {
-            self.pool.register(seq.blocks[i], seq.hashes[i]);
+            pool.register(seq.blocks[i], seq.hashes[i]);
         }
         seq.num_registered = full as u32;
     }
@@ -490,9 +491,8 @@ impl Scheduler {
     fn preempt_at(&mut self, index: usize) {
         let (rank, slot) = self.running.remove_at(index);
         self.release_row(slot);
-        let mut seq = self.seqs[slot as usize].take().unwrap();
-        self.register_rest(&mut seq);
-        let seq = self.seqs[slot as usize].insert(seq);
+        self.register_rest(slot);
+        let seq = self.seqs[slot as usize].as_mut().unwrap();
         seq.state = SeqState::Waiting;
         let blocks = std::mem::take(&mut seq.blocks);
         seq.num_computed = 0;

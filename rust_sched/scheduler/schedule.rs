@@ -252,7 +252,7 @@ impl Scheduler {
     }
 
     /// Writes one picked sequence's tokens into the plan, advances its computed count,
-    /// registers blocks that became full and known, and records it in the step.
+    /// registers prompt blocks that became full, and records it in the step.
     fn emit(&mut self, slot: u32, n: usize, plan: &mut StepPlan, step: &mut InflightStep) {
         let bs = self.config.block_size;
         let caching = self.pool.caching_enabled();

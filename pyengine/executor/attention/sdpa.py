@@ -38,15 +38,16 @@ CPU_TILE_BYTES = 2**20
 @dataclass
 class _SingleQueryGroup:
     token_indices: Optional[torch.Tensor]  # None: the group is every token of the step, in order
-    block_ids: torch.Tensor  # int64 [R * width] flattened block tables
+    block_ids: Optional[torch.Tensor]  # int64 [R * width] flattened block tables; None when native
     tables: torch.Tensor  # int32 [R, >= width] block tables of the group
     num_rows: int
     width: int  # blocks gathered per row
     kv_len: int  # longest context in the group
-    mask: Optional[torch.Tensor]  # bool [R, 1, 1, kv_len], None when all lengths equal kv_len
+    mask: Optional[torch.Tensor]  # bool [R, 1, 1, kv_len], None when all lengths equal kv_len or native
     seq_lens: np.ndarray  # int32 [R] context length of each row
     tile_rows: int  # rows whose keys are gathered at once (CPU)
     use_value_bags: bool  # CPU path: keys in tiles + bmm, values through embedding_bag
+    native: bool  # float32 on CPU: the native kernel, which needs neither block_ids nor mask
     value_index: Optional[torch.Tensor] = None  # [R * heads * kv_len], built by the first layer
     bag_offsets: Optional[torch.Tensor] = None  # start of each (row, query head) bag
 
@@ -103,13 +104,14 @@ class SdpaStepAttention:
         rows, heads, head_dim = q.shape
         kv_heads = key_blocks.shape[2]
         grouped_q = q.view(rows, kv_heads, heads // kv_heads, head_dim)
+        if group.native:
+            return _native_decode(group, q, key_blocks, value_blocks)
         if not group.use_value_bags:
+            assert group.block_ids is not None  # built for every group but the native one
             keys = _gather_rows(key_blocks, group.block_ids, rows, group.kv_len)
             values = _gather_rows(value_blocks, group.block_ids, rows, group.kv_len)
             out = F.scaled_dot_product_attention(grouped_q, keys, values, attn_mask=group.mask)
             return out.reshape(rows, heads, head_dim)
-        if q.dtype == torch.float32:
-            return _native_decode(group, q, key_blocks, value_blocks)
         if group.value_index is None:  # same for every layer: built once per step
             group.value_index, group.bag_offsets = _value_bags(
                 group.tables, group.width, group.kv_len, self.cache, heads
@@ -134,11 +136,13 @@ class SdpaStepAttention:
     ) -> torch.Tensor:
         """q . k for every context position: ``[rows, kv_heads, group, kv_len]``."""
         rows, kv_heads, group_size, head_dim = grouped_q.shape
+        block_ids = group.block_ids
+        assert block_ids is not None  # built for every group but the native one
         scores = grouped_q.new_empty((rows, kv_heads, group_size, group.kv_len))
         buffer = key_blocks.new_empty((group.tile_rows * group.width,) + tuple(key_blocks.shape[1:]))
         for start in range(0, rows, group.tile_rows):
             end = min(start + group.tile_rows, rows)
-            ids = group.block_ids[start * group.width : end * group.width]
+            ids = block_ids[start * group.width : end * group.width]
             gathered = torch.index_select(key_blocks, 0, ids, out=buffer[: ids.numel()])
             keys = gathered.view(end - start, -1, kv_heads, head_dim)[:, : group.kv_len]
             for head in range(kv_heads):
@@ -241,10 +245,13 @@ def _single_query_group(layout: StepAttentionLayout, cache: PagedKVCache) -> Opt
     everything = single.size == layout.num_scheduled_tokens.size
     row_index = None if everything else torch.from_numpy(single).to(device)
     tables = layout.block_tables if row_index is None else layout.block_tables.index_select(0, row_index)
-    tables = tables.contiguous()  # read by the native kernel as one array, every layer
-    block_ids = tables[:, :width].reshape(-1).to(torch.int64)
+    on_cpu = device.type == "cpu"
+    native = on_cpu and cache.keys.dtype == torch.float32
+    if native:
+        tables = tables.contiguous()  # read by the native kernel as one array, every layer
+    block_ids = None if native else tables[:, :width].reshape(-1).to(torch.int64)
     mask = None
-    if int(lengths.min()) != kv_len:
+    if not native and int(lengths.min()) != kv_len:
         lengths_t = torch.from_numpy(lengths.astype(np.int64)).to(device)
         mask = (torch.arange(kv_len, device=device)[None, :] < lengths_t[:, None]).view(
             single.size, 1, 1, kv_len
@@ -252,11 +259,10 @@ def _single_query_group(layout: StepAttentionLayout, cache: PagedKVCache) -> Opt
     token_indices = None
     if not everything:
         token_indices = torch.from_numpy(layout.query_start_loc[single].astype(np.int64)).to(device)
-    on_cpu = device.type == "cpu"
     tile_rows = _tile_rows(width, cache) if on_cpu else int(single.size)
     return _SingleQueryGroup(
         token_indices, block_ids, tables, int(single.size), width, kv_len, mask,
-        np.ascontiguousarray(lengths, dtype=np.int32), tile_rows, on_cpu,
+        np.ascontiguousarray(lengths, dtype=np.int32), tile_rows, on_cpu, native,
     )
 
 
