@@ -38,6 +38,7 @@ class ModelRunner:
         self.config = config
         self.loaded = loaded
         self.model = loaded.model
+        self.model.pack_for_cpu()  # oneDNN-packed matmul weights on CPU float32; no-op elsewhere
         self.device = loaded.device
         model_config = loaded.config
         self.max_model_len = _max_model_len(config, model_config.max_position_embeddings)

@@ -16,6 +16,7 @@ import re
 import torch
 import torch.nn.functional as F
 
+from pyengine.models import cpu_linear
 from pyengine.models.config import DecoderConfig
 from pyengine.models.layers import AttentionOp, DecoderAttention, GatedMLP, RMSNorm, WeightSlot
 from pyengine.models.parallel import ParallelContext
@@ -37,6 +38,10 @@ class DecoderLayer(torch.nn.Module):
     ) -> torch.Tensor:
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, attention)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+    def pack_for_cpu(self) -> None:
+        self.self_attn.pack_for_cpu()
+        self.mlp.pack_for_cpu()
 
     def slots(self, prefix: str) -> dict[str, WeightSlot]:
         return {
@@ -72,6 +77,7 @@ class DecoderForCausalLM(torch.nn.Module):
             else torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings)
+        self.packed_head: torch.Tensor | None = None
 
     @property
     def output_embedding(self) -> torch.Tensor:
@@ -99,7 +105,25 @@ class DecoderForCausalLM(torch.nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [N, vocab] for the given hidden states [N, hidden]."""
+        if self.packed_head is not None:
+            return cpu_linear.linear(hidden, self.packed_head)
         return F.linear(hidden, self.output_embedding).float()
+
+    def pack_for_cpu(self) -> None:
+        """Run every matmul through oneDNN with packed weights (see ``cpu_linear``).
+
+        A no-op unless the weights are float32 on CPU, and when already packed. Call it
+        after the weights are final: the dense linear weights are released. A tied LM head
+        is packed as a copy, as the input embedding still needs the dense matrix (vocab x
+        hidden more memory).
+        """
+        if self.packed_head is not None or not cpu_linear.can_pack(self.output_embedding):
+            return
+        for layer in self.layers:
+            layer.pack_for_cpu()
+        self.packed_head = cpu_linear.pack(self.output_embedding)
+        if self.lm_head is not None:
+            cpu_linear.release_dense(self.lm_head)
 
     def weight_slots(self) -> dict[str, WeightSlot]:
         """Every checkpoint tensor the model needs, by Hugging Face name."""

@@ -5,6 +5,8 @@ features (merged projections such as q/k/v or gate/up keep one slice of each par
 row-parallel linear owns a slice of the input features and all-reduces its output. Each
 linear also says which checkpoint tensors fill which rows of its parameters
 (:class:`WeightSlot`), so the loader can check names and shapes without knowing layers.
+On CPU float32, ``pack_for_cpu`` switches the linears to oneDNN-packed weights
+(:mod:`pyengine.models.cpu_linear`) once the weights are loaded.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Optional, Protocol
 import torch
 import torch.nn.functional as F
 
+from pyengine.models import cpu_linear
 from pyengine.models.config import DecoderConfig
 from pyengine.models.parallel import ParallelContext
 from pyengine.models.rope import apply_rotary
@@ -79,9 +82,16 @@ class ColumnParallelLinear(torch.nn.Module):
         self.input_size = input_size
         self.weight = torch.nn.Parameter(torch.empty(sum(self.local_sizes), input_size))
         self.bias = torch.nn.Parameter(torch.empty(sum(self.local_sizes))) if bias else None
+        self.packed: Optional[torch.Tensor] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return cpu_linear.linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+    def pack_for_cpu(self) -> None:
+        """Use a oneDNN-packed weight from now on (see ``cpu_linear``); no-op off CPU float32."""
+        self.packed = self.packed if self.packed is not None else _pack_weight_of(self)
 
     def slots(self, names: list[str]) -> dict[str, WeightSlot]:
         """Checkpoint tensor names of each output part ("<prefix>" without .weight/.bias)."""
@@ -107,9 +117,16 @@ class RowParallelLinear(torch.nn.Module):
         self.weight = torch.nn.Parameter(
             torch.empty(output_size, parallel.shard(input_size, "input features"))
         )
+        self.packed: Optional[torch.Tensor] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return self.parallel.all_reduce(cpu_linear.linear(x, self.packed))
         return self.parallel.all_reduce(F.linear(x, self.weight))
+
+    def pack_for_cpu(self) -> None:
+        """Use a oneDNN-packed weight from now on (see ``cpu_linear``); no-op off CPU float32."""
+        self.packed = self.packed if self.packed is not None else _pack_weight_of(self)
 
     def slots(self, name: str) -> dict[str, WeightSlot]:
         shape = (self.weight.shape[0], self.input_size)
@@ -135,6 +152,8 @@ class GatedMLP(torch.nn.Module):
             config.hidden_size, [inter, inter], bias=False, parallel=parallel
         )
         self.down_proj = RowParallelLinear(inter, config.hidden_size, parallel)
+        # Packed gate and up weights (CPU float32): silu and the product run inside the matmuls.
+        self.packed_gate_up: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] <= self.token_chunk:
@@ -142,8 +161,20 @@ class GatedMLP(torch.nn.Module):
         return torch.cat([self._forward(part) for part in x.split(self.token_chunk)])
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed_gate_up is not None:
+            gate, up = self.packed_gate_up
+            return self.down_proj(cpu_linear.linear_times(x, up, cpu_linear.linear_silu(x, gate)))
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
+
+    def pack_for_cpu(self) -> None:
+        """Pack gate, up and down for oneDNN (see ``cpu_linear``); no-op off CPU float32."""
+        weight = self.gate_up_proj.weight
+        if self.packed_gate_up is None and cpu_linear.can_pack(weight):
+            inter = self.gate_up_proj.local_sizes[0]
+            self.packed_gate_up = (cpu_linear.pack(weight[:inter]), cpu_linear.pack(weight[inter:]))
+            cpu_linear.release_dense(self.gate_up_proj)
+        self.down_proj.pack_for_cpu()
 
     def slots(self, prefix: str) -> dict[str, WeightSlot]:
         return {
@@ -191,6 +222,10 @@ class DecoderAttention(torch.nn.Module):
         out = attention.attend(self.layer_index, q, k, v)
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
 
+    def pack_for_cpu(self) -> None:
+        self.qkv_proj.pack_for_cpu()
+        self.o_proj.pack_for_cpu()
+
     def slots(self, prefix: str) -> dict[str, WeightSlot]:
         names = [f"{prefix}.q_proj", f"{prefix}.k_proj", f"{prefix}.v_proj"]
         slots = {**self.qkv_proj.slots(names), **self.o_proj.slots(f"{prefix}.o_proj")}
@@ -198,3 +233,12 @@ class DecoderAttention(torch.nn.Module):
             slots.update(self.q_norm.slots(f"{prefix}.q_norm.weight"))
             slots.update(self.k_norm.slots(f"{prefix}.k_norm.weight"))
         return slots
+
+
+def _pack_weight_of(linear: torch.nn.Module) -> Optional[torch.Tensor]:
+    """``linear.weight`` packed for oneDNN, its dense copy released; None where unsupported."""
+    if not cpu_linear.can_pack(linear.weight):
+        return None
+    packed = cpu_linear.pack(linear.weight)
+    cpu_linear.release_dense(linear)
+    return packed
