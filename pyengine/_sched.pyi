@@ -6,7 +6,7 @@ and reports accepted tokens and finished sequences as :class:`OutputEvent`. See
 ``docs/contract.md`` for how the fields fit together.
 
 It also carries the executor's native CPU kernel, :func:`paged_decode_attention`
-(``rust_sched/kernels``).
+(``rust_sched/kernels``), and :func:`release_openmp_workers`.
 """
 
 from typing import Final, Literal, TypeAlias, final
@@ -27,6 +27,7 @@ __all__ = [
     "THREAD_NAME",
     "__version__",
     "paged_decode_attention",
+    "release_openmp_workers",
 ]
 
 __version__: Final[str]
@@ -57,6 +58,17 @@ def paged_decode_attention(
     ``q . k * scale``. All arrays C-contiguous. Runs with the GIL released, on
     ``num_threads`` threads (PyTorch's OpenMP team when libgomp is loaded). Raises
     ValueError for inconsistent shapes, lengths beyond a table or unknown block ids.
+    """
+
+def release_openmp_workers() -> bool:
+    """Frees the idle OpenMP worker threads of the calling thread's team (libgomp's
+    ``omp_pause_resource_all``); the next parallel region on this thread starts new ones.
+
+    libgomp cuts its workers' spin-wait to almost nothing while it manages more worker
+    threads than there are CPUs, idle teams of other threads included; the executor
+    thread's team then sleeps and wakes on a futex around every PyTorch operator. The
+    engine calls this on the threads that load the model and add requests. Returns
+    False when libgomp is not loaded or did not release (inside a parallel region).
     """
 
 @final

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from pyengine._sched import Request, SchedulerConfig, SchedulerThread
+from pyengine._sched import Request, SchedulerConfig, SchedulerThread, release_openmp_workers
 from pyengine.config import EngineConfig
 from pyengine.engine.executor_loop import EXEC_THREAD_NAME, ExecutorLoop, StepExtras
 from pyengine.engine.output_loop import OUTPUT_THREAD_NAME, OutputLoop
@@ -99,6 +99,7 @@ class EngineCore:
         self._output_thread.start()
         self.executor.started.wait()
         self.output.started.wait()
+        release_openmp_workers()  # loading left this thread an idle OpenMP team: see add_request
         logger.info(
             "engine ready: %s, %d KV blocks, depth %d", self.model_path, self.runner.num_kv_blocks, config.pipeline_depth
         )
@@ -128,6 +129,9 @@ class EngineCore:
         """Queues a request; its outputs go to ``sink``. Raises ``InvalidRequestError`` for a
         request that can never be served and ``EngineDeadError`` once the engine is dead."""
         self._check_alive()
+        # An idle OpenMP team on the calling thread (from its own PyTorch work) makes libgomp
+        # throttle the executor thread's team; freeing it costs nothing when there is none.
+        release_openmp_workers()
         if prompt_token_ids and self.vocab_size is not None and max(prompt_token_ids) >= self.vocab_size:
             raise InvalidRequestError(
                 f"prompt token id {max(prompt_token_ids)} is outside the vocabulary (size {self.vocab_size})"

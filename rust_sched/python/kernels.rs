@@ -58,3 +58,9 @@ pub fn paged_decode_attention(
     detached(py, || crate::kernels::paged_decode_attention(&queries, &kv, out, num_threads))
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
+
+/// Frees the calling thread's idle OpenMP workers; see `kernels/parallel.rs`.
+#[pyfunction]
+pub fn release_openmp_workers() -> bool {
+    crate::kernels::release_calling_thread_workers()
+}

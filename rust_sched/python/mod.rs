@@ -27,5 +27,6 @@ fn _sched(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<scheduler::PyScheduler>()?;
     m.add_class::<thread::PySchedulerThread>()?;
     m.add_function(wrap_pyfunction!(kernels::paged_decode_attention, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::release_openmp_workers, m)?)?;
     Ok(())
 }
