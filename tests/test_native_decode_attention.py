@@ -87,3 +87,20 @@ def test_bad_arguments_raise_value_error():
         call(value_cache=values[:-1].numpy())
     with pytest.raises(TypeError):
         call(query=query.double().numpy())
+
+
+def test_contiguous_reference_with_the_native_kernel_matches_sdpa(tmp_path):
+    from pyengine.models.loader import load_model
+    from pyengine.testing.checkpoints import make_tiny_checkpoint
+    from pyengine.testing.contiguous_reference import ContiguousKVCache, NativeDecodeKVCache, contiguous_step
+
+    model = load_model(make_tiny_checkpoint(tmp_path / "qwen3", "qwen3")).model
+    prompts = torch.randint(0, 512, (3, 37), generator=torch.Generator().manual_seed(0))
+    logits = []
+    for cache_type in (ContiguousKVCache, NativeDecodeKVCache):
+        cache = cache_type(model, 3, 48)
+        steps = [contiguous_step(model, cache, prompts)]
+        for _ in range(4):
+            steps.append(contiguous_step(model, cache, steps[-1].argmax(-1, keepdim=True)))
+        logits.append(torch.stack(steps))
+    torch.testing.assert_close(logits[1], logits[0], atol=1e-4, rtol=1e-4)
