@@ -9,9 +9,10 @@ while the output is still in registers ("post-ops"), which saves the gated MLP t
 passes over its ``[tokens, intermediate]`` activations (1.5x faster on 2048 tokens).
 
 Packing is for float32 weights on CPU when PyTorch was built with oneDNN (the PyPI
-wheels are). The packed tensor replaces the dense one: ``pack`` releases the module's
-dense weight, which keeps its shape and dtype on the meta device so that the model still
-describes itself. Results equal ``F.linear`` up to float32 rounding order.
+wheels are). The packed tensor replaces the dense one: after packing, the layers call
+``release_dense``, which leaves a parameter of the same shape and dtype on the meta device
+so that the model still describes itself. Results equal ``F.linear`` up to float32
+rounding order.
 """
 
 from __future__ import annotations

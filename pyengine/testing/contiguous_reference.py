@@ -24,8 +24,8 @@ class ContiguousKVCache:
     def __init__(self, model: DecoderForCausalLM, batch: int, max_len: int) -> None:
         config = model.config
         device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
-        self.keys = torch.zeros(self._dims(config.num_hidden_layers, batch, model.num_kv_heads, max_len,
-                                           config.head_dim), dtype=dtype, device=device)
+        dims = self._dims(config.num_hidden_layers, batch, model.num_kv_heads, max_len, config.head_dim)
+        self.keys = torch.zeros(dims, dtype=dtype, device=device)
         self.values = torch.zeros_like(self.keys)
         self.batch = batch
         self.length = 0
