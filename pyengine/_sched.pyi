@@ -5,8 +5,9 @@ plans steps as flat numpy arrays (:class:`StepPlan`), takes back the sampled tok
 and reports accepted tokens and finished sequences as :class:`OutputEvent`. See
 ``docs/contract.md`` for how the fields fit together.
 
-It also carries the executor's native CPU kernel, :func:`paged_decode_attention`
-(``rust_sched/kernels``), and :func:`release_openmp_workers`.
+It also carries the executor's native CPU kernels (``rust_sched/kernels``):
+:func:`paged_decode_attention`, :func:`rms_norm`, :func:`qk_norm_rope`; and
+:func:`release_openmp_workers`.
 """
 
 from typing import Final, Literal, TypeAlias, final
@@ -27,7 +28,9 @@ __all__ = [
     "THREAD_NAME",
     "__version__",
     "paged_decode_attention",
+    "qk_norm_rope",
     "release_openmp_workers",
+    "rms_norm",
 ]
 
 __version__: Final[str]
@@ -58,6 +61,39 @@ def paged_decode_attention(
     ``q . k * scale``. All arrays C-contiguous. Runs with the GIL released, on
     ``num_threads`` threads (PyTorch's OpenMP team when libgomp is loaded). Raises
     ValueError for inconsistent shapes, lengths beyond a table or unknown block ids.
+    """
+
+def rms_norm(
+    out: npt.NDArray[np.float32],
+    x: npt.NDArray[np.float32],
+    weight: npt.NDArray[np.float32],
+    eps: float,
+    residual: npt.NDArray[np.float32] | None = None,
+    num_threads: int = 1,
+) -> None:
+    """RMSNorm of every row of ``x`` (rows of ``len(weight)`` floats) into ``out``:
+    ``x / sqrt(mean(x^2) + eps) * weight``. With ``residual`` (``x``'s shape), first
+    ``residual += x`` in place and the norm is of the sum. All arrays C-contiguous; runs
+    with the GIL released, on up to ``num_threads`` threads for large calls. Raises
+    ValueError for arrays that are not whole rows or do not match.
+    """
+
+def qk_norm_rope(
+    qkv: npt.NDArray[np.float32],
+    cos: npt.NDArray[np.float32],
+    sin: npt.NDArray[np.float32],
+    q_heads: int,
+    k_heads: int,
+    q_norm_weight: npt.NDArray[np.float32] | None = None,
+    k_norm_weight: npt.NDArray[np.float32] | None = None,
+    eps: float = 1e-6,
+    num_threads: int = 1,
+) -> None:
+    """In place on a fused q/k/v projection ``qkv`` (``[tokens, row_stride]``: q heads, then
+    k heads, then v heads, each ``head_dim`` wide): RMSNorm of every q and k head by its
+    weight when given (Qwen3), then the rotary embedding (rotate-half layout) by ``cos``
+    and ``sin`` (``[tokens, head_dim]``, each half repeating the other). v is untouched.
+    All arrays C-contiguous; GIL released. Raises ValueError for inconsistent shapes.
     """
 
 def release_openmp_workers() -> bool:

@@ -34,10 +34,23 @@ class DecoderLayer(torch.nn.Module):
         self.mlp = GatedMLP(config, parallel)
 
     def forward(
-        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: AttentionOp
-    ) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, attention)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attention: AttentionOp,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer on the residual stream: ``residual`` is the sum so far (None before the
+        first layer, whose input is the embeddings) and ``hidden`` the previous block's output,
+        not yet added. Returns the MLP's output and the stream, updated in place."""
+        if residual is None:
+            residual, normed = hidden, self.input_layernorm(hidden)
+        else:
+            normed = self.input_layernorm.add_and_norm(hidden, residual)
+        attended = self.self_attn(normed, cos, sin, attention)
+        normed = self.post_attention_layernorm.add_and_norm(attended, residual)
+        return self.mlp(normed), residual
 
     def pack_for_cpu(self) -> None:
         self.self_attn.pack_for_cpu()
@@ -99,9 +112,10 @@ class DecoderForCausalLM(torch.nn.Module):
         """Final-normed hidden states [T, hidden] for a flat batch of tokens."""
         hidden = self.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, hidden.dtype)
+        residual: torch.Tensor | None = None
         for layer in self.layers:
-            hidden = layer(hidden, cos, sin, attention)
-        return self.norm(hidden)
+            hidden, residual = layer(hidden, residual, cos, sin, attention)
+        return self.norm(hidden) if residual is None else self.norm.add_and_norm(hidden, residual)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [N, vocab] for the given hidden states [N, hidden]."""

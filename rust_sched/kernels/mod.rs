@@ -4,12 +4,29 @@
 //! decode step is bound by reading K and V, and composing PyTorch operators either
 //! gathers the blocks (a second copy of every byte) or reads them once per query head.
 //! Pure Rust over slices; the bindings hand it numpy views of the torch tensors.
-//! [`release_calling_thread_workers`] frees a thread's idle OpenMP team, which otherwise
-//! throttles the executor thread's team (see there).
+//! [`norm`] holds the decoder's elementwise steps between matmuls (RMSNorm with the
+//! residual add, q/k norm with the rotary embedding), one pass each instead of a chain
+//! of operators. [`release_calling_thread_workers`] frees a thread's idle OpenMP team,
+//! which otherwise throttles the executor thread's team (see there).
 
+pub mod norm;
 pub mod paged_decode;
 mod parallel;
 mod vector;
 
-pub use paged_decode::{paged_decode_attention, DecodeQueries, KernelError, PagedKv};
+use thiserror::Error;
+
+pub use norm::{qk_norm_rope, rms_norm, Norm, QkHeads};
+pub use paged_decode::{paged_decode_attention, DecodeQueries, PagedKv};
 pub use parallel::release_calling_thread_workers;
+
+/// Why a kernel refused its arguments (checked before any work).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{0}")]
+pub struct KernelError(String);
+
+impl KernelError {
+    pub(crate) fn new(message: String) -> Self {
+        KernelError(message)
+    }
+}

@@ -9,17 +9,11 @@
 
 use std::sync::Mutex;
 
-use thiserror::Error;
-
 use super::parallel::for_each_part;
 #[cfg(target_arch = "x86_64")]
 use super::vector::Avx2;
 use super::vector::{exp_shifted_in_place, max, Ops, Portable};
-
-/// Why the kernel refused its arguments (checked before any work).
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("paged decode attention: {0}")]
-pub struct KernelError(String);
+use super::KernelError;
 
 /// One layer's paged cache: keys and values `[num_blocks, block_size, kv_heads, head_dim]`.
 #[derive(Clone, Copy)]
@@ -83,7 +77,7 @@ pub fn paged_decode_attention(
 }
 
 fn check(q: &DecodeQueries<'_>, kv: &PagedKv<'_>, out_len: usize) -> Result<(), KernelError> {
-    let fail = |message: String| Err(KernelError(message));
+    let fail = |message: String| Err(KernelError::new(format!("paged decode attention: {message}")));
     let (rows, d) = (q.seq_lens.len(), kv.head_dim);
     if kv.block_size == 0 || kv.kv_heads == 0 || d == 0 || q.heads == 0 {
         return fail("block_size, kv_heads, head_dim and heads must be positive".into());

@@ -2,15 +2,23 @@
 //! shapes checked, the kernel run with the GIL released.
 
 use numpy::{
-    PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyReadonlyArray4, PyReadwriteArray3,
-    PyUntypedArrayMethods,
+    PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyReadonlyArray4, PyReadonlyArrayDyn,
+    PyReadwriteArray2, PyReadwriteArray3, PyReadwriteArrayDyn, PyUntypedArrayMethods,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::kernels::{DecodeQueries, PagedKv};
+use crate::kernels::{DecodeQueries, Norm, PagedKv, QkHeads};
 
 use super::gil::detached;
+
+fn optional_norm<'a>(
+    weight: Option<&'a PyReadonlyArray1<'_, f32>>,
+    name: &str,
+    eps: f32,
+) -> PyResult<Option<Norm<'a>>> {
+    weight.map(|w| Ok(Norm { weight: contiguous(name, w.as_slice())?, eps })).transpose()
+}
 
 fn contiguous<'a, T>(name: &str, slice: Result<&'a [T], numpy::AsSliceError>) -> PyResult<&'a [T]> {
     slice.map_err(|_| PyValueError::new_err(format!("{name} must be C-contiguous")))
@@ -56,6 +64,72 @@ pub fn paged_decode_attention(
     };
     let out = out.as_slice_mut().map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
     detached(py, || crate::kernels::paged_decode_attention(&queries, &kv, out, num_threads))
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// RMSNorm of each row into `out`, after `residual += x` when a residual is given; see
+/// `kernels/norm.rs`.
+#[pyfunction]
+#[pyo3(signature = (out, x, weight, eps, residual = None, num_threads = 1))]
+pub fn rms_norm(
+    py: Python<'_>,
+    mut out: PyReadwriteArrayDyn<'_, f32>,
+    x: PyReadonlyArrayDyn<'_, f32>,
+    weight: PyReadonlyArray1<'_, f32>,
+    eps: f32,
+    residual: Option<PyReadwriteArrayDyn<'_, f32>>,
+    num_threads: usize,
+) -> PyResult<()> {
+    let norm = Norm { weight: contiguous("weight", weight.as_slice())?, eps };
+    let x = contiguous("x", x.as_slice())?;
+    let mut residual = residual;
+    let residual = match residual.as_mut() {
+        Some(r) => {
+            Some(r.as_slice_mut().map_err(|_| PyValueError::new_err("residual must be C-contiguous"))?)
+        }
+        None => None,
+    };
+    let out = out.as_slice_mut().map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
+    detached(py, || crate::kernels::rms_norm(x, residual, norm, out, num_threads))
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// Per-head RMSNorm (where weights are given) and rotary embedding of the q and k heads of
+/// `qkv`, in place; see `kernels/norm.rs`.
+#[pyfunction]
+#[pyo3(signature = (qkv, cos, sin, q_heads, k_heads, q_norm_weight = None, k_norm_weight = None, eps = 1e-6, num_threads = 1))]
+#[allow(clippy::too_many_arguments)]
+pub fn qk_norm_rope(
+    py: Python<'_>,
+    mut qkv: PyReadwriteArray2<'_, f32>,
+    cos: PyReadonlyArray2<'_, f32>,
+    sin: PyReadonlyArray2<'_, f32>,
+    q_heads: usize,
+    k_heads: usize,
+    q_norm_weight: Option<PyReadonlyArray1<'_, f32>>,
+    k_norm_weight: Option<PyReadonlyArray1<'_, f32>>,
+    eps: f32,
+    num_threads: usize,
+) -> PyResult<()> {
+    let (tokens, row_stride) = (qkv.shape()[0], qkv.shape()[1]);
+    if cos.shape()[0] != tokens {
+        return Err(PyValueError::new_err(format!(
+            "qk_norm_rope: cos and sin need one row per token ({tokens}), got {:?}",
+            cos.shape()
+        )));
+    }
+    let heads = QkHeads {
+        q_heads,
+        k_heads,
+        head_dim: cos.shape()[1],
+        row_stride,
+        q_norm: optional_norm(q_norm_weight.as_ref(), "q_norm_weight", eps)?,
+        k_norm: optional_norm(k_norm_weight.as_ref(), "k_norm_weight", eps)?,
+        cos: contiguous("cos", cos.as_slice())?,
+        sin: contiguous("sin", sin.as_slice())?,
+    };
+    let qkv = qkv.as_slice_mut().map_err(|_| PyValueError::new_err("qkv must be C-contiguous"))?;
+    detached(py, || crate::kernels::qk_norm_rope(qkv, &heads, num_threads))
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 

@@ -28,5 +28,7 @@ fn _sched(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<thread::PySchedulerThread>()?;
     m.add_function(wrap_pyfunction!(kernels::paged_decode_attention, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::release_openmp_workers, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::rms_norm, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::qk_norm_rope, m)?)?;
     Ok(())
 }
