@@ -79,6 +79,11 @@ def test_attention_q_k_norm_and_rotary_match_the_operator_path(qk_norm):
     expected = (apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v.reshape(37, 2, 24))
     for got, want in zip(seen["qkv"][0], expected):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    attention.requires_grad_(True)  # trainable weights: the operator path, same values
+    with torch.no_grad():
+        attention(hidden, cos, sin, Capture())
+    for got, want in zip(seen["qkv"][1], expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_kernels_refuse_bad_shapes_with_value_error():

@@ -237,20 +237,7 @@ class DecoderAttention(torch.nn.Module):
     ) -> torch.Tensor:
         tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
-        native = _native_float32(qkv) and _native_float32(cos)
-        if native:  # q/k norm and rotary in place, one pass (see kernels/norm.rs)
-            norms = (None, None) if self.q_norm is None or self.k_norm is None else (self.q_norm, self.k_norm)
-            _sched.qk_norm_rope(
-                qkv.numpy(),
-                cos.view(tokens, self.head_dim).numpy(),
-                sin.view(tokens, self.head_dim).numpy(),
-                self.num_heads,
-                self.num_kv_heads,
-                None if norms[0] is None else norms[0].weight.numpy(),
-                None if norms[1] is None else norms[1].weight.numpy(),
-                self.q_norm.eps if self.q_norm is not None else 1e-6,
-                _threads(),
-            )
+        native = self._native_qk_norm_rope(qkv, cos, sin)
         q, k, v = qkv.split(self._split, dim=-1)
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
@@ -263,6 +250,27 @@ class DecoderAttention(torch.nn.Module):
             k = apply_rotary(k, cos, sin)
         out = attention.attend(self.layer_index, q, k, v)
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
+
+    def _native_qk_norm_rope(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+        """q/k norm and rotary on ``qkv`` in place by the native kernel (one pass, see
+        ``kernels/norm.rs``); False, with nothing done, where it does not apply."""
+        norms = [self.q_norm, self.k_norm] if self.q_norm is not None and self.k_norm is not None else []
+        tensors = [qkv, cos, sin, *(norm.weight for norm in norms)]
+        if not all(_native_float32(t) for t in tensors):
+            return False
+        tokens = qkv.shape[0]
+        _sched.qk_norm_rope(
+            qkv.numpy(),
+            cos.view(tokens, self.head_dim).numpy(),
+            sin.view(tokens, self.head_dim).numpy(),
+            self.num_heads,
+            self.num_kv_heads,
+            norms[0].weight.numpy() if norms else None,
+            norms[1].weight.numpy() if norms else None,
+            norms[0].eps if norms else 0.0,
+            _threads(),
+        )
+        return True
 
     def pack_for_cpu(self) -> None:
         self.qkv_proj.pack_for_cpu()
