@@ -24,6 +24,13 @@ fn contiguous<'a, T>(name: &str, slice: Result<&'a [T], numpy::AsSliceError>) ->
     slice.map_err(|_| PyValueError::new_err(format!("{name} must be C-contiguous")))
 }
 
+fn contiguous_mut<'a, T>(
+    name: &str,
+    slice: Result<&'a mut [T], numpy::AsSliceError>,
+) -> PyResult<&'a mut [T]> {
+    slice.map_err(|_| PyValueError::new_err(format!("{name} must be C-contiguous")))
+}
+
 /// Decode attention over one layer's paged cache; see `kernels/paged_decode.rs`.
 #[pyfunction]
 #[pyo3(signature = (out, query, key_cache, value_cache, block_tables, seq_lens, scale, num_threads = 1))]
@@ -62,7 +69,7 @@ pub fn paged_decode_attention(
         seq_lens: contiguous("seq_lens", seq_lens.as_slice())?,
         scale,
     };
-    let out = out.as_slice_mut().map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
+    let out = contiguous_mut("out", out.as_slice_mut())?;
     detached(py, || crate::kernels::paged_decode_attention(&queries, &kv, out, num_threads))
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
@@ -83,13 +90,8 @@ pub fn rms_norm(
     let norm = Norm { weight: contiguous("weight", weight.as_slice())?, eps };
     let x = contiguous("x", x.as_slice())?;
     let mut residual = residual;
-    let residual = match residual.as_mut() {
-        Some(r) => {
-            Some(r.as_slice_mut().map_err(|_| PyValueError::new_err("residual must be C-contiguous"))?)
-        }
-        None => None,
-    };
-    let out = out.as_slice_mut().map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
+    let residual = residual.as_mut().map(|r| contiguous_mut("residual", r.as_slice_mut())).transpose()?;
+    let out = contiguous_mut("out", out.as_slice_mut())?;
     detached(py, || crate::kernels::rms_norm(x, residual, norm, out, num_threads))
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
@@ -128,7 +130,7 @@ pub fn qk_norm_rope(
         cos: contiguous("cos", cos.as_slice())?,
         sin: contiguous("sin", sin.as_slice())?,
     };
-    let qkv = qkv.as_slice_mut().map_err(|_| PyValueError::new_err("qkv must be C-contiguous"))?;
+    let qkv = contiguous_mut("qkv", qkv.as_slice_mut())?;
     detached(py, || crate::kernels::qk_norm_rope(qkv, &heads, num_threads))
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
