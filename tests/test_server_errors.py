@@ -226,6 +226,62 @@ def test_a_failed_step_is_an_error_response_or_an_error_event(synthetic):
     assert ok.status_code == 200
 
 
+def test_an_unexpected_exception_is_a_500_and_counted(synthetic, monkeypatch):
+    server, engine = synthetic
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in a handler")
+
+    before = _errors_500(server)
+    monkeypatch.setattr(engine, "generate", broken)
+    resp = post(server, "/v1/completions", {"prompt": [1, 2], "max_tokens": 3})
+    monkeypatch.undo()
+    assert resp.status_code == 500 and "a bug in a handler" in resp.json()["error"]["message"]
+    assert _errors_500(server) == before + 1
+
+
+def test_the_guard_counts_a_500_that_starlette_answers_past_it():
+    """An exception no handler turns into a response is answered by Starlette's outermost
+    middleware, after it has passed the guard: the guard counts it on the way out."""
+    import asyncio
+
+    from pyengine.server.guard import GuardMiddleware
+
+    class Counter:
+        def __init__(self):
+            self.counts = {}
+
+        def labels(self, *labels):
+            counter = self
+
+            class Child:
+                def inc(self):
+                    counter.counts[labels] = counter.counts.get(labels, 0) + 1
+
+            return Child()
+
+    async def failing_app(scope, receive, send):
+        raise RuntimeError("a bug below every handler")
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    async def send(message):
+        raise AssertionError("nothing is sent by the failing app")
+
+    errors = Counter()
+    guard = GuardMiddleware(failing_app, api_key=None, errors=errors, model_name="m")
+    with pytest.raises(RuntimeError):
+        asyncio.run(guard({"type": "http", "path": "/v1/completions", "headers": []}, receive, send))
+    assert errors.counts == {("m", "500"): 1}
+
+
+def _errors_500(server) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("pyengine:http_request_errors_total") and 'status="500"' in line)
+
+
 def test_a_dead_engine_is_503_and_unhealthy(synthetic):
     server, engine = synthetic
     engine.engine.sched._inject_panic()

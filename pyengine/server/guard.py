@@ -31,9 +31,21 @@ class GuardMiddleware:
                 await response(scope, receive, send)
                 return
 
+        started = False
+
         async def counting_send(message: Message) -> None:
-            if message["type"] == "http.response.start" and message["status"] >= 400:
-                self.errors.labels(self.model_name, str(message["status"])).inc()
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                if message["status"] >= 400:
+                    self.errors.labels(self.model_name, str(message["status"])).inc()
             await send(message)
 
-        await self.app(scope, receive, counting_send)
+        try:
+            await self.app(scope, receive, counting_send)
+        except Exception:
+            # An unexpected exception is answered with a 500 by Starlette's outermost
+            # middleware, past this one: count it here.
+            if not started:
+                self.errors.labels(self.model_name, "500").inc()
+            raise
