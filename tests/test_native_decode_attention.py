@@ -87,6 +87,8 @@ def test_bad_arguments_raise_value_error():
         call(value_cache=values[:-1].numpy())
     with pytest.raises(TypeError):
         call(query=query.double().numpy())
+    with pytest.raises(ValueError, match="out shares memory with query"):
+        call(out=query.numpy())
 
 
 def test_contiguous_reference_with_the_native_kernel_matches_sdpa(tmp_path):

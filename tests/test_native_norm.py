@@ -97,3 +97,14 @@ def test_kernels_refuse_bad_shapes_with_value_error():
         _sched.qk_norm_rope(np.zeros((2, 8), np.float32), table, table, 1, 1)
     with pytest.raises(ValueError, match="one row per token"):
         _sched.qk_norm_rope(np.zeros((3, 16), np.float32), table, table, 1, 1)
+
+
+def test_kernels_refuse_arguments_that_share_memory():
+    x, weight = torch.randn(4, 8), torch.ones(8)
+    with pytest.raises(ValueError, match="residual shares memory with x"):
+        _sched.rms_norm(torch.empty(4, 8).numpy(), x.numpy(), weight.numpy(), 1e-6, x.numpy())
+    with pytest.raises(ValueError, match="out shares memory with x"):
+        _sched.rms_norm(x.numpy(), x.numpy(), weight.numpy(), 1e-6)
+    qkv = torch.randn(3, 16)
+    with pytest.raises(ValueError, match="qkv shares memory with cos"):
+        _sched.qk_norm_rope(qkv.numpy(), qkv[:, :8].numpy(), torch.randn(3, 8).numpy(), 1, 1)

@@ -2,8 +2,8 @@
 //! shapes checked, the kernel run with the GIL released.
 
 use numpy::{
-    PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyReadonlyArray4, PyReadonlyArrayDyn,
-    PyReadwriteArray2, PyReadwriteArray3, PyReadwriteArrayDyn, PyUntypedArrayMethods,
+    PyArrayDescrMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyReadonlyArray4,
+    PyReadonlyArrayDyn, PyReadwriteArray2, PyReadwriteArray3, PyReadwriteArrayDyn, PyUntypedArrayMethods,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -11,6 +11,27 @@ use pyo3::prelude::*;
 use crate::kernels::{DecodeQueries, Norm, PagedKv, QkHeads};
 
 use super::gil::detached;
+
+/// The bytes an array's elements occupy (exact for C-contiguous arrays, which the kernels
+/// require; other layouts are refused after this check).
+fn span<'py>(array: &impl PyUntypedArrayMethods<'py>) -> (usize, usize) {
+    // SAFETY: reads the data pointer field of a live numpy array object.
+    let start = unsafe { (*array.as_array_ptr()).fields.data } as usize;
+    (start, start + array.len() * array.dtype().itemsize())
+}
+
+/// Refuses an array the kernel writes that shares memory with another argument: the
+/// kernel's slices must not alias (and one tensor passed twice is a caller's mistake).
+fn check_disjoint(written: &[(&str, (usize, usize))], read: &[(&str, (usize, usize))]) -> PyResult<()> {
+    for (i, (name, w)) in written.iter().enumerate() {
+        for (other, o) in written[i + 1..].iter().chain(read) {
+            if w.0 < o.1 && o.0 < w.1 {
+                return Err(PyValueError::new_err(format!("{name} shares memory with {other}")));
+            }
+        }
+    }
+    Ok(())
+}
 
 fn optional_norm<'a>(
     weight: Option<&'a PyReadonlyArray1<'_, f32>>,
@@ -46,6 +67,16 @@ pub fn paged_decode_attention(
     scale: f32,
     num_threads: usize,
 ) -> PyResult<()> {
+    check_disjoint(
+        &[("out", span(&**out))],
+        &[
+            ("query", span(&*query)),
+            ("key_cache", span(&*key_cache)),
+            ("value_cache", span(&*value_cache)),
+            ("block_tables", span(&*block_tables)),
+            ("seq_lens", span(&*seq_lens)),
+        ],
+    )?;
     let (cache_shape, query_shape) = (key_cache.shape().to_vec(), query.shape().to_vec());
     if value_cache.shape() != cache_shape.as_slice() || query_shape[2] != cache_shape[3] {
         return Err(PyValueError::new_err(format!(
@@ -87,6 +118,9 @@ pub fn rms_norm(
     residual: Option<PyReadwriteArrayDyn<'_, f32>>,
     num_threads: usize,
 ) -> PyResult<()> {
+    let mut written = vec![("out", span(&**out))];
+    written.extend(residual.as_ref().map(|r| ("residual", span(&***r))));
+    check_disjoint(&written, &[("x", span(&*x)), ("weight", span(&*weight))])?;
     let norm = Norm { weight: contiguous("weight", weight.as_slice())?, eps };
     let x = contiguous("x", x.as_slice())?;
     let mut residual = residual;
@@ -113,6 +147,10 @@ pub fn qk_norm_rope(
     eps: f32,
     num_threads: usize,
 ) -> PyResult<()> {
+    let mut read = vec![("cos", span(&*cos)), ("sin", span(&*sin))];
+    read.extend(q_norm_weight.as_ref().map(|w| ("q_norm_weight", span(&**w))));
+    read.extend(k_norm_weight.as_ref().map(|w| ("k_norm_weight", span(&**w))));
+    check_disjoint(&[("qkv", span(&**qkv))], &read)?;
     let (tokens, row_stride) = (qkv.shape()[0], qkv.shape()[1]);
     if cos.shape()[0] != tokens {
         return Err(PyValueError::new_err(format!(
