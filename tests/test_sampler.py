@@ -182,3 +182,39 @@ def test_min_tokens_masks_eos_and_stop_tokens_until_reached():
         picks.append(out.token_ids.tolist())
         table.count_samples(rows)
     assert picks == [[7, 3], [7, 3], [3, 3]]
+
+
+def _masks_by_sorting(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, list[bool]]:
+    """Reference top-k / top-p masks from whole sorted rows in float64, and per row whether
+    its nucleus boundary is too close to top_p for float32 to settle it."""
+    keep, clear = torch.zeros_like(logits, dtype=torch.bool), []
+    for row, (values, k, p) in enumerate(zip(logits.double(), top_k.tolist(), top_p.tolist())):
+        order = values.argsort(descending=True)
+        k = len(values) if k == 0 else min(k, len(values))
+        probs = torch.softmax(values[order[:k]], 0)
+        above = probs.cumsum(0) - probs
+        size = int((above < p).sum())
+        keep[row, order[:size]] = True
+        clear.append(p >= 1.0 or bool(((above - p).abs() > 1e-5).all()))
+    return keep, clear
+
+
+@pytest.mark.parametrize("candidates", [1024, 16])  # 16: most rows take the sorting path
+def test_top_k_top_p_masks_equal_sorting_whole_rows(candidates, monkeypatch):
+    from pyengine.executor import sampler as sampler_module
+
+    monkeypatch.setattr(sampler_module, "TOP_P_CANDIDATES", candidates)
+    gen = torch.Generator().manual_seed(candidates)
+    rows, vocab = 96, 3000
+    peaked = -2.2 * (torch.rand(rows // 2, vocab, generator=gen).argsort(-1).float() + 1).log()
+    flat = torch.randn(rows // 2, vocab, generator=gen)
+    logits = torch.cat([peaked + 0.1 * torch.randn(peaked.shape, generator=gen), flat])
+    top_k = torch.tensor([[0, 1, 5, 40, 2000, 3000][i % 6] for i in range(rows)])
+    top_p = torch.tensor([[1.0, 0.3, 0.9, 0.999][i % 4] for i in range(rows)])
+    masked = sampler_module.apply_top_k_top_p(logits, top_k, top_p)
+    expected, clear = _masks_by_sorting(logits, top_k, top_p)
+    assert sum(clear) > rows * 0.9
+    for row in range(rows):
+        if clear[row]:
+            assert torch.equal(masked[row] > float("-inf"), expected[row]), row
+            assert torch.equal(masked[row][expected[row]], logits[row][expected[row]])
