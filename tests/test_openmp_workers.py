@@ -11,23 +11,29 @@ import torch
 from pyengine import _sched
 
 
-def _thread_count() -> int:
-    return len(os.listdir("/proc/self/task"))
+def _thread_ids() -> set[str]:
+    return set(os.listdir("/proc/self/task"))
+
+
+def _wait_until(condition, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc")
 def test_release_frees_the_calling_threads_workers_and_they_come_back():
-    workers = torch.get_num_threads() - 1
-    if workers < 1:
+    if torch.get_num_threads() < 2:
         pytest.skip("PyTorch runs one intra-op thread here: no workers to free")
-    values = torch.arange(4_000_000, dtype=torch.float64)
-    expected = float(values.sum())  # large enough for a parallel region: this thread has a team now
-    before = _thread_count()
-    if not _sched.release_openmp_workers():
+    if not _sched.release_openmp_workers():  # start without a team on this thread
         pytest.skip("libgomp is not loaded or has no omp_pause_resource_all")
-    deadline = time.monotonic() + 5
-    while _thread_count() > before - workers and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert _thread_count() == before - workers
+    before = _thread_ids()
+    values = torch.arange(4_000_000, dtype=torch.float64)
+    expected = float(values.sum())  # parallel regions: this thread gets a team
+    workers = _thread_ids() - before
+    assert workers, "the parallel region started no worker thread"
+    assert _sched.release_openmp_workers()
+    assert _wait_until(lambda: not (workers & _thread_ids())), "the team's workers are still running"
     assert float(values.sum()) == expected  # a new team starts for the next parallel region
-    assert _sched.release_openmp_workers()  # and can be released again
+    assert _sched.release_openmp_workers()
