@@ -39,7 +39,7 @@ class Sampler:
         history: Optional[TokenHistory],
     ) -> SamplerOutput:
         """``logits`` float32 [S, vocab]; ``rows`` [S] host rows; ``next_positions`` [S] device
-        positions of the tokens being sampled (seeded noise keys on them)."""
+        positions of the tokens being sampled (seeded draws key on them)."""
         table = self.table
         row_index = torch.from_numpy(rows.astype(np.int64)).to(logits.device)
         below_min = table.rows_below_min_tokens(rows)
