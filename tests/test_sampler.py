@@ -218,3 +218,36 @@ def test_top_k_top_p_masks_equal_sorting_whole_rows(candidates, monkeypatch):
         if clear[row]:
             assert torch.equal(masked[row] > float("-inf"), expected[row]), row
             assert torch.equal(masked[row][expected[row]], logits[row][expected[row]])
+
+
+@pytest.mark.parametrize("candidates", [1024, 8])  # 8: wide nuclei draw over the whole vocabulary
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(top_p=0.5, temperature=0.7), SamplingParams(top_p=0.97), SamplingParams(top_k=12, top_p=0.9),
+     SamplingParams(min_p=0.05, temperature=1.3), SamplingParams(top_p=0.8, min_p=0.2)],
+    ids=["narrow_top_p", "wide_top_p", "top_k_top_p", "min_p", "top_p_min_p"],
+)
+def test_draws_follow_the_filtered_distribution(logits_row, params, candidates, monkeypatch):
+    from pyengine.executor import sampler as sampler_module
+
+    monkeypatch.setattr(sampler_module, "TOP_P_CANDIDATES", candidates)
+    draws = 20000
+    tokens = _draw(logits_row, params, draws=draws)
+    scaled = (logits_row / params.temperature).double()
+    keep, _ = _masks_by_sorting(scaled[None].float(), torch.tensor([params.top_k]), torch.tensor([params.top_p]))
+    probs = torch.where(keep[0], scaled, float("-inf")).softmax(-1)
+    probs = torch.where(probs >= params.min_p * probs.max(), probs, 0.0)
+    expected = probs / probs.sum()
+    frequencies = torch.bincount(tokens, minlength=VOCAB).double() / draws
+    assert (frequencies - expected).abs().max() < 0.02
+    assert frequencies[expected == 0].sum() == 0
+
+
+def test_greedy_and_sampling_rows_share_a_batch(logits_row):
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_p=0.9), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=0.8, seed=5)]
+    sampler, rows = _sampler(params)
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(3)) * 2
+    tokens = sampler.sample(logits.clone(), rows, torch.zeros(4, dtype=torch.int64), None).token_ids
+    assert tokens[0] == logits[0].argmax() and tokens[2] == logits[2].argmax()
+    assert all(0 <= int(t) < VOCAB for t in tokens)

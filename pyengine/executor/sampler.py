@@ -55,56 +55,104 @@ class Sampler:
                 table.values["frequency_penalty"][row_index],
             )
         greedy = table.greedy[rows]
+        draw = None
         if greedy.all():
-            token_ids, processed = logits.argmax(dim=-1), logits
+            token_ids = logits.argmax(dim=-1)
         else:
-            token_ids, processed = self._sample_random(logits, rows, row_index, next_positions, greedy)
+            uniform = _draw_uniform(self.generator, table, rows, row_index, next_positions)
+            draw = _RandomDraw.prepare(logits, table, rows, row_index, np.flatnonzero(~greedy))
+            token_ids = torch.empty(len(rows), dtype=torch.int64, device=logits.device)
+            token_ids[draw.index] = draw.sample(uniform[draw.index])
+            if greedy.any():
+                greedy_index = torch.from_numpy(np.flatnonzero(greedy)).to(logits.device)
+                token_ids[greedy_index] = logits[greedy_index].argmax(dim=-1)
         wanted = table.logprobs[rows]
-        logprobs = compute_logprobs(processed, token_ids, wanted) if (wanted >= 0).any() else None
-        return SamplerOutput(token_ids, logprobs)
+        if not (wanted >= 0).any():
+            return SamplerOutput(token_ids, None)
+        final = logits if draw is None else draw.processed_logits(logits)
+        return SamplerOutput(token_ids, compute_logprobs(final, token_ids, wanted))
 
-    def _inverse_transform(
-        self, probs: torch.Tensor, rows: np.ndarray, row_index: torch.Tensor, next_positions: torch.Tensor
-    ) -> torch.Tensor:
-        """A token per row drawn from ``probs``: the first whose cumulative probability
-        exceeds the row's uniform variate (a cumulative sum and a binary search per row;
-        tokens of probability 0 are never drawn). The sum is float64: in float32, once it
-        nears 1, probabilities under 3e-8 would vanish and slightly larger ones round up.
-        One uniform per row instead of an exponential variate per token: 10 ms less per
-        step at 128 x 4096, 300 ms less at 128 x 152k."""
-        cumulative = probs.cumsum(dim=-1, dtype=torch.float64)
-        uniform = _draw_uniform(self.generator, self.table, rows, row_index, next_positions, probs.device)
-        target = (uniform.double() * cumulative[:, -1]).unsqueeze(1)
-        return torch.searchsorted(cumulative, target, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
 
-    def _sample_random(
-        self,
-        logits: torch.Tensor,
-        rows: np.ndarray,
-        row_index: torch.Tensor,
-        next_positions: torch.Tensor,
-        greedy: np.ndarray,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        table = self.table
-        greedy_rows = table.greedy_device[row_index]
-        temperature = torch.where(greedy_rows, 1.0, table.values["temperature"][row_index])
-        scaled = logits / temperature[:, None]
+@dataclass
+class _RandomDraw:
+    """The rows of a step that sample (not greedy): their tempered logits and the smallest
+    logit each keeps after top-k, top-p and min-p (``threshold`` [n, 1]); with top-k or
+    top-p, also each row's best candidate tokens (``best`` values, ``best_ids``)."""
+
+    index: torch.Tensor  # positions of these rows in the step's logits
+    scaled: torch.Tensor
+    threshold: torch.Tensor
+    filtered: bool  # some row has top-k, top-p or min-p (else every threshold is -inf)
+    best: Optional[torch.Tensor]
+    best_ids: Optional[torch.Tensor]
+
+    @classmethod
+    def prepare(
+        cls, logits: torch.Tensor, table: SamplingTable, rows: np.ndarray, row_index: torch.Tensor,
+        sampling: np.ndarray,
+    ) -> "_RandomDraw":
+        index = torch.from_numpy(sampling).to(logits.device)
+        if len(sampling) < len(rows):  # (a gather of the whole batch would copy it for nothing)
+            logits, rows, row_index = logits[index], rows[sampling], row_index[index]
+        scaled = logits / table.values["temperature"][row_index].unsqueeze(1)
+        threshold = scaled.new_full((len(sampling), 1), float("-inf"))
+        best = best_ids = None
+        filtered = bool(table.uses_top_k_top_p[rows].any() or table.uses_min_p[rows].any())
         if table.uses_top_k_top_p[rows].any():
-            scaled = apply_top_k_top_p(scaled, table.top_k[row_index], table.values["top_p"][row_index])
-        if table.uses_min_p[rows].any():
-            scaled = apply_min_p(scaled, table.values["min_p"][row_index])
-        sampled = self._inverse_transform(torch.softmax(scaled, dim=-1), rows, row_index, next_positions)
-        token_ids = torch.where(greedy_rows, logits.argmax(dim=-1), sampled)
-        processed = torch.where(greedy_rows[:, None], logits, scaled) if greedy.any() else scaled
-        return token_ids, processed
+            threshold, best, best_ids = top_k_top_p_thresholds(
+                scaled, table.top_k[row_index], table.values["top_p"][row_index]
+            )
+        if table.uses_min_p[rows].any():  # p < min_p * p_max  <=>  logit < max + log(min_p)
+            row_max = best[:, :1] if best is not None else scaled.max(dim=-1, keepdim=True).values
+            threshold = torch.maximum(threshold, row_max + table.values["min_p"][row_index].log().unsqueeze(1))
+        return cls(index, scaled, threshold, filtered, best, best_ids)
+
+    def sample(self, uniform: torch.Tensor) -> torch.Tensor:
+        """A token per row, by inverse transform with the row's ``uniform`` variate: among
+        the best candidates when everything the row keeps is one, else over the vocabulary."""
+        vocab = self.scaled.shape[-1]
+        inside = torch.zeros(len(uniform), dtype=torch.bool, device=uniform.device)
+        if self.best is not None:
+            inside = (self.threshold > self.best[:, -1:]).squeeze(1) if self.best.shape[1] < vocab else ~inside
+        sampled = torch.empty(len(uniform), dtype=torch.int64, device=uniform.device)
+        small, large = inside.nonzero().squeeze(1), (~inside).nonzero().squeeze(1)
+        if small.numel():
+            assert self.best is not None and self.best_ids is not None
+            best = self.best[small]
+            probs = best.masked_fill(best < self.threshold[small], float("-inf")).softmax(dim=-1)
+            chosen = _inverse_transform(probs, uniform[small]).unsqueeze(1)
+            sampled[small] = self.best_ids[small].gather(1, chosen).squeeze(1)
+        if large.numel():
+            scaled = self.scaled if len(large) == len(uniform) else self.scaled[large]
+            if self.filtered:
+                scaled = scaled.masked_fill(scaled < self.threshold[large], float("-inf"))
+            sampled[large] = _inverse_transform(scaled.softmax(dim=-1), uniform[large])
+        return sampled
+
+    def processed_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The step's final logits, as logprobs report them: tempered and masked for these
+        rows, unchanged for greedy ones (built only when logprobs are asked for)."""
+        out = logits.clone()
+        out[self.index] = self.scaled.masked_fill(self.scaled < self.threshold, float("-inf"))
+        return out
+
+
+def _inverse_transform(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Per row, the first token whose cumulative probability exceeds ``uniform`` times the
+    total (tokens of probability 0 are never drawn). The sum is float64: in float32, once
+    it nears 1, probabilities under 3e-8 would vanish and slightly larger ones round up."""
+    cumulative = probs.cumsum(dim=-1, dtype=torch.float64)
+    target = (uniform.double() * cumulative[:, -1]).unsqueeze(1)
+    return torch.searchsorted(cumulative, target, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
 
 
 def _draw_uniform(
     generator: torch.Generator, table: SamplingTable, rows: np.ndarray, row_index: torch.Tensor,
-    next_positions: torch.Tensor, device: torch.device,
+    next_positions: torch.Tensor,
 ) -> torch.Tensor:
     """One uniform variate per sampled row: from the engine's generator, or for seeded rows
     from their (seed, position), whatever the rest of the batch."""
+    device = next_positions.device
     uniform = torch.rand(len(rows), generator=generator, device=device)
     seeded = np.flatnonzero(table.has_seed[rows])
     if seeded.size:
@@ -134,7 +182,17 @@ TOP_P_CANDIDATES = 1024
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Mask (to -inf) tokens outside each row's top-k and nucleus (top_k 0 = off, top_p 1 = off).
+    """Mask (to -inf) tokens outside each row's top-k and nucleus (top_k 0 = off, top_p 1 = off);
+    see :func:`top_k_top_p_thresholds`."""
+    threshold, _, _ = top_k_top_p_thresholds(logits, top_k, top_p)
+    return logits.masked_fill(logits < threshold, float("-inf"))
+
+
+def top_k_top_p_thresholds(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The smallest logit each row keeps under its top-k and top-p ([rows, 1]), and the
+    row's best candidates: values (descending) and token ids, ``[rows, TOP_P_CANDIDATES]``.
 
     The nucleus is the smallest set of the most likely tokens top-k keeps whose probability
     reaches top_p; tokens tied with its least likely one stay in. Both masks are looked
@@ -145,7 +203,7 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     vocab = logits.shape[-1]
     k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
     candidates = min(vocab, TOP_P_CANDIDATES)
-    best = logits.topk(candidates, dim=-1).values  # descending
+    best, best_ids = logits.topk(candidates, dim=-1)  # descending
     no_top_k = (k >= vocab).unsqueeze(1)
     kth = torch.where(no_top_k, float("-inf"), best.gather(1, (k.clamp(max=candidates) - 1).unsqueeze(1)))
     in_k = best >= kth  # a prefix of the candidates
@@ -165,7 +223,7 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
         slow = (~(k_exact & p_exact)).squeeze(1).nonzero().squeeze(1)
         if slow.numel():
             threshold[slow] = _thresholds_by_sorting(logits[slow], k[slow], top_p[slow])
-    return logits.masked_fill(logits < threshold, float("-inf"))
+    return threshold, best, best_ids
 
 
 def _thresholds_by_sorting(logits: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -176,13 +234,6 @@ def _thresholds_by_sorting(logits: torch.Tensor, k: torch.Tensor, top_p: torch.T
     above = probs.cumsum(-1) - probs
     nucleus = ((above < top_p.unsqueeze(1)) & (ordered >= kth)).sum(-1, keepdim=True)
     return ordered.gather(1, (nucleus - 1).clamp(min=0))
-
-
-def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Mask tokens whose probability is below ``min_p`` times the most likely one's."""
-    probs = logits.softmax(dim=-1)
-    threshold = probs.max(dim=-1, keepdim=True).values * min_p.unsqueeze(1)
-    return logits.masked_fill(probs < threshold, float("-inf"))
 
 
 def compute_logprobs(processed: torch.Tensor, token_ids: torch.Tensor, wanted: np.ndarray) -> LogprobsOutput:
