@@ -97,23 +97,25 @@ class _RandomDraw:
         scaled = logits / table.values["temperature"][row_index].unsqueeze(1)
         threshold = scaled.new_full((len(sampling), 1), float("-inf"))
         best = best_ids = None
-        filtered = bool(table.uses_top_k_top_p[rows].any() or table.uses_min_p[rows].any())
-        if table.uses_top_k_top_p[rows].any():
+        top_k_top_p, min_p = bool(table.uses_top_k_top_p[rows].any()), bool(table.uses_min_p[rows].any())
+        if top_k_top_p:
             threshold, best, best_ids = top_k_top_p_thresholds(
                 scaled, table.top_k[row_index], table.values["top_p"][row_index]
             )
-        if table.uses_min_p[rows].any():  # p < min_p * p_max  <=>  logit < max + log(min_p)
+        if min_p:  # p < min_p * p_max  <=>  logit < max + log(min_p)
             row_max = best[:, :1] if best is not None else scaled.max(dim=-1, keepdim=True).values
             threshold = torch.maximum(threshold, row_max + table.values["min_p"][row_index].log().unsqueeze(1))
-        return cls(index, scaled, threshold, filtered, best, best_ids)
+        return cls(index, scaled, threshold, top_k_top_p or min_p, best, best_ids)
 
     def sample(self, uniform: torch.Tensor) -> torch.Tensor:
         """A token per row, by inverse transform with the row's ``uniform`` variate: among
         the best candidates when everything the row keeps is one, else over the vocabulary."""
-        vocab = self.scaled.shape[-1]
-        inside = torch.zeros(len(uniform), dtype=torch.bool, device=uniform.device)
-        if self.best is not None:
-            inside = (self.threshold > self.best[:, -1:]).squeeze(1) if self.best.shape[1] < vocab else ~inside
+        if self.best is None:
+            inside = torch.zeros(len(uniform), dtype=torch.bool, device=uniform.device)
+        elif self.best.shape[1] == self.scaled.shape[-1]:  # the candidates are the vocabulary
+            inside = torch.ones(len(uniform), dtype=torch.bool, device=uniform.device)
+        else:
+            inside = (self.threshold > self.best[:, -1:]).squeeze(1)
         sampled = torch.empty(len(uniform), dtype=torch.int64, device=uniform.device)
         small, large = inside.nonzero().squeeze(1), (~inside).nonzero().squeeze(1)
         if small.numel():

@@ -35,7 +35,6 @@ class SamplingTable:
         self.top_k = torch.zeros(max_rows, dtype=torch.int64, device=device)
         self.seed = torch.zeros(max_rows, dtype=torch.int64, device=device)
         self.greedy = np.ones(max_rows, dtype=bool)
-        self.greedy_device = torch.ones(max_rows, dtype=torch.bool, device=device)
         self.uses_top_k_top_p = np.zeros(max_rows, dtype=bool)
         self.uses_min_p = np.zeros(max_rows, dtype=bool)
         self.uses_penalties = np.zeros(max_rows, dtype=bool)
@@ -60,7 +59,6 @@ class SamplingTable:
         greedy = np.array([p.is_greedy for p in params], dtype=bool)
         self.top_k[index] = torch.from_numpy(top_k).to(self.device)
         self.seed[index] = torch.from_numpy(seeds).to(self.device)
-        self.greedy_device[index] = torch.from_numpy(greedy).to(self.device)
         self.greedy[rows] = greedy
         self.uses_top_k_top_p[rows] = [p.effective_top_k > 0 or p.top_p < 1.0 for p in params]
         self.uses_min_p[rows] = [p.min_p > 0.0 for p in params]

@@ -62,9 +62,7 @@ class RMSNorm(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _native_float32(x) and _native_float32(self.weight):
-            out = torch.empty_like(x)
-            _sched.rms_norm(out.numpy(), x.numpy(), self.weight.numpy(), self.eps, None, _threads())
-            return out
+            return self._native(x, None)
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
@@ -75,11 +73,15 @@ class RMSNorm(torch.nn.Module):
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``residual += x`` in place, then the norm of the sum (one pass on CPU float32)."""
         if _native_float32(x) and _native_float32(residual) and _native_float32(self.weight):
-            out = torch.empty_like(x)
-            _sched.rms_norm(out.numpy(), x.numpy(), self.weight.numpy(), self.eps, residual.numpy(), _threads())
-            return out
+            return self._native(x, residual)
         residual.add_(x)
         return self(residual)
+
+    def _native(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> torch.Tensor:
+        out = torch.empty_like(x)
+        stream = None if residual is None else residual.numpy()
+        _sched.rms_norm(out.numpy(), x.numpy(), self.weight.numpy(), self.eps, stream, _threads())
+        return out
 
     def slots(self, name: str) -> dict[str, WeightSlot]:
         return {name: WeightSlot(self.weight, tuple(self.weight.shape))}
