@@ -19,8 +19,8 @@ from typing import Callable
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
+from pyengine.models.default_tokenizer import train_tokenizer
 from pyengine.output import DecodeTable, IncrementalDetokenizer, TextStream
-from pyengine.testing.tokenizer_factory import train_tokenizer
 
 TEXT = (
     "The scheduler plans the next step while the executor runs this one. "

@@ -14,8 +14,8 @@ from typing import Sequence
 import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from pyengine.models.default_tokenizer import EOS_TOKEN, IM_START_TOKEN, train_tokenizer
 from pyengine.output import DecodeTable, IncrementalDetokenizer
-from pyengine.testing.tokenizer_factory import EOS_TOKEN, IM_START_TOKEN, train_tokenizer
 
 REPLACEMENT = "\ufffd"
 MULTILINGUAL = [

@@ -7,9 +7,9 @@ import random
 import pytest
 from tokenizers import Tokenizer
 
+from pyengine.models.default_tokenizer import EOS_TOKEN, train_tokenizer
 from pyengine.output import DecodeTable, TextDelta, TextStream
 from pyengine.sampling_params import SamplingParams
-from pyengine.testing.tokenizer_factory import EOS_TOKEN, train_tokenizer
 
 
 @pytest.fixture(scope="module")

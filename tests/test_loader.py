@@ -9,9 +9,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pyengine.models.config import parse_decoder_config
+from pyengine.models.default_model import default_tiny_model
 from pyengine.models.errors import ModelLoadError, UnsupportedModelError, WeightMismatchError
 from pyengine.models.loader import load_model, resolve_dtype
-from pyengine.testing.checkpoints import default_tiny_model, make_tiny_checkpoint
+from pyengine.testing.checkpoints import make_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -160,9 +161,9 @@ def test_tokenizer_eos_ids_and_chat_template(qwen3):
 
 
 def test_default_tiny_model_is_built_once(tmp_path):
-    first = default_tiny_model("qwen3", cache_dir=tmp_path)
+    first = default_tiny_model(cache_dir=tmp_path)
     stamp = (first / "model.safetensors").stat().st_mtime_ns
-    assert default_tiny_model("qwen3", cache_dir=tmp_path) == first
+    assert default_tiny_model(cache_dir=tmp_path) == first
     default_tiny_model.cache_clear()
-    assert default_tiny_model("qwen3", cache_dir=tmp_path) == first
+    assert default_tiny_model(cache_dir=tmp_path) == first
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp

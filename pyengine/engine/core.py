@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 def resolve_model_path(config: EngineConfig) -> Path:
     if config.model is not None:
         return Path(config.model)
-    from pyengine.testing.checkpoints import default_tiny_model
+    from pyengine.models.default_model import default_tiny_model
 
     return default_tiny_model()
 

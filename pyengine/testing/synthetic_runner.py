@@ -37,7 +37,7 @@ class SleepRunner:
     ) -> None:
         from tokenizers import Tokenizer
 
-        from pyengine.testing.checkpoints import default_tiny_model
+        from pyengine.models.default_model import default_tiny_model
 
         folder = tokenizer_folder or default_tiny_model()
         tokenizer = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))

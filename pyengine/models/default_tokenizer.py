@@ -1,4 +1,10 @@
-"""Train a small byte-level BPE tokenizer on the spot (CJK and emoji included)."""
+"""The built-in default model's tokenizer: a small byte-level BPE trained on the spot.
+
+Training takes well under a second and needs only the ``tokenizers`` package, so the
+default model ships no vocabulary file. The text includes CJK and emoji, so streaming
+detokenization meets multi-byte characters split across tokens. Tests and benchmarks
+use it too (``pyengine.testing.checkpoints``).
+"""
 
 from __future__ import annotations
 
