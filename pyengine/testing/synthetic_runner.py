@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from pyengine.executor.outputs import StepOutput
-from pyengine.testing.fake_executor import FakeExecutor
+from pyengine.fake_executor import FakeExecutor
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """A stand-in executor for the scheduler: deterministic "samples", no model.
 
-The token a sequence samples at a position is a hash of (sequence id, position), the same
-function as ``rust_sched::sim::fake_token``, so the token streams of a workload do not
-depend on batching, pipeline depth or preemption. It also checks what a real executor
-relies on: a placeholder input only where the row sampled in the previous plan.
+``pyengine simulate`` drives the real scheduler thread with it, so it belongs to the
+product; tests and benchmarks reuse it. The token a sequence samples at a position is a
+hash of (sequence id, position), the same function as the scheduler crate's
+``sim::fake_token``, so the token streams of a workload do not depend on batching,
+pipeline depth or preemption. It also checks what a real executor relies on: a
+placeholder input only where the row sampled in the previous plan.
 """
 
 from __future__ import annotations
