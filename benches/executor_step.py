@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,13 +25,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pyengine.executor.config import ExecutorConfig  # noqa: E402
-from pyengine.executor.model_runner import ModelRunner  # noqa: E402
-from pyengine.sampling_params import SamplingParams  # noqa: E402
-from pyengine.testing.contiguous_reference import ContiguousKVCache, contiguous_step  # noqa: E402
-from pyengine.testing.hand_plan import HandPlanner  # noqa: E402
+from pyengine.executor.config import ExecutorConfig
+from pyengine.executor.model_runner import ModelRunner
+from pyengine.sampling_params import SamplingParams
+from pyengine.testing.contiguous_reference import ContiguousKVCache, contiguous_step
+from pyengine.testing.hand_plan import HandPlanner
 
 MODEL_CONFIG = {
     "architectures": ["Qwen3ForCausalLM"],

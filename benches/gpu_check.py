@@ -26,15 +26,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from pyengine.executor.attention.flash import import_flash_varlen
+from pyengine.executor.config import ExecutorConfig
+from pyengine.executor.model_runner import ModelRunner
+from pyengine.sampling_params import SamplingParams
+from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.hand_plan import HandPlanner
 
-from pyengine.executor.attention.flash import import_flash_varlen  # noqa: E402
-from pyengine.executor.config import ExecutorConfig  # noqa: E402
-from pyengine.executor.model_runner import ModelRunner  # noqa: E402
-from pyengine.sampling_params import SamplingParams  # noqa: E402
-from pyengine.testing.checkpoints import make_tiny_checkpoint  # noqa: E402
-from pyengine.testing.hand_plan import HandPlanner  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]  # the repository, for its tests/
 
 QWEN3_06B = {
     "architectures": ["Qwen3ForCausalLM"],
@@ -231,7 +230,9 @@ def main() -> None:
     if not args.skip_pytest:
         code = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", str(ROOT / "tests/test_executor_attention.py")],
-            cwd=ROOT,
+            # Not the repository root: `-m` puts the working directory first on sys.path, and
+            # there the source folder pyengine/ (no native module) would shadow the installed one.
+            cwd=ROOT / "tests",
             timeout=300,
         ).returncode
         report["pytest_attention_rc"] = code

@@ -18,16 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pyengine.config import EngineConfig  # noqa: E402
-from pyengine.engine.core import EngineCore  # noqa: E402
-from pyengine.sampling_params import SamplingParams  # noqa: E402
-from pyengine.testing.synthetic_runner import SleepRunner  # noqa: E402
+from pyengine.config import EngineConfig
+from pyengine.engine.core import EngineCore
+from pyengine.sampling_params import SamplingParams
+from pyengine.testing.synthetic_runner import SleepRunner
 
 
 def run(depth: int, step_ms: float, requests: int, tokens: int) -> dict:

@@ -16,19 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
+import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import numpy as np  # noqa: E402
-
-from pyengine.executor import sampler  # noqa: E402
-from pyengine.executor.sampling_table import SamplingTable  # noqa: E402
-from pyengine.sampling_params import SamplingParams  # noqa: E402
+from pyengine.executor import sampler
+from pyengine.executor.sampling_table import SamplingTable
+from pyengine.sampling_params import SamplingParams
 
 
 def _median_ms(fn, repeats: int) -> float:

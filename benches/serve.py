@@ -29,12 +29,15 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
+# `python -m pyengine` would put the working directory first on sys.path, and from the
+# repository root that is the source folder pyengine/, which holds no native module after
+# `pip install .`: the server runs the installed package's command line instead.
+_SERVE = ("import sys; sys.path = [p for p in sys.path if p]; "
+          "from pyengine.__main__ import main; sys.exit(main())")
 
 
 @dataclass
@@ -166,9 +169,9 @@ def spawned_server(extra: list[str], timeout: float = 120.0) -> Iterator[str]:
     import signal
 
     port = _free_port()
-    cmd = [sys.executable, "-m", "pyengine", "serve", "--host", "127.0.0.1", "--port", str(port),
+    cmd = [sys.executable, "-c", _SERVE, "serve", "--host", "127.0.0.1", "--port", str(port),
            "--no-log-requests", "--stats-interval", "0", "--log-level", "warning", *extra]
-    proc = subprocess.Popen(cmd, cwd=ROOT)
+    proc = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout

@@ -40,7 +40,6 @@ import argparse
 import json
 import logging
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -48,11 +47,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pyengine import LLM, SamplingParams  # noqa: E402
-from pyengine.testing.checkpoints import make_tiny_checkpoint  # noqa: E402
-from pyengine.testing.contiguous_reference import (  # noqa: E402
+from pyengine import LLM, SamplingParams
+from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.contiguous_reference import (
     ContiguousKVCache,
     NativeDecodeKVCache,
     contiguous_step,
