@@ -18,14 +18,13 @@ build-dev:  ## editable install (the native module is built into pyengine/)
 
 .PHONY: build
 build:  ## build the release wheel and install it (removes stale in-tree native modules)
-	rm -f pyengine/_sched*.so
+	rm -f pyengine/_native*.so pyengine/_sched*.so
 	$(PY) -m pip install -q --no-build-isolation --force-reinstall --no-deps .
 
 .PHONY: lint
-lint:  ## rustfmt, clippy (core and bindings), ruff, stub check
-	cargo fmt --check
-	cargo clippy --all-targets -- -D warnings
-	cargo clippy --lib --features python -- -D warnings
+lint:  ## rustfmt, clippy (every crate of the workspace, bindings included), ruff
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
 	ruff check pyengine tests benches
 
 .PHONY: test-rust

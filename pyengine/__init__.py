@@ -2,8 +2,19 @@
 
 A Rust scheduler thread plans every batch and accounts every KV block with the GIL
 released; a PyTorch executor thread runs the forward passes; an output thread turns
-tokens into text. See the README and ``docs/`` for the map.
+tokens into text. See the README and ``docs/architecture.md`` for the map.
 """
+
+try:
+    # The native extension; loading it registers ``pyengine._sched`` and ``pyengine._kernels``.
+    from pyengine import _native  # noqa: F401
+except ImportError as e:  # pragma: no cover - depends on how the package was installed
+    raise ImportError(
+        f"pyengine's native module is missing from {__path__[0]} ({e}). This happens when "
+        "Python imports the source folder (the repository root is the current directory or on "
+        "sys.path) instead of the installed package. Build it in place with `make build-dev`, "
+        "or run from another directory so the installed wheel is imported."
+    ) from e
 
 from pyengine._sched import (
     FINISH_REASONS,
@@ -23,6 +34,8 @@ from pyengine.errors import (
     EngineError,
     InvalidConfigError,
     InvalidRequestError,
+    KernelError,
+    ModelLoadError,
     StepResultError,
     UnknownRequestError,
 )
@@ -77,4 +90,6 @@ __all__ = [
     "UnknownRequestError",
     "StepResultError",
     "EngineDeadError",
+    "KernelError",
+    "ModelLoadError",
 ]

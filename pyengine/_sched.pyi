@@ -5,9 +5,10 @@ plans steps as flat numpy arrays (:class:`StepPlan`), takes back the sampled tok
 and reports accepted tokens and finished sequences as :class:`OutputEvent`. See
 ``docs/contract.md`` for how the fields fit together.
 
-It also carries the executor's native CPU kernels (``rust_sched/kernels``):
-:func:`paged_decode_attention`, :func:`rms_norm`, :func:`qk_norm_rope`; and
-:func:`release_openmp_workers`.
+A request's per-sample parameters ride into the plan that admits each sample
+(``StepPlan.new_params``), and the executor's step result rides with its sampled ids
+into that step's event (``OutputEvent.step_result``): the scheduler moves these objects
+without reading them. Provided by the extension ``pyengine._native`` (``crates/python``).
 """
 
 from typing import Final, Literal, TypeAlias, final
@@ -27,10 +28,6 @@ __all__ = [
     "StepPlan",
     "THREAD_NAME",
     "__version__",
-    "paged_decode_attention",
-    "qk_norm_rope",
-    "release_openmp_workers",
-    "rms_norm",
 ]
 
 __version__: Final[str]
@@ -42,70 +39,6 @@ FINISH_REASONS: Final[tuple[str, str, str, str, str]]
 THREAD_NAME: Final[str]
 
 _FinishReason: TypeAlias = Literal["stop", "length", "abort", "pooled", "error"]
-
-def paged_decode_attention(
-    out: npt.NDArray[np.float32],
-    query: npt.NDArray[np.float32],
-    key_cache: npt.NDArray[np.float32],
-    value_cache: npt.NDArray[np.float32],
-    block_tables: npt.NDArray[np.int32],
-    seq_lens: npt.NDArray[np.int32],
-    scale: float,
-    num_threads: int = 1,
-) -> None:
-    """Single-query attention of each row over its paged context, written into ``out``.
-
-    ``query`` and ``out`` are ``[rows, heads, head_dim]``; the caches are one layer's
-    ``[num_blocks, block_size, kv_heads, head_dim]``; row r attends to the first
-    ``seq_lens[r]`` slots named by ``block_tables[r]`` (``[rows, width]``), with scores
-    ``q . k * scale``. All arrays C-contiguous. Runs with the GIL released, on
-    ``num_threads`` threads (PyTorch's OpenMP team when libgomp is loaded). Raises
-    ValueError for inconsistent shapes, lengths beyond a table or unknown block ids.
-    """
-
-def rms_norm(
-    out: npt.NDArray[np.float32],
-    x: npt.NDArray[np.float32],
-    weight: npt.NDArray[np.float32],
-    eps: float,
-    residual: npt.NDArray[np.float32] | None = None,
-    num_threads: int = 1,
-) -> None:
-    """RMSNorm of every row of ``x`` (rows of ``len(weight)`` floats) into ``out``:
-    ``x / sqrt(mean(x^2) + eps) * weight``. With ``residual`` (``x``'s shape), first
-    ``residual += x`` in place and the norm is of the sum. All arrays C-contiguous; runs
-    with the GIL released, on up to ``num_threads`` threads for large calls. Raises
-    ValueError for arrays that are not whole rows or do not match.
-    """
-
-def qk_norm_rope(
-    qkv: npt.NDArray[np.float32],
-    cos: npt.NDArray[np.float32],
-    sin: npt.NDArray[np.float32],
-    q_heads: int,
-    k_heads: int,
-    q_norm_weight: npt.NDArray[np.float32] | None = None,
-    k_norm_weight: npt.NDArray[np.float32] | None = None,
-    eps: float = 1e-6,
-    num_threads: int = 1,
-) -> None:
-    """In place on a fused q/k/v projection ``qkv`` (``[tokens, row_stride]``: q heads, then
-    k heads, then v heads, each ``head_dim`` wide): RMSNorm of every q and k head by its
-    weight when given (Qwen3), then the rotary embedding (rotate-half layout) by ``cos``
-    and ``sin`` (``[tokens, head_dim]``, each half repeating the other). v is untouched.
-    All arrays C-contiguous; GIL released. Raises ValueError for inconsistent shapes.
-    """
-
-def release_openmp_workers() -> bool:
-    """Frees the idle OpenMP worker threads of the calling thread's team (libgomp's
-    ``omp_pause_resource_all``); the next parallel region on this thread starts new ones.
-
-    libgomp cuts its workers' spin-wait to almost nothing while it manages more worker
-    threads than there are CPUs, idle teams of other threads included; the executor
-    thread's team then sleeps and wakes on a futex around every PyTorch operator. The
-    engine calls this on the threads that load the model and add requests. Returns
-    False when libgomp is not loaded or did not release (inside a parallel region).
-    """
 
 @final
 class SchedulerConfig:
@@ -177,7 +110,10 @@ class Request:
         pooling: bool = False,
         n: int = 1,
         cache_salt: str | None = None,
-    ) -> Self: ...
+        sample_params: list[object] | None = None,
+    ) -> Self:
+        """``sample_params``: none, or one object per sample (its sampling or pooling
+        parameters), handed to the executor in ``StepPlan.new_params``."""
     @property
     def request_id(self) -> str: ...
     @property
@@ -199,6 +135,10 @@ class StepPlan:
 
     Every array is a numpy array moved out of Rust without copying.
     """
+
+    #: The attribute names, in contract order (tests check this stub, docs/contract.md
+    #: and the Python plan classes against it).
+    FIELDS: Final[list[str]]
 
     @property
     def step_id(self) -> int:
@@ -256,6 +196,9 @@ class StepPlan:
     def new_token_ids(self) -> npt.NDArray[np.int64]:
         """All known tokens of each new sequence (prompt, then outputs if resumed)."""
     @property
+    def new_params(self) -> list[object]:
+        """[K] each new sequence's ``sample_params`` entry (None where none was given)."""
+    @property
     def freed_rows(self) -> npt.NDArray[np.int32]:
         """[F] rows released since the previous plan."""
     @property
@@ -270,6 +213,8 @@ class OutputEvent:
     """What the output thread learns from one step result (``step_id`` None for events
     caused by ``abort`` / ``finish`` alone)."""
 
+    #: The attribute names, in contract order.
+    FIELDS: Final[list[str]]
     @property
     def step_id(self) -> int | None: ...
     @property
@@ -296,6 +241,10 @@ class OutputEvent:
     def num_output_tokens(self) -> npt.NDArray[np.int32]: ...
     @property
     def num_preemptions(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def step_result(self) -> object:
+        """The ``result`` the executor gave ``submit_result`` / ``fail_step`` for this step
+        (None for command events or when it gave none)."""
 
 @final
 class Scheduler:
@@ -349,10 +298,12 @@ cls, config: SchedulerConfig) -> Self: ...
         """Queues the end of one sequence (the output thread found a stop string)."""
     def next_plan(self, timeout: float | None = None) -> StepPlan | None:
         """The next plan; None if ``timeout`` seconds pass first."""
-    def submit_result(self, step_id: int, sampled: npt.ArrayLike) -> None:
-        """Hands back the ids sampled for ``step_id`` in ``logits_indices`` order."""
-    def fail_step(self, step_id: int) -> None:
-        """Reports that ``step_id`` could not run: its sequences end with "error"."""
+    def submit_result(self, step_id: int, sampled: npt.ArrayLike, result: object = None) -> None:
+        """Hands back the ids sampled for ``step_id`` in ``logits_indices`` order; ``result``
+        reaches the output thread as that step's ``OutputEvent.step_result``."""
+    def fail_step(self, step_id: int, result: object = None) -> None:
+        """Reports that ``step_id`` could not run: its sequences end with "error", and
+        ``result`` (what went wrong) travels in that step's event."""
     def next_output(self, timeout: float | None = None) -> OutputEvent | None:
         """The next output event; None if ``timeout`` seconds pass first."""
     def stats(self, timeout: float = 1.0) -> dict[str, int | float]:

@@ -1,4 +1,5 @@
-"""The exceptions pyengine raises. The native scheduler raises these same classes."""
+"""The exceptions pyengine raises, all rooted at ``EngineError``. The native modules raise
+these same classes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ __all__ = [
     "UnknownRequestError",
     "StepResultError",
     "EngineDeadError",
+    "KernelError",
+    "ModelLoadError",
+    "KVCacheTooSmallError",
+    "AttentionBackendUnavailableError",
 ]
 
 
@@ -39,3 +44,20 @@ class StepResultError(EngineError):
 
 class EngineDeadError(EngineError):
     """The engine (or one of its threads) has stopped; the message says why."""
+
+
+class KernelError(EngineError, ValueError):
+    """A native CPU kernel refused its arguments (shapes, layout, aliasing)."""
+
+
+class ModelLoadError(EngineError, ValueError):
+    """A checkpoint that cannot be loaded: missing files, unsupported architecture,
+    weights that do not match the config."""
+
+
+class KVCacheTooSmallError(EngineError, ValueError):
+    """The memory budget leaves fewer KV blocks than one request of max_model_len needs."""
+
+
+class AttentionBackendUnavailableError(EngineError, RuntimeError):
+    """The requested attention backend cannot run on this device or dtype."""

@@ -1,4 +1,4 @@
-"""The native CPU decode-attention kernel (`pyengine._sched.paged_decode_attention`)
+"""The native CPU decode-attention kernel (`pyengine._kernels.paged_decode_attention`)
 against PyTorch SDPA over the gathered context, and its argument checks."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pyengine import _sched
+from pyengine import _kernels
 
 
 def _case(rows, heads, kv_heads, head_dim, block_size, seq_lens, seed=0):
@@ -36,7 +36,7 @@ def _reference(query, keys, values, tables, seq_lens):
 
 def _native(query, keys, values, tables, seq_lens, threads=1):
     out = torch.full_like(query, float("nan"))
-    _sched.paged_decode_attention(
+    _kernels.paged_decode_attention(
         out.numpy(), query.numpy(), keys.numpy(), values.numpy(), tables.numpy(), seq_lens,
         query.shape[-1] ** -0.5, threads,
     )
@@ -72,7 +72,7 @@ def test_bad_arguments_raise_value_error():
             block_tables=tables.numpy(), seq_lens=seq_lens, scale=0.125,
         )
         args.update(changes)
-        _sched.paged_decode_attention(**args)
+        _kernels.paged_decode_attention(**args)
 
     call()  # the unchanged arguments are fine
     with pytest.raises(ValueError, match="sequence length 33"):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from pyengine import _sched
+from pyengine import _kernels
 from pyengine.models.config import parse_decoder_config
 from pyengine.models.layers import DecoderAttention, RMSNorm
 from pyengine.models.parallel import ParallelContext
@@ -89,22 +89,22 @@ def test_attention_q_k_norm_and_rotary_match_the_operator_path(qk_norm):
 def test_kernels_refuse_bad_shapes_with_value_error():
     weight = np.ones(8, dtype=np.float32)
     with pytest.raises(ValueError, match="whole rows"):
-        _sched.rms_norm(np.zeros(12, np.float32), np.zeros(12, np.float32), weight, 1e-6)
+        _kernels.rms_norm(np.zeros(12, np.float32), np.zeros(12, np.float32), weight, 1e-6)
     with pytest.raises(ValueError, match="residual"):
-        _sched.rms_norm(np.zeros(16, np.float32), np.zeros(16, np.float32), weight, 1e-6, np.zeros(8, np.float32))
+        _kernels.rms_norm(np.zeros(16, np.float32), np.zeros(16, np.float32), weight, 1e-6, np.zeros(8, np.float32))
     table = np.zeros((2, 8), np.float32)
     with pytest.raises(ValueError, match="row_stride"):
-        _sched.qk_norm_rope(np.zeros((2, 8), np.float32), table, table, 1, 1)
+        _kernels.qk_norm_rope(np.zeros((2, 8), np.float32), table, table, 1, 1)
     with pytest.raises(ValueError, match="one row per token"):
-        _sched.qk_norm_rope(np.zeros((3, 16), np.float32), table, table, 1, 1)
+        _kernels.qk_norm_rope(np.zeros((3, 16), np.float32), table, table, 1, 1)
 
 
 def test_kernels_refuse_arguments_that_share_memory():
     x, weight = torch.randn(4, 8), torch.ones(8)
     with pytest.raises(ValueError, match="residual shares memory with x"):
-        _sched.rms_norm(torch.empty(4, 8).numpy(), x.numpy(), weight.numpy(), 1e-6, x.numpy())
+        _kernels.rms_norm(torch.empty(4, 8).numpy(), x.numpy(), weight.numpy(), 1e-6, x.numpy())
     with pytest.raises(ValueError, match="out shares memory with x"):
-        _sched.rms_norm(x.numpy(), x.numpy(), weight.numpy(), 1e-6)
+        _kernels.rms_norm(x.numpy(), x.numpy(), weight.numpy(), 1e-6)
     qkv = torch.randn(3, 16)
     with pytest.raises(ValueError, match="qkv shares memory with cos"):
-        _sched.qk_norm_rope(qkv.numpy(), qkv[:, :8].numpy(), torch.randn(3, 8).numpy(), 1, 1)
+        _kernels.qk_norm_rope(qkv.numpy(), qkv[:, :8].numpy(), torch.randn(3, 8).numpy(), 1, 1)

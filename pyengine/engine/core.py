@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from pyengine._sched import Request, SchedulerConfig, SchedulerThread, release_openmp_workers
+from pyengine._kernels import release_openmp_workers
+from pyengine._sched import Request, SchedulerConfig, SchedulerThread
 from pyengine.config import EngineConfig
 from pyengine.engine.executor_loop import EXEC_THREAD_NAME, ExecutorLoop, StepExtras
 from pyengine.engine.output_loop import OUTPUT_THREAD_NAME, OutputLoop
@@ -263,3 +264,21 @@ class EngineCore:
         stuck = [t.name for t in (self._exec_thread, self._output_thread) if t.is_alive()]
         if stuck:
             raise EngineDeadError(f"threads did not stop within {timeout}s: {', '.join(stuck)}")
+
+    # ---- client surface (used by AsyncEngine / EngineClient) ----
+
+    @property
+    def tokenizer_config(self) -> dict[str, Any]:
+        """The checkpoint's tokenizer_config.json ({} without one): the chat template's source."""
+        return dict(getattr(self.runner.loaded, "tokenizer_config", None) or {})
+
+    @property
+    def steps_executed(self) -> int:
+        """Executor steps finished so far; it only grows. /health's stall watchdog watches it."""
+        return self.executor.step_times.count
+
+    @property
+    def python_threads(self) -> dict[str, threading.Thread]:
+        """The engine's Python threads by role ("executor", "output"), for a stack dump;
+        the scheduler thread is native (Rust) and has no Python frames."""
+        return {"executor": self._exec_thread, "output": self._output_thread}

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pyengine.errors import KVCacheTooSmallError
+
 
 @dataclass(frozen=True, slots=True)
 class KVCacheShape:
@@ -29,10 +31,6 @@ class KVCacheShape:
         """Keys + values of one block across all layers."""
         element = torch.empty((), dtype=self.dtype).element_size()
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * element
-
-
-class KVCacheTooSmallError(ValueError):
-    """The memory budget does not hold a single block (or fewer than the caller needs)."""
 
 
 def blocks_for_budget(shape: KVCacheShape, budget_bytes: int, most_useful: int) -> int:

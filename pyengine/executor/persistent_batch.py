@@ -15,6 +15,7 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
+from pyengine.errors import StepResultError
 from pyengine.executor.penalties import TokenHistory, history_entries
 from pyengine.executor.plan import StepPlanLike
 from pyengine.executor.sampling_table import SamplingTable
@@ -23,7 +24,7 @@ from pyengine.sampling_params import PoolingParams, SamplingParams
 RequestParams = Union[SamplingParams, PoolingParams]
 
 
-class PlanStateError(ValueError):
+class PlanStateError(StepResultError, ValueError):
     """A plan refers to something the executor was not told about (e.g. unknown seq id)."""
 
 

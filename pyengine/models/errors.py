@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from pyengine.errors import ModelLoadError
 
-class ModelLoadError(ValueError):
-    """A checkpoint folder cannot be turned into a model (missing files, bad tensors)."""
+__all__ = ["ModelLoadError", "UnsupportedModelError", "WeightMismatchError"]
 
 
 class UnsupportedModelError(ModelLoadError):

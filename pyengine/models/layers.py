@@ -17,7 +17,7 @@ from typing import Optional, Protocol
 import torch
 import torch.nn.functional as F
 
-from pyengine import _sched
+from pyengine import _kernels
 from pyengine.models import cpu_linear
 from pyengine.models.config import DecoderConfig
 from pyengine.models.parallel import ParallelContext
@@ -52,7 +52,7 @@ class RMSNorm(torch.nn.Module):
     """Root-mean-square norm computed in float32, as the reference implementations do.
 
     On contiguous float32 CPU tensors it runs the native kernel
-    (``pyengine._sched.rms_norm``): one pass per row instead of five operators.
+    (``pyengine._kernels.rms_norm``): one pass per row instead of five operators.
     """
 
     def __init__(self, size: int, eps: float) -> None:
@@ -80,7 +80,7 @@ class RMSNorm(torch.nn.Module):
     def _native(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> torch.Tensor:
         out = torch.empty_like(x)
         stream = None if residual is None else residual.numpy()
-        _sched.rms_norm(out.numpy(), x.numpy(), self.weight.numpy(), self.eps, stream, _threads())
+        _kernels.rms_norm(out.numpy(), x.numpy(), self.weight.numpy(), self.eps, stream, _threads())
         return out
 
     def slots(self, name: str) -> dict[str, WeightSlot]:
@@ -261,7 +261,7 @@ class DecoderAttention(torch.nn.Module):
         if not all(_native_float32(t) for t in tensors):
             return False
         tokens = qkv.shape[0]
-        _sched.qk_norm_rope(
+        _kernels.qk_norm_rope(
             qkv.numpy(),
             cos.view(tokens, self.head_dim).numpy(),
             sin.view(tokens, self.head_dim).numpy(),

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pyengine import _sched
+from pyengine import _kernels
 from pyengine.models.decoder import DecoderForCausalLM
 
 
@@ -56,7 +56,7 @@ class ContiguousKVCache:
 class NativeDecodeKVCache(ContiguousKVCache):
     """The same cache laid out ``[layers, batch, max_len, kv_heads, head_dim]``: each sequence
     is one contiguous block, and decode attention runs the engine's native CPU kernel
-    (``_sched.paged_decode_attention``, float32) on it. Prefill still goes through SDPA."""
+    (``_kernels.paged_decode_attention``, float32) on it. Prefill still goes through SDPA."""
 
     @staticmethod
     def _dims(layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int) -> tuple[int, ...]:
@@ -72,7 +72,7 @@ class NativeDecodeKVCache(ContiguousKVCache):
 
     def decode_attention(self, layer_index: int, q: torch.Tensor, end: int) -> torch.Tensor:
         out = torch.empty_like(q)
-        _sched.paged_decode_attention(
+        _kernels.paged_decode_attention(
             out.numpy(),
             q.contiguous().numpy(),
             self.keys[layer_index].numpy(),

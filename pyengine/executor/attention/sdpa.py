@@ -8,8 +8,8 @@ Per step the sequences split into two groups:
 
   On CUDA their blocks are gathered into ``[rows, L, kv_heads, head_dim]`` and attended
   in one SDPA call. On CPU, where a gather's memory traffic would dominate, nothing is
-  gathered: in float32 the native kernel ``pyengine._sched.paged_decode_attention``
-  (``rust_sched/kernels``) reads every key and value once, in place, on all intra-op
+  gathered: in float32 the native kernel ``pyengine._kernels.paged_decode_attention``
+  (``crates/kernels``) reads every key and value once, in place, on all intra-op
   threads; other dtypes gather keys in tiles that stay in the core's cache, use ``bmm``,
   and sum the values straight from the paged cache with ``embedding_bag``, weighted by
   the attention probabilities.
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pyengine import _sched
+from pyengine import _kernels
 from pyengine.executor.attention.metadata import StepAttentionLayout
 from pyengine.executor.kv_cache import PagedKVCache
 
@@ -179,7 +179,7 @@ def _native_decode(
     """float32 CPU decode attention by the native kernel: no gather, K and V read once."""
     rows, heads, head_dim = q.shape
     out = torch.empty((rows, heads, head_dim), dtype=q.dtype)
-    _sched.paged_decode_attention(
+    _kernels.paged_decode_attention(
         out.numpy(),
         q.contiguous().numpy(),
         key_blocks.numpy(),

@@ -9,14 +9,11 @@ import torch
 
 from pyengine.executor.attention.flash import FlashAttentionBackend, import_flash_varlen
 from pyengine.executor.attention.sdpa import SdpaBackend
+from pyengine.errors import AttentionBackendUnavailableError
 
 logger = logging.getLogger(__name__)
 
 AttentionBackendChoice = Union[SdpaBackend, FlashAttentionBackend]
-
-
-class AttentionBackendUnavailableError(RuntimeError):
-    """A forced backend cannot run here (flash-attn missing, or not on CUDA)."""
 
 
 def select_attention_backend(

@@ -19,8 +19,8 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use proptest::prelude::*;
 use proptest::sample::Index;
-use rust_sched::sim::{fake_token, FakeExecutor};
-use rust_sched::{
+use pyengine_sched::sim::{fake_token, FakeExecutor};
+use pyengine_sched::{
     FinishReason, Policy, RequestSpec, SchedError, Scheduler, SchedulerConfig, StepPlan, PLACEHOLDER_TOKEN,
 };
 
@@ -68,7 +68,7 @@ enum Op {
 
 #[derive(Debug, Clone)]
 enum Sampler {
-    /// `rust_sched::sim::fake_token`: a function of (sequence id, position).
+    /// `pyengine_sched::sim::fake_token`: a function of (sequence id, position).
     Fake,
     /// Tokens drawn by proptest, handed out in turn.
     Drawn(Vec<u32>),
@@ -376,6 +376,7 @@ impl Model {
             pooling: g.pooling,
             n: g.n,
             cache_salt: g.salt.then(|| "tenant".to_string()),
+            sample_attachments: Vec::new(),
         }
     }
 
@@ -774,7 +775,11 @@ impl Model {
     }
 
     /// Compares an event's ended sequences with the expected ones and records them.
-    fn check_finished(&mut self, ev: &rust_sched::OutputEvent, want: &BTreeMap<u64, (FinishReason, i64)>) {
+    fn check_finished(
+        &mut self,
+        ev: &pyengine_sched::OutputEvent,
+        want: &BTreeMap<u64, (FinishReason, i64)>,
+    ) {
         let f = ev.finished_seq_ids.len();
         for v in [&ev.finish_reasons.len(), &ev.stop_token_ids.len()] {
             assert_eq!(*v, f);
@@ -786,7 +791,7 @@ impl Model {
         for i in 0..f {
             let id = ev.finished_seq_ids[i];
             let reason =
-                FinishReason::parse(rust_sched::FINISH_REASONS[ev.finish_reasons[i] as usize]).unwrap();
+                FinishReason::parse(pyengine_sched::FINISH_REASONS[ev.finish_reasons[i] as usize]).unwrap();
             assert!(got.insert(id, (reason, ev.stop_token_ids[i])).is_none(), "sequence {id} ended twice");
             let seq = self.seqs.get_mut(&id).unwrap();
             assert!(seq.finished.is_none(), "sequence {id} ended again");

@@ -242,6 +242,7 @@ impl Scheduler {
         plan.new_rows.push(row);
         plan.new_seq_ids.push(seq.id);
         plan.new_num_prompt_tokens.push(seq.num_prompt as i32);
+        plan.new_attachments.push(seq.attachment.clone());
         plan.new_token_ids.extend(seq.known_tokens().iter().map(|&t| i64::from(t)));
         plan.new_token_offsets.push(plan.new_token_ids.len() as i64);
         for (col, &b) in seq.blocks.iter().enumerate() {

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use crate::attachment::Attachment;
 use crate::block_hash::{extend_block_hashes, BlockHash};
 use crate::block_pool::BlockId;
 use crate::config::SchedulerConfig;
@@ -31,6 +32,9 @@ pub struct RequestSpec {
     pub n: usize,
     /// Mixed into the first block hash so that tenants do not share cached prefixes.
     pub cache_salt: Option<String>,
+    /// What the executor needs of each sample (its sampling or pooling parameters): empty,
+    /// or one per sample. Handed over in the plan that (re)admits the sample.
+    pub sample_attachments: Vec<Attachment>,
 }
 
 impl RequestSpec {
@@ -45,6 +49,13 @@ impl RequestSpec {
         }
         if self.n == 0 {
             return Err(err("n must be at least 1".into()));
+        }
+        if !self.sample_attachments.is_empty() && self.sample_attachments.len() != self.n {
+            return Err(err(format!(
+                "{} sample attachments for n = {}: give none or one per sample",
+                self.sample_attachments.len(),
+                self.n
+            )));
         }
         if self.n > config.max_num_seqs {
             return Err(err(format!("n = {} exceeds max_num_seqs = {}", self.n, config.max_num_seqs)));
@@ -175,6 +186,8 @@ pub struct Sequence {
     pub kv_failed: bool,
     /// Slot of the sibling whose prompt blocks this parked sample will share.
     pub fork_source: Option<u32>,
+    /// The request's data for this sample, handed to the executor with each admission.
+    pub attachment: Option<Attachment>,
 }
 
 /// `Sequence::row` of a sequence that holds no row.
@@ -258,6 +271,7 @@ impl Sequence {
             admitted_once: false,
             kv_failed: false,
             fork_source: None,
+            attachment: None,
         }
     }
 

@@ -14,8 +14,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use rust_sched::sim::{fake_token, uniform_requests};
-use rust_sched::{RequestSpec, Scheduler, SchedulerConfig};
+use pyengine_sched::sim::{fake_token, uniform_requests};
+use pyengine_sched::{RequestSpec, Scheduler, SchedulerConfig};
 
 /// The same allocator the extension module uses (see `lib.rs`).
 #[global_allocator]
@@ -25,7 +25,7 @@ const BLOCK_SIZE: usize = 16;
 const VOCAB: u32 = 32_000;
 
 /// Runs one step with `sampled` tokens (resized to the plan's samples); returns the plan.
-fn step(s: &mut Scheduler, sampled: &mut Vec<i64>) -> rust_sched::StepPlan {
+fn step(s: &mut Scheduler, sampled: &mut Vec<i64>) -> pyengine_sched::StepPlan {
     let plan = s.schedule().expect("something to schedule");
     sampled.resize(plan.num_samples(), 0);
     s.apply_result(plan.step_id, sampled).expect("result accepted");

@@ -5,10 +5,10 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
-use rust_sched::engine::THREAD_NAME;
-use rust_sched::sim::{fake_token, FakeExecutor};
-use rust_sched::{
-    EngineHandle, FinishReason, OutputEvent, RequestSpec, SchedError, Scheduler, SchedulerConfig,
+use pyengine_sched::engine::THREAD_NAME;
+use pyengine_sched::sim::{fake_token, FakeExecutor};
+use pyengine_sched::{
+    Attachment, EngineHandle, FinishReason, OutputEvent, RequestSpec, SchedError, Scheduler, SchedulerConfig,
 };
 
 const VOCAB: u32 = 1000;
@@ -78,7 +78,7 @@ fn drive(
         assert!(Instant::now() < deadline, "engine made no progress within {limit:?}");
         if let Some(plan) = h.next_plan(Some(Duration::from_millis(2))).unwrap() {
             let sampled = exec.run(&plan);
-            h.submit_result(plan.step_id, sampled).unwrap();
+            h.submit_result(plan.step_id, sampled, None).unwrap();
         }
         while let Some(ev) = h.next_output(Some(Duration::ZERO)).unwrap() {
             seen.absorb(ev);
@@ -180,7 +180,7 @@ fn abort_frees_blocks() {
         drive(&h, &mut exec, &mut seen, Duration::from_secs(20), |s| s.finished.contains_key(&b));
         // Plans made before the abort may still be in flight: run them out.
         while let Some(plan) = h.next_plan(Some(Duration::from_millis(50))).unwrap() {
-            h.submit_result(plan.step_id, exec.run(&plan)).unwrap();
+            h.submit_result(plan.step_id, exec.run(&plan), None).unwrap();
         }
         let stats = h.stats(Duration::from_secs(5));
         assert_eq!(stats.scheduler.num_inflight_steps, 0);
@@ -253,7 +253,7 @@ fn shutdown_joins_with_requests_in_flight_and_outputs_not_drained() {
         let mut steps = 0;
         while let Some(plan) = h.next_plan(Some(Duration::from_millis(200))).unwrap() {
             assert!(Instant::now() < deadline, "the output channel never filled");
-            h.submit_result(plan.step_id, exec.run(&plan)).unwrap();
+            h.submit_result(plan.step_id, exec.run(&plan), None).unwrap();
             steps += 1;
         }
         assert!(steps >= 1000, "planning stopped after {steps} steps, before the output channel filled");
@@ -266,7 +266,7 @@ fn shutdown_joins_with_requests_in_flight_and_outputs_not_drained() {
         assert!(started.elapsed() < Duration::from_secs(2));
         assert!(!h.is_alive());
         assert!(matches!(h.add_request(long_request("after")), Err(SchedError::Closed(_))));
-        assert!(matches!(h.submit_result(0, vec![]), Err(SchedError::Closed(_))));
+        assert!(matches!(h.submit_result(0, vec![], None), Err(SchedError::Closed(_))));
         // A second shutdown is a no-op.
         h.shutdown(Duration::from_secs(1)).unwrap();
     }
@@ -293,7 +293,7 @@ fn injected_panic_closes_the_engine_with_its_message() {
         match h.next_plan(Some(Duration::from_millis(10))) {
             Err(e) => break e,
             Ok(Some(plan)) => {
-                let _ = h.submit_result(plan.step_id, FakeExecutor::new(VOCAB).run(&plan));
+                let _ = h.submit_result(plan.step_id, FakeExecutor::new(VOCAB).run(&plan), None);
             }
             Ok(None) => {}
         }
@@ -304,7 +304,7 @@ fn injected_panic_closes_the_engine_with_its_message() {
         h.add_request(long_request("later")).map(|_| ()),
         h.abort("r"),
         h.finish(0, FinishReason::Stop),
-        h.submit_result(0, vec![1]),
+        h.submit_result(0, vec![1], None),
         h.next_output(Some(Duration::from_millis(10))).map(|_| ()),
     ] {
         match result {
@@ -343,4 +343,63 @@ fn concurrent_adds_get_unique_ids() {
     drive(&h, &mut exec, &mut seen, Duration::from_secs(30), |s| s.finished.len() == 100);
     assert!(ids.iter().all(|id| seen.tokens[id].len() == 2));
     h.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+/// A request's sample attachments reach the executor in the plan that admits each sample,
+/// and a step result's attachment reaches the output thread in that step's event: the
+/// data crosses the channels, nothing is shared beside them.
+#[test]
+fn attachments_travel_with_plans_and_events() {
+    let h = EngineHandle::start(config(2)).unwrap();
+    let spec = RequestSpec {
+        request_id: "with-params".into(),
+        prompt: vec![1, 2, 3],
+        max_tokens: 3,
+        ignore_eos: true,
+        n: 2,
+        sample_attachments: vec![Attachment::new("sample-0"), Attachment::new("sample-1")],
+        ..Default::default()
+    };
+    let first = h.add_request(spec).unwrap();
+    let mut exec = FakeExecutor::new(VOCAB);
+    let mut admitted = BTreeMap::new();
+    let mut step_attachments = 0;
+    let mut finished = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while finished < 2 {
+        assert!(Instant::now() < deadline, "no progress");
+        if let Some(plan) = h.next_plan(Some(Duration::from_millis(2))).unwrap() {
+            assert_eq!(plan.new_attachments.len(), plan.new_seq_ids.len());
+            for (seq, a) in plan.new_seq_ids.iter().zip(&plan.new_attachments) {
+                let label = *a.as_ref().expect("attachment given").get::<&str>().unwrap();
+                admitted.insert(*seq, label);
+            }
+            let sampled = exec.run(&plan);
+            h.submit_result(plan.step_id, sampled, Some(Attachment::new(plan.step_id))).unwrap();
+        }
+        while let Some(ev) = h.next_output(Some(Duration::ZERO)).unwrap() {
+            if let Some(step) = ev.step_id {
+                assert_eq!(ev.step_attachment.as_ref().and_then(|a| a.get::<u64>()), Some(&step));
+                step_attachments += 1;
+            }
+            finished += ev.finished_seq_ids.len();
+        }
+    }
+    assert_eq!(admitted, BTreeMap::from([(first, "sample-0"), (first + 1, "sample-1")]));
+    assert!(step_attachments >= 3);
+    h.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+#[test]
+fn sample_attachments_must_match_n() {
+    let h = EngineHandle::start(config(1)).unwrap();
+    let spec = RequestSpec {
+        request_id: "bad".into(),
+        prompt: vec![1],
+        max_tokens: 1,
+        n: 2,
+        sample_attachments: vec![Attachment::new(())],
+        ..Default::default()
+    };
+    assert!(matches!(h.add_request(spec), Err(SchedError::InvalidRequest { .. })));
 }

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, select, Receiver, RecvTimeoutError, Sender, TrySendError};
 
+use crate::attachment::Attachment;
 use crate::config::SchedulerConfig;
 use crate::error::{SchedError, SchedResult};
 use crate::plan::{FinishReason, OutputEvent, StepPlan};
@@ -35,9 +36,11 @@ enum Command {
     Result {
         step_id: u64,
         sampled: Vec<i64>,
+        attachment: Option<Attachment>,
     },
     Fail {
         step_id: u64,
+        attachment: Option<Attachment>,
     },
     Stats(Sender<SchedulerSnapshot>),
     /// Test hook: panic on the scheduler thread.
@@ -193,14 +196,22 @@ impl EngineHandle {
         recv(&self.plan_rx, timeout).map_err(|()| self.shared.closed_error())
     }
 
-    /// Hands back the tokens sampled for `step_id`, in `logits_indices` order.
-    pub fn submit_result(&self, step_id: u64, sampled: Vec<i64>) -> SchedResult<()> {
-        self.send(Command::Result { step_id, sampled })
+    /// Hands back the tokens sampled for `step_id`, in `logits_indices` order; the
+    /// attachment (the rest of the step's result) reaches the output thread in that
+    /// step's event.
+    pub fn submit_result(
+        &self,
+        step_id: u64,
+        sampled: Vec<i64>,
+        attachment: Option<Attachment>,
+    ) -> SchedResult<()> {
+        self.send(Command::Result { step_id, sampled, attachment })
     }
 
-    /// Reports that the executor could not run `step_id`: its sequences end with `error`.
-    pub fn fail_step(&self, step_id: u64) -> SchedResult<()> {
-        self.send(Command::Fail { step_id })
+    /// Reports that the executor could not run `step_id`: its sequences end with `error`,
+    /// and the attachment (what went wrong) travels in that step's event.
+    pub fn fail_step(&self, step_id: u64, attachment: Option<Attachment>) -> SchedResult<()> {
+        self.send(Command::Fail { step_id, attachment })
     }
 
     /// The next output event, waiting at most `timeout`. Ok(None) on timeout.
@@ -316,7 +327,7 @@ impl Worker {
                     Err(crossbeam_channel::TryRecvError::Disconnected) => return,
                 }
             }
-            if let Flow::Exit = self.flush_output(None) {
+            if let Flow::Exit = self.flush_output() {
                 return;
             }
             let planned = self.plan();
@@ -380,25 +391,25 @@ impl Worker {
                 self.forget_ended();
                 Flow::Continue
             }
-            Command::Result { step_id, sampled } => {
-                if let Flow::Exit = self.flush_output(None) {
+            Command::Result { step_id, sampled, attachment } => {
+                if let Flow::Exit = self.flush_output() {
                     return Flow::Exit;
                 }
                 if let Err(e) = self.scheduler.apply_result(step_id, &sampled) {
                     panic!("{e}");
                 }
                 self.forget_ended();
-                self.flush_output(Some(step_id))
+                self.flush_step_output(step_id, attachment)
             }
-            Command::Fail { step_id } => {
-                if let Flow::Exit = self.flush_output(None) {
+            Command::Fail { step_id, attachment } => {
+                if let Flow::Exit = self.flush_output() {
                     return Flow::Exit;
                 }
                 if let Err(e) = self.scheduler.fail_step(step_id) {
                     panic!("{e}");
                 }
                 self.forget_ended();
-                self.flush_output(Some(step_id))
+                self.flush_step_output(step_id, attachment)
             }
             Command::Stats(reply) => {
                 let _ = reply.try_send(self.scheduler.snapshot());
@@ -420,13 +431,21 @@ impl Worker {
         }
     }
 
-    /// Sends what happened since the last event (always, for a step result, so the output
-    /// thread sees every step).
-    fn flush_output(&mut self, step_id: Option<u64>) -> Flow {
-        let ev = self.scheduler.take_output(step_id);
-        if ev.is_empty() && step_id.is_none() {
+    /// Sends what commands changed since the last event, if anything.
+    fn flush_output(&mut self) -> Flow {
+        let ev = self.scheduler.take_output(None);
+        if ev.is_empty() {
             return Flow::Continue;
         }
+        let tx = self.out_tx.clone();
+        self.send_or_stop(&tx, ev)
+    }
+
+    /// Sends the event of an applied step result, always (the output thread sees every
+    /// step), with the executor's attachment.
+    fn flush_step_output(&mut self, step_id: u64, attachment: Option<Attachment>) -> Flow {
+        let mut ev = self.scheduler.take_output(Some(step_id));
+        ev.step_attachment = attachment;
         let tx = self.out_tx.clone();
         self.send_or_stop(&tx, ev)
     }

@@ -3,6 +3,8 @@
 //! bindings move them into numpy arrays without copying. `docs/contract.md` explains how
 //! the fields fit together.
 
+use crate::attachment::Attachment;
+
 /// Input token id meaning "the token this row sampled in the previous step"; the executor
 /// fills it from the sampled-token tensor it still holds on the device.
 pub const PLACEHOLDER_TOKEN: i64 = -1;
@@ -47,6 +49,9 @@ pub struct StepPlan {
     pub new_token_offsets: Vec<i64>,
     /// All known tokens of each new sequence: its prompt, then (when resumed) its outputs.
     pub new_token_ids: Vec<i64>,
+    /// `[K]` the request's attachment for each new sequence (its sampling or pooling
+    /// parameters), None where the request gave none.
+    pub new_attachments: Vec<Option<Attachment>>,
     /// `[F]` rows released since the previous plan.
     pub freed_rows: Vec<i32>,
 }
@@ -122,6 +127,9 @@ pub struct OutputEvent {
     pub num_cached_tokens: Vec<i32>,
     pub num_output_tokens: Vec<i32>,
     pub num_preemptions: Vec<i32>,
+    /// The executor's attachment to the step result this event applies (log-probabilities,
+    /// pooled vectors, an error), None for command events or when it gave none.
+    pub step_attachment: Option<Attachment>,
 }
 
 impl OutputEvent {

@@ -2,9 +2,10 @@
 
 use pyo3::prelude::*;
 
-use crate::request::RequestSpec;
+use pyengine_sched::request::RequestSpec;
 
-use super::errors::invalid_request;
+use crate::attachment::attach;
+use crate::errors::invalid_request;
 
 #[pyclass(name = "Request", module = "pyengine._sched", frozen)]
 pub struct PyRequest {
@@ -38,6 +39,7 @@ impl PyRequest {
         pooling = false,
         n = 1,
         cache_salt = None,
+        sample_params = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -53,6 +55,7 @@ impl PyRequest {
         pooling: bool,
         n: i64,
         cache_salt: Option<String>,
+        sample_params: Option<Vec<Bound<'_, PyAny>>>,
     ) -> PyResult<Self> {
         let non_negative = |name: &str, v: i64| {
             usize::try_from(v)
@@ -69,6 +72,11 @@ impl PyRequest {
             pooling,
             n: non_negative("n", n)?,
             cache_salt,
+            sample_attachments: sample_params
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|p| attach(Some(p)))
+                .collect(),
             request_id,
         };
         Ok(PyRequest { spec })

@@ -207,6 +207,7 @@ impl Scheduler {
                 salt.clone(),
             );
             seq.fork_source = first_slot;
+            seq.attachment = spec.sample_attachments.get(index).cloned();
             if index == 0 && self.config.enable_prefix_caching {
                 seq.update_hashes(self.config.block_size);
             }

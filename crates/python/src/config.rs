@@ -2,9 +2,9 @@
 
 use pyo3::prelude::*;
 
-use crate::config::{Policy, SchedulerConfig};
+use pyengine_sched::config::{Policy, SchedulerConfig};
 
-use super::errors::{invalid_config, IntoPyResult};
+use crate::errors::{invalid_config, NativeError};
 
 #[pyclass(name = "SchedulerConfig", module = "pyengine._sched", frozen)]
 #[derive(Clone)]
@@ -60,10 +60,10 @@ impl PySchedulerConfig {
                 0,
             )?,
             enable_prefix_caching,
-            policy: Policy::parse(policy).py_err(py)?,
+            policy: Policy::parse(policy).map_err(|e| e.into_py_err(py))?,
             pipeline_depth: count(py, "pipeline_depth", pipeline_depth, 1)?,
         };
-        inner.validate().py_err(py)?;
+        inner.validate().map_err(|e| e.into_py_err(py))?;
         Ok(PySchedulerConfig { inner })
     }
 

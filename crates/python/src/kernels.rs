@@ -5,12 +5,12 @@ use numpy::{
     PyArrayDescrMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyReadonlyArray4,
     PyReadonlyArrayDyn, PyReadwriteArray2, PyReadwriteArray3, PyReadwriteArrayDyn, PyUntypedArrayMethods,
 };
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::kernels::{DecodeQueries, Norm, PagedKv, QkHeads};
+use pyengine_kernels::{DecodeQueries, Norm, PagedKv, QkHeads};
 
-use super::gil::detached;
+use crate::errors::bad_kernel_argument;
+use crate::gil::call;
 
 /// The bytes an array's elements occupy (exact for C-contiguous arrays, which the kernels
 /// require; other layouts are refused after this check).
@@ -26,7 +26,7 @@ fn check_disjoint(written: &[(&str, (usize, usize))], read: &[(&str, (usize, usi
     for (i, (name, w)) in written.iter().enumerate() {
         for (other, o) in written[i + 1..].iter().chain(read) {
             if w.0 < o.1 && o.0 < w.1 {
-                return Err(PyValueError::new_err(format!("{name} shares memory with {other}")));
+                return Err(bad_kernel_argument(format!("{name} shares memory with {other}")));
             }
         }
     }
@@ -42,14 +42,14 @@ fn optional_norm<'a>(
 }
 
 fn contiguous<'a, T>(name: &str, slice: Result<&'a [T], numpy::AsSliceError>) -> PyResult<&'a [T]> {
-    slice.map_err(|_| PyValueError::new_err(format!("{name} must be C-contiguous")))
+    slice.map_err(|_| bad_kernel_argument(format!("{name} must be C-contiguous")))
 }
 
 fn contiguous_mut<'a, T>(
     name: &str,
     slice: Result<&'a mut [T], numpy::AsSliceError>,
 ) -> PyResult<&'a mut [T]> {
-    slice.map_err(|_| PyValueError::new_err(format!("{name} must be C-contiguous")))
+    slice.map_err(|_| bad_kernel_argument(format!("{name} must be C-contiguous")))
 }
 
 /// Decode attention over one layer's paged cache; see `kernels/paged_decode.rs`.
@@ -79,7 +79,7 @@ pub fn paged_decode_attention(
     )?;
     let (cache_shape, query_shape) = (key_cache.shape().to_vec(), query.shape().to_vec());
     if value_cache.shape() != cache_shape.as_slice() || query_shape[2] != cache_shape[3] {
-        return Err(PyValueError::new_err(format!(
+        return Err(bad_kernel_argument(format!(
             "paged decode attention: value cache {:?} must match key cache {cache_shape:?}, and \
              query {query_shape:?} its head_dim",
             value_cache.shape()
@@ -101,8 +101,7 @@ pub fn paged_decode_attention(
         scale,
     };
     let out = contiguous_mut("out", out.as_slice_mut())?;
-    detached(py, || crate::kernels::paged_decode_attention(&queries, &kv, out, num_threads))
-        .map_err(|e| PyValueError::new_err(e.to_string()))
+    call(py, || pyengine_kernels::paged_decode_attention(&queries, &kv, out, num_threads))
 }
 
 /// RMSNorm of each row into `out`, after `residual += x` when a residual is given; see
@@ -126,8 +125,7 @@ pub fn rms_norm(
     let mut residual = residual;
     let residual = residual.as_mut().map(|r| contiguous_mut("residual", r.as_slice_mut())).transpose()?;
     let out = contiguous_mut("out", out.as_slice_mut())?;
-    detached(py, || crate::kernels::rms_norm(x, residual, norm, out, num_threads))
-        .map_err(|e| PyValueError::new_err(e.to_string()))
+    call(py, || pyengine_kernels::rms_norm(x, residual, norm, out, num_threads))
 }
 
 /// Per-head RMSNorm (where weights are given) and rotary embedding of the q and k heads of
@@ -153,7 +151,7 @@ pub fn qk_norm_rope(
     check_disjoint(&[("qkv", span(&**qkv))], &read)?;
     let (tokens, row_stride) = (qkv.shape()[0], qkv.shape()[1]);
     if cos.shape()[0] != tokens {
-        return Err(PyValueError::new_err(format!(
+        return Err(bad_kernel_argument(format!(
             "qk_norm_rope: cos and sin need one row per token ({tokens}), got {:?}",
             cos.shape()
         )));
@@ -169,12 +167,11 @@ pub fn qk_norm_rope(
         sin: contiguous("sin", sin.as_slice())?,
     };
     let qkv = contiguous_mut("qkv", qkv.as_slice_mut())?;
-    detached(py, || crate::kernels::qk_norm_rope(qkv, &heads, num_threads))
-        .map_err(|e| PyValueError::new_err(e.to_string()))
+    call(py, || pyengine_kernels::qk_norm_rope(qkv, &heads, num_threads))
 }
 
 /// Frees the calling thread's idle OpenMP workers; see `kernels/parallel.rs`.
 #[pyfunction]
 pub fn release_openmp_workers() -> bool {
-    crate::kernels::release_calling_thread_workers()
+    pyengine_kernels::release_calling_thread_workers()
 }

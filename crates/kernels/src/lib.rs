@@ -26,7 +26,7 @@ pub use parallel::release_calling_thread_workers;
 pub struct KernelError(String);
 
 impl KernelError {
-    pub(crate) fn new(message: String) -> Self {
+    pub fn new(message: String) -> Self {
         KernelError(message)
     }
 }

@@ -1,19 +1,20 @@
 //! `Scheduler` for Python: the core driven synchronously from the calling thread (tests,
 //! benchmarks, simulations). The engine uses `SchedulerThread` instead.
 
+use std::convert::Infallible;
 use std::sync::Mutex;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::plan::FinishReason;
-use crate::scheduler::{Scheduler, SchedulerSnapshot};
+use pyengine_sched::plan::FinishReason;
+use pyengine_sched::scheduler::{Scheduler, SchedulerSnapshot};
 
-use super::arrays::{sampled_tokens, PyOutputEvent, PyStepPlan};
-use super::config::PySchedulerConfig;
-use super::errors::{invalid_request, IntoPyResult};
-use super::gil::detached;
-use super::request::PyRequest;
+use crate::arrays::{sampled_tokens, PyOutputEvent, PyStepPlan};
+use crate::config::PySchedulerConfig;
+use crate::errors::{invalid_request, NativeError};
+use crate::gil::call;
+use crate::request::PyRequest;
 
 #[pyclass(name = "Scheduler", module = "pyengine._sched", frozen)]
 pub struct PyScheduler {
@@ -33,7 +34,7 @@ pub fn parse_reason(py: Python<'_>, reason: &str) -> PyResult<FinishReason> {
         invalid_request(
             py,
             "",
-            format!("unknown finish reason {reason:?}: expected one of {:?}", crate::FINISH_REASONS),
+            format!("unknown finish reason {reason:?}: expected one of {:?}", pyengine_sched::FINISH_REASONS),
         )
     })
 }
@@ -69,36 +70,37 @@ pub fn snapshot_dict<'py>(py: Python<'py>, s: &SchedulerSnapshot) -> PyResult<Bo
 impl PyScheduler {
     #[new]
     fn new(py: Python<'_>, config: &PySchedulerConfig) -> PyResult<Self> {
-        let inner = Scheduler::new(config.inner.clone()).py_err(py)?;
+        let inner = call(py, || Scheduler::new(config.inner.clone()))?;
         Ok(PyScheduler { inner: Mutex::new(inner) })
     }
 
     /// Adds a request; returns its first sequence id.
     fn add_request(&self, py: Python<'_>, request: &PyRequest) -> PyResult<u64> {
         let spec = request.spec.clone();
-        self.lock().add_request(spec).py_err(py)
+        call(py, || self.lock().add_request(spec))
     }
 
     /// Plans the next step (GIL released), or None.
-    fn schedule(&self, py: Python<'_>) -> Option<PyStepPlan> {
-        let plan = detached(py, || self.lock().schedule())?;
-        Some(PyStepPlan::new(py, plan))
+    fn schedule(&self, py: Python<'_>) -> PyResult<Option<PyStepPlan>> {
+        let plan = call(py, || Ok::<_, Infallible>(self.lock().schedule()))?;
+        plan.map(|p| PyStepPlan::new(py, p)).transpose()
     }
 
     /// Applies the oldest in-flight step's sampled tokens (GIL released).
     fn apply_result(&self, py: Python<'_>, step_id: u64, sampled: &Bound<'_, PyAny>) -> PyResult<()> {
         let sampled = sampled_tokens(sampled)?;
-        detached(py, || self.lock().apply_result(step_id, &sampled)).py_err(py)
+        call(py, || self.lock().apply_result(step_id, &sampled))
     }
 
-    /// Ends every sequence of a step the executor could not run, with reason "error".
+    /// Ends every sequence of a step the executor could not run, with reason "error"
+    /// (GIL released).
     fn fail_step(&self, py: Python<'_>, step_id: u64) -> PyResult<()> {
-        self.lock().fail_step(step_id).py_err(py)
+        call(py, || self.lock().fail_step(step_id))
     }
 
     /// What happened since the last call: accepted tokens and ended sequences.
     #[pyo3(signature = (step_id = None))]
-    fn take_output(&self, py: Python<'_>, step_id: Option<u64>) -> PyOutputEvent {
+    fn take_output(&self, py: Python<'_>, step_id: Option<u64>) -> PyResult<PyOutputEvent> {
         let ev = self.lock().take_output(step_id);
         PyOutputEvent::new(py, ev)
     }
@@ -110,7 +112,7 @@ impl PyScheduler {
     #[pyo3(signature = (seq_id, reason = "stop"))]
     fn finish(&self, py: Python<'_>, seq_id: u64, reason: &str) -> PyResult<bool> {
         let reason = parse_reason(py, reason)?;
-        self.lock().finish(seq_id, reason).py_err(py)
+        call(py, || self.lock().finish(seq_id, reason))
     }
 
     fn has_unfinished(&self) -> bool {
@@ -126,7 +128,7 @@ impl PyScheduler {
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         let result = self.lock().check_invariants();
         result.map_err(|m| {
-            super::errors::to_py_err(py, crate::SchedError::BadStepResult(format!("invariant broken: {m}")))
+            pyengine_sched::SchedError::BadStepResult(format!("invariant broken: {m}")).into_py_err(py)
         })
     }
 

@@ -1,30 +1,36 @@
 //! `SchedulerThread` for Python: starts `pyengine-sched` and exposes the calls the
-//! executor and output threads make. Every wait releases the GIL.
+//! executor and output threads make. Every call releases the GIL (`gil.rs`).
 
+use std::convert::Infallible;
 use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::engine::EngineHandle;
+use pyengine_sched::engine::EngineHandle;
 
-use super::arrays::{sampled_tokens, PyOutputEvent, PyStepPlan};
-use super::config::PySchedulerConfig;
-use super::errors::IntoPyResult;
-use super::gil::{detached, wait_interruptibly};
-use super::request::PyRequest;
-use super::scheduler::{parse_reason, snapshot_dict};
+use crate::arrays::{sampled_tokens, PyOutputEvent, PyStepPlan};
+use crate::attachment::attach;
+use crate::config::PySchedulerConfig;
+use crate::gil::{call, wait};
+use crate::request::PyRequest;
+use crate::scheduler::{parse_reason, snapshot_dict};
 
 #[pyclass(name = "SchedulerThread", module = "pyengine._sched", frozen)]
 pub struct PySchedulerThread {
     handle: EngineHandle,
 }
 
+fn seconds(timeout: f64) -> Duration {
+    Duration::from_secs_f64(timeout.max(0.0))
+}
+
 #[pymethods]
 impl PySchedulerThread {
     #[new]
     fn new(py: Python<'_>, config: &PySchedulerConfig) -> PyResult<Self> {
-        let handle = EngineHandle::start(config.inner.clone()).py_err(py)?;
+        let config = config.inner.clone();
+        let handle = call(py, || EngineHandle::start(config))?;
         Ok(PySchedulerThread { handle })
     }
 
@@ -36,45 +42,59 @@ impl PySchedulerThread {
     /// Validates and queues a request; returns its first sequence id.
     fn add_request(&self, py: Python<'_>, request: &PyRequest) -> PyResult<u64> {
         let spec = request.spec.clone();
-        detached(py, || self.handle.add_request(spec)).py_err(py)
+        call(py, || self.handle.add_request(spec))
     }
 
     fn abort(&self, py: Python<'_>, request_id: String) -> PyResult<()> {
-        detached(py, || self.handle.abort(&request_id)).py_err(py)
+        call(py, || self.handle.abort(&request_id))
     }
 
     #[pyo3(signature = (seq_id, reason = "stop"))]
     fn finish(&self, py: Python<'_>, seq_id: u64, reason: &str) -> PyResult<()> {
         let reason = parse_reason(py, reason)?;
-        detached(py, || self.handle.finish(seq_id, reason)).py_err(py)
+        call(py, || self.handle.finish(seq_id, reason))
     }
 
     /// The next plan; None if `timeout` seconds pass first (None = wait until one comes).
     #[pyo3(signature = (timeout = None))]
     fn next_plan(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<PyStepPlan>> {
-        let plan = wait_interruptibly(py, timeout, |t| self.handle.next_plan(Some(t)))?.py_err(py)?;
-        Ok(plan.map(|p| PyStepPlan::new(py, p)))
+        let plan = wait(py, timeout, |t| self.handle.next_plan(Some(t)))?;
+        plan.map(|p| PyStepPlan::new(py, p)).transpose()
     }
 
-    fn submit_result(&self, py: Python<'_>, step_id: u64, sampled: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// Hands back the step's sampled ids; `result` (any object) reaches the output thread
+    /// as that step's `OutputEvent.step_result`.
+    #[pyo3(signature = (step_id, sampled, result = None))]
+    fn submit_result(
+        &self,
+        py: Python<'_>,
+        step_id: u64,
+        sampled: &Bound<'_, PyAny>,
+        result: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
         let sampled = sampled_tokens(sampled)?;
-        detached(py, || self.handle.submit_result(step_id, sampled)).py_err(py)
+        let attachment = attach(result);
+        call(py, || self.handle.submit_result(step_id, sampled, attachment))
     }
 
-    fn fail_step(&self, py: Python<'_>, step_id: u64) -> PyResult<()> {
-        detached(py, || self.handle.fail_step(step_id)).py_err(py)
+    /// The executor could not run the step: its sequences end with reason "error", and
+    /// `result` (what went wrong) reaches the output thread in that step's event.
+    #[pyo3(signature = (step_id, result = None))]
+    fn fail_step(&self, py: Python<'_>, step_id: u64, result: Option<Bound<'_, PyAny>>) -> PyResult<()> {
+        let attachment = attach(result);
+        call(py, || self.handle.fail_step(step_id, attachment))
     }
 
     /// The next output event; None if `timeout` seconds pass first.
     #[pyo3(signature = (timeout = None))]
     fn next_output(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<PyOutputEvent>> {
-        let ev = wait_interruptibly(py, timeout, |t| self.handle.next_output(Some(t)))?.py_err(py)?;
-        Ok(ev.map(|e| PyOutputEvent::new(py, e)))
+        let ev = wait(py, timeout, |t| self.handle.next_output(Some(t)))?;
+        ev.map(|e| PyOutputEvent::new(py, e)).transpose()
     }
 
     #[pyo3(signature = (timeout = 1.0))]
     fn stats<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Bound<'py, PyDict>> {
-        let s = detached(py, || self.handle.stats(Duration::from_secs_f64(timeout.max(0.0))));
+        let s = call(py, || Ok::<_, Infallible>(self.handle.stats(seconds(timeout))))?;
         let d = snapshot_dict(py, &s.scheduler)?;
         d.set_item("sched_busy_seconds", s.busy_seconds)?;
         d.set_item("sched_idle_seconds", s.idle_seconds)?;
@@ -100,11 +120,11 @@ impl PySchedulerThread {
     /// Stops and joins the thread; raises EngineDeadError if it does not stop in time.
     #[pyo3(signature = (timeout = 5.0))]
     fn shutdown(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
-        detached(py, || self.handle.shutdown(Duration::from_secs_f64(timeout.max(0.0)))).py_err(py)
+        call(py, || self.handle.shutdown(seconds(timeout)))
     }
 
     /// Test hook: makes the scheduler thread panic.
     fn _inject_panic(&self, py: Python<'_>) -> PyResult<()> {
-        self.handle.inject_panic().py_err(py)
+        call(py, || self.handle.inject_panic())
     }
 }

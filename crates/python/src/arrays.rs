@@ -1,0 +1,222 @@
+//! `StepPlan` and `OutputEvent` for Python: each vector of the core's plan or event is
+//! moved into a numpy array without copying. Field meanings: `plan.rs` and
+//! `docs/contract.md`.
+//!
+//! One list per class: the core struct is taken apart with an exhaustive pattern (a field
+//! added in the core and not here does not compile), and `FIELDS` names what Python sees,
+//! so the stub, the contract document and the Python-side plan classes are checked
+//! against it by tests.
+
+use numpy::{PyArray1, PyArrayMethods, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+use pyengine_sched::plan::{OutputEvent, StepPlan};
+
+use crate::attachment::{detach_object, object_list};
+
+type Arr<T> = Py<PyArray1<T>>;
+
+fn arr<T: numpy::Element>(py: Python<'_>, v: Vec<T>) -> Arr<T> {
+    PyArray1::from_vec(py, v).unbind()
+}
+
+/// Declares a frozen pyclass with one `#[pyo3(get)]` attribute per field and a `FIELDS`
+/// tuple listing them in order.
+macro_rules! data_class {
+    ($(#[$meta:meta])* $name:ident as $py_name:literal { $($field:ident: $ty:ty,)* }) => {
+        $(#[$meta])*
+        #[pyclass(name = $py_name, module = "pyengine._sched", frozen)]
+        pub struct $name {
+            $(#[pyo3(get)] $field: $ty,)*
+        }
+
+        impl $name {
+            pub const FIELDS: &'static [&'static str] = &[$(stringify!($field)),*];
+        }
+    };
+}
+
+data_class! {
+    /// One step for the executor (`docs/contract.md`).
+    PyStepPlan as "StepPlan" {
+        step_id: u64,
+        rows: Arr<i32>,
+        num_scheduled_tokens: Arr<i32>,
+        query_start_loc: Arr<i32>,
+        seq_lens: Arr<i32>,
+        input_ids: Arr<i64>,
+        positions: Arr<i64>,
+        slot_mapping: Arr<i64>,
+        logits_indices: Arr<i64>,
+        sample_rows: Arr<i32>,
+        pool_indices: Arr<i32>,
+        block_table_rows: Arr<i32>,
+        block_table_cols: Arr<i32>,
+        block_table_ids: Arr<i32>,
+        new_rows: Arr<i32>,
+        new_seq_ids: Arr<u64>,
+        new_num_prompt_tokens: Arr<i32>,
+        new_token_offsets: Arr<i64>,
+        new_token_ids: Arr<i64>,
+        new_params: Py<PyList>,
+        freed_rows: Arr<i32>,
+        num_seqs: usize,
+        num_tokens: usize,
+        num_samples: usize,
+    }
+}
+
+impl PyStepPlan {
+    pub fn new(py: Python<'_>, p: StepPlan) -> PyResult<Self> {
+        let (num_seqs, num_tokens, num_samples) = (p.num_seqs(), p.num_tokens(), p.num_samples());
+        let StepPlan {
+            step_id,
+            rows,
+            num_scheduled_tokens,
+            query_start_loc,
+            seq_lens,
+            input_ids,
+            positions,
+            slot_mapping,
+            logits_indices,
+            sample_rows,
+            pool_indices,
+            block_table_rows,
+            block_table_cols,
+            block_table_ids,
+            new_rows,
+            new_seq_ids,
+            new_num_prompt_tokens,
+            mut new_token_offsets,
+            new_token_ids,
+            new_attachments,
+            freed_rows,
+        } = p;
+        if new_token_offsets.is_empty() {
+            new_token_offsets.push(0);
+        }
+        Ok(PyStepPlan {
+            step_id,
+            rows: arr(py, rows),
+            num_scheduled_tokens: arr(py, num_scheduled_tokens),
+            query_start_loc: arr(py, query_start_loc),
+            seq_lens: arr(py, seq_lens),
+            input_ids: arr(py, input_ids),
+            positions: arr(py, positions),
+            slot_mapping: arr(py, slot_mapping),
+            logits_indices: arr(py, logits_indices),
+            sample_rows: arr(py, sample_rows),
+            pool_indices: arr(py, pool_indices),
+            block_table_rows: arr(py, block_table_rows),
+            block_table_cols: arr(py, block_table_cols),
+            block_table_ids: arr(py, block_table_ids),
+            new_rows: arr(py, new_rows),
+            new_seq_ids: arr(py, new_seq_ids),
+            new_num_prompt_tokens: arr(py, new_num_prompt_tokens),
+            new_token_offsets: arr(py, new_token_offsets),
+            new_token_ids: arr(py, new_token_ids),
+            new_params: object_list(py, &new_attachments)?,
+            freed_rows: arr(py, freed_rows),
+            num_seqs,
+            num_tokens,
+            num_samples,
+        })
+    }
+}
+
+#[pymethods]
+impl PyStepPlan {
+    /// The attributes, in contract order.
+    #[classattr]
+    #[pyo3(name = "FIELDS")]
+    fn fields() -> Vec<&'static str> {
+        Self::FIELDS.to_vec()
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "StepPlan(step_id={}, seqs={}, tokens={}, samples={}, new={})",
+            self.step_id,
+            self.num_seqs,
+            self.num_tokens,
+            self.num_samples,
+            self.new_rows.bind(py).len()
+        )
+    }
+}
+
+data_class! {
+    /// What the output thread learns from one applied step result or from commands.
+    PyOutputEvent as "OutputEvent" {
+        step_id: Option<u64>,
+        seq_ids: Arr<u64>,
+        token_ids: Arr<i64>,
+        finished_seq_ids: Arr<u64>,
+        finish_reasons: Arr<u8>,
+        stop_token_ids: Arr<i64>,
+        num_prompt_tokens: Arr<i32>,
+        num_cached_tokens: Arr<i32>,
+        num_output_tokens: Arr<i32>,
+        num_preemptions: Arr<i32>,
+        step_result: Py<PyAny>,
+    }
+}
+
+impl PyOutputEvent {
+    pub fn new(py: Python<'_>, e: OutputEvent) -> PyResult<Self> {
+        let OutputEvent {
+            step_id,
+            seq_ids,
+            token_ids,
+            finished_seq_ids,
+            finish_reasons,
+            stop_token_ids,
+            num_prompt_tokens,
+            num_cached_tokens,
+            num_output_tokens,
+            num_preemptions,
+            step_attachment,
+        } = e;
+        Ok(PyOutputEvent {
+            step_id,
+            seq_ids: arr(py, seq_ids),
+            token_ids: arr(py, token_ids),
+            finished_seq_ids: arr(py, finished_seq_ids),
+            finish_reasons: arr(py, finish_reasons),
+            stop_token_ids: arr(py, stop_token_ids),
+            num_prompt_tokens: arr(py, num_prompt_tokens),
+            num_cached_tokens: arr(py, num_cached_tokens),
+            num_output_tokens: arr(py, num_output_tokens),
+            num_preemptions: arr(py, num_preemptions),
+            step_result: detach_object(py, step_attachment.as_ref()),
+        })
+    }
+}
+
+#[pymethods]
+impl PyOutputEvent {
+    /// The attributes, in contract order.
+    #[classattr]
+    #[pyo3(name = "FIELDS")]
+    fn fields() -> Vec<&'static str> {
+        Self::FIELDS.to_vec()
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "OutputEvent(step_id={:?}, tokens={}, finished={})",
+            self.step_id,
+            self.seq_ids.bind(py).len(),
+            self.finished_seq_ids.bind(py).len()
+        )
+    }
+}
+
+/// Reads sampled token ids from a 1-D int64 numpy array (fast path) or any sequence of ints.
+pub fn sampled_tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    if let Ok(a) = obj.cast::<PyArray1<i64>>() {
+        return Ok(a.readonly().as_slice()?.to_vec());
+    }
+    obj.extract::<Vec<i64>>()
+}

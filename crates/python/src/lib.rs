@@ -1,0 +1,72 @@
+//! pyengine's native extension, `pyengine._native`: the bindings of the scheduler core
+//! (`pyengine-sched`) and of the executor's CPU kernels (`pyengine-kernels`).
+//!
+//! One shared library (maturin builds one per project), two Python modules:
+//! `pyengine._sched` and `pyengine._kernels`, registered in `sys.modules` when the
+//! extension loads (`pyengine/__init__.py` imports it first), so the model code never
+//! imports "the scheduler" to normalise a hidden state. The bindings convert arguments
+//! into owned Rust values, call the core with the GIL released and its errors mapped
+//! (`gil.rs`, the one place that does both), and convert results back. No scheduling
+//! logic and no kernel code lives here.
+
+mod arrays;
+mod attachment;
+mod config;
+mod errors;
+mod gil;
+mod kernels;
+mod request;
+mod scheduler;
+mod thread;
+
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+/// The extension allocates through mimalloc: a plan's arrays are allocated every step and
+/// freed when Python drops them, and glibc's malloc turns such large, short-lived blocks
+/// into fresh mmaps and page faults at thousands of sequences.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The package version (the workspace's), exported as `pyengine.__version__`.
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("__version__", VERSION)?;
+    let sched = PyModule::new(py, "pyengine._sched")?;
+    add_sched(&sched)?;
+    let kernels = PyModule::new(py, "pyengine._kernels")?;
+    add_kernels(&kernels)?;
+    let modules = py.import("sys")?.getattr("modules")?;
+    for (name, module) in [("_sched", sched), ("_kernels", kernels)] {
+        modules.set_item(format!("pyengine.{name}"), &module)?;
+        m.add(name, module)?;
+    }
+    Ok(())
+}
+
+/// `pyengine._sched`: the scheduler, its thread, and the data that crosses it.
+fn add_sched(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", VERSION)?;
+    m.add("PLACEHOLDER_TOKEN", pyengine_sched::PLACEHOLDER_TOKEN)?;
+    m.add("FINISH_REASONS", PyTuple::new(m.py(), pyengine_sched::FINISH_REASONS)?)?;
+    m.add("THREAD_NAME", pyengine_sched::engine::THREAD_NAME)?;
+    m.add_class::<config::PySchedulerConfig>()?;
+    m.add_class::<request::PyRequest>()?;
+    m.add_class::<arrays::PyStepPlan>()?;
+    m.add_class::<arrays::PyOutputEvent>()?;
+    m.add_class::<scheduler::PyScheduler>()?;
+    m.add_class::<thread::PySchedulerThread>()?;
+    Ok(())
+}
+
+/// `pyengine._kernels`: the executor's CPU kernels over numpy views of torch tensors.
+fn add_kernels(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(kernels::paged_decode_attention, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::rms_norm, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::qk_norm_rope, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::release_openmp_workers, m)?)?;
+    Ok(())
+}

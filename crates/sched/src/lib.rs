@@ -1,0 +1,31 @@
+//! pyengine's scheduler core.
+//!
+//! A pure Rust crate: the paged KV [`block_pool`], the continuous-batching [`scheduler`],
+//! the [`plan`] it emits and the [`engine`] thread that runs it. It knows nothing of
+//! Python or of the model: the bindings (`crates/python`, the Python module
+//! `pyengine._sched`) only convert and call through, and the executor's CPU kernels live
+//! in their own crate (`crates/kernels`).
+
+pub mod attachment;
+pub mod block_hash;
+pub mod block_pool;
+pub mod config;
+pub mod engine;
+pub mod error;
+mod lru;
+pub mod plan;
+pub mod request;
+pub mod scheduler;
+pub mod sim;
+
+pub use attachment::Attachment;
+pub use block_pool::{BlockId, BlockPool, PoolUsage, PrefixCacheStats};
+pub use config::{Policy, SchedulerConfig};
+pub use engine::{EngineHandle, EngineStats};
+pub use error::{SchedError, SchedResult};
+pub use plan::{FinishReason, OutputEvent, StepPlan, FINISH_REASONS, PLACEHOLDER_TOKEN};
+pub use request::{RequestSpec, SeqId};
+pub use scheduler::{Scheduler, SchedulerCounters, SchedulerSnapshot};
+
+/// The crate version.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,75 @@
+"""Type stubs for ``pyengine._kernels``: the executor's native CPU kernels (Rust,
+``crates/kernels``), called on numpy views of torch tensors.
+
+Provided by the extension ``pyengine._native`` (``crates/python``). Every kernel runs
+with the GIL released; a refused argument raises ``pyengine.errors.KernelError``.
+"""
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["paged_decode_attention", "qk_norm_rope", "release_openmp_workers", "rms_norm"]
+
+def paged_decode_attention(
+    out: npt.NDArray[np.float32],
+    query: npt.NDArray[np.float32],
+    key_cache: npt.NDArray[np.float32],
+    value_cache: npt.NDArray[np.float32],
+    block_tables: npt.NDArray[np.int32],
+    seq_lens: npt.NDArray[np.int32],
+    scale: float,
+    num_threads: int = 1,
+) -> None:
+    """Single-query attention of each row over its paged context, written into ``out``.
+
+    ``query`` and ``out`` are ``[rows, heads, head_dim]``; the caches are one layer's
+    ``[num_blocks, block_size, kv_heads, head_dim]``; row r attends to the first
+    ``seq_lens[r]`` slots named by ``block_tables[r]`` (``[rows, width]``), with scores
+    ``q . k * scale``. All arrays C-contiguous. Runs with the GIL released, on
+    ``num_threads`` threads (PyTorch's OpenMP team when libgomp is loaded). Raises
+    ``KernelError`` (a ``ValueError``) for inconsistent shapes, lengths beyond a table or unknown block ids.
+    """
+
+def rms_norm(
+    out: npt.NDArray[np.float32],
+    x: npt.NDArray[np.float32],
+    weight: npt.NDArray[np.float32],
+    eps: float,
+    residual: npt.NDArray[np.float32] | None = None,
+    num_threads: int = 1,
+) -> None:
+    """RMSNorm of every row of ``x`` (rows of ``len(weight)`` floats) into ``out``:
+    ``x / sqrt(mean(x^2) + eps) * weight``. With ``residual`` (``x``'s shape), first
+    ``residual += x`` in place and the norm is of the sum. All arrays C-contiguous; runs
+    with the GIL released, on up to ``num_threads`` threads for large calls. Raises
+    ``KernelError`` (a ``ValueError``) for arrays that are not whole rows or do not match.
+    """
+
+def qk_norm_rope(
+    qkv: npt.NDArray[np.float32],
+    cos: npt.NDArray[np.float32],
+    sin: npt.NDArray[np.float32],
+    q_heads: int,
+    k_heads: int,
+    q_norm_weight: npt.NDArray[np.float32] | None = None,
+    k_norm_weight: npt.NDArray[np.float32] | None = None,
+    eps: float = 1e-6,
+    num_threads: int = 1,
+) -> None:
+    """In place on a fused q/k/v projection ``qkv`` (``[tokens, row_stride]``: q heads, then
+    k heads, then v heads, each ``head_dim`` wide): RMSNorm of every q and k head by its
+    weight when given (Qwen3), then the rotary embedding (rotate-half layout) by ``cos``
+    and ``sin`` (``[tokens, head_dim]``, each half repeating the other). v is untouched.
+    All arrays C-contiguous; GIL released. Raises ``KernelError`` (a ``ValueError``) for inconsistent shapes.
+    """
+
+def release_openmp_workers() -> bool:
+    """Frees the idle OpenMP worker threads of the calling thread's team (libgomp's
+    ``omp_pause_resource_all``); the next parallel region on this thread starts new ones.
+
+    libgomp cuts its workers' spin-wait to almost nothing while it manages more worker
+    threads than there are CPUs, idle teams of other threads included; the executor
+    thread's team then sleeps and wakes on a futex around every PyTorch operator. The
+    engine calls this on the threads that load the model and add requests. Returns
+    False when libgomp is not loaded or did not release (inside a parallel region).
+    """
