@@ -2,21 +2,26 @@
 
 The output thread hands each output to the caller's loop with
 ``loop.call_soon_threadsafe``; cancelling the consuming task (or leaving the ``async for``
-early) aborts the request.
+early) aborts the request. It is the in-process ``EngineClient``: the server sees only
+that interface, never the ``EngineCore`` behind ``self.engine``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+import sys
+import traceback
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from pyengine._sched import THREAD_NAME as SCHED_THREAD_NAME
 from pyengine.config import EngineConfig
 from pyengine.engine.core import EngineCore
 from pyengine.engine.request_state import AnyOutput, OutputKind
-from pyengine.outputs import EmbeddingRequestOutput, EngineStats, RequestOutput
+from pyengine.engine_client import EngineClient
+from pyengine.outputs import EmbeddingRequestOutput, EngineHealth, EngineStats, RequestOutput, ThreadStack
 from pyengine.prompts import PromptType, normalize_prompt
 from pyengine.sampling_params import PoolingParams, SamplingParams
 
@@ -41,8 +46,10 @@ class _LoopSink:
         self._deliver(error)
 
 
-class AsyncEngine:
-    """The engine for asyncio programs: ``async for out in engine.generate(...)``."""
+class AsyncEngine(EngineClient):
+    """The engine for asyncio programs: ``async for out in engine.generate(...)``.
+    ``engine`` is the ``EngineCore`` (for tests and offline use; servers use the
+    ``EngineClient`` methods only)."""
 
     def __init__(self, model: Optional[Union[str, Path]] = None, **engine_args: Any) -> None:
         self.config = EngineConfig.from_kwargs(model, **engine_args)
@@ -56,9 +63,10 @@ class AsyncEngine:
         engine.config, engine.engine, engine._auto_ids = core.config, core, itertools.count()
         return engine
 
-    @property
-    def tokenizer(self) -> Any:
-        return self.engine.tokenizer
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> AsyncEngine:
+        """Builds the engine from an already validated config (the CLI's)."""
+        return cls.from_engine_core(EngineCore(config))
 
     async def generate(
         self,
@@ -106,12 +114,68 @@ class AsyncEngine:
         """Aborts a request; its stream ends with ``finish_reason == "abort"``."""
         self.engine.abort(request_id)
 
-    def stats(self) -> EngineStats:
-        return self.engine.stats()
+    # ---- the model and its text (EngineClient) ----
+
+    @property
+    def model_path(self) -> str:
+        return str(self.engine.model_path)
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.engine.max_model_len)
+
+    @property
+    def vocab_size(self) -> Optional[int]:
+        if self.engine.vocab_size:
+            return int(self.engine.vocab_size)
+        tokenizer = self.engine.tokenizer
+        return tokenizer.get_vocab_size() if tokenizer is not None else None
+
+    @property
+    def max_logprobs(self) -> int:
+        return int(self.config.max_logprobs)
+
+    @property
+    def tokenizer_config(self) -> dict[str, Any]:
+        return self.engine.tokenizer_config
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def token_bytes(self) -> Optional[Sequence[bytes]]:
+        return getattr(self.engine.decode_table, "token_bytes", None)
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if add_special_tokens or self.engine.tokenizer is None:
+            return self.engine.tokenize(text)  # the engine's own (and its error without a tokenizer)
+        return list(self.engine.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.engine.decode(token_ids, skip_special_tokens)
+
+    # ---- health, figures, lifetime (EngineClient) ----
+
+    def health(self) -> EngineHealth:
+        pending = self.engine.num_unfinished()
+        return EngineHealth(self.engine.dead_reason(), self.engine.steps_executed, pending)
 
     @property
     def is_alive(self) -> bool:
-        return self.engine.is_alive
+        return self.engine.is_alive  # also False once shut down
+
+    def thread_stacks(self) -> list[ThreadStack]:
+        frames = sys._current_frames()
+        out = [ThreadStack(SCHED_THREAD_NAME, "scheduler", native=True)]
+        for role, thread in self.engine.python_threads.items():
+            frame = frames.get(thread.ident) if thread.ident is not None and thread.is_alive() else None
+            stack = traceback.format_stack(frame) if frame is not None else None
+            out.append(ThreadStack(thread.name, role, native=False, native_id=thread.native_id, stack=stack))
+        return out
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
 
     def shutdown(self, timeout: float = 10.0) -> None:
         self.engine.shutdown(timeout)

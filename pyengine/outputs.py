@@ -8,6 +8,11 @@ from typing import Optional, Union
 # One dict per generated token: token id -> its log-probability (top-k plus the sampled one).
 SampleLogprobs = list[dict[int, float]]
 
+# Tokens that top-k / top-p / min-p excluded have a log-probability of -inf, which JSON
+# cannot carry; like vLLM's server we report them as this floor. Here, not in the output
+# thread's module, because both sides of the EngineClient interface read it.
+LOGPROB_FLOOR = -9999.0
+
 
 @dataclass
 class CompletionOutput:
@@ -97,3 +102,33 @@ class EngineStats:
     # Executor waits for a plan while requests were live (pipeline bubbles).
     pipeline_bubble_s: float = 0.0
     pipeline_bubbles: int = 0
+
+
+@dataclass(frozen=True)
+class EngineHealth:
+    """One look at whether the engine is serving and moving, for /health's watchdog.
+
+    ``steps`` only grows (executor steps finished); the watchdog calls the engine stalled
+    when it stays put while ``num_unfinished`` requests wait. Plain data, so that a client
+    in another process can hand it over as it is."""
+
+    dead_reason: Optional[str]  # why the engine can no longer serve; None while it can
+    steps: int
+    num_unfinished: int
+
+    @property
+    def alive(self) -> bool:
+        return self.dead_reason is None
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    """One engine thread as the stall watchdog logs it: ``role`` is "scheduler",
+    "executor" or "output"; ``stack`` holds ``traceback.format_stack`` lines, None for a
+    native thread (the Rust scheduler has no Python frames) or one that is not running."""
+
+    name: str
+    role: str
+    native: bool
+    native_id: Optional[int] = None
+    stack: Optional[list[str]] = None

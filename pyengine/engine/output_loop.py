@@ -19,6 +19,7 @@ from pyengine.engine.registry import SequenceRegistry
 from pyengine.engine.request_state import RequestState
 from pyengine.engine.thread_names import name_current_thread
 from pyengine.errors import EngineDeadError, EngineError
+from pyengine.outputs import LOGPROB_FLOOR
 from pyengine.sampling_params import PoolingParams
 
 logger = logging.getLogger(__name__)
@@ -172,11 +173,6 @@ class OutputLoop:
                 state.failed = True
                 self.registry.forget_request(state)
                 state.sink.fail(error)
-
-
-# Tokens that top-k / top-p / min-p excluded have a log-probability of -inf, which JSON
-# cannot carry; like vLLM's server we report them as this floor.
-LOGPROB_FLOOR = -9999.0
 
 
 def _logprob_dict(lp, i: int, token: int) -> dict[int, float]:

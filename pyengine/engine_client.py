@@ -1,0 +1,137 @@
+"""``EngineClient``: the one interface between a front end (the HTTP server) and an engine.
+
+The server holds an ``EngineClient`` and nothing else of the engine: no ``EngineCore``,
+no executor, no thread objects. Today ``AsyncEngine`` implements it in-process; the next
+step runs the engine core in its own process behind a second implementation that talks
+over zmq. So everything that crosses this interface is plain data that such a client can
+serialise (``RequestOutput``, ``EngineStats``, ``EngineHealth``, ``ThreadStack``, ints,
+strings, dicts), and the tokenizer is the front end's own (the design puts tokenization
+and chat templates in the front-end process).
+
+An ``abc.ABC`` rather than a ``typing.Protocol``: there are exactly two implementations,
+both written on purpose, and an abstract base makes a forgotten method fail when the
+client is built instead of when a request first needs it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Optional
+
+from pyengine.engine.request_state import OutputKind
+from pyengine.outputs import EmbeddingRequestOutput, EngineHealth, EngineStats, RequestOutput, ThreadStack
+from pyengine.prompts import PromptType
+from pyengine.sampling_params import PoolingParams, SamplingParams
+
+
+class EngineClient(ABC):
+    """What a front end may ask of an engine. Methods that may wait on the engine
+    (``stats``, ``thread_stacks``) are synchronous: call them off the event loop."""
+
+    # ---- requests ----
+
+    @abstractmethod
+    def generate(
+        self,
+        prompt: PromptType,
+        sampling_params: Optional[SamplingParams] = None,
+        request_id: Optional[str] = None,
+        *,
+        output_kind: OutputKind = "cumulative",
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """Streams one request's outputs (an async generator). Raises the engine's error if
+        the request is refused or fails; leaving the iteration early aborts the request."""
+
+    @abstractmethod
+    async def embed(self, prompt: PromptType, pooling_params: Optional[PoolingParams] = None,
+                    request_id: Optional[str] = None) -> EmbeddingRequestOutput:
+        """The pooled vector of one prompt; cancelling the call aborts the request."""
+
+    @abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """Aborts a request at any stage; unknown or finished ids are ignored."""
+
+    # ---- the model, as the front end needs it ----
+
+    @property
+    @abstractmethod
+    def model_path(self) -> str:
+        """Where the model came from (a checkpoint folder; ``<synthetic>`` for a fake)."""
+
+    @property
+    @abstractmethod
+    def max_model_len(self) -> int:
+        """Prompt plus generated tokens one request may hold."""
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> Optional[int]:
+        """Token ids must be below this (a larger one would fail the whole batch's step);
+        None when neither the model nor a tokenizer says."""
+
+    @property
+    @abstractmethod
+    def max_logprobs(self) -> int:
+        """The most log-probabilities a request may ask for per token."""
+
+    @property
+    @abstractmethod
+    def tokenizer_config(self) -> dict[str, Any]:
+        """The checkpoint's ``tokenizer_config.json`` ({} without one): the chat template
+        and the special tokens it refers to."""
+
+    @property
+    def chat_template(self) -> Optional[Any]:
+        """The raw ``chat_template`` entry (a string, or a list of named templates), or None."""
+        return self.tokenizer_config.get("chat_template")
+
+    # ---- text ----
+
+    @property
+    @abstractmethod
+    def tokenizer(self) -> Optional[Any]:
+        """The ``tokenizers.Tokenizer`` (None for a checkpoint without one). The front end
+        owns it: tokenizing never waits for the engine."""
+
+    @property
+    @abstractmethod
+    def token_bytes(self) -> Optional[Sequence[bytes]]:
+        """Each token id's exact bytes (the engine's decode table), or None. Logprobs show
+        them: a token may be half of a UTF-8 character."""
+
+    @abstractmethod
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``; ``InvalidRequestError`` without a tokenizer."""
+
+    @abstractmethod
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``token_ids`` ("" without a tokenizer)."""
+
+    # ---- health, figures, lifetime ----
+
+    @abstractmethod
+    def health(self) -> EngineHealth:
+        """Dead or alive, steps finished and requests pending: cheap, called every
+        watchdog tick."""
+
+    @property
+    def is_alive(self) -> bool:
+        return self.health().alive
+
+    @abstractmethod
+    def thread_stacks(self) -> list[ThreadStack]:
+        """The engine's threads (scheduler, executor, output) with their Python stacks
+        now, for the stall watchdog's one dump."""
+
+    @abstractmethod
+    def stats(self) -> EngineStats:
+        """A snapshot of the engine's figures; ``EngineError`` once it is dead."""
+
+    @abstractmethod
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stops the engine; requests still running fail with ``EngineDeadError``."""
+
+
+__all__ = ["EngineClient", "EngineHealth", "ThreadStack", "OutputKind"]
