@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from pyengine._sched import __version__
-from pyengine.async_engine import AsyncEngine
+from pyengine.engine_client import EngineClient
 from pyengine.server import chat, completions, embeddings, info
 from pyengine.server.args import ServerArgs
 from pyengine.server.chat_template import ChatTemplate
@@ -27,22 +27,21 @@ from pyengine.server.stats_log import log_stats_forever
 from pyengine.server.tokens import TokenText
 
 
-def build_context(engine: AsyncEngine, args: ServerArgs) -> ServerContext:
-    core = engine.engine
-    tokenizer_config = getattr(core.runner.loaded, "tokenizer_config", None) or {}
+def build_context(engine: EngineClient, args: ServerArgs) -> ServerContext:
     return ServerContext(
         engine=engine,
         args=args,
-        metrics=ServerMetrics(core, args.model_name),
-        monitor=ProgressMonitor(core, args.stall_timeout),
-        token_text=TokenText(core.tokenizer, core.decode_table),
+        metrics=ServerMetrics(engine, args.model_name),
+        monitor=ProgressMonitor(engine, args.stall_timeout),
+        token_text=TokenText(engine.tokenizer, engine.token_bytes),
         logger=get_logger(model=args.model_name),
-        chat_template=ChatTemplate.from_tokenizer_config(tokenizer_config),
+        chat_template=ChatTemplate.from_tokenizer_config(engine.tokenizer_config),
     )
 
 
-def create_app(engine: AsyncEngine, args: ServerArgs) -> FastAPI:
-    """The OpenAI-compatible app serving ``engine`` under ``args.model_name``."""
+def create_app(engine: EngineClient, args: ServerArgs) -> FastAPI:
+    """The OpenAI-compatible app serving ``engine`` (an ``AsyncEngine``, or any other
+    ``EngineClient``) under ``args.model_name``."""
     ctx = build_context(engine, args)
     watchdog = Watchdog(ctx.monitor, args.watchdog_interval, ctx.logger)
 
@@ -51,7 +50,7 @@ def create_app(engine: AsyncEngine, args: ServerArgs) -> FastAPI:
         ctx.background.append(asyncio.ensure_future(watchdog.run()))
         if args.stats_interval > 0:
             ctx.background.append(asyncio.ensure_future(log_stats_forever(ctx, args.stats_interval)))
-        ctx.logger.info("server ready", model_path=str(ctx.core.model_path), max_model_len=ctx.max_model_len,
+        ctx.logger.info("server ready", model_path=ctx.engine.model_path, max_model_len=ctx.max_model_len,
                         chat_template=ctx.chat_template is not None, api_key=args.api_key is not None)
         try:
             yield

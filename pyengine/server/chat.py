@@ -11,7 +11,7 @@ from typing import Optional, Union
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from pyengine.engine.output_loop import LOGPROB_FLOOR
+from pyengine.outputs import LOGPROB_FLOOR
 from pyengine.server.choices import ChoiceDelta, ChoiceTracker
 from pyengine.server.context import Context, ServerContext
 from pyengine.server.errors import bad_request, to_api_error
@@ -52,12 +52,12 @@ def render_prompt(ctx: ServerContext, body: ChatCompletionRequest) -> list[int]:
     if ctx.chat_template is None:
         raise bad_request("this model has no chat template (no chat_template in tokenizer_config.json); "
                           "use /v1/completions", "messages", "chat_template_missing")
-    if ctx.core.tokenizer is None:
+    if ctx.engine.tokenizer is None:
         raise bad_request("this model has no tokenizer; use /v1/completions with token ids", "messages")
     messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
                 for m in body.messages]
     text = ctx.chat_template.render(messages, body.add_generation_prompt, body.chat_template_kwargs)
-    return list(ctx.core.tokenizer.encode(text, add_special_tokens=False).ids)
+    return ctx.engine.tokenize(text, add_special_tokens=False)
 
 
 @router.post("/v1/chat/completions", response_model=None)

@@ -80,13 +80,12 @@ def main(argv: list[str]) -> int:
     import uvicorn
 
     from pyengine.async_engine import AsyncEngine
-    from pyengine.engine.core import EngineCore
     from pyengine.server.app import create_app
     from pyengine.server.logs import configure_logging
 
     listener = configure_logging(args.log_format, args.log_level)
     try:
-        engine = AsyncEngine.from_engine_core(EngineCore(config))
+        engine = AsyncEngine.from_config(config)
         try:
             app = create_app(engine, args)
             server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,

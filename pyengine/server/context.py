@@ -1,5 +1,6 @@
 """``ServerContext``: what every handler needs, built once per app by ``create_app``
-(stored on ``app.state``; nothing lives at module level)."""
+(stored on ``app.state``; nothing lives at module level). The engine is an
+``EngineClient`` and only that: the server never reaches into the engine's objects."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ from typing import Annotated, Any, Optional
 
 from fastapi import Depends, Request
 
-from pyengine.async_engine import AsyncEngine
-from pyengine.engine.core import EngineCore
+from pyengine.engine_client import EngineClient
 from pyengine.server.args import ServerArgs
 from pyengine.server.errors import APIError, bad_request
 from pyengine.server.health import ProgressMonitor
@@ -20,7 +20,7 @@ from pyengine.server.tokens import TokenText
 
 @dataclass
 class ServerContext:
-    engine: AsyncEngine
+    engine: EngineClient
     args: ServerArgs
     metrics: ServerMetrics
     monitor: ProgressMonitor
@@ -30,12 +30,8 @@ class ServerContext:
     background: list[Any] = field(default_factory=list)  # asyncio tasks started by the lifespan
 
     @property
-    def core(self) -> EngineCore:
-        return self.engine.engine
-
-    @property
     def max_model_len(self) -> int:
-        return int(self.core.max_model_len)
+        return self.engine.max_model_len
 
     def check_model(self, model: Optional[str]) -> None:
         """A request may name this server's model or none; anything else is a 400."""
@@ -44,7 +40,7 @@ class ServerContext:
                               "model", "model_not_found")
 
     def check_alive(self) -> None:
-        reason = self.core.dead_reason()
+        reason = self.engine.health().dead_reason
         if reason is not None:
             raise APIError(503, f"the engine cannot serve: {reason}", code="engine_dead")
 

@@ -16,7 +16,7 @@ from typing import Optional, Union
 
 from starlette.requests import Request
 
-from pyengine.async_engine import AsyncEngine
+from pyengine.engine_client import EngineClient
 from pyengine.outputs import RequestOutput
 from pyengine.sampling_params import SamplingParams
 
@@ -31,7 +31,7 @@ _Item = Union[tuple[int, RequestOutput], BaseException]
 class GenerationSet:
     """Engine requests ``{request_id}-{i}`` for each prompt ``i``, consumed together."""
 
-    def __init__(self, engine: AsyncEngine, prompts: Sequence[list[int]], params: SamplingParams,
+    def __init__(self, engine: EngineClient, prompts: Sequence[list[int]], params: SamplingParams,
                  request_id: str) -> None:
         self.engine = engine
         self.prompts = list(prompts)

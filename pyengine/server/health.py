@@ -1,28 +1,23 @@
 """``/health`` and its watchdog: healthy means alive *and* making progress.
 
-The engine is unhealthy when a thread died (``EngineCore.dead_reason``) or when requests
+The engine is unhealthy when a thread died (``EngineHealth.dead_reason``) or when requests
 are pending and no executor step has finished for ``stall_timeout`` seconds. The
 watchdog looks every ``watchdog_interval`` seconds; on entering a stall it logs, once,
-which thread looks stuck and the three threads' state: the Python stacks of
-``pyengine-exec`` and ``pyengine-output`` (``sys._current_frames``) and, for the native
-``pyengine-sched``, its queue depths and busy / idle figures from the engine's stats.
+which thread looks stuck and the three threads' state: the Python stacks of the executor
+and output threads (``EngineClient.thread_stacks``) and, for the native scheduler, its
+queue depths and busy / idle figures from the engine's stats. Everything comes through
+the ``EngineClient``: thread names included, so nothing here knows the engine's modules.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
-import threading
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from pyengine.engine.core import EngineCore
-from pyengine.engine.executor_loop import EXEC_THREAD_NAME
-from pyengine.engine.output_loop import OUTPUT_THREAD_NAME
-
-SCHED_THREAD_NAME = "pyengine-sched"
+from pyengine.engine_client import EngineClient
+from pyengine.outputs import ThreadStack
 
 
 @dataclass(frozen=True)
@@ -49,35 +44,26 @@ class Health:
 class ProgressMonitor:
     """Tracks when the executor last finished a step (or had nothing to do)."""
 
-    def __init__(self, core: EngineCore, stall_timeout: float) -> None:
-        self.core = core
+    def __init__(self, engine: EngineClient, stall_timeout: float) -> None:
+        self.engine = engine
         self.stall_timeout = stall_timeout
-        self._steps = core.executor.step_times.count
+        self._steps = engine.health().steps
         self._last_progress = time.monotonic()
 
     def check(self) -> Health:
         now = time.monotonic()
-        pending = self.core.num_unfinished()
-        dead = self.core.dead_reason()
-        if dead is not None:
-            return Health("dead", dead, pending)
-        steps = self.core.executor.step_times.count
-        if steps != self._steps or pending == 0:
-            self._steps = steps
+        seen = self.engine.health()
+        pending = seen.num_unfinished
+        if seen.dead_reason is not None:
+            return Health("dead", seen.dead_reason, pending)
+        if seen.steps != self._steps or pending == 0:
+            self._steps = seen.steps
             self._last_progress = now
         since = now - self._last_progress
         if since > self.stall_timeout:
             return Health("stalled", f"{pending} request(s) pending and no step finished for {since:.1f}s",
                           pending, since)
         return Health("ok", None, pending, since)
-
-
-def _python_stack(name: str) -> Optional[list[str]]:
-    frames = sys._current_frames()
-    for thread in threading.enumerate():
-        if thread.name == name and thread.ident in frames:
-            return traceback.format_stack(frames[thread.ident])
-    return None
 
 
 def _innermost_engine_function(stack: Optional[list[str]]) -> str:
@@ -89,17 +75,22 @@ def _innermost_engine_function(stack: Optional[list[str]]) -> str:
     return ""
 
 
-def diagnose(core: EngineCore) -> dict[str, Any]:
+def _by_role(threads: list[ThreadStack], role: str) -> ThreadStack:
+    """The thread playing ``role``; a client that lists none gets a stand-in without frames."""
+    return next((t for t in threads if t.role == role), ThreadStack(role, role, native=role == "scheduler"))
+
+
+def diagnose(engine: EngineClient) -> dict[str, Any]:
     """Which thread looks stuck, the native scheduler's figures, and a ``stack`` text with
     the Python stacks of the executor and output threads, for the stall log line."""
-    exec_stack = _python_stack(EXEC_THREAD_NAME)
-    output_stack = _python_stack(OUTPUT_THREAD_NAME)
-    exec_fn = _innermost_engine_function(exec_stack)
-    output_fn = _innermost_engine_function(output_stack)
+    threads = engine.thread_stacks()
+    sched_t, exec_t, output_t = (_by_role(threads, r) for r in ("scheduler", "executor", "output"))
+    exec_fn = _innermost_engine_function(exec_t.stack)
+    output_fn = _innermost_engine_function(output_t.stack)
     sched: dict[str, Any] = {"native": True, "note": "Rust thread: no Python frames"}
     try:
-        stats = core.stats()
-        sched.update(stats.threads.get(SCHED_THREAD_NAME, {}))
+        stats = engine.stats()
+        sched.update(stats.threads.get(sched_t.name, {}))
         sched["queue_depths"] = stats.queue_depths
         sched["running"], sched["waiting"] = stats.num_running, stats.num_waiting
         sched["steps_planned"] = stats.scheduler.get("steps_planned")
@@ -107,17 +98,17 @@ def diagnose(core: EngineCore) -> dict[str, Any]:
     except Exception as error:  # noqa: BLE001 - a stuck or dead scheduler may not answer
         sched["stats_error"] = repr(error)
     if exec_fn not in ("", "run"):
-        stuck = f"{EXEC_THREAD_NAME} (inside {exec_fn}: a step that does not return)"
+        stuck = f"{exec_t.name} (inside {exec_fn}: a step that does not return)"
     elif output_fn not in ("", "run"):
-        stuck = f"{OUTPUT_THREAD_NAME} (inside {output_fn})"
+        stuck = f"{output_t.name} (inside {output_fn})"
     else:
-        stuck = f"{SCHED_THREAD_NAME} (the executor and output threads wait for it; see its queue depths)"
+        stuck = f"{sched_t.name} (the executor and output threads wait for it; see its queue depths)"
     missing = ["<no Python frames: thread not running>\n"]
     # One "stack" text: structlog's console renderer prints it below the line, as is.
-    stack = (f"--- {EXEC_THREAD_NAME} (Python)\n{''.join(exec_stack or missing)}"
-             f"--- {OUTPUT_THREAD_NAME} (Python)\n{''.join(output_stack or missing)}"
-             f"--- {SCHED_THREAD_NAME} (native Rust thread, no Python frames)\n{sched}\n")
-    return {"stuck_thread": stuck, SCHED_THREAD_NAME: sched, "stack": stack}
+    stack = (f"--- {exec_t.name} (Python)\n{''.join(exec_t.stack or missing)}"
+             f"--- {output_t.name} (Python)\n{''.join(output_t.stack or missing)}"
+             f"--- {sched_t.name} (native Rust thread, no Python frames)\n{sched}\n")
+    return {"stuck_thread": stuck, sched_t.name: sched, "stack": stack}
 
 
 class Watchdog:
@@ -142,7 +133,7 @@ class Watchdog:
     async def step(self) -> Health:
         health = self.monitor.check()
         if health.status != "ok" and self.last.status == "ok":
-            details = await asyncio.to_thread(diagnose, self.monitor.core)
+            details = await asyncio.to_thread(diagnose, self.monitor.engine)
             self.dumps += 1
             self.logger.error("engine unhealthy", status=health.status, reason=health.reason,
                               pending_requests=health.pending_requests, **details)

@@ -17,7 +17,7 @@ router = APIRouter()
 
 @router.get("/v1/models")
 async def list_models(ctx: Context) -> ModelList:
-    card = ModelCard(id=ctx.args.model_name, root=str(ctx.core.model_path), max_model_len=ctx.max_model_len)
+    card = ModelCard(id=ctx.args.model_name, root=ctx.engine.model_path, max_model_len=ctx.max_model_len)
     return ModelList(data=[card])
 
 

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from pyengine.engine.core import EngineCore
+from pyengine.engine_client import EngineClient
 from pyengine.errors import EngineError
 from pyengine.outputs import RequestMetrics, RequestOutput
 
@@ -34,15 +34,15 @@ _REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.
 
 
 class EngineCollector(Collector):
-    """Engine-wide figures, read from ``EngineCore.stats()`` when scraped."""
+    """Engine-wide figures, read from ``EngineClient.stats()`` when scraped."""
 
-    def __init__(self, core: EngineCore, model_name: str) -> None:
-        self.core = core
+    def __init__(self, engine: EngineClient, model_name: str) -> None:
+        self.engine = engine
         self.model_name = model_name
 
     def collect(self) -> Iterator[Metric]:
         try:
-            s = self.core.stats()
+            s = self.engine.stats()
         except EngineError:
             return  # a dead engine has no figures; /health says why
         m = self.model_name
@@ -116,7 +116,7 @@ class InterTokenTimer:
 class ServerMetrics:
     """The app's registry and the per-request metrics observed by the handlers."""
 
-    def __init__(self, core: EngineCore, model_name: str) -> None:
+    def __init__(self, engine: EngineClient, model_name: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
         labels = ["model_name"]
@@ -139,7 +139,7 @@ class ServerMetrics:
                                    "client went away.", labels, registry=self.registry)
         self.http_errors = Counter("pyengine:http_request_errors", "Requests answered with an error status.",
                                    ["model_name", "status"], registry=self.registry)
-        self.registry.register(EngineCollector(core, model_name))
+        self.registry.register(EngineCollector(engine, model_name))
 
     def itl_timer(self) -> InterTokenTimer:
         return InterTokenTimer(self.itl.labels(self.model_name))

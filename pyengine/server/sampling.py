@@ -24,7 +24,7 @@ def sampling_params(ctx: ServerContext, req: SamplingFields, *, max_tokens: Opti
         raise bad_request(f"n must be <= {ctx.args.max_n}, got {req.n}", "n")
     if req.logit_bias:
         raise bad_request("logit_bias is not supported", "logit_bias")
-    max_logprobs = ctx.core.config.max_logprobs
+    max_logprobs = ctx.engine.max_logprobs
     if logprobs is not None and logprobs > max_logprobs:
         raise bad_request(f"{renames.get('logprobs', 'logprobs')} must be <= {max_logprobs}, got {logprobs}",
                           renames.get("logprobs", "logprobs"))
@@ -52,11 +52,11 @@ def tokenize_prompts(ctx: ServerContext, prompt: Union[str, list[Any]], param: s
     if not items:
         raise bad_request(f"{param} must not be empty", param)
     out: list[tuple[Optional[str], list[int]]] = []
-    vocab = _vocab_size(ctx)
+    vocab = ctx.engine.vocab_size  # ids at or beyond it would fail the whole batch's step
     for item in items:
         if isinstance(item, str):
             try:
-                out.append((item, ctx.core.tokenize(item)))
+                out.append((item, ctx.engine.tokenize(item)))
             except InvalidRequestError as error:
                 raise bad_request(str(error), param) from None
         else:
@@ -65,16 +65,6 @@ def tokenize_prompts(ctx: ServerContext, prompt: Union[str, list[Any]], param: s
                 raise bad_request(f"{param} holds token ids beyond the vocabulary ({vocab})", param)
             out.append((None, ids))
     return out
-
-
-def _vocab_size(ctx: ServerContext) -> Optional[int]:
-    """The model's vocabulary (ids at or beyond it would fail the whole batch's step)."""
-    config = getattr(ctx.core.runner.loaded, "config", None)
-    vocab = getattr(config, "vocab_size", None)
-    if vocab:
-        return int(vocab)
-    tokenizer = ctx.core.tokenizer
-    return tokenizer.get_vocab_size() if tokenizer is not None else None
 
 
 def check_length(ctx: ServerContext, prompt_len: int, max_tokens: Optional[int], prompt_param: str,

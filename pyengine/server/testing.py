@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from pyengine.async_engine import AsyncEngine
+from pyengine.engine_client import EngineClient
 from pyengine.server.app import create_app
 from pyengine.server.args import ServerArgs
 
@@ -18,7 +18,7 @@ class LiveServer:
 
     The engine is the caller's: it is not shut down here."""
 
-    def __init__(self, engine: AsyncEngine, args: Optional[ServerArgs] = None, host: str = "127.0.0.1",
+    def __init__(self, engine: EngineClient, args: Optional[ServerArgs] = None, host: str = "127.0.0.1",
                  port: int = 0, start_timeout: float = 30.0) -> None:
         import uvicorn
 

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Optional
 
 
 class TokenText:
-    """Per-token text and bytes, from the engine's decode table when it has one
+    """Per-token text and bytes, from the engine's byte table when it has one
     (exact bytes, even for a token that is half of a UTF-8 character), else from the
     tokenizer. Results are cached per id."""
 
-    def __init__(self, tokenizer: Optional[Any], decode_table: Optional[Any]) -> None:
+    def __init__(self, tokenizer: Optional[Any], token_bytes: Optional[Sequence[bytes]]) -> None:
         self.tokenizer = tokenizer
-        self.table = getattr(decode_table, "token_bytes", None)
+        self.table = token_bytes
         self._cache: dict[int, tuple[str, bytes]] = {}
 
     def _lookup(self, token_id: int) -> tuple[str, bytes]:
