@@ -83,7 +83,7 @@ class PagedDecode:
     def _run(self) -> float:
         plan = self.planner.next_plan()  # planning is the scheduler's job: not timed
         start = time.perf_counter()
-        out = self.runner.execute(plan, self.planner.params)
+        out = self.runner.execute(plan)
         elapsed = time.perf_counter() - start
         self.planner.record(plan, out.sampled_token_ids)
         return elapsed
@@ -137,7 +137,7 @@ def bench_prefill(folder: Path, repeats: int) -> tuple[float, float]:
             planner.add(prompt, SamplingParams(temperature=0.0))
         plan = planner.next_plan()
         start = time.perf_counter()
-        runner.execute(plan, planner.params)
+        runner.execute(plan)
         paged.append(time.perf_counter() - start)
         cache = ContiguousKVCache(runner.model, PREFILL_PROMPTS, PREFILL_LENGTH)
         start = time.perf_counter()

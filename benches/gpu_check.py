@@ -63,7 +63,7 @@ def greedy_tokens(runner: ModelRunner, prompts: list[list[int]], steps: int, chu
     ids = [planner.add(p, SamplingParams(temperature=0.0)) for p in prompts]
     for _ in range(steps):
         plan = planner.next_plan(max_chunk=chunk)
-        planner.record(plan, runner.execute(plan, planner.params).sampled_token_ids)
+        planner.record(plan, runner.execute(plan).sampled_token_ids)
     return [planner.output_tokens(i) for i in ids]
 
 
@@ -149,7 +149,7 @@ def decode_timing(
     prefill_start = time.perf_counter()
     while any(len(planner.output_tokens(i)) == 0 for i in range(1, batch + 1)):
         plan = planner.next_plan(max_tokens=8192)
-        planner.record(plan, runner.execute(plan, planner.params).sampled_token_ids)
+        planner.record(plan, runner.execute(plan).sampled_token_ids)
     if device == "cuda":
         torch.cuda.synchronize()
     prefill_s = time.perf_counter() - prefill_start
@@ -157,7 +157,7 @@ def decode_timing(
     for _ in range(steps + 3):
         plan = planner.next_plan()
         start = time.perf_counter()
-        out = runner.execute(plan, planner.params)  # returns host arrays: includes the sync
+        out = runner.execute(plan)  # returns host arrays: includes the sync
         times.append(time.perf_counter() - start)
         planner.record(plan, out.sampled_token_ids)
     step_ms = statistics.median(times[3:]) * 1e3

@@ -6,7 +6,7 @@ submitted, and the executor installs them once into its persistent per-row table
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Optional, Union
 
 _MAX_SEED = 2**63 - 1
@@ -137,3 +137,10 @@ class PoolingParams:
 def _check(ok: bool, name: str, requirement: str, value: object) -> None:
     if not ok:
         raise ValueError(f"{name} {requirement}, got {value!r}")
+
+def sample_params(params: Union[SamplingParams, PoolingParams], index: int) -> Union[SamplingParams, PoolingParams]:
+    """Parameters of sample ``index``: a seeded request's samples get seeds seed, seed+1, ...
+    so that they differ from each other and stay reproducible."""
+    if isinstance(params, SamplingParams) and params.seed is not None and index > 0:
+        return replace(params, seed=params.seed + index, n=1)
+    return params

@@ -12,6 +12,7 @@ import pytest
 
 from pyengine import LLM, EngineDeadError, EngineError, SamplingParams
 from pyengine.engine.thread_names import os_thread_names
+from pyengine.testing.faults import FaultySink, install_faulty_runner
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def test_three_named_threads_are_visible_while_running(llm):
 
 
 def test_executor_exception_fails_the_batch_and_the_engine_recovers(llm):
-    llm.engine.executor.fail_at_step = llm.engine.executor.step_times.count + 3
+    install_faulty_runner(llm.engine).fail_after(3)
     with pytest.raises(EngineError, match="injected failure"):
         llm.generate([[5, 6, 7, 8]] * 8, SamplingParams(max_tokens=30, ignore_eos=True), use_tqdm=False)
     assert_idle(llm)
@@ -49,9 +50,13 @@ def test_executor_exception_fails_the_batch_and_the_engine_recovers(llm):
 
 
 def test_output_exception_fails_the_requests_and_the_engine_recovers(llm):
-    llm.engine.output.fail_next_event.set()
-    with pytest.raises(EngineError, match="output processing failed"):
-        llm.generate([[9, 9, 9]] * 4, SamplingParams(max_tokens=10, ignore_eos=True), use_tqdm=False)
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    faulty, healthy = FaultySink(fail_on=3), FaultySink(fail_on=0)
+    llm.engine.add_request("faulty-sink", None, [9, 9, 9], params, faulty)
+    llm.engine.add_request("healthy-sink", None, [9, 9, 8], params, healthy)
+    assert faulty.done.wait(30) and healthy.done.wait(30)
+    assert isinstance(faulty.error, EngineError) and "output processing failed" in str(faulty.error)
+    assert healthy.error is None and len(healthy.outputs[-1].outputs[0].token_ids) == 10
     assert_idle(llm)
     outs = llm.generate([[9, 9, 9]], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert outs[0].outputs[0].finish_reason == "length"

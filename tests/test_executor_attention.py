@@ -67,7 +67,7 @@ def _generate(runner, block_size, steps=24):
     logits = []
     for _ in range(steps):
         plan = planner.next_plan(max_chunk=12)
-        out = runner.execute(plan, planner.params, return_logits=True)
+        out = runner.execute(plan, return_logits=True)
         logits.append(out.logits)
         planner.record(plan, out.sampled_token_ids)
     return [planner.output_tokens(i) for i in ids], logits

@@ -35,7 +35,7 @@ def _prompt(seed: int, length: int) -> list[int]:
 def _generate(runner, planner, steps, chunk=None):
     for _ in range(steps):
         plan = planner.next_plan(max_chunk=chunk)
-        planner.record(plan, runner.execute(plan, planner.params).sampled_token_ids)
+        planner.record(plan, runner.execute(plan).sampled_token_ids)
 
 
 def test_kv_blocks_come_from_the_byte_budget(checkpoint):
@@ -95,7 +95,7 @@ def test_penalties_and_logprobs_over_prompt_and_generated_tokens(checkpoint):
     for _ in range(12):
         plan = planner.next_plan()
         generated = list(planner.output_tokens(seq_id))
-        out = runner.execute(plan, planner.params, return_logits=True)
+        out = runner.execute(plan, return_logits=True)
         raw = out.logits[0]
         expected = raw.clone()
         for token in set(prompt) | set(generated):
@@ -122,7 +122,7 @@ def test_pooling_matches_transformers_hidden_states(checkpoint, pooling_type):
     for prompt in prompts:
         planner.add(prompt, PoolingParams(pooling_type=pooling_type, normalize=prompt is prompts[0]))
     plan = planner.next_plan(max_chunk=4)
-    out = runner.execute(plan, planner.params)
+    out = runner.execute(plan)
     assert plan.pool_indices.tolist() == [1, 2] and out.sampled_token_ids.shape == (0,)
     assert out.pooled.shape == (2, 64)
     for index, prompt in enumerate(prompts):
@@ -134,7 +134,7 @@ def test_pooling_matches_transformers_hidden_states(checkpoint, pooling_type):
         torch.testing.assert_close(out.pooled[index], expected, atol=1e-5, rtol=1e-5)
     plan = planner.next_plan(max_chunk=4)
     assert sorted(plan.freed_rows.tolist()) == [1, 2]  # pooled sequences end after their step
-    planner.record(plan, runner.execute(plan, planner.params).sampled_token_ids)
+    planner.record(plan, runner.execute(plan).sampled_token_ids)
     _generate(runner, planner, 2, chunk=4)  # 9-token prompt: chunks 4, 4, 1, then a decode
     assert len(planner.output_tokens(generating)) == 2
 
@@ -143,8 +143,10 @@ def test_unknown_new_sequence_is_a_clear_error(checkpoint):
     runner = _runner(checkpoint)
     planner = HandPlanner(num_blocks=128, max_rows=8)
     planner.add(_prompt(8, 5))
+    plan = planner.next_plan()
+    plan.new_params = [None]
     with pytest.raises(PlanStateError, match="no parameters given for new sequence 1"):
-        runner.execute(planner.next_plan(), {})
+        runner.execute(plan)
 
 
 def test_max_model_len_beyond_the_model_is_refused(checkpoint):
@@ -162,7 +164,7 @@ def test_token_budget_chunks_prefill_without_changing_results(checkpoint):
         for _ in range(12):
             plan = planner.next_plan(max_tokens=budget)
             assert budget is None or len(plan.input_ids) <= budget
-            planner.record(plan, runner.execute(plan, planner.params).sampled_token_ids)
+            planner.record(plan, runner.execute(plan).sampled_token_ids)
         results.append([planner.output_tokens(i)[:4] for i in ids])
     assert results[0] == results[1] and all(len(t) == 4 for t in results[1])
 
@@ -182,6 +184,6 @@ def test_preempted_sequence_resumes_with_its_history(checkpoint):
     interrupted.finish(other)
     plan = interrupted.next_plan()
     assert plan.new_num_prompt_tokens.tolist() == [18] and len(plan.new_token_ids) == 18 + 6
-    interrupted.record(plan, runner.execute(plan, interrupted.params).sampled_token_ids)
+    interrupted.record(plan, runner.execute(plan).sampled_token_ids)
     _generate(runner, interrupted, 9)
     assert interrupted.output_tokens(seq_id) == straight.output_tokens(reference)

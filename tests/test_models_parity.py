@@ -57,7 +57,7 @@ def test_prefill_logits_match_transformers(checkpoint):
     prompt = _prompts(1, (70,))[0]
     planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=8)
     planner.add(prompt)
-    out = runner.execute(planner.next_plan(), planner.params, return_hidden=True)
+    out = runner.execute(planner.next_plan(), return_hidden=True)
     ours = runner.model.compute_logits(out.hidden_states)
     with torch.no_grad():
         theirs = reference(torch.tensor([prompt])).logits[0]
@@ -77,7 +77,7 @@ def _run_generation(runner, prompts, *, steps, chunk, scatter, depth, seed=0):
         plan = planner.next_plan(max_chunk=chunk)
         if depth == 2 and pending:
             planner.record(*pending.pop())
-        out = runner.execute(plan, planner.params, return_logits=True)
+        out = runner.execute(plan, return_logits=True)
         row_to_seq = {int(r): s for s, r in zip(plan.new_seq_ids.tolist(), plan.new_rows.tolist())}
         _row_map(runner).update(row_to_seq)
         for index, row in enumerate(plan.sample_rows.tolist()):

@@ -16,6 +16,7 @@ from pyengine.engine.core import EngineCore
 from pyengine.server import ServerArgs
 from pyengine.server.testing import LiveServer
 from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.faults import install_faulty_runner
 from pyengine.testing.synthetic_runner import SleepRunner
 
 MODEL = "tiny-err"
@@ -213,12 +214,12 @@ def test_chat_without_a_template_is_a_clear_400(synthetic):
 
 def test_a_failed_step_is_an_error_response_or_an_error_event(synthetic):
     server, engine = synthetic
-    executor = engine.engine.executor
+    faults = install_faulty_runner(engine.engine)
     body = {"prompt": [1, 2], "max_tokens": 50, "ignore_eos": True}
-    executor.fail_at_step = executor.step_times.count + 3
+    faults.fail_after(3)
     resp = post(server, "/v1/completions", body)
     assert resp.status_code == 500 and "injected failure" in resp.json()["error"]["message"]
-    executor.fail_at_step = executor.step_times.count + 3
+    faults.fail_after(3)
     with httpx.stream("POST", f"{server.url}/v1/completions", json={**body, "stream": True}, timeout=10) as r:
         lines = [line for line in r.iter_lines() if line.startswith("data:")]
     assert lines[-1] == "data: [DONE]" and '"error"' in lines[-2]

@@ -16,6 +16,7 @@ from pyengine import AsyncEngine
 from pyengine.server import ServerArgs
 from pyengine.server.testing import LiveServer
 from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.faults import install_faulty_runner
 
 MODEL = "tiny-health"
 
@@ -44,6 +45,7 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 
 def test_health_turns_503_while_the_executor_hangs_and_recovers(served):
     server, engine = served
+    faults = install_faulty_runner(engine.engine)
     assert health(server).status_code == 200
     watchdog = server.app.state.watchdog
     dumps = watchdog.dumps
@@ -54,7 +56,7 @@ def test_health_turns_503_while_the_executor_hangs_and_recovers(served):
         result["resp"] = httpx.post(f"{server.url}/v1/completions", json=body, timeout=30)
 
     with structlog.testing.capture_logs() as logs:
-        engine.engine.executor.hang.set()
+        faults.hang.set()
         caller = threading.Thread(target=request)
         try:
             caller.start()
@@ -65,7 +67,7 @@ def test_health_turns_503_while_the_executor_hangs_and_recovers(served):
             time.sleep(0.3)  # still stalled: no second dump
             assert watchdog.dumps == dumps + 1
         finally:
-            engine.engine.executor.hang.clear()
+            faults.hang.clear()
         caller.join(timeout=20)
         wait_for(lambda: health(server).status_code == 200, 10, "/health to recover")
         wait_for(lambda: any(e["event"] == "engine healthy again" for e in logs), 5, "the recovery log line")

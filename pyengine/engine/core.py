@@ -21,7 +21,7 @@ from typing import Any, Optional, Union
 from pyengine._kernels import release_openmp_workers
 from pyengine._sched import Request, SchedulerConfig, SchedulerThread
 from pyengine.config import EngineConfig
-from pyengine.engine.executor_loop import EXEC_THREAD_NAME, ExecutorLoop, StepExtras
+from pyengine.engine.executor_loop import EXEC_THREAD_NAME, ExecutorLoop
 from pyengine.engine.output_loop import OUTPUT_THREAD_NAME, OutputLoop
 from pyengine.engine.registry import SequenceRegistry
 from pyengine.engine.request_state import OutputKind, OutputSink, RequestState
@@ -30,7 +30,7 @@ from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
 from pyengine.output import DecodeTable, TextStream
 from pyengine.outputs import EngineStats
-from pyengine.sampling_params import PoolingParams, SamplingParams
+from pyengine.sampling_params import PoolingParams, SamplingParams, sample_params
 
 logger = logging.getLogger(__name__)
 
@@ -90,9 +90,8 @@ class EngineCore:
             )
         )
         self.registry = SequenceRegistry()
-        extras: dict[int, StepExtras] = {}
-        self.executor = ExecutorLoop(self.runner, self.sched, self.registry, extras, config.max_num_seqs)
-        self.output = OutputLoop(self.sched, self.registry, extras, lambda: self.executor.fatal)
+        self.executor = ExecutorLoop(self.runner, self.sched, lambda: len(self.registry) > 0)
+        self.output = OutputLoop(self.sched, self.registry, lambda: self.executor.fatal)
         self._exec_thread = threading.Thread(target=self.executor.run, name=EXEC_THREAD_NAME, daemon=True)
         self._output_thread = threading.Thread(target=self.output.run, name=OUTPUT_THREAD_NAME, daemon=True)
         self._closed = False
@@ -152,9 +151,12 @@ class EngineCore:
                 request_id, prompt_token_ids, max_tokens=max_tokens, min_tokens=params.min_tokens,
                 eos_token_ids=eos, ignore_eos=params.ignore_eos, stop_token_ids=stop_ids,
                 priority=priority, n=params.n,
+                sample_params=[sample_params(params, i) for i in range(params.n)],
             )
         else:
-            request = Request(request_id, prompt_token_ids, max_tokens=1, priority=priority, pooling=True)
+            request = Request(
+                request_id, prompt_token_ids, max_tokens=1, priority=priority, pooling=True, sample_params=[params]
+            )
         needs_stream = (
             not pooling and params.detokenize and self.tokenizer is not None
             and (kind != "final" or bool(params.stop_strings))
@@ -255,7 +257,6 @@ class EngineCore:
         deadline = time.monotonic() + timeout
         self.executor.stopping.set()
         self.output.stopping.set()
-        self.executor.hang.clear()
         try:
             self.sched.shutdown(timeout=max(0.1, timeout / 2))
         finally:

@@ -1,9 +1,11 @@
 """The ``pyengine-output`` thread: turns each step's token ids into text and outputs.
 
-Per event (one per step): append every accepted token to its sample (incremental
-detokenization, stop strings -> ``finish`` back to the scheduler), record finished
-sequences, then deliver one output per touched request to its sink. An exception while
-handling an event fails the requests it touched and the loop goes on.
+Per event (one per step): note when new sequences were first scheduled, append every
+accepted token to its sample (incremental detokenization, stop strings -> ``finish`` back
+to the scheduler; log-probabilities from the event's :class:`StepResult`), record
+finished sequences (embeddings and step errors from the same result), then deliver one
+output per touched request to its sink. An exception while handling an event (a sink's
+included) fails the requests it touched and the loop goes on.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from typing import Callable, Optional
 
 from pyengine._sched import FINISH_REASONS, SchedulerThread
 from pyengine.engine.clock import ThreadClock
-from pyengine.engine.executor_loop import StepExtras
 from pyengine.engine.registry import SequenceRegistry
 from pyengine.engine.request_state import RequestState
+from pyengine.engine.step_result import StepResult
 from pyengine.engine.thread_names import name_current_thread
 from pyengine.errors import EngineDeadError, EngineError
 from pyengine.outputs import LOGPROB_FLOOR
@@ -34,19 +36,16 @@ class OutputLoop:
         self,
         sched: SchedulerThread,
         registry: SequenceRegistry,
-        extras: dict[int, StepExtras],
         executor_fatal: Callable[[], Optional[BaseException]],
     ) -> None:
         self.sched = sched
         self.registry = registry
-        self.extras = extras
         self.executor_fatal = executor_fatal
         self.clock = ThreadClock()
         self.started = threading.Event()  # set once the thread runs under its OS name
         self.native_id: Optional[int] = None
         self.stopping = threading.Event()
         self.fatal: Optional[BaseException] = None
-        self.fail_next_event = threading.Event()  # test hook: the next event with tokens raises
         self.generated_tokens = 0
 
     def run(self) -> None:
@@ -79,30 +78,43 @@ class OutputLoop:
 
     def _handle(self, event) -> None:
         touched: dict[str, RequestState] = {}
-        extras = self.extras.pop(event.step_id, None) if event.step_id is not None else None
+        result: Optional[StepResult] = event.step_result
         try:
-            self._tokens(event, extras, touched)
-            self._finished(event, extras, touched)
+            if result is not None and len(result.new_seq_ids):
+                self._mark_scheduled(result)
+            self._tokens(event, result, touched)
+            self._finished(event, result, touched)
         except Exception as e:  # noqa: BLE001 - the touched requests get the error
             logger.exception("output processing failed for step %s", event.step_id)
             for state in touched.values():
                 self._fail(state, EngineError(f"output processing failed: {e!r}"))
             return
         for state in touched.values():
-            if state.failed:
-                continue
+            if not state.failed:
+                self._deliver(state, event.step_id)
+
+    def _deliver(self, state: RequestState, step_id: Optional[int]) -> None:
+        """Hands the request its output; a failure here (its sink) fails that request only."""
+        try:
             if state.kind != "final" or state.finished:
                 state.sink.put(state.output())
             if state.finished:
                 self.registry.forget_request(state)
+        except Exception as e:  # noqa: BLE001 - the request gets the error
+            logger.exception("delivering request %s's output failed in step %s", state.request_id, step_id)
+            self._fail(state, EngineError(f"output processing failed: {e!r}"))
 
-    def _tokens(self, event, extras: Optional[StepExtras], touched: dict[str, RequestState]) -> None:
+    def _mark_scheduled(self, result: StepResult) -> None:
+        for seq in result.new_seq_ids.tolist():
+            entry = self.registry.seq(seq)
+            if entry is not None and entry[0].metrics.first_scheduled_time is None:
+                entry[0].metrics.first_scheduled_time = result.started_at
+
+    def _tokens(self, event, result: Optional[StepResult], touched: dict[str, RequestState]) -> None:
         seq_ids = event.seq_ids.tolist()
         tokens = event.token_ids.tolist()
         self.generated_tokens += len(tokens)
-        index_of = None
-        if extras is not None and extras.logprobs is not None:
-            index_of = {s: i for i, s in enumerate(extras.sampled_seq_ids.tolist())}
+        index_of = result.logprob_rows() if result is not None else None
         for seq, token in zip(seq_ids, tokens):
             entry = self.registry.seq(seq)
             if entry is None:
@@ -112,23 +124,21 @@ class OutputLoop:
                 continue  # ended here (stop string) before the scheduler heard of it
             logprobs = None
             if index_of is not None and sample.logprobs is not None and seq in index_of:
-                logprobs = _logprob_dict(extras.logprobs, index_of[seq], token)
+                logprobs = _logprob_dict(result.logprobs, index_of[seq], token)
             touched[state.request_id] = state
-            if self.fail_next_event.is_set():
-                self.fail_next_event.clear()
-                raise RuntimeError("injected output failure")
             stop = state.add_token(sample, token, logprobs)
             if stop is not None:
                 state.finish_sample(sample, "stop", stop)
                 self.sched.finish(seq, "stop")
 
-    def _finished(self, event, extras: Optional[StepExtras], touched: dict[str, RequestState]) -> None:
+    def _finished(self, event, result: Optional[StepResult], touched: dict[str, RequestState]) -> None:
         if event.finished_seq_ids.size == 0:
             return
         reasons = event.finish_reasons.tolist()
         stop_tokens = event.stop_token_ids.tolist()
         cached = event.num_cached_tokens.tolist()
         preempted = event.num_preemptions.tolist()
+        embeddings = result.embeddings() if result is not None else {}
         for k, seq in enumerate(event.finished_seq_ids.tolist()):
             entry = self.registry.seq(seq)
             if entry is None:
@@ -140,15 +150,15 @@ class OutputLoop:
                 state.metrics.num_cached_tokens = cached[k]
             state.metrics.num_preemptions += preempted[k]
             if reasons[k] == _ERROR:
-                cause = extras.error if extras is not None and extras.error is not None else "unknown"
-                self._fail(state, EngineError(f"the executor failed while running this request: {cause!r}"))
+                cause = result.error if result is not None and result.error is not None else "unknown"
+                self._fail(state, EngineError(f"the executor failed while running this request: {cause}"))
                 continue
             if isinstance(state.params, PoolingParams) and reasons[k] != _POOLED:
                 self._fail(state, EngineError(f"the embedding request ended without a result: "
                                               f"{FINISH_REASONS[reasons[k]]}"))
                 continue
             if reasons[k] == _POOLED:
-                state.embedding = (extras.pooled or {}).get(seq) if extras is not None else None
+                state.embedding = embeddings.get(seq)
                 if state.embedding is None:
                     self._fail(state, EngineError("the executor returned no embedding for this request"))
                     continue

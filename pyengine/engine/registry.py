@@ -1,17 +1,14 @@
-"""Live requests and sequences, shared by the caller threads, the executor and the output
-thread. One lock orders "add a request" against "the executor looks up a new sequence's
-parameters", so a plan can never name a sequence the executor has not heard of."""
+"""Live requests and their sequences, as the output thread needs them: callers add
+(under ``lock``, together with the scheduler's ``add_request``, so a request is known
+here before any event can name its sequences), the output thread looks up and forgets.
+The executor never reads it: what it needs of a sequence comes in the plan."""
 
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
-from typing import Optional, Union
+from typing import Optional
 
 from pyengine.engine.request_state import RequestState, SampleState
-from pyengine.sampling_params import PoolingParams, SamplingParams
-
-Params = Union[SamplingParams, PoolingParams]
 
 
 class SequenceRegistry:
@@ -19,7 +16,6 @@ class SequenceRegistry:
         self.lock = threading.Lock()
         self._requests: dict[str, RequestState] = {}
         self._seqs: dict[int, tuple[RequestState, SampleState]] = {}
-        self._params: dict[int, Params] = {}
         self.prompt_tokens = 0  # prompt tokens of every request added (under ``lock``)
 
     def add(self, state: RequestState) -> None:
@@ -29,23 +25,9 @@ class SequenceRegistry:
         self.prompt_tokens += len(state.prompt_token_ids)
         for sample in state.samples:
             self._seqs[sample.seq_id] = (state, sample)
-            self._params[sample.seq_id] = sample_params(state.params, sample.index)
 
     def contains_request(self, request_id: str) -> bool:
         return request_id in self._requests
-
-    def params_for(self, seq_ids: list[int]) -> dict[int, Params]:
-        """Parameters of the given sequences that are still live (a request that failed or
-        was aborted may still be in a plan made before the scheduler heard of it)."""
-        with self.lock:
-            return {s: self._params[s] for s in seq_ids if s in self._params}
-
-    def mark_scheduled(self, seq_ids: list[int], now: float) -> None:
-        """Records when the given (new) sequences' requests were first scheduled."""
-        for s in seq_ids:
-            entry = self._seqs.get(s)
-            if entry is not None and entry[0].metrics.first_scheduled_time is None:
-                entry[0].metrics.first_scheduled_time = now
 
     def seq(self, seq_id: int) -> Optional[tuple[RequestState, SampleState]]:
         return self._seqs.get(seq_id)
@@ -55,7 +37,6 @@ class SequenceRegistry:
 
     def forget_seq(self, seq_id: int) -> None:
         self._seqs.pop(seq_id, None)
-        self._params.pop(seq_id, None)
 
     def forget_request(self, state: RequestState) -> None:
         with self.lock:
@@ -71,10 +52,3 @@ class SequenceRegistry:
     def __len__(self) -> int:
         return len(self._requests)
 
-
-def sample_params(params: Params, index: int) -> Params:
-    """Parameters of sample ``index``: a seeded request's samples get seeds seed, seed+1, ...
-    so that they differ from each other and stay reproducible."""
-    if isinstance(params, SamplingParams) and params.seed is not None and index > 0:
-        return replace(params, seed=params.seed + index, n=1)
-    return params

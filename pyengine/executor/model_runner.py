@@ -9,7 +9,6 @@ remember the samples -> pool the embedding sequences.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional, Union
 
@@ -22,7 +21,7 @@ from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.kv_cache import KVCacheShape, PagedKVCache
 from pyengine.executor.memory_profile import decide_num_blocks
 from pyengine.executor.outputs import StepOutput
-from pyengine.executor.persistent_batch import PersistentBatch, RequestParams
+from pyengine.executor.persistent_batch import PersistentBatch
 from pyengine.executor.plan import StepPlanLike
 from pyengine.executor.pooling import pool_hidden_states
 from pyengine.executor.sampler import Sampler
@@ -97,13 +96,12 @@ class ModelRunner:
     def execute(
         self,
         plan: StepPlanLike,
-        params: Mapping[int, RequestParams],
         *,
         return_logits: bool = False,
         return_hidden: bool = False,
     ) -> StepOutput:
-        """Run one plan. ``params`` maps seq id -> parameters for the plan's ``new_seq_ids``."""
-        self.batch.apply_plan(plan, params)
+        """Run one plan (the parameters of its new sequences come in ``plan.new_params``)."""
+        self.batch.apply_plan(plan)
         num_tokens = len(plan.input_ids)
         if num_tokens == 0:
             return StepOutput(plan.step_id, np.zeros(0, dtype=np.int64))
@@ -126,9 +124,12 @@ class ModelRunner:
             self.batch.record_sampled(plan.sample_rows, sample_rows, result.token_ids)
             output.sampled_token_ids = result.token_ids.cpu().numpy()
             output.logprobs = result.logprobs
+            if result.logprobs is not None:
+                output.sampled_seq_ids = self.batch.seq_ids[plan.sample_rows]
             output.logits = logits if return_logits else None
         if len(plan.pool_indices):
             output.pooled = self._pool(plan, hidden)
+            output.pooled_seq_ids = self.batch.seq_ids[plan.rows[plan.pool_indices]]
         return output
 
     def _input_ids(self, plan: StepPlanLike, rows: torch.Tensor) -> torch.Tensor:

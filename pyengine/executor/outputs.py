@@ -30,14 +30,17 @@ class StepOutput:
     """Result of :meth:`ModelRunner.execute` for one plan.
 
     ``sampled_token_ids`` is aligned with the plan's ``logits_indices`` (what
-    ``submit_result`` wants); ``pooled`` with ``pool_indices``. ``logits`` (raw float32 logits
+    ``submit_result`` wants), and ``sampled_seq_ids`` names their sequences; ``pooled``
+    is aligned with ``pool_indices``, and ``pooled_seq_ids`` names those. ``logits`` (raw float32 logits
     of ``logits_indices``) and ``hidden_states`` (final-normed, every token) are only
     filled when asked for (tests, debugging).
     """
 
     step_id: int
     sampled_token_ids: np.ndarray  # int64 [S]
+    sampled_seq_ids: Optional[np.ndarray] = None  # int64 [S]
     logprobs: Optional[LogprobsOutput] = None
     pooled: Optional[torch.Tensor] = None  # float32 [P, hidden]
+    pooled_seq_ids: Optional[np.ndarray] = None  # int64 [P]
     logits: Optional[torch.Tensor] = None
     hidden_states: Optional[torch.Tensor] = None

@@ -9,7 +9,6 @@ plan's placeholders). A plan changes this state only through its ``freed_rows``,
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Optional, Union
 
 import numpy as np
@@ -29,7 +28,8 @@ class PlanStateError(StepResultError, ValueError):
 
 
 class PersistentBatch:
-    """Row-indexed state on the device (block tables, last sampled token, sampling params)."""
+    """Row-indexed state: on the device, block tables, the last sampled token and the
+    sampling parameters; on the host, which sequence holds each row."""
 
     def __init__(
         self,
@@ -46,29 +46,31 @@ class PersistentBatch:
         self.last_sampled = torch.zeros(max_rows, dtype=torch.int64, device=device)
         self.sampling = SamplingTable(max_rows, device, eos_token_ids)
         self.pooling: dict[int, PoolingParams] = {}
+        # Row -> sequence id, so a step's results name their sequences (-1: never held).
+        self.seq_ids = np.full(max_rows, -1, dtype=np.int64)
         self.history: Optional[TokenHistory] = None
 
-    def apply_plan(self, plan: StepPlanLike, params: Mapping[int, RequestParams]) -> None:
-        """Release freed rows, install new sequences, write block-table changes."""
+    def apply_plan(self, plan: StepPlanLike) -> None:
+        """Release freed rows, install new sequences (with the parameters that came in the
+        plan), write block-table changes."""
         if self.pooling and len(plan.freed_rows):  # pooling rows are rare: skip the loop otherwise
             for row in plan.freed_rows.tolist():
                 self.pooling.pop(row, None)
         if len(plan.new_rows):
-            self._install_new_rows(plan, params)
+            self._install_new_rows(plan)
         if len(plan.block_table_rows):
             rows = torch.from_numpy(plan.block_table_rows.astype(np.int64)).to(self.device)
             cols = torch.from_numpy(plan.block_table_cols.astype(np.int64)).to(self.device)
             ids = torch.from_numpy(plan.block_table_ids.astype(np.int32)).to(self.device)
             self.block_table[rows, cols] = ids
 
-    def _install_new_rows(self, plan: StepPlanLike, params: Mapping[int, RequestParams]) -> None:
+    def _install_new_rows(self, plan: StepPlanLike) -> None:
         rows = plan.new_rows.astype(np.int64)
-        try:
-            request_params = [params[int(seq_id)] for seq_id in plan.new_seq_ids.tolist()]
-        except KeyError as error:
-            raise PlanStateError(
-                f"plan {plan.step_id}: no parameters given for new sequence {error.args[0]}"
-            ) from None
+        request_params: list[RequestParams] = list(plan.new_params)
+        for seq_id, p in zip(plan.new_seq_ids.tolist(), request_params):
+            if not isinstance(p, (SamplingParams, PoolingParams)):
+                raise PlanStateError(f"plan {plan.step_id}: no parameters given for new sequence {seq_id}")
+        self.seq_ids[rows] = plan.new_seq_ids.astype(np.int64)
         is_sampling = np.array([isinstance(p, SamplingParams) for p in request_params], dtype=bool)
         sampling_rows = rows[is_sampling]
         self.sampling.install(sampling_rows, [p for p in request_params if isinstance(p, SamplingParams)])

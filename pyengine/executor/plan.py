@@ -1,14 +1,16 @@
 """The step plan the executor consumes (fields and meaning: docs/contract.md).
 
-The Rust scheduler hands over an object with these attributes as numpy arrays; the
-executor only reads attributes, so any object with the same names works.
-:class:`StepPlan` is the pure-Python twin used by tests and benchmarks.
+The Rust scheduler hands over an object with these attributes as numpy arrays (and
+``new_params``, the new sequences' parameters, as a list); the executor only reads
+attributes, so any object with the same names works. :class:`StepPlan` is the
+pure-Python twin used by tests and benchmarks. The native class's ``FIELDS`` is the one
+list of names: tests check these classes, the stub and the contract document against it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -38,6 +40,7 @@ class StepPlanLike(Protocol):
     new_num_prompt_tokens: np.ndarray
     new_token_offsets: np.ndarray
     new_token_ids: np.ndarray
+    new_params: list[Any]
     freed_rows: np.ndarray
 
 
@@ -64,4 +67,5 @@ class StepPlan:
     new_num_prompt_tokens: np.ndarray
     new_token_offsets: np.ndarray
     new_token_ids: np.ndarray
+    new_params: list[Any]
     freed_rows: np.ndarray

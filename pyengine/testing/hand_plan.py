@@ -10,7 +10,7 @@ Typical loop (pipeline depth 1)::
     planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks)
     planner.add(prompt_ids, SamplingParams(temperature=0))
     plan = planner.next_plan()
-    out = runner.execute(plan, planner.params)
+    out = runner.execute(plan)
     planner.record(plan, out.sampled_token_ids)
 
 At depth 2, call ``next_plan`` again before ``record``: decodes of sequences that sampled
@@ -38,6 +38,7 @@ class _Sequence:
     tokens: list[Optional[int]]  # None: sampled, not recorded yet
     num_prompt: int
     pooling: bool
+    params: Union[SamplingParams, PoolingParams, None] = None
     row: int = -1
     num_computed: int = 0
     blocks: list[int] = field(default_factory=list)
@@ -82,7 +83,7 @@ class HandPlanner:
         self._next_seq_id += 1
         self.params[seq_id] = params
         self._sequences[seq_id] = _Sequence(
-            seq_id, list(prompt), len(prompt), isinstance(params, PoolingParams)
+            seq_id, list(prompt), len(prompt), isinstance(params, PoolingParams), params
         )
         return seq_id
 
@@ -263,5 +264,6 @@ class _PlanBuilder:
             new_num_prompt_tokens=np.array([s.num_prompt for s in self.new], dtype=i32),
             new_token_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(i64),
             new_token_ids=np.array([t for tokens in self.new_tokens for t in tokens], dtype=i64),
+            new_params=[s.params for s in self.new],
             freed_rows=np.array(freed_rows, dtype=i32),
         )

@@ -47,7 +47,7 @@ class SleepRunner:
         self.max_model_len = max_model_len
         self.fake = FakeExecutor(vocab=tokenizer.get_vocab_size(), max_rows=max_rows)
 
-    def execute(self, plan: Any, params: Any) -> StepOutput:
+    def execute(self, plan: Any) -> StepOutput:
         sampled = self.fake.run(plan)
         time.sleep(self.step_seconds)
         return StepOutput(plan.step_id, sampled)
@@ -62,7 +62,7 @@ class ScriptedRunner(SleepRunner):
         self.script = script
         self._prompt_len: dict[int, int] = {}
 
-    def execute(self, plan: Any, params: Any) -> StepOutput:
+    def execute(self, plan: Any) -> StepOutput:
         import numpy as np
 
         for row, n in zip(plan.new_rows.tolist(), plan.new_num_prompt_tokens.tolist()):

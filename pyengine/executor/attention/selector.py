@@ -7,9 +7,9 @@ from typing import Union
 
 import torch
 
+from pyengine.errors import AttentionBackendUnavailableError
 from pyengine.executor.attention.flash import FlashAttentionBackend, import_flash_varlen
 from pyengine.executor.attention.sdpa import SdpaBackend
-from pyengine.errors import AttentionBackendUnavailableError
 
 logger = logging.getLogger(__name__)
 

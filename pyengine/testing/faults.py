@@ -1,0 +1,78 @@
+"""Fault injection from outside the engine's hot loops, for tests.
+
+:class:`FaultyRunner` wraps the executor's runner: it fails a chosen step or stalls while
+``hang`` is set, and otherwise calls through, so the executor loop itself carries no test
+hooks. :class:`FaultySink` is a request's sink that raises on a chosen delivery, which
+exercises the output thread's failure path.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Optional
+
+#: A hung runner gives up after this long, so a test that forgets to clear ``hang``
+#: cannot keep the engine's shutdown waiting forever.
+MAX_HANG_SECONDS = 60.0
+
+
+class FaultyRunner:
+    """Calls through to ``runner`` except where told to fail or stall."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.hang = threading.Event()
+        self._fail_in: Optional[int] = None
+        self._lock = threading.Lock()
+
+    def fail_after(self, steps: int) -> None:
+        """Run ``steps - 1`` more steps normally, then raise in the next one."""
+        with self._lock:
+            self._fail_in = steps
+
+    def execute(self, plan: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + MAX_HANG_SECONDS
+        while self.hang.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with self._lock:
+            if self._fail_in is not None:
+                self._fail_in -= 1
+                if self._fail_in <= 0:
+                    self._fail_in = None
+                    raise RuntimeError(f"injected failure in step {plan.step_id}")
+        return self.runner.execute(plan, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.runner, name)
+
+
+def install_faulty_runner(core: Any) -> FaultyRunner:
+    """Puts a :class:`FaultyRunner` around ``core``'s executor runner (once) and returns it."""
+    runner = core.executor.runner
+    if not isinstance(runner, FaultyRunner):
+        runner = FaultyRunner(runner)
+        core.executor.runner = runner
+    return runner
+
+
+class FaultySink:
+    """Collects a request's outputs; raises on delivery number ``fail_on`` (1-based)."""
+
+    def __init__(self, fail_on: int) -> None:
+        self.fail_on = fail_on
+        self.outputs: list[Any] = []
+        self.error: Optional[BaseException] = None
+        self.done = threading.Event()
+
+    def put(self, output: Any) -> None:
+        if len(self.outputs) + 1 == self.fail_on:
+            self.fail_on = 0
+            raise RuntimeError("injected output failure")
+        self.outputs.append(output)
+        if getattr(output, "finished", False):
+            self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()
