@@ -1,5 +1,10 @@
 """The OpenAI-compatible HTTP server (``pyengine serve``): ``create_app(engine, args)``.
 
+``engine`` is an ``EngineClient`` (``pyengine.engine_client``; ``AsyncEngine`` in-process)
+and the server uses nothing else of the engine: no module here imports ``pyengine.engine``
+(``tests/test_server_boundary.py`` holds it to that), so the engine core can move to its
+own process behind another client.
+
 Module map (one concept each):
 
 - ``cli``: ``pyengine serve`` flags (server options + ``EngineConfig`` fields), uvicorn.
@@ -9,6 +14,8 @@ Module map (one concept each):
   ``info``: ``/v1/models``, ``/version``, ``/health``, ``/metrics``.
 - ``sampling``: request -> ``SamplingParams`` and token-id prompts, with 400s naming fields.
 - ``generation``: the engine requests of one HTTP request; client disconnects abort them.
+- ``respond``: what completions and chat share: start, collect a whole response, or
+  stream (usage chunk, ``[DONE]``, disconnects, errors as events).
 - ``choices``: per-choice accumulation of deltas, usage, per-request metrics and log line.
 - ``sse``: the streaming wire format; ``tokens``: token text / bytes for logprobs.
 - ``errors``: OpenAI error bodies and exception handlers; ``guard``: API key middleware.

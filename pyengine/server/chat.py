@@ -3,19 +3,15 @@ then generated like a completion; streamed as role / content deltas or returned 
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator
 from typing import Optional, Union
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from pyengine.outputs import LOGPROB_FLOOR
-from pyengine.server.choices import ChoiceDelta, ChoiceTracker
+from pyengine.server.choices import ChoiceDelta
 from pyengine.server.context import Context, ServerContext
-from pyengine.server.errors import bad_request, to_api_error
-from pyengine.server.generation import ClientDisconnected, GenerationSet
+from pyengine.server.errors import bad_request
 from pyengine.server.protocol import (
     ChatChoice,
     ChatCompletionChunk,
@@ -28,8 +24,8 @@ from pyengine.server.protocol import (
     ChatResponseMessage,
     ChatStreamChoice,
 )
+from pyengine.server.respond import Generation, wants_usage
 from pyengine.server.sampling import check_length, sampling_params
-from pyengine.server.sse import DONE, error_event, event, sse_response
 from pyengine.server.tokens import TokenText
 
 router = APIRouter()
@@ -74,25 +70,12 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                              renames={"logprobs": "top_logprobs", "max_tokens": tokens_param})
     prompt_ids = render_prompt(ctx, body)
     check_length(ctx, len(prompt_ids), max_tokens, "messages", tokens_param)
-    request_id = ctx.new_id("chatcmpl")
-    gen = GenerationSet(ctx.engine, [prompt_ids], params, request_id)
-    try:
-        await gen.start(request)
-    except Exception as error:  # noqa: BLE001 - refused by the engine: an error response
-        raise to_api_error(error) from None
-    tracker = ChoiceTracker(ctx, request_id, [len(prompt_ids)], params.n)
+    run = await Generation.start(ctx, request, [prompt_ids], params, ctx.new_id("chatcmpl"))
     if body.stream:
-        return sse_response(_stream(ctx, body, gen, tracker, top))
-    try:
-        async for index, out in gen.outputs():
-            tracker.apply(index, out)
-    except ClientDisconnected:
-        ctx.metrics.disconnects.labels(ctx.args.model_name).inc()
-        return Response(status_code=499)
-    except Exception as error:  # noqa: BLE001 - the engine failed the request
-        raise to_api_error(error) from None
-    finally:
-        gen.close()
+        return _stream(ctx, body, run, top)
+    gone = await run.collect()
+    if gone is not None:
+        return gone
     choices = [
         ChatChoice(
             index=c.index, message=ChatResponseMessage(content=c.text),
@@ -100,46 +83,26 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
             finish_reason=c.finish_reason, stop_reason=c.stop_reason,
             token_ids=c.token_ids if body.return_token_ids else None,
         )
-        for c in tracker.choices
+        for c in run.tracker.choices
     ]
-    response = ChatCompletionResponse(id=request_id, model=ctx.args.model_name, choices=choices,
-                                      usage=tracker.usage(),
+    response = ChatCompletionResponse(id=run.gen.request_id, model=ctx.args.model_name, choices=choices,
+                                      usage=run.tracker.usage(),
                                       prompt_token_ids=prompt_ids if body.return_token_ids else None)
     return JSONResponse(response.model_dump())
 
 
-async def _stream(ctx: ServerContext, body: ChatCompletionRequest, gen: GenerationSet, tracker: ChoiceTracker,
-                  top: int) -> AsyncIterator[bytes]:
-    created = int(time.time())
+def _stream(ctx: ServerContext, body: ChatCompletionRequest, run: Generation, top: int) -> StreamingResponse:
+    """Role chunks first (one per choice), then content deltas."""
 
-    def chunk(index: int, delta: ChatDelta, d: Optional[ChoiceDelta] = None) -> bytes:
-        choice = ChatStreamChoice(
+    def choice(index: int, delta: ChatDelta, d: Optional[ChoiceDelta] = None) -> ChatStreamChoice:
+        return ChatStreamChoice(
             index=index, delta=delta,
             logprobs=chat_logprobs(ctx.token_text, d.token_ids, d.logprobs, top) if d and body.logprobs else None,
             finish_reason=d.finish_reason if d else None,
             stop_reason=d.choice.stop_reason if d and d.finish_reason else None,
             token_ids=d.token_ids if d and body.return_token_ids else None,
         )
-        return event(ChatCompletionChunk(id=gen.request_id, created=created, model=ctx.args.model_name,
-                                         choices=[choice]))
 
-    try:
-        for choice in tracker.choices:
-            yield chunk(choice.index, ChatDelta(role="assistant", content=""))
-        async for index, out in gen.outputs():
-            for d in tracker.apply(index, out):
-                yield chunk(d.choice.index, ChatDelta(content=d.text), d)
-        if body.stream_options is not None and body.stream_options.include_usage:
-            yield event(ChatCompletionChunk(id=gen.request_id, created=created, model=ctx.args.model_name,
-                                            choices=[], usage=tracker.usage()))
-        yield DONE
-    except ClientDisconnected:
-        ctx.metrics.disconnects.labels(ctx.args.model_name).inc()
-    except asyncio.CancelledError:
-        ctx.metrics.disconnects.labels(ctx.args.model_name).inc()
-        raise
-    except Exception as error:  # noqa: BLE001 - reported in the stream
-        yield error_event(to_api_error(error))
-        yield DONE
-    finally:
-        gen.close()
+    head = (choice(c.index, ChatDelta(role="assistant", content="")) for c in run.tracker.choices)
+    return run.stream(ChatCompletionChunk, head, lambda d: choice(d.choice.index, ChatDelta(content=d.text), d),
+                      usage=wants_usage(body))
