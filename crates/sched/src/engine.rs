@@ -48,9 +48,10 @@ enum Command {
     Shutdown,
 }
 
-/// Scheduler-side figures for `engine.stats()`.
+/// Figures of the scheduler thread and its scheduler, for `engine.stats()` (the bindings
+/// turn them into a dict; the Python `pyengine.EngineStats` is a different type).
 #[derive(Debug, Clone, Default)]
-pub struct EngineStats {
+pub struct SchedulerThreadStats {
     pub scheduler: SchedulerSnapshot,
     /// Seconds the scheduler thread spent working (commands, planning, results).
     pub busy_seconds: f64,
@@ -67,16 +68,17 @@ pub struct EngineStats {
     pub plan_us_max: f64,
 }
 
-/// Ids handed out by the handle, shared with the thread.
+/// The ids the handle hands out, shared with the thread: the request ids now live (a new
+/// request may not reuse one) and the next sequence id to issue.
 #[derive(Default)]
-struct Registry {
-    live: HashSet<String>,
+struct LiveIds {
+    request_ids: HashSet<String>,
     next_seq_id: SeqId,
 }
 
 #[derive(Default)]
 struct Shared {
-    registry: Mutex<Registry>,
+    live_ids: Mutex<LiveIds>,
     death: Mutex<Option<String>>,
     busy_ns: AtomicU64,
     idle_ns: AtomicU64,
@@ -165,17 +167,17 @@ impl EngineHandle {
         }
         // Ids are handed out and the command queued under one lock, so the thread sees
         // requests in id order.
-        let mut reg = self.shared.registry.lock().unwrap();
-        if reg.live.contains(&spec.request_id) {
+        let mut ids = self.shared.live_ids.lock().unwrap();
+        if ids.request_ids.contains(&spec.request_id) {
             return Err(SchedError::DuplicateRequest(spec.request_id));
         }
-        let first = reg.next_seq_id;
-        reg.next_seq_id += spec.n as u64;
-        reg.live.insert(spec.request_id.clone());
+        let first = ids.next_seq_id;
+        ids.next_seq_id += spec.n as u64;
+        ids.request_ids.insert(spec.request_id.clone());
         let request_id = spec.request_id.clone();
         let result = self.send(Command::Add(Box::new(spec), first));
         if result.is_err() {
-            reg.live.remove(&request_id);
+            ids.request_ids.remove(&request_id);
         }
         result.map(|_| first)
     }
@@ -221,7 +223,7 @@ impl EngineHandle {
 
     /// Scheduler figures; waits at most `timeout` for the thread to answer (it answers
     /// between two commands) and falls back to the handle's own figures.
-    pub fn stats(&self, timeout: Duration) -> EngineStats {
+    pub fn stats(&self, timeout: Duration) -> SchedulerThreadStats {
         let (tx, rx) = bounded(1);
         let scheduler = match self.cmd_tx.try_send(Command::Stats(tx)) {
             Ok(()) => rx.recv_timeout(timeout).unwrap_or_default(),
@@ -229,7 +231,7 @@ impl EngineHandle {
         };
         let s = &self.shared;
         let plans = s.plans.load(Ordering::Relaxed).max(1) as f64;
-        EngineStats {
+        SchedulerThreadStats {
             scheduler,
             busy_seconds: s.busy_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             idle_seconds: s.idle_ns.load(Ordering::Relaxed) as f64 * 1e-9,
@@ -375,7 +377,7 @@ impl Worker {
                 // Validated by the handle; a rejection here would be a bug in the handle.
                 let id = spec.request_id.clone();
                 if let Err(e) = self.scheduler.add_request_as(*spec, first) {
-                    self.shared.registry.lock().unwrap().live.remove(&id);
+                    self.shared.live_ids.lock().unwrap().request_ids.remove(&id);
                     panic!("request {id:?} passed the handle's checks but the scheduler refused it: {e}");
                 }
                 Flow::Continue
@@ -424,9 +426,9 @@ impl Worker {
     fn forget_ended(&mut self) {
         let ended = self.scheduler.take_ended_requests();
         if !ended.is_empty() {
-            let mut reg = self.shared.registry.lock().unwrap();
+            let mut ids = self.shared.live_ids.lock().unwrap();
             for id in ended {
-                reg.live.remove(&*id);
+                ids.request_ids.remove(&*id);
             }
         }
     }

@@ -21,7 +21,7 @@ pub mod sim;
 pub use attachment::Attachment;
 pub use block_pool::{BlockId, BlockPool, PoolUsage, PrefixCacheStats};
 pub use config::{Policy, SchedulerConfig};
-pub use engine::{EngineHandle, EngineStats};
+pub use engine::{EngineHandle, SchedulerThreadStats};
 pub use error::{SchedError, SchedResult};
 pub use plan::{FinishReason, OutputEvent, StepPlan, FINISH_REASONS, PLACEHOLDER_TOKEN};
 pub use request::{RequestSpec, SeqId};

@@ -13,6 +13,10 @@ use crate::plan::FinishReason;
 /// Sequence id: one per sample, never reused within a scheduler.
 pub type SeqId = u64;
 
+/// Index of a live sequence in the scheduler's slab (reused after the sequence is gone;
+/// not a [`SeqId`]).
+pub type SeqIndex = u32;
+
 /// A generation (or pooling) request as it enters the scheduler.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct RequestSpec {
@@ -118,7 +122,7 @@ pub enum SeqState {
     Parked,
     Waiting,
     Running,
-    /// Ended; the slot lives on only while an in-flight step still references it.
+    /// Ended; it keeps its [`SeqIndex`] only while an in-flight step still references it.
     Finished,
 }
 
@@ -184,8 +188,8 @@ pub struct Sequence {
     /// A step that computed part of this sequence failed: its blocks are never offered
     /// to the prefix cache again.
     pub kv_failed: bool,
-    /// Slot of the sibling whose prompt blocks this parked sample will share.
-    pub fork_source: Option<u32>,
+    /// The sibling whose prompt blocks this parked sample will share.
+    pub fork_source: Option<SeqIndex>,
     /// The request's data for this sample, handed to the executor with each admission.
     pub attachment: Option<Attachment>,
 }

@@ -1057,10 +1057,11 @@ fn tiny_pool_preempts_and_still_matches_reference() {
     assert_eq!(m.streams(), reference_streams(&m));
 }
 
-/// Regression: a request's sample that ended while waiting gave its slab slot back; a later
-/// request took the slot, and aborting the first request then aborted the later one too.
+/// Regression: a request's sample that ended while waiting gave its sequence index back; a
+/// later request took the index, and aborting the first request then aborted the later one
+/// too.
 #[test]
-fn abort_does_not_touch_a_reused_slot() {
+fn abort_does_not_touch_a_reused_seq_index() {
     let config =
         SchedulerConfig { num_blocks: 64, block_size: 4, max_num_seqs: 4, ..SchedulerConfig::default() };
     let mut s = Scheduler::new(config).unwrap();

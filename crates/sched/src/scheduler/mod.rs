@@ -26,21 +26,24 @@ use crate::block_pool::{BlockId, BlockPool, PoolUsage, PrefixCacheStats};
 use crate::config::{Policy, SchedulerConfig};
 use crate::error::{SchedError, SchedResult};
 use crate::plan::{FinishReason, OutputEvent};
-use crate::request::{RequestSpec, SeqId, SeqState, Sequence, StopCriteria, StopTokenFilter, NO_ROW};
+use crate::request::{
+    RequestSpec, SeqId, SeqIndex, SeqState, Sequence, StopCriteria, StopTokenFilter, NO_ROW,
+};
 
 pub use queues::Rank;
 use queues::{RowAllocator, RunningList, WaitingQueue};
 
-/// A planned step that has not reported back.
+/// A planned step that has not reported back. Its sequences are [`SeqIndex`]es into the
+/// scheduler's slab.
 #[derive(Debug, Default)]
 struct InflightStep {
     step_id: u64,
-    /// Slots of every scheduled sequence.
-    slots: Vec<u32>,
-    /// Slots of the sampled sequences, in `logits_indices` order.
-    sampled: Vec<u32>,
-    /// Slots of pooling sequences that complete with this step.
-    pooled: Vec<u32>,
+    /// Every scheduled sequence, in plan order.
+    scheduled: Vec<SeqIndex>,
+    /// The sampled sequences, in `logits_indices` order.
+    sampled: Vec<SeqIndex>,
+    /// Pooling sequences that complete with this step.
+    pooled: Vec<SeqIndex>,
     /// Blocks this step writes KV into (a decode: one per sequence). If the step fails,
     /// they lose any prefix-cache identity and whoever reused them fails too.
     written: Vec<BlockId>,
@@ -50,13 +53,13 @@ struct InflightStep {
     /// Leading entries of `to_register` already handed to the block pool.
     num_flushed: usize,
     /// First samples whose prompt completes in this step (their siblings may start).
-    unpark: Vec<u32>,
+    unpark: Vec<SeqIndex>,
 }
 
 /// The samples of one request, for abort and for id reuse.
 #[derive(Debug)]
 struct RequestGroup {
-    slots: Vec<u32>,
+    seq_indices: Vec<SeqIndex>,
     live: usize,
 }
 
@@ -94,11 +97,11 @@ pub struct SchedulerSnapshot {
 pub struct Scheduler {
     config: SchedulerConfig,
     pool: BlockPool,
-    /// Sequence slab; a slot is reused only after its sequence ended and no in-flight step
-    /// references it.
+    /// Sequence slab, indexed by [`SeqIndex`]; an index is reused only after its sequence
+    /// ended and no in-flight step references it.
     seqs: Vec<Option<Sequence>>,
-    free_slots: Vec<u32>,
-    slot_of_seq: HashMap<SeqId, u32>,
+    free_indices: Vec<SeqIndex>,
+    index_of_seq: HashMap<SeqId, SeqIndex>,
     requests: HashMap<Arc<str>, RequestGroup>,
     waiting: WaitingQueue,
     running: RunningList,
@@ -124,8 +127,8 @@ impl Scheduler {
             rows: RowAllocator::new(config.max_num_seqs),
             config,
             seqs: Vec::new(),
-            free_slots: Vec::new(),
-            slot_of_seq: HashMap::new(),
+            free_indices: Vec::new(),
+            index_of_seq: HashMap::new(),
             requests: HashMap::new(),
             waiting: WaitingQueue::default(),
             running: RunningList::default(),
@@ -185,8 +188,8 @@ impl Scheduler {
         let arrival = self.next_arrival;
         self.next_arrival += 1;
         let first_id = self.next_seq_id;
-        let mut group = RequestGroup { slots: Vec::with_capacity(spec.n), live: spec.n };
-        let mut first_slot = None;
+        let mut group = RequestGroup { seq_indices: Vec::with_capacity(spec.n), live: spec.n };
+        let mut first_seq_index = None;
         for index in 0..spec.n {
             let id = self.next_seq_id;
             self.next_seq_id += 1;
@@ -206,18 +209,18 @@ impl Scheduler {
                 spec.pooling,
                 salt.clone(),
             );
-            seq.fork_source = first_slot;
+            seq.fork_source = first_seq_index;
             seq.attachment = spec.sample_attachments.get(index).cloned();
             if index == 0 && self.config.enable_prefix_caching {
                 seq.update_hashes(self.config.block_size);
             }
-            let slot = self.insert_slot(seq);
+            let seq_index = self.insert_seq(seq);
             if index == 0 {
-                first_slot = Some(slot);
-                let rank = self.rank_of(slot);
-                self.waiting.insert(rank, slot);
+                first_seq_index = Some(seq_index);
+                let rank = self.rank_of(seq_index);
+                self.waiting.insert(rank, seq_index);
             }
-            group.slots.push(slot);
+            group.seq_indices.push(seq_index);
         }
         self.requests.insert(request_id, group);
         self.counters.requests_added += 1;
@@ -230,11 +233,14 @@ impl Scheduler {
         let Some(group) = self.requests.get(request_id) else {
             return false;
         };
-        let slots = group.slots.clone();
-        for slot in slots {
-            // A sample that already ended may have had its slot reused by another request.
-            if self.seq(slot).is_some_and(|s| s.state != SeqState::Finished && &*s.request_id == request_id) {
-                self.end_sequence(slot, FinishReason::Abort, None);
+        let seq_indices = group.seq_indices.clone();
+        for seq_index in seq_indices {
+            // A sample that already ended may have had its index reused by another request.
+            if self
+                .seq(seq_index)
+                .is_some_and(|s| s.state != SeqState::Finished && &*s.request_id == request_id)
+            {
+                self.end_sequence(seq_index, FinishReason::Abort, None);
             }
         }
         true
@@ -246,9 +252,11 @@ impl Scheduler {
         if seq_id >= self.next_seq_id {
             return Err(SchedError::Unknown { kind: "sequence", id: seq_id.to_string() });
         }
-        match self.slot_of_seq.get(&seq_id) {
-            Some(&slot) if self.seqs[slot as usize].as_ref().unwrap().state != SeqState::Finished => {
-                self.end_sequence(slot, reason, None);
+        match self.index_of_seq.get(&seq_id) {
+            Some(&seq_index)
+                if self.seqs[seq_index as usize].as_ref().unwrap().state != SeqState::Finished =>
+            {
+                self.end_sequence(seq_index, reason, None);
                 Ok(true)
             }
             _ => Ok(false),
@@ -280,7 +288,7 @@ impl Scheduler {
                 + self.live_seqs().filter(|s| s.state == SeqState::Parked).count(),
             num_preempted_waiting: self
                 .waiting
-                .slots()
+                .seq_indices()
                 .filter(|&s| self.seq(s).is_some_and(|q| q.num_preemptions > 0))
                 .count(),
             num_inflight_steps: self.inflight.len(),
@@ -339,14 +347,14 @@ impl Scheduler {
                 return Err(format!("block {b}: reference count {rc} but {n} owners"));
             }
         }
-        for slot in self.running.slots() {
-            if self.seq(slot).map(|s| s.state) != Some(SeqState::Running) {
-                return Err(format!("slot {slot} in the running list is not running"));
+        for seq_index in self.running.seq_indices() {
+            if self.seq(seq_index).map(|s| s.state) != Some(SeqState::Running) {
+                return Err(format!("sequence index {seq_index} in the running list is not running"));
             }
         }
-        for slot in self.waiting.slots() {
-            if self.seq(slot).map(|s| s.state) != Some(SeqState::Waiting) {
-                return Err(format!("slot {slot} in the waiting queue is not waiting"));
+        for seq_index in self.waiting.seq_indices() {
+            if self.seq(seq_index).map(|s| s.state) != Some(SeqState::Waiting) {
+                return Err(format!("sequence index {seq_index} in the waiting queue is not waiting"));
             }
         }
         let rows_held = self.live_seqs().filter(|s| s.row().is_some()).count();
@@ -365,37 +373,37 @@ impl Scheduler {
         self.seqs.iter().flatten()
     }
 
-    fn seq(&self, slot: u32) -> Option<&Sequence> {
-        self.seqs[slot as usize].as_ref()
+    fn seq(&self, seq_index: SeqIndex) -> Option<&Sequence> {
+        self.seqs[seq_index as usize].as_ref()
     }
 
-    fn seq_mut(&mut self, slot: u32) -> &mut Sequence {
-        self.seqs[slot as usize].as_mut().expect("live slot")
+    fn seq_mut(&mut self, seq_index: SeqIndex) -> &mut Sequence {
+        self.seqs[seq_index as usize].as_mut().expect("live sequence")
     }
 
-    fn rank_of(&self, slot: u32) -> Rank {
-        let s = self.seq(slot).expect("live slot");
+    fn rank_of(&self, seq_index: SeqIndex) -> Rank {
+        let s = self.seq(seq_index).expect("live sequence");
         Rank { priority: s.priority, arrival: s.arrival, seq_id: s.id }
     }
 
-    fn insert_slot(&mut self, seq: Sequence) -> u32 {
+    fn insert_seq(&mut self, seq: Sequence) -> SeqIndex {
         let id = seq.id;
-        let slot = match self.free_slots.pop() {
-            Some(slot) => {
-                self.seqs[slot as usize] = Some(seq);
-                slot
+        let seq_index = match self.free_indices.pop() {
+            Some(seq_index) => {
+                self.seqs[seq_index as usize] = Some(seq);
+                seq_index
             }
             None => {
                 self.seqs.push(Some(seq));
-                (self.seqs.len() - 1) as u32
+                (self.seqs.len() - 1) as SeqIndex
             }
         };
-        self.slot_of_seq.insert(id, slot);
-        slot
+        self.index_of_seq.insert(id, seq_index);
+        seq_index
     }
 
-    fn release_row(&mut self, slot: u32) {
-        let seq = self.seq_mut(slot);
+    fn release_row(&mut self, seq_index: SeqIndex) {
+        let seq = self.seq_mut(seq_index);
         if let Some(row) = seq.row() {
             seq.row = NO_ROW;
             self.rows.give_back(row);
@@ -405,9 +413,9 @@ impl Scheduler {
 
     /// Ends a sequence: records why, takes it out of its queue and releases its row. Its
     /// blocks go back now, or when the last in-flight step referencing it reports.
-    fn end_sequence(&mut self, slot: u32, reason: FinishReason, stop_token: Option<u32>) {
-        let rank = self.rank_of(slot);
-        let state = self.seq(slot).unwrap().state;
+    fn end_sequence(&mut self, seq_index: SeqIndex, reason: FinishReason, stop_token: Option<u32>) {
+        let rank = self.rank_of(seq_index);
+        let state = self.seq(seq_index).unwrap().state;
         match state {
             SeqState::Running => {
                 self.running.remove(&rank);
@@ -417,12 +425,12 @@ impl Scheduler {
             }
             SeqState::Parked | SeqState::Finished => {}
         }
-        self.release_row(slot);
-        let seq = self.seq_mut(slot);
+        self.release_row(seq_index);
+        let seq = self.seq_mut(seq_index);
         seq.state = SeqState::Finished;
         let (id, req, first_of_group) = (seq.id, seq.request_id.clone(), seq.index == 0);
         let ev = &mut self.output;
-        let seq = self.seqs[slot as usize].as_ref().unwrap();
+        let seq = self.seqs[seq_index as usize].as_ref().unwrap();
         ev.finished_seq_ids.push(id);
         ev.finish_reasons.push(reason as u8);
         ev.stop_token_ids.push(stop_token.map_or(-1, i64::from));
@@ -440,24 +448,24 @@ impl Scheduler {
         }
         if first_of_group {
             // Siblings still parked behind this sample proceed on their own.
-            self.unpark_siblings(slot);
+            self.unpark_siblings(seq_index);
         }
-        self.release_if_idle(slot);
+        self.release_if_idle(seq_index);
     }
 
-    /// Frees a finished sequence's blocks and slot once no in-flight step references it.
-    fn release_if_idle(&mut self, slot: u32) {
-        let seq = self.seq(slot).unwrap();
+    /// Frees a finished sequence's blocks and slab entry once no in-flight step references it.
+    fn release_if_idle(&mut self, seq_index: SeqIndex) {
+        let seq = self.seq(seq_index).unwrap();
         if seq.state != SeqState::Finished || seq.inflight_steps > 0 {
             return;
         }
         if !seq.kv_failed {
-            self.register_rest(slot);
+            self.register_rest(seq_index);
         }
-        let seq = self.seqs[slot as usize].take().unwrap();
+        let seq = self.seqs[seq_index as usize].take().unwrap();
         self.pool.release(&seq.blocks);
-        self.slot_of_seq.remove(&seq.id);
-        self.free_slots.push(slot);
+        self.index_of_seq.remove(&seq.id);
+        self.free_indices.push(seq_index);
     }
 
     /// Offers the prefix cache the full blocks of `seq` that planning did not: those holding
@@ -466,9 +474,9 @@ impl Scheduler {
     /// generating could hit them; this keeps hashing out of the steady decode step, where at
     /// thousands of sequences its cache misses cost more per sequence than at hundreds.
     /// A follow-up turn, or this sequence recomputed after preemption, finds them.
-    fn register_rest(&mut self, slot: u32) {
+    fn register_rest(&mut self, seq_index: SeqIndex) {
         let bs = self.config.block_size;
-        let (pool, seq) = (&mut self.pool, self.seqs[slot as usize].as_mut().expect("live slot"));
+        let (pool, seq) = (&mut self.pool, self.seqs[seq_index as usize].as_mut().expect("live sequence"));
         if !pool.caching_enabled() || seq.pooling {
             return;
         }
@@ -490,10 +498,10 @@ impl Scheduler {
     /// the executor runs plans in order, so whoever receives a block in a later plan
     /// writes it after the victim's step did.
     fn preempt_at(&mut self, index: usize) {
-        let (rank, slot) = self.running.remove_at(index);
-        self.release_row(slot);
-        self.register_rest(slot);
-        let seq = self.seqs[slot as usize].as_mut().unwrap();
+        let (rank, seq_index) = self.running.remove_at(index);
+        self.release_row(seq_index);
+        self.register_rest(seq_index);
+        let seq = self.seqs[seq_index as usize].as_mut().unwrap();
         seq.state = SeqState::Waiting;
         let blocks = std::mem::take(&mut seq.blocks);
         seq.num_computed = 0;
@@ -501,7 +509,7 @@ impl Scheduler {
         seq.num_shared_blocks = 0;
         seq.num_preemptions += 1;
         self.pool.release(&blocks);
-        self.waiting.insert(rank, slot);
+        self.waiting.insert(rank, seq_index);
         self.counters.preemptions += 1;
     }
 }

@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::request::SeqIndex;
+
 /// Admission / preemption rank: lower runs first. Under `fcfs` the priority part is 0, so
 /// the order is arrival order; a preempted sequence keeps its arrival and so goes back
 /// ahead of everything that arrived after it.
@@ -12,22 +14,22 @@ pub struct Rank {
     pub seq_id: u64,
 }
 
-/// Waiting sequences by rank.
+/// Waiting sequences (their indices in the scheduler's slab) by rank.
 #[derive(Debug, Default)]
 pub struct WaitingQueue {
-    by_rank: BTreeMap<Rank, u32>,
+    by_rank: BTreeMap<Rank, SeqIndex>,
 }
 
 impl WaitingQueue {
-    pub fn insert(&mut self, rank: Rank, slot: u32) {
-        self.by_rank.insert(rank, slot);
+    pub fn insert(&mut self, rank: Rank, seq_index: SeqIndex) {
+        self.by_rank.insert(rank, seq_index);
     }
 
-    pub fn remove(&mut self, rank: &Rank) -> Option<u32> {
+    pub fn remove(&mut self, rank: &Rank) -> Option<SeqIndex> {
         self.by_rank.remove(rank)
     }
 
-    pub fn first(&self) -> Option<(Rank, u32)> {
+    pub fn first(&self) -> Option<(Rank, SeqIndex)> {
         self.by_rank.first_key_value().map(|(r, s)| (*r, *s))
     }
 
@@ -35,7 +37,7 @@ impl WaitingQueue {
         self.by_rank.len()
     }
 
-    pub fn slots(&self) -> impl Iterator<Item = u32> + '_ {
+    pub fn seq_indices(&self) -> impl Iterator<Item = SeqIndex> + '_ {
         self.by_rank.values().copied()
     }
 }
@@ -44,24 +46,24 @@ impl WaitingQueue {
 /// and the preemption victim is always the last entry.
 #[derive(Debug, Default)]
 pub struct RunningList {
-    entries: Vec<(Rank, u32)>,
+    entries: Vec<(Rank, SeqIndex)>,
 }
 
 impl RunningList {
-    pub fn insert(&mut self, rank: Rank, slot: u32) {
+    pub fn insert(&mut self, rank: Rank, seq_index: SeqIndex) {
         let at = self.entries.partition_point(|(r, _)| *r < rank);
-        self.entries.insert(at, (rank, slot));
+        self.entries.insert(at, (rank, seq_index));
     }
 
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
-    pub fn get(&self, i: usize) -> (Rank, u32) {
+    pub fn get(&self, i: usize) -> (Rank, SeqIndex) {
         self.entries[i]
     }
 
-    pub fn remove_at(&mut self, i: usize) -> (Rank, u32) {
+    pub fn remove_at(&mut self, i: usize) -> (Rank, SeqIndex) {
         self.entries.remove(i)
     }
 
@@ -75,7 +77,7 @@ impl RunningList {
         }
     }
 
-    pub fn slots(&self) -> impl Iterator<Item = u32> + '_ {
+    pub fn seq_indices(&self) -> impl Iterator<Item = SeqIndex> + '_ {
         self.entries.iter().map(|(_, s)| *s)
     }
 }
@@ -124,10 +126,10 @@ mod tests {
         l.insert(rank(0, 5), 5);
         l.insert(rank(0, 1), 1);
         l.insert(rank(-1, 9), 9);
-        assert_eq!(l.slots().collect::<Vec<_>>(), vec![9, 1, 5]);
+        assert_eq!(l.seq_indices().collect::<Vec<_>>(), vec![9, 1, 5]);
         assert!(l.remove(&rank(0, 1)));
         assert!(!l.remove(&rank(0, 1)));
-        assert_eq!(l.slots().collect::<Vec<_>>(), vec![9, 5]);
+        assert_eq!(l.seq_indices().collect::<Vec<_>>(), vec![9, 5]);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use crate::block_pool::BlockId;
 use crate::plan::{StepPlan, PLACEHOLDER_TOKEN};
-use crate::request::SeqState;
+use crate::request::{SeqIndex, SeqState};
 
 use super::{InflightStep, Scheduler};
 
@@ -31,7 +31,7 @@ impl Scheduler {
         plan.slot_mapping.reserve(expected);
         plan.logits_indices.reserve(expected);
         plan.sample_rows.reserve(expected);
-        step.slots.reserve(expected);
+        step.scheduled.reserve(expected);
         step.sampled.reserve(expected);
         step.written.reserve(expected);
         let preempted = self.schedule_running(&mut budget, &mut plan, &mut step);
@@ -40,15 +40,15 @@ impl Scheduler {
             self.schedule_waiting(&mut budget, &mut plan, &mut step);
             self.flush_registrations(&mut step);
         }
-        if step.slots.is_empty() {
+        if step.scheduled.is_empty() {
             // Rows freed so far stay queued for the next plan that is actually sent.
             return None;
         }
         self.next_step_id += 1;
         plan.freed_rows = std::mem::take(&mut self.freed_rows);
         let unpark = std::mem::take(&mut step.unpark);
-        for slot in unpark {
-            self.unpark_siblings(slot);
+        for seq_index in unpark {
+            self.unpark_siblings(seq_index);
         }
         self.inflight.push_back(step);
         self.counters.steps_planned += 1;
@@ -64,8 +64,8 @@ impl Scheduler {
     }
 
     /// Tokens for one sequence this step, after the budget and the per-step prefill cap.
-    fn chunk_size(&self, slot: u32, budget: usize) -> usize {
-        let seq = self.seq(slot).unwrap();
+    fn chunk_size(&self, seq_index: SeqIndex, budget: usize) -> usize {
+        let seq = self.seq(seq_index).unwrap();
         self.cap_chunk(seq.tokens_wanted(&self.config), budget, seq.pooling)
     }
 
@@ -89,15 +89,15 @@ impl Scheduler {
         let mut preempted = false;
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
-            let (_, slot) = self.running.get(i);
-            let n = self.chunk_size(slot, *budget);
+            let (_, seq_index) = self.running.get(i);
+            let n = self.chunk_size(seq_index, *budget);
             if n == 0 {
                 i += 1;
                 continue;
             }
             // A running sequence holds exactly blocks_for(num_computed) blocks, so the block
             // table itself (a cache line of its own) is not read here.
-            let computed = self.seq(slot).unwrap().computed();
+            let computed = self.seq(seq_index).unwrap().computed();
             let need = self.config.blocks_for(computed + n) - self.config.blocks_for(computed);
             // Make room by preempting lower-ranked sequences (always the last of the list).
             while self.pool.num_free() < need && self.running.len() > i + 1 {
@@ -109,8 +109,8 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            self.grow_blocks(slot, need, plan);
-            self.emit(slot, n, plan, step);
+            self.grow_blocks(seq_index, need, plan);
+            self.emit(seq_index, n, plan, step);
             *budget -= n;
             i += 1;
         }
@@ -120,11 +120,11 @@ impl Scheduler {
     fn schedule_waiting(&mut self, budget: &mut usize, plan: &mut StepPlan, step: &mut InflightStep) {
         let mut hit: Vec<BlockId> = Vec::new();
         while *budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some((rank, slot)) = self.waiting.first() else {
+            let Some((rank, seq_index)) = self.waiting.first() else {
                 break;
             };
             let bs = self.config.block_size;
-            let seq = self.seq(slot).unwrap();
+            let seq = self.seq(seq_index).unwrap();
             if seq.pending_samples > 0 {
                 // Preempted while its last step is in flight; admissible once that reports.
                 break;
@@ -134,10 +134,10 @@ impl Scheduler {
             self.flush_registrations(step);
             // Never reuse the whole prompt: at least one token is computed for its logits.
             let max_hit_blocks = (known - 1) / bs;
-            self.find_reusable_prefix(slot, max_hit_blocks, &mut hit);
+            self.find_reusable_prefix(seq_index, max_hit_blocks, &mut hit);
             let cached = hit.len() * bs;
             let wanted = known - cached;
-            let seq = self.seq(slot).unwrap();
+            let seq = self.seq(seq_index).unwrap();
             let n = self.cap_chunk(wanted, *budget, seq.pooling);
             if n == 0 {
                 break; // a pooling prompt that does not fit this step's budget
@@ -155,7 +155,7 @@ impl Scheduler {
             self.waiting.remove(&rank);
             let row = self.rows.take().expect("a free row exists while running < max_num_seqs");
             let max_model_len = self.config.max_model_len;
-            let seq = self.seq_mut(slot);
+            let seq = self.seq_mut(seq_index);
             seq.blocks.clear();
             seq.blocks.extend_from_slice(&hit);
             if let Some(&b) = hit.last() {
@@ -175,27 +175,27 @@ impl Scheduler {
                 let most = (seq.prompt_len() + seq.max_tokens as usize).min(max_model_len);
                 seq.reserve_tokens(most);
             }
-            self.running.insert(rank, slot);
-            self.announce_new(slot, plan);
-            self.grow_blocks(slot, need, plan);
-            self.emit(slot, n, plan, step);
+            self.running.insert(rank, seq_index);
+            self.announce_new(seq_index, plan);
+            self.grow_blocks(seq_index, need, plan);
+            self.emit(seq_index, n, plan, step);
             *budget -= n;
         }
     }
 
-    /// Fills `hit` with blocks the waiting sequence at `slot` can reuse: its first sibling's
-    /// prompt blocks when it was forked, else the longest cached prefix.
-    fn find_reusable_prefix(&mut self, slot: u32, max_blocks: usize, hit: &mut Vec<BlockId>) {
+    /// Fills `hit` with blocks the waiting sequence at `seq_index` can reuse: its first
+    /// sibling's prompt blocks when it was forked, else the longest cached prefix.
+    fn find_reusable_prefix(&mut self, seq_index: SeqIndex, max_blocks: usize, hit: &mut Vec<BlockId>) {
         hit.clear();
         let caching = self.pool.caching_enabled();
-        let seq = self.seqs[slot as usize].as_mut().unwrap();
+        let seq = self.seqs[seq_index as usize].as_mut().unwrap();
         if seq.pooling {
             return;
         }
         if caching {
             seq.update_hashes(self.config.block_size);
         }
-        let seq = self.seq(slot).unwrap();
+        let seq = self.seq(seq_index).unwrap();
         if let Some(src) = seq.fork_source {
             if let Some(parent) = self.seq(src) {
                 if parent.state == SeqState::Running && parent.id < seq.id {
@@ -214,12 +214,13 @@ impl Scheduler {
         self.pool.longest_cached_prefix(&seq.hashes[..limit], hit);
     }
 
-    /// Allocates `need` more blocks for `slot` (checked free) and records the table writes.
-    fn grow_blocks(&mut self, slot: u32, need: usize, plan: &mut StepPlan) {
+    /// Allocates `need` more blocks for the sequence at `seq_index` (checked free) and
+    /// records the table writes.
+    fn grow_blocks(&mut self, seq_index: SeqIndex, need: usize, plan: &mut StepPlan) {
         if need == 0 {
             return;
         }
-        let seq = self.seqs[slot as usize].as_mut().unwrap();
+        let seq = self.seqs[seq_index as usize].as_mut().unwrap();
         let start = seq.blocks.len();
         self.pool.allocate(need, &mut seq.blocks);
         seq.tail_block = *seq.blocks.last().unwrap();
@@ -233,8 +234,8 @@ impl Scheduler {
 
     /// Lists a sequence entering the batch with all its known tokens and its block table so
     /// far (prefix hits; blocks allocated in this step are added by `grow_blocks`).
-    fn announce_new(&mut self, slot: u32, plan: &mut StepPlan) {
-        let seq = self.seqs[slot as usize].as_mut().expect("live slot");
+    fn announce_new(&mut self, seq_index: SeqIndex, plan: &mut StepPlan) {
+        let seq = self.seqs[seq_index as usize].as_mut().expect("live sequence");
         let row = seq.row().expect("admitted sequence has a row") as i32;
         if plan.new_token_offsets.is_empty() {
             plan.new_token_offsets.push(0);
@@ -254,10 +255,10 @@ impl Scheduler {
 
     /// Writes one picked sequence's tokens into the plan, advances its computed count,
     /// registers prompt blocks that became full, and records it in the step.
-    fn emit(&mut self, slot: u32, n: usize, plan: &mut StepPlan, step: &mut InflightStep) {
+    fn emit(&mut self, seq_index: SeqIndex, n: usize, plan: &mut StepPlan, step: &mut InflightStep) {
         let bs = self.config.block_size;
         let caching = self.pool.caching_enabled();
-        let seq = self.seqs[slot as usize].as_mut().expect("live slot");
+        let seq = self.seqs[seq_index as usize].as_mut().expect("live sequence");
         let start = seq.computed();
         let end = start + n;
         let known = seq.num_tokens();
@@ -285,19 +286,19 @@ impl Scheduler {
         }
         seq.num_computed = end as u32;
         seq.inflight_steps += 1;
-        step.slots.push(slot);
+        step.scheduled.push(seq_index);
         if seq.pooling {
             plan.pool_indices.push(index);
-            step.pooled.push(slot);
+            step.pooled.push(seq_index);
         } else if end == seq.num_tokens_with_pending() {
             plan.logits_indices.push(plan.input_ids.len() as i64 - 1);
             plan.sample_rows.push(row);
             seq.pending_samples += 1;
-            step.sampled.push(slot);
+            step.sampled.push(seq_index);
         }
         // (The index, in the block table's cache line, is only read at the end of a prompt.)
         if start < seq.prompt_len() && end >= seq.prompt_len() && seq.index == 0 {
-            step.unpark.push(slot);
+            step.unpark.push(seq_index);
         }
         // Prompt blocks that are now full of computed tokens become findable. Blocks that
         // hold generated tokens wait until the sequence stops running (`register_rest`).
@@ -318,21 +319,21 @@ impl Scheduler {
 
     /// The first sample's prompt is scheduled: its parked siblings may now be admitted and
     /// share its prompt blocks.
-    pub(super) fn unpark_siblings(&mut self, first: u32) {
+    pub(super) fn unpark_siblings(&mut self, first: SeqIndex) {
         let req = self.seq(first).unwrap().request_id.clone();
         let Some(group) = self.requests.get(&req) else {
             return;
         };
-        let parked: Vec<u32> = group
-            .slots
+        let parked: Vec<SeqIndex> = group
+            .seq_indices
             .iter()
             .copied()
             .filter(|&s| self.seq(s).is_some_and(|q| q.state == SeqState::Parked && q.request_id == req))
             .collect();
-        for slot in parked {
-            self.seq_mut(slot).state = SeqState::Waiting;
-            let rank = self.rank_of(slot);
-            self.waiting.insert(rank, slot);
+        for seq_index in parked {
+            self.seq_mut(seq_index).state = SeqState::Waiting;
+            let rank = self.rank_of(seq_index);
+            self.waiting.insert(rank, seq_index);
         }
     }
 }

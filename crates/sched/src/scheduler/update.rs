@@ -4,7 +4,7 @@
 use crate::block_pool::BlockId;
 use crate::error::{SchedError, SchedResult};
 use crate::plan::FinishReason;
-use crate::request::SeqState;
+use crate::request::{SeqIndex, SeqState};
 
 use super::{InflightStep, Scheduler};
 
@@ -18,9 +18,9 @@ impl Scheduler {
         self.output.token_ids.reserve(step.sampled.len());
         // One pass over the step's sequences; `sampled` follows them in order.
         let mut next_sample = 0;
-        for &slot in &step.slots {
-            let samples_here = step.sampled.get(next_sample) == Some(&slot);
-            let seq = self.seqs[slot as usize].as_mut().expect("live slot");
+        for &seq_index in &step.scheduled {
+            let samples_here = step.sampled.get(next_sample) == Some(&seq_index);
+            let seq = self.seqs[seq_index as usize].as_mut().expect("live sequence");
             seq.inflight_steps -= 1;
             if samples_here {
                 let token = sampled[next_sample] as u32;
@@ -36,16 +36,16 @@ impl Scheduler {
                     self.counters.generated_tokens += 1;
                     let maybe_stop = self.stop_filter.may_contain(token);
                     if let Some((reason, stop_token)) = seq.check_stop(token, maybe_stop, &self.config) {
-                        self.end_sequence(slot, reason, stop_token);
+                        self.end_sequence(seq_index, reason, stop_token);
                         continue; // end_sequence released what was left to release
                     }
                 }
             } else if seq.pooling && seq.state != SeqState::Finished {
-                self.end_sequence(slot, FinishReason::Pooled, None);
+                self.end_sequence(seq_index, FinishReason::Pooled, None);
                 continue;
             }
             if seq.state == SeqState::Finished && seq.inflight_steps == 0 {
-                self.release_if_idle(slot);
+                self.release_if_idle(seq_index);
             }
         }
         Ok(())
@@ -62,30 +62,30 @@ impl Scheduler {
         for &block in &unwritten {
             self.pool.forget(block);
         }
-        for &slot in &step.sampled {
-            self.seq_mut(slot).pending_samples -= 1;
+        for &seq_index in &step.sampled {
+            self.seq_mut(seq_index).pending_samples -= 1;
         }
-        for &slot in &step.slots {
-            let seq = self.seq_mut(slot);
+        for &seq_index in &step.scheduled {
+            let seq = self.seq_mut(seq_index);
             seq.inflight_steps -= 1;
             seq.kv_failed = true;
             if seq.state == SeqState::Finished {
-                self.release_if_idle(slot);
+                self.release_if_idle(seq_index);
             } else {
-                self.end_sequence(slot, FinishReason::Error, None);
+                self.end_sequence(seq_index, FinishReason::Error, None);
             }
         }
-        let readers: Vec<u32> = (0..self.seqs.len() as u32)
-            .filter(|&slot| {
-                self.seq(slot).is_some_and(|s| {
+        let readers: Vec<SeqIndex> = (0..self.seqs.len() as SeqIndex)
+            .filter(|&seq_index| {
+                self.seq(seq_index).is_some_and(|s| {
                     s.state != SeqState::Finished
                         && s.blocks[..s.num_shared_blocks as usize].iter().any(|b| unwritten.contains(b))
                 })
             })
             .collect();
-        for slot in readers {
-            self.seq_mut(slot).kv_failed = true;
-            self.end_sequence(slot, FinishReason::Error, None);
+        for seq_index in readers {
+            self.seq_mut(seq_index).kv_failed = true;
+            self.end_sequence(seq_index, FinishReason::Error, None);
         }
         Ok(())
     }
