@@ -149,3 +149,26 @@ def test_embeddings_match_transformers_last_token_pooling(real_engine):
         got = np.array(out.outputs.embedding)
         assert got.shape == expected.shape
         np.testing.assert_allclose(got, expected, atol=1e-4)
+
+
+def test_a_fast_first_step_never_loses_the_first_token(scripted, monkeypatch):
+    # The first token can be sampled before the caller has finished registering its
+    # request (here made certain by a slow text-stream set-up between the scheduler's
+    # add_request and the registration); the output thread must wait for it.
+    core, script = scripted
+    engine = AsyncEngine.from_engine_core(core)
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    make_stream = core._text_stream
+
+    def slow_stream(*args):
+        time.sleep(0.05)
+        return make_stream(*args)
+
+    monkeypatch.setattr(core, "_text_stream", slow_stream)
+
+    async def many():
+        jobs = asyncio.gather(*(collect(engine, params, "cumulative", f"fast-{i}") for i in range(8)))
+        return await asyncio.wait_for(jobs, timeout=30)
+
+    for outs in asyncio.run(many()):
+        assert outs[-1].outputs[0].token_ids == script[:5]

@@ -79,6 +79,7 @@ class OutputLoop:
     def _handle(self, event) -> None:
         touched: dict[str, RequestState] = {}
         result: Optional[StepResult] = event.step_result
+        self.registry.settle_adds()
         try:
             if result is not None and len(result.new_seq_ids):
                 self._mark_scheduled(result)

@@ -26,6 +26,16 @@ class SequenceRegistry:
         for sample in state.samples:
             self._seqs[sample.seq_id] = (state, sample)
 
+    def settle_adds(self) -> None:
+        """Waits until no caller is between the scheduler's ``add_request`` and ``add``.
+
+        Call it after receiving an event: every sequence the event names was added to the
+        scheduler under ``lock``, so once the lock is free its request is registered here
+        (a fast step can otherwise produce a request's first token before its caller has
+        registered it). One uncontended lock per event."""
+        with self.lock:
+            pass
+
     def contains_request(self, request_id: str) -> bool:
         return request_id in self._requests
 
