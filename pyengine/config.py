@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
+from pyengine._sched import SchedulerConfig
 from pyengine.errors import InvalidConfigError
+from pyengine.executor.config import ExecutorConfig, check_executor_settings
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 
@@ -58,24 +60,10 @@ class EngineConfig:
             if not ok:
                 raise InvalidConfigError(f"{name} {requirement}, got {getattr(self, name)!r}")
 
-        need(self.block_size >= 1, "block_size", "must be >= 1")
-        need(self.max_num_seqs >= 1, "max_num_seqs", "must be >= 1")
-        need(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be >= 1")
-        need(self.max_model_len is None or self.max_model_len >= 1, "max_model_len", "must be >= 1")
-        need(self.kv_cache_bytes is None or self.kv_cache_bytes > 0, "kv_cache_bytes", "must be > 0")
-        need(self.num_kv_blocks is None or self.num_kv_blocks >= 1, "num_kv_blocks", "must be >= 1")
-        need(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", "must be in (0, 1]")
+        check_executor_settings(self)
         need(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold", "must be >= 0")
         need(self.pipeline_depth in (1, 2), "pipeline_depth", "must be 1 or 2")
         need(self.scheduling_policy in ("fcfs", "priority"), "scheduling_policy", "must be 'fcfs' or 'priority'")
-        need(self.dtype in ("auto", "float32", "bfloat16", "float16"), "dtype",
-             "must be 'auto', 'float32', 'bfloat16' or 'float16'")
-        need(self.device == "cpu" or self.device.startswith("cuda"), "device", "must be 'cpu' or 'cuda[:N]'")
-        need(self.attention_backend in ("auto", "sdpa", "flash_attn"), "attention_backend",
-             "must be 'auto', 'sdpa' or 'flash_attn'")
-        need(self.load_format in ("auto", "safetensors", "dummy"), "load_format",
-             "must be 'auto', 'safetensors' or 'dummy'")
-        need(self.max_logprobs >= 0, "max_logprobs", "must be >= 0")
         if self.max_model_len is not None:
             need(self.max_num_batched_tokens >= min(self.max_num_seqs, self.max_model_len),
                  "max_num_batched_tokens", f"must be >= max_num_seqs ({self.max_num_seqs})")
@@ -89,6 +77,24 @@ class EngineConfig:
                     f"model {str(self.model)!r} is not a checkpoint folder (no config.json there); "
                     "pyengine loads local Hugging Face checkpoint folders"
                 )
+
+    def executor_config(self) -> ExecutorConfig:
+        """The executor's settings: every ExecutorConfig field, taken by name from here."""
+        return ExecutorConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ExecutorConfig)})
+
+    def scheduler_config(self, num_blocks: int, max_model_len: int) -> SchedulerConfig:
+        """The scheduler's settings, once the KV cache size and the model's length are known."""
+        return SchedulerConfig(
+            num_blocks,
+            block_size=self.block_size,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=max_model_len,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            enable_prefix_caching=self.enable_prefix_caching,
+            policy=self.scheduling_policy,
+            pipeline_depth=self.pipeline_depth,
+        )
 
     @classmethod
     def from_kwargs(cls, model: Optional[Union[str, Path]] = None, **kwargs: Any) -> EngineConfig:

@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from pyengine._kernels import release_openmp_workers
-from pyengine._sched import Request, SchedulerConfig, SchedulerThread
+from pyengine._sched import Request, SchedulerThread
 from pyengine.config import EngineConfig
 from pyengine.engine.executor_loop import EXEC_THREAD_NAME, ExecutorLoop
 from pyengine.engine.output_loop import OUTPUT_THREAD_NAME, OutputLoop
 from pyengine.engine.registry import SequenceRegistry
 from pyengine.engine.request_state import OutputKind, OutputSink, RequestState
 from pyengine.errors import DuplicateRequestError, EngineDeadError, InvalidRequestError
-from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
 from pyengine.output import DecodeTable, TextStream
 from pyengine.outputs import EngineStats
@@ -51,24 +50,7 @@ class EngineCore:
     def __init__(self, config: EngineConfig, runner: Optional[Any] = None) -> None:
         self.config = config
         self.model_path = resolve_model_path(config) if runner is None else Path("<synthetic>")
-        self.runner = runner or ModelRunner.from_pretrained(
-            self.model_path,
-            ExecutorConfig(
-                dtype=config.dtype,
-                device=config.device,
-                block_size=config.block_size,
-                max_num_seqs=config.max_num_seqs,
-                max_model_len=config.max_model_len,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                kv_cache_bytes=config.kv_cache_bytes,
-                num_kv_blocks=config.num_kv_blocks,
-                gpu_memory_utilization=config.gpu_memory_utilization,
-                attention_backend=config.attention_backend,
-                load_format=config.load_format,
-                seed=config.seed,
-                max_logprobs=config.max_logprobs,
-            ),
-        )
+        self.runner = runner or ModelRunner.from_pretrained(self.model_path, config.executor_config())
         self.tokenizer = self.runner.loaded.tokenizer
         # Token id -> bytes, built once and shared by every sequence's text stream.
         self.decode_table = DecodeTable.from_tokenizer(self.tokenizer) if self.tokenizer is not None else None
@@ -76,19 +58,7 @@ class EngineCore:
         self.max_model_len = self.runner.max_model_len
         model_config = getattr(self.runner.loaded, "config", None)
         self.vocab_size: Optional[int] = getattr(model_config, "vocab_size", None)
-        self.sched = SchedulerThread(
-            SchedulerConfig(
-                self.runner.num_kv_blocks,
-                block_size=config.block_size,
-                max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                max_model_len=self.max_model_len,
-                long_prefill_token_threshold=config.long_prefill_token_threshold,
-                enable_prefix_caching=config.enable_prefix_caching,
-                policy=config.scheduling_policy,
-                pipeline_depth=config.pipeline_depth,
-            )
-        )
+        self.sched = SchedulerThread(config.scheduler_config(self.runner.num_kv_blocks, self.max_model_len))
         self.registry = SequenceRegistry()
         self.executor = ExecutorLoop(self.runner, self.sched, lambda: len(self.registry) > 0)
         self.output = OutputLoop(self.sched, self.registry, lambda: self.executor.fatal)

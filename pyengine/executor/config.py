@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, Callable, Literal, Optional
+
+from pyengine.errors import InvalidConfigError
 
 AttentionBackendName = Literal["auto", "sdpa", "flash_attn"]
 
@@ -40,47 +42,33 @@ class ExecutorConfig:
     max_logprobs: int = 20
 
     def __post_init__(self) -> None:
-        checks = [
-            (self.block_size >= 1, "block_size", "must be >= 1", self.block_size),
-            (self.max_num_seqs >= 1, "max_num_seqs", "must be >= 1", self.max_num_seqs),
-            (
-                self.max_model_len is None or self.max_model_len >= 1,
-                "max_model_len",
-                "must be >= 1",
-                self.max_model_len,
-            ),
-            (
-                self.max_num_batched_tokens >= 1,
-                "max_num_batched_tokens",
-                "must be >= 1",
-                self.max_num_batched_tokens,
-            ),
-            (
-                self.kv_cache_bytes is None or self.kv_cache_bytes > 0,
-                "kv_cache_bytes",
-                "must be > 0",
-                self.kv_cache_bytes,
-            ),
-            (
-                self.num_kv_blocks is None or self.num_kv_blocks >= 1,
-                "num_kv_blocks",
-                "must be >= 1",
-                self.num_kv_blocks,
-            ),
-            (
-                0.0 < self.gpu_memory_utilization <= 1.0,
-                "gpu_memory_utilization",
-                "must be in (0, 1]",
-                self.gpu_memory_utilization,
-            ),
-            (
-                self.attention_backend in ("auto", "sdpa", "flash_attn"),
-                "attention_backend",
-                "must be 'auto', 'sdpa' or 'flash_attn'",
-                self.attention_backend,
-            ),
-            (self.max_logprobs >= 0, "max_logprobs", "must be >= 0", self.max_logprobs),
-        ]
-        for ok, name, requirement, value in checks:
-            if not ok:
-                raise ValueError(f"{name} {requirement}, got {value!r}")
+        check_executor_settings(self)
+
+
+# The executor's settings and what each must satisfy: checked here for an ExecutorConfig
+# built directly (tests, benches) and by EngineConfig for the same-named engine
+# arguments, so each rule is written once.
+EXECUTOR_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("dtype", lambda v: v in ("auto", "float32", "bfloat16", "float16"),
+     "must be 'auto', 'float32', 'bfloat16' or 'float16'"),
+    ("device", lambda v: v == "cpu" or str(v).startswith("cuda"), "must be 'cpu' or 'cuda[:N]'"),
+    ("block_size", lambda v: v >= 1, "must be >= 1"),
+    ("max_num_seqs", lambda v: v >= 1, "must be >= 1"),
+    ("max_model_len", lambda v: v is None or v >= 1, "must be >= 1"),
+    ("max_num_batched_tokens", lambda v: v >= 1, "must be >= 1"),
+    ("kv_cache_bytes", lambda v: v is None or v > 0, "must be > 0"),
+    ("num_kv_blocks", lambda v: v is None or v >= 1, "must be >= 1"),
+    ("gpu_memory_utilization", lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"),
+    ("attention_backend", lambda v: v in ("auto", "sdpa", "flash_attn"), "must be 'auto', 'sdpa' or 'flash_attn'"),
+    ("load_format", lambda v: v in ("auto", "safetensors", "dummy"), "must be 'auto', 'safetensors' or 'dummy'"),
+    ("max_logprobs", lambda v: v >= 0, "must be >= 0"),
+)
+
+
+def check_executor_settings(config: Any) -> None:
+    """Raises ``InvalidConfigError`` naming the first executor setting of ``config`` (an
+    ExecutorConfig or an EngineConfig) that breaks its rule."""
+    for name, ok, requirement in EXECUTOR_RULES:
+        value = getattr(config, name)
+        if not ok(value):
+            raise InvalidConfigError(f"{name} {requirement}, got {value!r}")
