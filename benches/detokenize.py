@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 from pyengine.models.default_tokenizer import train_tokenizer
-from pyengine.output import DecodeTable, IncrementalDetokenizer, TextStream
+from pyengine.text import DecodeTable, IncrementalDetokenizer, TextStream
 
 TEXT = (
     "The scheduler plans the next step while the executor runs this one. "

@@ -15,7 +15,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from pyengine.models.default_tokenizer import EOS_TOKEN, IM_START_TOKEN, train_tokenizer
-from pyengine.output import DecodeTable, IncrementalDetokenizer
+from pyengine.text import DecodeTable, IncrementalDetokenizer
 
 REPLACEMENT = "\ufffd"
 MULTILINGUAL = [

@@ -8,8 +8,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from pyengine.models.default_tokenizer import EOS_TOKEN, train_tokenizer
-from pyengine.output import DecodeTable, TextDelta, TextStream
 from pyengine.sampling_params import SamplingParams
+from pyengine.text import DecodeTable, TextDelta, TextStream
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 import pytest
 
 from pyengine.errors import InvalidRequestError
-from pyengine.output import StopStringMatcher, TextDelta
+from pyengine.text import StopStringMatcher, TextDelta
 
 
 def run(matcher: StopStringMatcher, deltas: Sequence[str]) -> tuple[list[str], Optional[str]]:

@@ -23,13 +23,13 @@ from pyengine._sched import Request, SchedulerThread
 from pyengine.config import EngineConfig
 from pyengine.engine.executor_loop import EXEC_THREAD_NAME, ExecutorLoop
 from pyengine.engine.output_loop import OUTPUT_THREAD_NAME, OutputLoop
-from pyengine.engine.registry import SequenceRegistry
 from pyengine.engine.request_state import OutputKind, OutputSink, RequestState
+from pyengine.engine.request_table import RequestTable
 from pyengine.errors import DuplicateRequestError, EngineDeadError, InvalidRequestError
 from pyengine.executor.model_runner import ModelRunner
-from pyengine.output import DecodeTable, TextStream
 from pyengine.outputs import EngineStats
 from pyengine.sampling_params import PoolingParams, SamplingParams, sample_params
+from pyengine.text import DecodeTable, TextStream
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +59,9 @@ class EngineCore:
         model_config = getattr(self.runner.loaded, "config", None)
         self.vocab_size: Optional[int] = getattr(model_config, "vocab_size", None)
         self.sched = SchedulerThread(config.scheduler_config(self.runner.num_kv_blocks, self.max_model_len))
-        self.registry = SequenceRegistry()
-        self.executor = ExecutorLoop(self.runner, self.sched, lambda: len(self.registry) > 0)
-        self.output = OutputLoop(self.sched, self.registry, lambda: self.executor.fatal)
+        self.requests = RequestTable()
+        self.executor = ExecutorLoop(self.runner, self.sched, lambda: len(self.requests) > 0)
+        self.output = OutputLoop(self.sched, self.requests, lambda: self.executor.fatal)
         self._exec_thread = threading.Thread(target=self.executor.run, name=EXEC_THREAD_NAME, daemon=True)
         self._output_thread = threading.Thread(target=self.output.run, name=OUTPUT_THREAD_NAME, daemon=True)
         self._closed = False
@@ -132,15 +132,15 @@ class EngineCore:
             and (kind != "final" or bool(params.stop_strings))
         )
         text_stream = self._text_stream if needs_stream else None
-        with self.registry.lock:
+        with self.requests.lock:
             self._check_alive()  # again, under the lock the output thread's fail-all takes
-            if self.registry.contains_request(request_id):
+            if self.requests.contains_request(request_id):
                 raise DuplicateRequestError(f"request id {request_id!r} is still in use")
             first = self.sched.add_request(request)
             state = RequestState(
                 request_id, prompt, list(prompt_token_ids), params, sink, kind, first, self.decode, text_stream
             )
-            self.registry.add(state)
+            self.requests.add(state)
 
     def _text_stream(self, prompt_token_ids: list[int], params: SamplingParams) -> TextStream:
         return TextStream.from_sampling_params(self.decode_table, prompt_token_ids, params)
@@ -179,7 +179,7 @@ class EngineCore:
         return not self._closed and self.dead_reason() is None
 
     def num_unfinished(self) -> int:
-        return len(self.registry)
+        return len(self.requests)
 
     def stats(self) -> EngineStats:
         s = dict(self.sched.stats())
@@ -203,7 +203,7 @@ class EngineCore:
             kv_usage=float(s["kv_usage"]),
             kv_blocks_total=int(s["kv_blocks_total"]),
             prefix_cache_hit_rate=(s["prefix_cache_hit_tokens"] / queried) if queried else 0.0,
-            prompt_tokens=self.registry.prompt_tokens,
+            prompt_tokens=self.requests.prompt_tokens,
             generated_tokens=self.output.generated_tokens,
             queue_depths={
                 "plans": int(s["plan_queue_depth"]),

@@ -21,7 +21,7 @@ from pyengine.engine.clock import StepTimes, ThreadClock
 from pyengine.engine.step_result import StepResult
 from pyengine.engine.thread_names import name_current_thread
 from pyengine.errors import EngineDeadError
-from pyengine.executor.outputs import StepOutput
+from pyengine.executor.step_output import StepOutput
 
 logger = logging.getLogger(__name__)
 

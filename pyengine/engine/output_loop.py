@@ -16,8 +16,8 @@ from typing import Callable, Optional
 
 from pyengine._sched import FINISH_REASONS, SchedulerThread
 from pyengine.engine.clock import ThreadClock
-from pyengine.engine.registry import SequenceRegistry
 from pyengine.engine.request_state import RequestState
+from pyengine.engine.request_table import RequestTable
 from pyengine.engine.step_result import StepResult
 from pyengine.engine.thread_names import name_current_thread
 from pyengine.errors import EngineDeadError, EngineError
@@ -35,11 +35,11 @@ class OutputLoop:
     def __init__(
         self,
         sched: SchedulerThread,
-        registry: SequenceRegistry,
+        requests: RequestTable,
         executor_fatal: Callable[[], Optional[BaseException]],
     ) -> None:
         self.sched = sched
-        self.registry = registry
+        self.requests = requests
         self.executor_fatal = executor_fatal
         self.clock = ThreadClock()
         self.started = threading.Event()  # set once the thread runs under its OS name
@@ -79,7 +79,7 @@ class OutputLoop:
     def _handle(self, event) -> None:
         touched: dict[str, RequestState] = {}
         result: Optional[StepResult] = event.step_result
-        self.registry.settle_adds()
+        self.requests.settle_adds()
         try:
             if result is not None and len(result.new_seq_ids):
                 self._mark_scheduled(result)
@@ -100,14 +100,14 @@ class OutputLoop:
             if state.kind != "final" or state.finished:
                 state.sink.put(state.output())
             if state.finished:
-                self.registry.forget_request(state)
+                self.requests.forget_request(state)
         except Exception as e:  # noqa: BLE001 - the request gets the error
             logger.exception("delivering request %s's output failed in step %s", state.request_id, step_id)
             self._fail(state, EngineError(f"output processing failed: {e!r}"))
 
     def _mark_scheduled(self, result: StepResult) -> None:
         for seq in result.new_seq_ids.tolist():
-            entry = self.registry.seq(seq)
+            entry = self.requests.seq(seq)
             if entry is not None and entry[0].metrics.first_scheduled_time is None:
                 entry[0].metrics.first_scheduled_time = result.started_at
 
@@ -117,7 +117,7 @@ class OutputLoop:
         self.generated_tokens += len(tokens)
         index_of = result.logprob_rows() if result is not None else None
         for seq, token in zip(seq_ids, tokens):
-            entry = self.registry.seq(seq)
+            entry = self.requests.seq(seq)
             if entry is None:
                 continue
             state, sample = entry
@@ -141,11 +141,11 @@ class OutputLoop:
         preempted = event.num_preemptions.tolist()
         embeddings = result.embeddings() if result is not None else {}
         for k, seq in enumerate(event.finished_seq_ids.tolist()):
-            entry = self.registry.seq(seq)
+            entry = self.requests.seq(seq)
             if entry is None:
                 continue
             state, sample = entry
-            self.registry.forget_seq(seq)
+            self.requests.forget_seq(seq)
             touched[state.request_id] = state
             if sample.index == 0:
                 state.metrics.num_cached_tokens = cached[k]
@@ -175,14 +175,14 @@ class OutputLoop:
                 self.sched.abort(state.request_id)
             except EngineDeadError:
                 pass  # nothing left to abort
-        self.registry.forget_request(state)
+        self.requests.forget_request(state)
         state.sink.fail(error)
 
     def _fail_all(self, error: BaseException) -> None:
-        for state in self.registry.requests():
+        for state in self.requests.requests():
             if not state.failed:
                 state.failed = True
-                self.registry.forget_request(state)
+                self.requests.forget_request(state)
                 state.sink.fail(error)
 
 

@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from pyengine.executor.outputs import LogprobsOutput
+from pyengine.executor.step_output import LogprobsOutput
 
 
 @dataclass(frozen=True)

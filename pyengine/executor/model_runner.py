@@ -20,11 +20,11 @@ from pyengine.executor.attention.selector import select_attention_backend
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.kv_cache import KVCacheShape, PagedKVCache
 from pyengine.executor.memory_profile import decide_num_blocks
-from pyengine.executor.outputs import StepOutput
 from pyengine.executor.persistent_batch import PersistentBatch
 from pyengine.executor.plan import StepPlanLike
 from pyengine.executor.pooling import pool_hidden_states
 from pyengine.executor.sampler import Sampler
+from pyengine.executor.step_output import StepOutput
 from pyengine.models.loader import LoadedModel, load_model
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Modules: ``config`` (parse a Hugging Face config.json), ``rope`` (rotary embeddings with
 Llama-3 / linear scaling), ``layers`` (norm, tensor-parallel-ready linears, MLP, attention),
-``decoder`` (the decoder model and its per-architecture classes), ``registry``
+``decoder`` (the decoder model and its per-architecture classes), ``architectures``
 (architecture name -> class), ``checkpoint`` (safetensors reading), ``loader`` (model,
 tokenizer and generation config from a folder) and ``errors``.
 """

@@ -2,7 +2,7 @@
 
 Llama 2/3, Mistral, Qwen2 and Qwen3 differ only in flags read from the config (qkv bias,
 q/k norm, explicit head_dim, rope scaling, tied embeddings), so they share this module;
-the per-architecture classes exist so the registry maps names to types, as users expect.
+the per-architecture classes exist so ``architectures`` maps names to types, as users expect.
 
 The forward pass takes a flat batch of tokens (no padding): ``input_ids`` and
 ``positions`` of shape [T], plus an :class:`~pyengine.models.layers.AttentionOp` that owns

@@ -15,13 +15,13 @@ from typing import Any, Literal, Optional, Union
 
 import torch
 
+from pyengine.models.architectures import build_model
 from pyengine.models.checkpoint import checkpoint_files, checkpoint_shapes, iterate_tensors
 from pyengine.models.config import DecoderConfig, parse_decoder_config
 from pyengine.models.decoder import DecoderForCausalLM
 from pyengine.models.errors import ModelLoadError, WeightMismatchError
 from pyengine.models.layers import WeightSlot
 from pyengine.models.parallel import ParallelContext
-from pyengine.models.registry import build_model
 from pyengine.models.rope import RotaryEmbedding
 
 LoadFormat = Literal["auto", "safetensors", "dummy"]

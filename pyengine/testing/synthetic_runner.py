@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from pyengine.executor.outputs import StepOutput
+from pyengine.executor.step_output import StepOutput
 from pyengine.fake_executor import FakeExecutor
 
 

@@ -18,7 +18,7 @@ mapping followed by one UTF-8 decode of the concatenated bytes:
   one per invalid subsequence (the byte stream cannot know a run's end in advance).
 
 Any other decoder (WordPiece, Metaspace without byte fallback, none) gets no table, and
-:class:`~pyengine.output.detokenizer.IncrementalDetokenizer` falls back to decoding a
+:class:`~pyengine.text.detokenizer.IncrementalDetokenizer` falls back to decoding a
 short window of recent tokens with the tokenizer itself.
 
 A table is built once per tokenizer (a pass over the vocabulary: 0.3-0.5 s for

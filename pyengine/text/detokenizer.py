@@ -16,7 +16,7 @@ from __future__ import annotations
 import codecs
 from typing import Sequence
 
-from pyengine.output.decode_table import DecodeTable
+from pyengine.text.decode_table import DecodeTable
 
 __all__ = ["IncrementalDetokenizer"]
 

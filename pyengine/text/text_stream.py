@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Sequence, Union
 
-from pyengine.output.decode_table import DecodeTable
-from pyengine.output.detokenizer import IncrementalDetokenizer
-from pyengine.output.stop_strings import StopStringMatcher
-from pyengine.output.text_delta import TextDelta
+from pyengine.text.decode_table import DecodeTable
+from pyengine.text.detokenizer import IncrementalDetokenizer
+from pyengine.text.stop_strings import StopStringMatcher
+from pyengine.text.text_delta import TextDelta
 
 if TYPE_CHECKING:
     from pyengine.sampling_params import SamplingParams

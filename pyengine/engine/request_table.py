@@ -11,7 +11,7 @@ from typing import Optional
 from pyengine.engine.request_state import RequestState, SampleState
 
 
-class SequenceRegistry:
+class RequestTable:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self._requests: dict[str, RequestState] = {}

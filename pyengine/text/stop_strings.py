@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Optional, Sequence, Union
 
 from pyengine.errors import InvalidRequestError
-from pyengine.output.text_delta import TextDelta
+from pyengine.text.text_delta import TextDelta
 
 __all__ = ["StopStringMatcher"]
 
