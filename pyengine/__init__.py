@@ -6,11 +6,14 @@ tokens into text. See the README and ``docs/architecture.md`` for the map.
 """
 
 try:
-    # The native extension; loading it registers ``pyengine._sched`` and ``pyengine._kernels``.
-    from pyengine import _native  # noqa: F401
-except ImportError as e:  # pragma: no cover - depends on how the package was installed
+    # The native extension; loading it registers the modules ``pyengine._sched`` and
+    # ``pyengine._kernels``, bound here as the package's attributes too.
+    from pyengine._native import _kernels, _sched  # noqa: F401
+except ModuleNotFoundError as e:  # pragma: no cover - depends on how the package was installed
+    if e.name != "pyengine._native":
+        raise
     raise ImportError(
-        f"pyengine's native module is missing from {__path__[0]} ({e}). This happens when "
+        f"pyengine's native extension (pyengine._native) is not in {__path__[0]}. This happens when "
         "Python imports the source folder (the repository root is the current directory or on "
         "sys.path) instead of the installed package. Build it in place with `make build-dev`, "
         "or run from another directory so the installed wheel is imported."
@@ -29,12 +32,14 @@ from pyengine._sched import (
 )
 from pyengine.config import EngineConfig
 from pyengine.errors import (
+    AttentionBackendUnavailableError,
     DuplicateRequestError,
     EngineDeadError,
     EngineError,
     InvalidConfigError,
     InvalidRequestError,
     KernelError,
+    KVCacheTooSmallError,
     ModelLoadError,
     StepResultError,
     UnknownRequestError,
@@ -92,4 +97,6 @@ __all__ = [
     "EngineDeadError",
     "KernelError",
     "ModelLoadError",
+    "KVCacheTooSmallError",
+    "AttentionBackendUnavailableError",
 ]

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal, Optional, Union
 
+from pyengine.errors import InvalidRequestError
+
 _MAX_SEED = 2**63 - 1
 
 
@@ -136,9 +138,13 @@ class PoolingParams:
 
 def _check(ok: bool, name: str, requirement: str, value: object) -> None:
     if not ok:
-        raise ValueError(f"{name} {requirement}, got {value!r}")
+        raise InvalidRequestError(f"{name} {requirement}, got {value!r}")
 
-def sample_params(params: Union[SamplingParams, PoolingParams], index: int) -> Union[SamplingParams, PoolingParams]:
+
+Params = Union[SamplingParams, PoolingParams]
+
+
+def sample_params(params: Params, index: int) -> Params:
     """Parameters of sample ``index``: a seeded request's samples get seeds seed, seed+1, ...
     so that they differ from each other and stay reproducible."""
     if isinstance(params, SamplingParams) and params.seed is not None and index > 0:

@@ -15,6 +15,7 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
+from pyengine.errors import InvalidConfigError
 from pyengine.executor.attention.metadata import StepAttentionLayout
 from pyengine.executor.attention.selector import select_attention_backend
 from pyengine.executor.config import ExecutorConfig
@@ -186,7 +187,7 @@ def _max_model_len(config: ExecutorConfig, max_positions: int) -> int:
     if config.max_model_len is None:
         return max_positions
     if config.max_model_len > max_positions:
-        raise ValueError(
+        raise InvalidConfigError(
             f"max_model_len ({config.max_model_len}) exceeds the model's max_position_embeddings ({max_positions})"
         )
     return config.max_model_len

@@ -15,12 +15,13 @@ from typing import Any, Literal, Optional, Union
 
 import torch
 
+from pyengine.errors import InvalidConfigError
 from pyengine.models.architectures import build_model
 from pyengine.models.checkpoint import checkpoint_files, checkpoint_shapes, iterate_tensors
 from pyengine.models.config import DecoderConfig, parse_decoder_config
 from pyengine.models.decoder import DecoderForCausalLM
 from pyengine.models.errors import ModelLoadError, WeightMismatchError
-from pyengine.models.layers import WeightSlot
+from pyengine.models.layers import WeightTarget
 from pyengine.models.parallel import ParallelContext
 from pyengine.models.rope import RotaryEmbedding
 
@@ -54,7 +55,7 @@ def resolve_dtype(dtype: DTypeName, device: torch.device) -> torch.dtype:
     """ "auto" = float32 on CPU, bfloat16 on CUDA when supported (else float16)."""
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+            raise InvalidConfigError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
         return dtype
     name = _DTYPE_ALIASES.get(dtype, dtype)
     if name == "auto":
@@ -62,7 +63,7 @@ def resolve_dtype(dtype: DTypeName, device: torch.device) -> torch.dtype:
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.float32
     if name not in _DTYPES:
-        raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {dtype!r}")
+        raise InvalidConfigError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {dtype!r}")
     return _DTYPES[name]
 
 
@@ -92,7 +93,7 @@ def load_model(
 ) -> LoadedModel:
     """Build the model for ``path`` and fill its weights (see the module docstring)."""
     if load_format not in ("auto", "safetensors", "dummy"):
-        raise ValueError(f"load_format must be 'auto', 'safetensors' or 'dummy', got {load_format!r}")
+        raise InvalidConfigError(f"load_format must be 'auto', 'safetensors' or 'dummy', got {load_format!r}")
     folder = _existing_folder(path)
     config = read_model_config(folder)
     device = torch.device(device)
@@ -146,32 +147,32 @@ def load_checkpoint_weights(model: DecoderForCausalLM, folder: Path) -> None:
     """Copy checkpoint tensors into the model, after checking names and shapes all at once."""
     files = checkpoint_files(folder)
     shapes = checkpoint_shapes(files)
-    slots = model.weight_slots()
-    missing = sorted(name for name in slots if name not in shapes)
+    targets = model.weight_targets()
+    missing = sorted(name for name in targets if name not in shapes)
     unexpected = sorted(
-        name for name in shapes if name not in slots and not model.is_ignorable_checkpoint_tensor(name)
+        name for name in shapes if name not in targets and not model.is_ignorable_checkpoint_tensor(name)
     )
     wrong_shapes = sorted(
-        (name, slot.checkpoint_shape, shapes[name])
-        for name, slot in slots.items()
-        if name in shapes and tuple(shapes[name]) != slot.checkpoint_shape
+        (name, dest.checkpoint_shape, shapes[name])
+        for name, dest in targets.items()
+        if name in shapes and tuple(shapes[name]) != dest.checkpoint_shape
     )
     if missing or unexpected or wrong_shapes:
         raise WeightMismatchError(missing, unexpected, wrong_shapes)
     with torch.no_grad():
         for name, tensor in iterate_tensors(files):
-            slot = slots.get(name)
-            if slot is not None:
-                _copy_into_slot(slot, tensor, model.parallel)
+            dest = targets.get(name)
+            if dest is not None:
+                _copy_into_target(dest, tensor, model.parallel)
 
 
-def _copy_into_slot(slot: WeightSlot, tensor: torch.Tensor, parallel: ParallelContext) -> None:
-    if slot.shard_dim is not None and parallel.world_size > 1:
-        size = tensor.shape[slot.shard_dim] // parallel.world_size
-        tensor = tensor.narrow(slot.shard_dim, parallel.rank * size, size)
-    target = slot.parameter.data
-    if slot.row_offset is not None:
-        target = target.narrow(0, slot.row_offset, tensor.shape[0])
+def _copy_into_target(dest: WeightTarget, tensor: torch.Tensor, parallel: ParallelContext) -> None:
+    if dest.shard_dim is not None and parallel.world_size > 1:
+        size = tensor.shape[dest.shard_dim] // parallel.world_size
+        tensor = tensor.narrow(dest.shard_dim, parallel.rank * size, size)
+    target = dest.parameter.data
+    if dest.row_offset is not None:
+        target = target.narrow(0, dest.row_offset, tensor.shape[0])
     target.copy_(tensor)
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pyengine.errors import InvalidConfigError
 from pyengine.models.errors import UnsupportedModelError
 
 
@@ -22,7 +23,7 @@ class ParallelContext:
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
-            raise ValueError(
+            raise InvalidConfigError(
                 f"rank must be in [0, world_size), got rank={self.rank} world_size={self.world_size}"
             )
 

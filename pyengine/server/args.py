@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
+from pyengine.errors import InvalidConfigError
+
 LogFormat = Literal["console", "json"]
 
 
@@ -36,12 +38,12 @@ class ServerArgs:
 
     def __post_init__(self) -> None:
         if self.max_n < 1:
-            raise ValueError(f"max_n must be >= 1, got {self.max_n!r}")
+            raise InvalidConfigError(f"max_n must be >= 1, got {self.max_n!r}")
         if self.stall_timeout <= 0:
-            raise ValueError(f"stall_timeout must be > 0, got {self.stall_timeout!r}")
+            raise InvalidConfigError(f"stall_timeout must be > 0, got {self.stall_timeout!r}")
         if self.watchdog_interval <= 0:
-            raise ValueError(f"watchdog_interval must be > 0, got {self.watchdog_interval!r}")
+            raise InvalidConfigError(f"watchdog_interval must be > 0, got {self.watchdog_interval!r}")
         if self.stats_interval < 0:
-            raise ValueError(f"stats_interval must be >= 0, got {self.stats_interval!r}")
+            raise InvalidConfigError(f"stats_interval must be >= 0, got {self.stats_interval!r}")
         if self.log_format not in ("console", "json"):
-            raise ValueError(f"log_format must be 'console' or 'json', got {self.log_format!r}")
+            raise InvalidConfigError(f"log_format must be 'console' or 'json', got {self.log_format!r}")

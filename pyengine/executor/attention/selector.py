@@ -7,7 +7,7 @@ from typing import Union
 
 import torch
 
-from pyengine.errors import AttentionBackendUnavailableError
+from pyengine.errors import AttentionBackendUnavailableError, InvalidConfigError
 from pyengine.executor.attention.flash import FlashAttentionBackend, import_flash_varlen
 from pyengine.executor.attention.sdpa import SdpaBackend
 
@@ -33,7 +33,7 @@ def select_attention_backend(
         logger.info("attention backend: flash_attn (forced by configuration)")
         return FlashAttentionBackend(flash)
     if requested != "auto":
-        raise ValueError(f"attention_backend must be 'auto', 'sdpa' or 'flash_attn', got {requested!r}")
+        raise InvalidConfigError(f"attention_backend must be 'auto', 'sdpa' or 'flash_attn', got {requested!r}")
     if flash_problem:
         logger.info("attention backend: sdpa (flash_attn not used: %s)", flash_problem)
         return SdpaBackend()
