@@ -22,7 +22,7 @@ _M64 = (1 << 64) - 1
 
 
 def fake_tokens(seq_ids: np.ndarray, positions: np.ndarray, vocab: int) -> np.ndarray:
-    """Vectorised twin of ``rust_sched::sim::fake_token``."""
+    """Vectorised twin of ``pyengine_sched::sim::fake_token`` (crates/sched/src/sim.rs)."""
     with np.errstate(over="ignore"):
         x = (seq_ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ (
             positions.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)

@@ -27,8 +27,8 @@ from pyengine.outputs import (
 )
 from pyengine.server import ServerArgs
 from pyengine.server.health import diagnose
-from pyengine.server.testing import LiveServer
 from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.live_server import LiveServer
 from pyengine.testing.synthetic_runner import SleepRunner
 
 

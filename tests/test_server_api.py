@@ -14,8 +14,8 @@ import pytest
 
 from pyengine import LLM, AsyncEngine, SamplingParams
 from pyengine.server import ServerArgs
-from pyengine.server.testing import LiveServer
 from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.live_server import LiveServer
 
 MODEL = "tiny-test"
 

@@ -14,9 +14,9 @@ import pytest
 from pyengine import AsyncEngine, EngineConfig
 from pyengine.engine.core import EngineCore
 from pyengine.server import ServerArgs
-from pyengine.server.testing import LiveServer
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.faults import install_faulty_runner
+from pyengine.testing.live_server import LiveServer
 from pyengine.testing.synthetic_runner import SleepRunner
 
 MODEL = "tiny-err"

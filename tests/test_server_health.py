@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pyengine import AsyncEngine
 from pyengine.server import ServerArgs
-from pyengine.server.testing import LiveServer
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.faults import install_faulty_runner
+from pyengine.testing.live_server import LiveServer
 
 MODEL = "tiny-health"
 

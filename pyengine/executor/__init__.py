@@ -4,6 +4,6 @@ Modules: ``config`` (ExecutorConfig), ``plan`` (the StepPlan fields of docs/cont
 ``kv_cache`` (paged K/V tensors and their sizing), ``attention`` (SDPA and flash-attn
 backends, automatic selection), ``persistent_batch`` (per-row block tables, sampling
 parameters, token history, last sampled token), ``sampler`` / ``penalties`` /
-``seeded_noise`` / ``logprobs`` (batched sampling), ``pooling`` (embedding requests),
-``outputs`` (what a step returns) and ``model_runner`` (ties it together).
+``seeded_noise`` (batched sampling, log-probabilities), ``pooling`` (embedding requests),
+``step_output`` (what a step returns) and ``model_runner`` (ties it together).
 """

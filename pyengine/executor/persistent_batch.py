@@ -1,6 +1,6 @@
 """The executor's persistent batch: state kept per row across steps.
 
-A row is a slot of the batch (``0 <= row < max_num_seqs``, see docs/contract.md). For each
+A row is an entry of the batch (``0 <= row < max_num_seqs``, see docs/contract.md). For each
 row the executor keeps its block table, its sampling (or pooling) parameters, the token
 history penalties need, and the last token it sampled (on the device, to fill the
 plan's placeholders). A plan changes this state only through its ``freed_rows``,

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from pyengine.models import cpu_linear
 from pyengine.models.config import DecoderConfig
-from pyengine.models.layers import AttentionOp, DecoderAttention, GatedMLP, RMSNorm, WeightSlot
+from pyengine.models.layers import AttentionOp, DecoderAttention, GatedMLP, RMSNorm, WeightTarget
 from pyengine.models.parallel import ParallelContext
 from pyengine.models.rope import RotaryEmbedding
 
@@ -56,12 +56,12 @@ class DecoderLayer(torch.nn.Module):
         self.self_attn.pack_for_cpu()
         self.mlp.pack_for_cpu()
 
-    def slots(self, prefix: str) -> dict[str, WeightSlot]:
+    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
         return {
-            **self.input_layernorm.slots(f"{prefix}.input_layernorm.weight"),
-            **self.self_attn.slots(f"{prefix}.self_attn"),
-            **self.post_attention_layernorm.slots(f"{prefix}.post_attention_layernorm.weight"),
-            **self.mlp.slots(f"{prefix}.mlp"),
+            **self.input_layernorm.weight_targets(f"{prefix}.input_layernorm.weight"),
+            **self.self_attn.weight_targets(f"{prefix}.self_attn"),
+            **self.post_attention_layernorm.weight_targets(f"{prefix}.post_attention_layernorm.weight"),
+            **self.mlp.weight_targets(f"{prefix}.mlp"),
         }
 
 
@@ -139,19 +139,19 @@ class DecoderForCausalLM(torch.nn.Module):
         if self.lm_head is not None:
             cpu_linear.release_dense(self.lm_head)
 
-    def weight_slots(self) -> dict[str, WeightSlot]:
+    def weight_targets(self) -> dict[str, WeightTarget]:
         """Every checkpoint tensor the model needs, by Hugging Face name."""
-        slots = {
-            "model.embed_tokens.weight": WeightSlot(
+        targets = {
+            "model.embed_tokens.weight": WeightTarget(
                 self.embed_tokens.weight, tuple(self.embed_tokens.weight.shape)
             )
         }
         for index, layer in enumerate(self.layers):
-            slots.update(layer.slots(f"model.layers.{index}"))
-        slots.update(self.norm.slots("model.norm.weight"))
+            targets.update(layer.weight_targets(f"model.layers.{index}"))
+        targets.update(self.norm.weight_targets("model.norm.weight"))
         if self.lm_head is not None:
-            slots["lm_head.weight"] = WeightSlot(self.lm_head.weight, tuple(self.lm_head.weight.shape))
-        return slots
+            targets["lm_head.weight"] = WeightTarget(self.lm_head.weight, tuple(self.lm_head.weight.shape))
+        return targets
 
     def is_ignorable_checkpoint_tensor(self, name: str) -> bool:
         """Tensors a checkpoint may carry that the model does not need."""

@@ -4,7 +4,7 @@ Linears are tensor-parallel aware: a column-parallel linear owns a slice of the 
 features (merged projections such as q/k/v or gate/up keep one slice of each part), a
 row-parallel linear owns a slice of the input features and all-reduces its output. Each
 linear also says which checkpoint tensors fill which rows of its parameters
-(:class:`WeightSlot`), so the loader can check names and shapes without knowing layers.
+(:class:`WeightTarget`), so the loader can check names and shapes without knowing layers.
 On CPU float32, ``pack_for_cpu`` switches the linears to oneDNN-packed weights
 (:mod:`pyengine.models.cpu_linear`) once the weights are loaded.
 """
@@ -25,7 +25,7 @@ from pyengine.models.rope import apply_rotary
 
 
 @dataclass(frozen=True, slots=True)
-class WeightSlot:
+class WeightTarget:
     """Where one checkpoint tensor goes.
 
     The checkpoint holds the full (unsharded) tensor of shape ``checkpoint_shape``; this
@@ -83,8 +83,8 @@ class RMSNorm(torch.nn.Module):
         _kernels.rms_norm(out.numpy(), x.numpy(), self.weight.numpy(), self.eps, stream, _threads())
         return out
 
-    def slots(self, name: str) -> dict[str, WeightSlot]:
-        return {name: WeightSlot(self.weight, tuple(self.weight.shape))}
+    def weight_targets(self, name: str) -> dict[str, WeightTarget]:
+        return {name: WeightTarget(self.weight, tuple(self.weight.shape))}
 
 
 def _native_float32(t: torch.Tensor) -> bool:
@@ -121,18 +121,18 @@ class ColumnParallelLinear(torch.nn.Module):
         """Use a oneDNN-packed weight from now on (see ``cpu_linear``); no-op off CPU float32."""
         self.packed = self.packed if self.packed is not None else _pack_weight_of(self)
 
-    def slots(self, names: list[str]) -> dict[str, WeightSlot]:
+    def weight_targets(self, names: list[str]) -> dict[str, WeightTarget]:
         """Checkpoint tensor names of each output part ("<prefix>" without .weight/.bias)."""
-        slots = {}
+        targets = {}
         offset = 0
         for name, full, local in zip(names, self.output_sizes, self.local_sizes):
-            slots[f"{name}.weight"] = WeightSlot(
+            targets[f"{name}.weight"] = WeightTarget(
                 self.weight, (full, self.input_size), shard_dim=0, row_offset=offset
             )
             if self.bias is not None:
-                slots[f"{name}.bias"] = WeightSlot(self.bias, (full,), shard_dim=0, row_offset=offset)
+                targets[f"{name}.bias"] = WeightTarget(self.bias, (full,), shard_dim=0, row_offset=offset)
             offset += local
-        return slots
+        return targets
 
 
 class RowParallelLinear(torch.nn.Module):
@@ -156,9 +156,9 @@ class RowParallelLinear(torch.nn.Module):
         """Use a oneDNN-packed weight from now on (see ``cpu_linear``); no-op off CPU float32."""
         self.packed = self.packed if self.packed is not None else _pack_weight_of(self)
 
-    def slots(self, name: str) -> dict[str, WeightSlot]:
+    def weight_targets(self, name: str) -> dict[str, WeightTarget]:
         shape = (self.weight.shape[0], self.input_size)
-        return {f"{name}.weight": WeightSlot(self.weight, shape, shard_dim=1)}
+        return {f"{name}.weight": WeightTarget(self.weight, shape, shard_dim=1)}
 
 
 class GatedMLP(torch.nn.Module):
@@ -204,10 +204,10 @@ class GatedMLP(torch.nn.Module):
             cpu_linear.release_dense(self.gate_up_proj)
         self.down_proj.pack_for_cpu()
 
-    def slots(self, prefix: str) -> dict[str, WeightSlot]:
+    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
         return {
-            **self.gate_up_proj.slots([f"{prefix}.gate_proj", f"{prefix}.up_proj"]),
-            **self.down_proj.slots(f"{prefix}.down_proj"),
+            **self.gate_up_proj.weight_targets([f"{prefix}.gate_proj", f"{prefix}.up_proj"]),
+            **self.down_proj.weight_targets(f"{prefix}.down_proj"),
         }
 
 
@@ -255,7 +255,7 @@ class DecoderAttention(torch.nn.Module):
 
     def _native_qk_norm_rope(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
         """q/k norm and rotary on ``qkv`` in place by the native kernel (one pass, see
-        ``kernels/norm.rs``); False, with nothing done, where it does not apply."""
+        ``crates/kernels/src/norm.rs``); False, with nothing done, where it does not apply."""
         norms = [self.q_norm, self.k_norm] if self.q_norm is not None and self.k_norm is not None else []
         tensors = [qkv, cos, sin, *(norm.weight for norm in norms)]
         if not all(_native_float32(t) for t in tensors):
@@ -278,13 +278,13 @@ class DecoderAttention(torch.nn.Module):
         self.qkv_proj.pack_for_cpu()
         self.o_proj.pack_for_cpu()
 
-    def slots(self, prefix: str) -> dict[str, WeightSlot]:
+    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
         names = [f"{prefix}.q_proj", f"{prefix}.k_proj", f"{prefix}.v_proj"]
-        slots = {**self.qkv_proj.slots(names), **self.o_proj.slots(f"{prefix}.o_proj")}
+        targets = {**self.qkv_proj.weight_targets(names), **self.o_proj.weight_targets(f"{prefix}.o_proj")}
         if self.q_norm is not None and self.k_norm is not None:
-            slots.update(self.q_norm.slots(f"{prefix}.q_norm.weight"))
-            slots.update(self.k_norm.slots(f"{prefix}.k_norm.weight"))
-        return slots
+            targets.update(self.q_norm.weight_targets(f"{prefix}.q_norm.weight"))
+            targets.update(self.k_norm.weight_targets(f"{prefix}.k_norm.weight"))
+        return targets
 
 
 def _pack_weight_of(linear: torch.nn.Module) -> Optional[torch.Tensor]:

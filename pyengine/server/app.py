@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
-from pyengine._sched import __version__
+from pyengine import __version__
 from pyengine.engine_client import EngineClient
 from pyengine.server import chat, completions, embeddings, info
 from pyengine.server.args import ServerArgs

@@ -7,7 +7,7 @@ import asyncio
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
-from pyengine._sched import __version__
+from pyengine import __version__
 from pyengine.server.context import Context
 from pyengine.server.metrics import CONTENT_TYPE
 from pyengine.server.protocol import ModelCard, ModelList

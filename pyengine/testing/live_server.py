@@ -1,5 +1,5 @@
 """``LiveServer``: the app on a real uvicorn server, in a background thread, on a free
-loopback port. For tests and ``benches/serve.py --spawn``; it never binds beyond
+loopback port. For tests (``pyengine/server`` ships no test helper); it never binds beyond
 127.0.0.1 unless told to."""
 
 from __future__ import annotations

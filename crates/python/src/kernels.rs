@@ -52,7 +52,7 @@ fn contiguous_mut<'a, T>(
     slice.map_err(|_| bad_kernel_argument(format!("{name} must be C-contiguous")))
 }
 
-/// Decode attention over one layer's paged cache; see `kernels/paged_decode.rs`.
+/// Decode attention over one layer's paged cache; see `crates/kernels/src/paged_decode.rs`.
 #[pyfunction]
 #[pyo3(signature = (out, query, key_cache, value_cache, block_tables, seq_lens, scale, num_threads = 1))]
 #[allow(clippy::too_many_arguments)]
@@ -105,7 +105,7 @@ pub fn paged_decode_attention(
 }
 
 /// RMSNorm of each row into `out`, after `residual += x` when a residual is given; see
-/// `kernels/norm.rs`.
+/// `crates/kernels/src/norm.rs`.
 #[pyfunction]
 #[pyo3(signature = (out, x, weight, eps, residual = None, num_threads = 1))]
 pub fn rms_norm(
@@ -129,7 +129,7 @@ pub fn rms_norm(
 }
 
 /// Per-head RMSNorm (where weights are given) and rotary embedding of the q and k heads of
-/// `qkv`, in place; see `kernels/norm.rs`.
+/// `qkv`, in place; see `crates/kernels/src/norm.rs`.
 #[pyfunction]
 #[pyo3(signature = (qkv, cos, sin, q_heads, k_heads, q_norm_weight = None, k_norm_weight = None, eps = 1e-6, num_threads = 1))]
 #[allow(clippy::too_many_arguments)]
@@ -170,7 +170,7 @@ pub fn qk_norm_rope(
     call(py, || pyengine_kernels::qk_norm_rope(qkv, &heads, num_threads))
 }
 
-/// Frees the calling thread's idle OpenMP workers; see `kernels/parallel.rs`.
+/// Frees the calling thread's idle OpenMP workers; see `crates/kernels/src/parallel.rs`.
 #[pyfunction]
 pub fn release_openmp_workers() -> bool {
     pyengine_kernels::release_calling_thread_workers()

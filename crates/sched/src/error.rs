@@ -1,5 +1,5 @@
 //! The one error type of the core. The bindings map each variant to a specific Python
-//! exception (see `python/errors.rs`).
+//! exception (see `crates/python/src/errors.rs`).
 
 use thiserror::Error;
 

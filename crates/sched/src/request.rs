@@ -173,7 +173,7 @@ pub struct Sequence {
     /// sibling's prompt blocks) at the latest admission.
     pub num_shared_blocks: u32,
     /// Sample index within its request (0..n).
-    pub index: u32,
+    pub sample_index: u32,
     pub request_id: Arc<str>,
     /// Hashes of the full blocks of `tokens`.
     pub hashes: Vec<BlockHash>,
@@ -235,7 +235,7 @@ impl Sequence {
     pub fn new(
         id: SeqId,
         request_id: Arc<str>,
-        index: u32,
+        sample_index: u32,
         state: SeqState,
         prompt: &[u32],
         stop: Arc<StopCriteria>,
@@ -263,7 +263,7 @@ impl Sequence {
             staged: [0; STAGED_TOKENS],
             blocks: Vec::new(),
             num_shared_blocks: 0,
-            index,
+            sample_index,
             request_id,
             hashes: Vec::new(),
             stop,

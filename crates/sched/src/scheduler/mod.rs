@@ -428,7 +428,7 @@ impl Scheduler {
         self.release_row(seq_index);
         let seq = self.seq_mut(seq_index);
         seq.state = SeqState::Finished;
-        let (id, req, first_of_group) = (seq.id, seq.request_id.clone(), seq.index == 0);
+        let (id, req, first_of_group) = (seq.id, seq.request_id.clone(), seq.sample_index == 0);
         let ev = &mut self.output;
         let seq = self.seqs[seq_index as usize].as_ref().unwrap();
         ev.finished_seq_ids.push(id);

@@ -297,7 +297,7 @@ impl Scheduler {
             step.sampled.push(seq_index);
         }
         // (The index, in the block table's cache line, is only read at the end of a prompt.)
-        if start < seq.prompt_len() && end >= seq.prompt_len() && seq.index == 0 {
+        if start < seq.prompt_len() && end >= seq.prompt_len() && seq.sample_index == 0 {
             step.unpark.push(seq_index);
         }
         // Prompt blocks that are now full of computed tokens become findable. Blocks that
