@@ -19,8 +19,14 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Optional
 
-from pyengine.engine.request_state import OutputKind
-from pyengine.outputs import EmbeddingRequestOutput, EngineHealth, EngineStats, RequestOutput, ThreadStack
+from pyengine.outputs import (
+    EmbeddingRequestOutput,
+    EngineHealth,
+    EngineStats,
+    OutputKind,
+    RequestOutput,
+    ThreadStack,
+)
 from pyengine.prompts import PromptType
 from pyengine.sampling_params import PoolingParams, SamplingParams
 

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Literal, Optional, Union
+
+# "cumulative": every update carries everything so far; "delta": only what is new;
+# "final": one output when the request has finished.
+OutputKind = Literal["cumulative", "delta", "final"]
 
 # One dict per generated token: token id -> its log-probability (top-k plus the sampled one).
 SampleLogprobs = list[dict[int, float]]

@@ -62,6 +62,35 @@ def test_output_exception_fails_the_requests_and_the_engine_recovers(llm):
     assert outs[0].outputs[0].finish_reason == "length"
 
 
+class _BrokenStream:
+    """A text stream that raises on its second step: an error inside event processing."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, 0
+
+    def add(self, tokens):
+        self.calls += 1
+        if self.calls == 2:
+            raise RuntimeError("injected detokenizer failure")
+        return self.inner.add(tokens)
+
+    def finish(self):
+        return self.inner.finish()
+
+
+def test_a_processing_error_fails_its_request_and_the_engine_recovers(llm, monkeypatch):
+    make_stream = llm.engine._text_stream
+    monkeypatch.setattr(llm.engine, "_text_stream", lambda *args: _BrokenStream(make_stream(*args)))
+    sink = FaultySink(fail_on=0)
+    llm.engine.add_request("broken-stream", None, [9, 9, 9], SamplingParams(max_tokens=10, ignore_eos=True), sink)
+    assert sink.done.wait(30)
+    assert isinstance(sink.error, EngineError) and "injected detokenizer failure" in str(sink.error)
+    monkeypatch.undo()
+    assert_idle(llm)
+    outs = llm.generate([[9, 9, 9]], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert outs[0].outputs[0].finish_reason == "length"
+
+
 def test_keyboard_interrupt_aborts_the_batch_and_leaves_the_engine_usable(llm):
     timer = threading.Timer(0.3, _thread.interrupt_main)
     timer.start()

@@ -153,18 +153,18 @@ def test_embeddings_match_transformers_last_token_pooling(real_engine):
 
 def test_a_fast_first_step_never_loses_the_first_token(scripted, monkeypatch):
     # The first token can be sampled before the caller has finished registering its
-    # request (here made certain by a slow text-stream set-up between the scheduler's
-    # add_request and the registration); the output thread must wait for it.
+    # request (here made certain by a slow registration right after the scheduler's
+    # add_request); the output thread must wait for it.
     core, script = scripted
     engine = AsyncEngine.from_engine_core(core)
     params = SamplingParams(max_tokens=5, ignore_eos=True)
-    make_stream = core._text_stream
+    register = core.requests.add
 
-    def slow_stream(*args):
+    def slow_register(state):
         time.sleep(0.05)
-        return make_stream(*args)
+        register(state)
 
-    monkeypatch.setattr(core, "_text_stream", slow_stream)
+    monkeypatch.setattr(core.requests, "add", slow_register)
 
     async def many():
         jobs = asyncio.gather(*(collect(engine, params, "cumulative", f"fast-{i}") for i in range(8)))

@@ -88,6 +88,10 @@ def test_bad_arguments_raise_typed_errors():
         Request("x", [1, -2])
     with pytest.raises(InvalidRequestError, match="max_tokens"):
         Request("x", [1], max_tokens=-1)
+    with pytest.raises(InvalidRequestError, match=r"sample_params\[1\] is None"):
+        Request("x", [1], n=2, sample_params=[object(), None])
+    with pytest.raises(InvalidRequestError, match="sample attachments for n = 2"):
+        s.add_request(Request("x", [1], n=2, sample_params=[object()]))
     s.add_request(Request("dup", [1], max_tokens=2))
     with pytest.raises(DuplicateRequestError):
         s.add_request(Request("dup", [1], max_tokens=2))

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from pyengine._kernels import release_openmp_workers
+from pyengine._sched import THREAD_NAME as SCHED_THREAD_NAME
 from pyengine._sched import Request, SchedulerThread
 from pyengine.config import EngineConfig
 from pyengine.engine.executor_loop import EXEC_THREAD_NAME, ExecutorLoop
@@ -132,14 +133,14 @@ class EngineCore:
             and (kind != "final" or bool(params.stop_strings))
         )
         text_stream = self._text_stream if needs_stream else None
+        # Built before taking the lock (text streams cost something); the lock only covers
+        # the scheduler's numbering and the registration, which the output thread waits for.
+        state = RequestState(request_id, prompt, list(prompt_token_ids), params, sink, kind, self.decode, text_stream)
         with self.requests.lock:
             self._check_alive()  # again, under the lock the output thread's fail-all takes
             if self.requests.contains_request(request_id):
                 raise DuplicateRequestError(f"request id {request_id!r} is still in use")
-            first = self.sched.add_request(request)
-            state = RequestState(
-                request_id, prompt, list(prompt_token_ids), params, sink, kind, first, self.decode, text_stream
-            )
+            state.number_samples(self.sched.add_request(request))
             self.requests.add(state)
 
     def _text_stream(self, prompt_token_ids: list[int], params: SamplingParams) -> TextStream:
@@ -189,7 +190,7 @@ class EngineCore:
         queried = s["prefix_cache_queried_tokens"]
         return EngineStats(
             threads={
-                "pyengine-sched": {"busy_s": s["sched_busy_seconds"], "idle_s": s["sched_idle_seconds"]},
+                SCHED_THREAD_NAME: {"busy_s": s["sched_busy_seconds"], "idle_s": s["sched_idle_seconds"]},
                 EXEC_THREAD_NAME: {"busy_s": exec_busy, "idle_s": exec_idle},
                 OUTPUT_THREAD_NAME: {"busy_s": out_busy, "idle_s": out_idle},
             },

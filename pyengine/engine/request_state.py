@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Protocol, Union
+from typing import Any, Optional, Protocol, Union
 
 from pyengine.outputs import (
     CompletionOutput,
     EmbeddingOutput,
     EmbeddingRequestOutput,
+    OutputKind,
     RequestMetrics,
     RequestOutput,
 )
 from pyengine.sampling_params import PoolingParams, SamplingParams
 
-# "cumulative": every update carries everything so far; "delta": only what is new;
-# "final": one output when the request has finished.
-OutputKind = Literal["cumulative", "delta", "final"]
 AnyOutput = Union[RequestOutput, EmbeddingRequestOutput]
 
 
@@ -62,7 +60,6 @@ class RequestState:
         params: Union[SamplingParams, PoolingParams],
         sink: OutputSink,
         kind: OutputKind,
-        first_seq_id: int,
         decode_text: Any,
         text_stream: Optional[TextStreamFactory],
     ) -> None:
@@ -79,7 +76,7 @@ class RequestState:
         self.samples = [
             SampleState(
                 index=i,
-                seq_id=first_seq_id + i,
+                seq_id=-1,  # numbered by the scheduler: see number_samples
                 stream=text_stream(prompt_token_ids, params) if text_stream is not None else None,
                 logprobs=[] if wants_logprobs else None,
                 cumulative_logprob=0.0 if wants_logprobs else None,
@@ -89,6 +86,11 @@ class RequestState:
         self.unfinished = n
         self.embedding: Optional[list[float]] = None
         self.failed = False
+
+    def number_samples(self, first_seq_id: int) -> None:
+        """Takes the sequence ids the scheduler gave the samples (consecutive from the first)."""
+        for sample in self.samples:
+            sample.seq_id = first_seq_id + sample.index
 
     @property
     def finished(self) -> bool:

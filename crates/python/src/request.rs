@@ -3,6 +3,7 @@
 use pyo3::prelude::*;
 
 use pyengine_sched::request::RequestSpec;
+use pyengine_sched::Attachment;
 
 use crate::attachment::attach;
 use crate::errors::invalid_request;
@@ -19,6 +20,24 @@ fn token_ids(py: Python<'_>, request_id: &str, field: &str, ids: Vec<i64>) -> Py
             u32::try_from(t).map_err(|_| {
                 invalid_request(py, request_id, format!("{field}[{i}] = {t} is not a valid token id"))
             })
+        })
+        .collect()
+}
+
+/// One attachment per given sample parameter object; None is refused (every sample of a
+/// request that gives parameters needs its own).
+fn sample_attachments(
+    py: Python<'_>,
+    request_id: &str,
+    params: Option<Vec<Bound<'_, PyAny>>>,
+) -> PyResult<Vec<Attachment>> {
+    params
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            attach(Some(p))
+                .ok_or_else(|| invalid_request(py, request_id, format!("sample_params[{i}] is None")))
         })
         .collect()
 }
@@ -72,11 +91,7 @@ impl PyRequest {
             pooling,
             n: non_negative("n", n)?,
             cache_salt,
-            sample_attachments: sample_params
-                .unwrap_or_default()
-                .into_iter()
-                .filter_map(|p| attach(Some(p)))
-                .collect(),
+            sample_attachments: sample_attachments(py, &request_id, sample_params)?,
             request_id,
         };
         Ok(PyRequest { spec })

@@ -21,7 +21,8 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use pyengine_sched::sim::{fake_token, FakeExecutor};
 use pyengine_sched::{
-    FinishReason, Policy, RequestSpec, SchedError, Scheduler, SchedulerConfig, StepPlan, PLACEHOLDER_TOKEN,
+    Attachment, FinishReason, Policy, RequestSpec, SchedError, Scheduler, SchedulerConfig, StepPlan,
+    PLACEHOLDER_TOKEN,
 };
 
 /// Prompt tokens come from a tiny vocabulary so that prefixes repeat and the cache hits.
@@ -376,7 +377,9 @@ impl Model {
             pooling: g.pooling,
             n: g.n,
             cache_salt: g.salt.then(|| "tenant".to_string()),
-            sample_attachments: Vec::new(),
+            // Each sample's attachment is the id it will get, so every plan that admits it
+            // (again after a preemption) can be checked to carry its own.
+            sample_attachments: (0..g.n as u64).map(|i| Attachment::new(self.next_seq + i)).collect(),
         }
     }
 
@@ -510,6 +513,7 @@ impl Model {
         let k_count = plan.new_rows.len();
         assert_eq!(plan.new_seq_ids.len(), k_count);
         assert_eq!(plan.new_num_prompt_tokens.len(), k_count);
+        assert_eq!(plan.new_attachments.len(), k_count);
         if k_count > 0 {
             assert_eq!(plan.new_token_offsets.len(), k_count + 1);
             assert_eq!(plan.new_token_offsets[0], 0);
@@ -548,6 +552,8 @@ impl Model {
         for k in 0..k_count {
             let r = plan.new_rows[k];
             let id = plan.new_seq_ids[k];
+            let attached = plan.new_attachments[k].as_ref().and_then(|a| a.get::<u64>());
+            assert_eq!(attached, Some(&id), "sequence {id} admitted without its own attachment");
             assert!(r >= 0 && (r as usize) < cfg.max_num_seqs);
             assert!(!self.rows.contains_key(&r), "row {r} handed out while held");
             new_rows.insert(r);

@@ -1,0 +1,40 @@
+"""EngineConfig is the one place engine arguments are checked; the executor's and the
+scheduler's configs are derived from it, not copied by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pyengine import EngineConfig, InvalidConfigError
+from pyengine.executor.config import EXECUTOR_RULES, ExecutorConfig
+
+
+def test_the_executor_config_takes_every_field_from_the_engine_config():
+    config = EngineConfig(block_size=32, max_num_seqs=7, max_model_len=512, max_num_batched_tokens=64,
+                          num_kv_blocks=99, seed=5, max_logprobs=3, load_format="dummy")
+    executor = config.executor_config()
+    for field in dataclasses.fields(ExecutorConfig):
+        assert getattr(executor, field.name) == getattr(config, field.name), field.name
+
+
+def test_the_scheduler_config_carries_the_engine_arguments():
+    config = EngineConfig(block_size=32, max_num_seqs=7, max_num_batched_tokens=64, long_prefill_token_threshold=16,
+                          enable_prefix_caching=False, scheduling_policy="priority", pipeline_depth=1)
+    sched = config.scheduler_config(num_blocks=123, max_model_len=256)
+    assert (sched.num_blocks, sched.max_model_len) == (123, 256)
+    for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold",
+                 "enable_prefix_caching", "pipeline_depth"):
+        assert getattr(sched, name) == getattr(config, name), name
+    assert sched.policy == "priority"
+
+
+@pytest.mark.parametrize("name, bad", [("block_size", 0), ("max_logprobs", -1), ("gpu_memory_utilization", 1.5),
+                                       ("dtype", "int8"), ("attention_backend", "xformers")])
+def test_one_rule_refuses_a_bad_setting_in_both_configs(name, bad):
+    assert name in {rule[0] for rule in EXECUTOR_RULES}
+    with pytest.raises(InvalidConfigError, match=name):
+        EngineConfig(**{name: bad})
+    with pytest.raises(InvalidConfigError, match=name):
+        ExecutorConfig(**{name: bad})
