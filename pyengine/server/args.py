@@ -22,6 +22,8 @@ class ServerArgs:
     - ``watchdog_interval``: how often the watchdog looks (seconds).
     - ``stats_interval``: seconds between periodic engine-stats log lines (0 = never).
     - ``log_requests``: one log line per finished request.
+    - ``drain_timeout``: on SIGTERM / SIGINT, seconds in-flight requests may still run
+      before their streams are ended with an error event (0 = end them at once).
     """
 
     model_name: str = "pyengine"
@@ -35,6 +37,7 @@ class ServerArgs:
     log_format: LogFormat = "console"
     log_level: str = "info"
     log_requests: bool = True
+    drain_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         if self.max_n < 1:
@@ -45,5 +48,7 @@ class ServerArgs:
             raise InvalidConfigError(f"watchdog_interval must be > 0, got {self.watchdog_interval!r}")
         if self.stats_interval < 0:
             raise InvalidConfigError(f"stats_interval must be >= 0, got {self.stats_interval!r}")
+        if not self.drain_timeout >= 0:
+            raise InvalidConfigError(f"drain_timeout must be >= 0, got {self.drain_timeout!r}")
         if self.log_format not in ("console", "json"):
             raise InvalidConfigError(f"log_format must be 'console' or 'json', got {self.log_format!r}")
