@@ -51,6 +51,16 @@ class SamplingParams:
     detokenize: bool = True
 
     def __post_init__(self) -> None:
+        # Integers go into int64 tensors and the scheduler's counters: out of that range
+        # they would overflow inside a step shared with other requests.
+        for name in ("n", "top_k", "max_tokens", "min_tokens", "seed", "logprobs"):
+            _check_int64(name, getattr(self, name))
+        for token in self.stop_token_ids or ():
+            _check_int64("stop_token_ids", token)
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                     "frequency_penalty"):
+            value = getattr(self, name)
+            _check(_is_finite_number(value), name, "must be a finite number", value)
         _check(self.n >= 1, "n", "must be >= 1", self.n)
         _check(self.temperature >= 0.0, "temperature", "must be >= 0", self.temperature)
         _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]", self.top_p)
@@ -134,6 +144,26 @@ class PoolingParams:
             "must be one of 'last', 'mean', 'cls'",
             self.pooling_type,
         )
+
+
+def _is_finite_number(value: object) -> bool:
+    """A real number that the executor's float32 tables hold as a finite value."""
+    if not isinstance(value, (int, float)):
+        return False
+    try:
+        return abs(float(value)) <= _FLOAT32_MAX
+    except OverflowError:
+        return False
+
+
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _check_int64(name: str, value: object) -> None:
+    if value is None:
+        return
+    _check(isinstance(value, int) and not isinstance(value, bool), name, "must be an integer", value)
+    _check(-(2**63) <= value < 2**63, name, "must fit in 64 bits", value)  # type: ignore[operator]
 
 
 def _check(ok: bool, name: str, requirement: str, value: object) -> None:

@@ -99,4 +99,5 @@ def _result(plan: Any, out: StepOutput, started_at: float) -> StepResult:
         logprobs=out.logprobs,
         pooled_seq_ids=out.pooled_seq_ids,
         pooled=pooled,
+        row_errors=out.row_errors or None,
     )

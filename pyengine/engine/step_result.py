@@ -33,6 +33,9 @@ class StepResult:
     pooled: Optional[np.ndarray] = None
     #: Why the step failed (``fail_step``), None when it ran.
     error: Optional[str] = None
+    #: Sequences whose own per-row work failed in a step that otherwise ran, with the
+    #: error: only their requests fail.
+    row_errors: Optional[dict[int, str]] = None
 
     def logprob_rows(self) -> Optional[dict[int, int]]:
         """Sequence id -> row of ``logprobs``, or None without log-probabilities."""

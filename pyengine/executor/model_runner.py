@@ -24,6 +24,7 @@ from pyengine.executor.memory_profile import decide_num_blocks
 from pyengine.executor.persistent_batch import PersistentBatch
 from pyengine.executor.plan import StepPlanLike
 from pyengine.executor.pooling import pool_hidden_states
+from pyengine.executor.row_isolation import sample_isolated
 from pyengine.executor.sampler import Sampler
 from pyengine.executor.step_output import StepOutput
 from pyengine.models.loader import LoadedModel, load_model
@@ -105,7 +106,7 @@ class ModelRunner:
         self.batch.apply_plan(plan)
         num_tokens = len(plan.input_ids)
         if num_tokens == 0:
-            return StepOutput(plan.step_id, np.zeros(0, dtype=np.int64))
+            return StepOutput(plan.step_id, np.zeros(0, dtype=np.int64), row_errors=self.batch.take_row_errors())
         device = self.device
         rows = _to_device(plan.rows, torch.int64, device)
         input_ids = self._input_ids(plan, rows)
@@ -119,8 +120,9 @@ class ModelRunner:
             logits_indices = _to_device(plan.logits_indices, torch.int64, device)
             logits = self.model.compute_logits(hidden.index_select(0, logits_indices))
             sample_rows = _to_device(plan.sample_rows, torch.int64, device)
-            result = self.sampler.sample(
-                logits, plan.sample_rows, positions[logits_indices] + 1, self.batch.history
+            result = sample_isolated(
+                self.sampler, logits, plan.sample_rows, positions[logits_indices] + 1, self.batch.history,
+                lambda i, error: self._row_failed(int(plan.sample_rows[i]), f"sampling failed: {error!r}"),
             )
             self.batch.record_sampled(plan.sample_rows, sample_rows, result.token_ids)
             output.sampled_token_ids = result.token_ids.cpu().numpy()
@@ -131,7 +133,11 @@ class ModelRunner:
         if len(plan.pool_indices):
             output.pooled = self._pool(plan, hidden)
             output.pooled_seq_ids = self.batch.seq_ids[plan.rows[plan.pool_indices]]
+        output.row_errors = self.batch.take_row_errors()
         return output
+
+    def _row_failed(self, row: int, message: str) -> None:
+        self.batch.row_errors[int(self.batch.seq_ids[row])] = message
 
     def _input_ids(self, plan: StepPlanLike, rows: torch.Tensor) -> torch.Tensor:
         input_ids = _to_device(plan.input_ids, torch.int64, self.device)

@@ -17,6 +17,7 @@ import torch
 from pyengine.errors import StepResultError
 from pyengine.executor.penalties import TokenHistory, history_entries
 from pyengine.executor.plan import StepPlanLike
+from pyengine.executor.row_isolation import INERT_PARAMS
 from pyengine.executor.sampling_table import SamplingTable
 from pyengine.sampling_params import PoolingParams, SamplingParams
 
@@ -48,6 +49,7 @@ class PersistentBatch:
         self.pooling: dict[int, PoolingParams] = {}
         # Row -> sequence id, so a step's results name their sequences (-1: never held).
         self.seq_ids = np.full(max_rows, -1, dtype=np.int64)
+        self.row_errors: dict[int, str] = {}
         self.history: Optional[TokenHistory] = None
 
     def apply_plan(self, plan: StepPlanLike) -> None:
@@ -73,7 +75,7 @@ class PersistentBatch:
         self.seq_ids[rows] = plan.new_seq_ids.astype(np.int64)
         is_sampling = np.array([isinstance(p, SamplingParams) for p in request_params], dtype=bool)
         sampling_rows = rows[is_sampling]
-        self.sampling.install(sampling_rows, [p for p in request_params if isinstance(p, SamplingParams)])
+        self._install_sampling(sampling_rows, [p for p in request_params if isinstance(p, SamplingParams)])
         self.sampling.install_non_sampling(rows[~is_sampling])
         known = np.diff(plan.new_token_offsets)
         self.sampling.set_generated_counts(rows, known - plan.new_num_prompt_tokens.astype(np.int64))
@@ -83,6 +85,27 @@ class PersistentBatch:
             else:
                 self.pooling.pop(row, None)
         self._install_history(plan, rows)
+
+    def _install_sampling(self, rows: np.ndarray, params: list[SamplingParams]) -> None:
+        """Installs the rows' parameters; if that fails, row by row, and a row whose own
+        parameters fail gets inert ones and is reported (``take_row_errors``)."""
+        try:
+            self.sampling.install(rows, params)
+            return
+        except Exception:  # noqa: BLE001 - isolated below
+            pass
+        for row, p in zip(rows.tolist(), params):
+            one = np.array([row], dtype=np.int64)
+            try:
+                self.sampling.install(one, [p])
+            except Exception as error:  # noqa: BLE001 - the row's request gets the error
+                self.row_errors[int(self.seq_ids[row])] = f"its sampling parameters could not be installed: {error!r}"
+                self.sampling.install(one, [INERT_PARAMS])
+
+    def take_row_errors(self) -> dict[int, str]:
+        """Sequences whose own per-row work failed since the last call, with the error."""
+        errors, self.row_errors = self.row_errors, {}
+        return errors
 
     def _install_history(self, plan: StepPlanLike, rows: np.ndarray) -> None:
         if self.history is None:

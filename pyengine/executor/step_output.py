@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -42,5 +42,8 @@ class StepOutput:
     logprobs: Optional[LogprobsOutput] = None
     pooled: Optional[torch.Tensor] = None  # float32 [P, hidden]
     pooled_seq_ids: Optional[np.ndarray] = None  # int64 [P]
+    #: Sequences whose own per-row work failed in this step (their tokens are meaningless),
+    #: with the error; the rest of the step is good.
+    row_errors: dict[int, str] = field(default_factory=dict)
     logits: Optional[torch.Tensor] = None
     hidden_states: Optional[torch.Tensor] = None
