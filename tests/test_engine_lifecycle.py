@@ -189,3 +189,51 @@ def test_prompt_tokens_are_counted_for_every_request(llm):
     llm.generate([[4, 5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True, stop=["a", "e", "o", " "]),
                  use_tqdm=False)
     assert llm.stats().prompt_tokens == before + 4
+
+
+class _StreamFailingAt:
+    """A text stream that raises on call number ``at`` of ``add`` (or in ``finish`` when
+    ``at`` is "finish")."""
+
+    def __init__(self, inner, at):
+        self.inner, self.at, self.calls = inner, at, 0
+
+    def add(self, tokens):
+        self.calls += 1
+        if self.calls == self.at:
+            raise RuntimeError(f"injected fault at token {self.at}")
+        return self.inner.add(tokens)
+
+    def finish(self):
+        if self.at == "finish":
+            raise RuntimeError("injected fault at the end")
+        return self.inner.finish()
+
+
+@pytest.mark.parametrize("at", [1, 3, "finish"])
+@pytest.mark.parametrize("victim", range(4))
+def test_an_output_fault_at_any_position_fails_only_its_request(llm, monkeypatch, victim, at):
+    # Four requests decode in lockstep, so each event carries one token of each; the fault
+    # hits one of them (every position of the event over the parametrisation).
+    make_stream = llm.engine._text_stream
+    made = []
+
+    def stream(*args):
+        made.append(None)
+        return _StreamFailingAt(make_stream(*args), at if len(made) - 1 == victim else None)
+
+    monkeypatch.setattr(llm.engine, "_text_stream", stream)
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    sinks = [FaultySink(fail_on=0) for _ in range(4)]
+    for i, sink in enumerate(sinks):
+        llm.engine.add_request(f"pos-{victim}-{at}-{i}", None, [7, 7, 7], params, sink)
+    for i, sink in enumerate(sinks):
+        assert sink.done.wait(30), f"request {i} was left waiting"
+        if i == victim:
+            assert isinstance(sink.error, EngineError) and "injected fault" in str(sink.error)
+        else:
+            assert sink.error is None, sink.error
+            final = sink.outputs[-1].outputs[0]
+            assert len(final.token_ids) == 6 and final.finish_reason == "length"
+    monkeypatch.undo()
+    assert_idle(llm)

@@ -116,6 +116,11 @@ class EngineCore:
                 raise InvalidRequestError(
                     f"logprobs = {params.logprobs} exceeds max_logprobs = {self.config.max_logprobs}"
                 )
+            outside = [t for t in params.stop_token_ids or () if self.vocab_size is not None and t >= self.vocab_size]
+            if outside:
+                raise InvalidRequestError(
+                    f"stop_token_ids holds {outside[0]}, outside the vocabulary (size {self.vocab_size})"
+                )
             stop_ids = list(params.stop_token_ids or [])
             eos = [] if params.ignore_eos else self.eos_token_ids
             request = Request(

@@ -4,8 +4,10 @@ Per event (one per step): note when new sequences were first scheduled, append e
 accepted token to its sample (incremental detokenization, stop strings -> ``finish`` back
 to the scheduler; log-probabilities from the event's :class:`StepResult`), record
 finished sequences (embeddings and step errors from the same result), then deliver one
-output per touched request to its sink. An exception while handling an event (a sink's
-included) fails the requests it touched and the loop goes on.
+output per touched request to its sink. Each request's work is isolated: an exception
+while handling one request's token, its end or its delivery fails that request alone,
+and every other request of the event gets its tokens and its end in full. Only an
+unexpected error outside that per-request work fails all the requests the event touched.
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ class OutputLoop:
         try:
             if result is not None and len(result.new_seq_ids):
                 self._mark_scheduled(result)
+            if result is not None and result.row_errors:
+                self._fail_rows(result.row_errors)
             self._tokens(event, result, touched)
             self._finished(event, result, touched)
         except Exception as e:  # noqa: BLE001 - the touched requests get the error
@@ -105,6 +109,13 @@ class OutputLoop:
             logger.exception("delivering request %s's output failed in step %s", state.request_id, step_id)
             self._fail(state, EngineError(f"output processing failed: {e!r}"))
 
+    def _fail_rows(self, row_errors: dict[int, str]) -> None:
+        """Fails the requests whose own rows failed in the step (the rest of it is good)."""
+        for seq, message in row_errors.items():
+            entry = self.requests.seq(seq)
+            if entry is not None:
+                self._fail(entry[0], EngineError(f"the executor could not run this request: {message}"))
+
     def _mark_scheduled(self, result: StepResult) -> None:
         for seq in result.new_seq_ids.tolist():
             entry = self.requests.seq(seq)
@@ -121,16 +132,21 @@ class OutputLoop:
             if entry is None:
                 continue
             state, sample = entry
-            if sample.finish_reason is not None:
+            if sample.finish_reason is not None or state.failed:
                 continue  # ended here (stop string) before the scheduler heard of it
-            logprobs = None
-            if index_of is not None and sample.logprobs is not None and seq in index_of:
-                logprobs = _logprob_dict(result.logprobs, index_of[seq], token)
             touched[state.request_id] = state
-            stop = state.add_token(sample, token, logprobs)
-            if stop is not None:
-                state.finish_sample(sample, "stop", stop)
-                self.sched.finish(seq, "stop")
+            try:
+                logprobs = None
+                if index_of is not None and sample.logprobs is not None and seq in index_of:
+                    logprobs = _logprob_dict(result.logprobs, index_of[seq], token)
+                stop = state.add_token(sample, token, logprobs)
+                if stop is not None:
+                    state.finish_sample(sample, "stop", stop)
+                    self.sched.finish(seq, "stop")
+            except EngineDeadError:
+                raise
+            except Exception as e:  # noqa: BLE001 - this request gets the error, the others go on
+                self._processing_failed(state, e, event.step_id)
 
     def _finished(self, event, result: Optional[StepResult], touched: dict[str, RequestState]) -> None:
         if event.finished_seq_ids.size == 0:
@@ -147,24 +163,40 @@ class OutputLoop:
             state, sample = entry
             self.requests.forget_seq(seq)
             touched[state.request_id] = state
-            if sample.index == 0:
-                state.metrics.num_cached_tokens = cached[k]
-            state.metrics.num_preemptions += preempted[k]
-            if reasons[k] == _ERROR:
-                cause = result.error if result is not None and result.error is not None else "unknown"
-                self._fail(state, EngineError(f"the executor failed while running this request: {cause}"))
+            if state.failed:
                 continue
-            if isinstance(state.params, PoolingParams) and reasons[k] != _POOLED:
-                self._fail(state, EngineError(f"the embedding request ended without a result: "
-                                              f"{FINISH_REASONS[reasons[k]]}"))
-                continue
-            if reasons[k] == _POOLED:
-                state.embedding = embeddings.get(seq)
-                if state.embedding is None:
-                    self._fail(state, EngineError("the executor returned no embedding for this request"))
-                    continue
-            stop_reason = stop_tokens[k] if stop_tokens[k] >= 0 else None
-            state.finish_sample(sample, FINISH_REASONS[reasons[k]], stop_reason)
+            try:
+                self._finish_one(state, sample, seq, reasons[k], stop_tokens[k], cached[k], preempted[k],
+                                 result, embeddings)
+            except EngineDeadError:
+                raise
+            except Exception as e:  # noqa: BLE001 - this request gets the error, the others go on
+                self._processing_failed(state, e, event.step_id)
+
+    def _processing_failed(self, state: RequestState, error: Exception, step_id: Optional[int]) -> None:
+        logger.exception("output processing failed for request %s in step %s", state.request_id, step_id,
+                         exc_info=error)
+        self._fail(state, EngineError(f"output processing failed: {error!r}"))
+
+    def _finish_one(self, state: RequestState, sample, seq: int, reason: int, stop_token: int, cached: int,
+                    preempted: int, result: Optional[StepResult], embeddings: dict[int, list[float]]) -> None:
+        """Records one ended sequence: its counters, then its result or its failure."""
+        if sample.index == 0:
+            state.metrics.num_cached_tokens = cached
+        state.metrics.num_preemptions += preempted
+        if reason == _ERROR:
+            cause = result.error if result is not None and result.error is not None else "unknown"
+            self._fail(state, EngineError(f"the executor failed while running this request: {cause}"))
+            return
+        if isinstance(state.params, PoolingParams) and reason != _POOLED:
+            self._fail(state, EngineError(f"the embedding request ended without a result: {FINISH_REASONS[reason]}"))
+            return
+        if reason == _POOLED:
+            state.embedding = embeddings.get(seq)
+            if state.embedding is None:
+                self._fail(state, EngineError("the executor returned no embedding for this request"))
+                return
+        state.finish_sample(sample, FINISH_REASONS[reason], stop_token if stop_token >= 0 else None)
 
     def _fail(self, state: RequestState, error: BaseException) -> None:
         if state.failed:
