@@ -1,9 +1,15 @@
-"""``ServerArgs``: the HTTP server's own settings (the engine's are ``EngineConfig``)."""
+"""``ServerArgs``: the HTTP server's own settings (the engine's are ``EngineConfig``).
+
+The resource limits and the docs switch are also ``pyengine serve`` flags, declared once
+here (``LIMIT_FLAGS``) so that the CLI adds them with ``add_limit_flags`` and reads them
+back with ``limit_kwargs`` instead of repeating every name and default."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pyengine.errors import InvalidConfigError
 
@@ -24,6 +30,22 @@ class ServerArgs:
     - ``log_requests``: one log line per finished request.
     - ``drain_timeout``: on SIGTERM / SIGINT, seconds in-flight requests may still run
       before their streams are ended with an error event (0 = end them at once).
+
+    Resource limits (each refusal is an OpenAI error body; see ``limits.py`` and
+    ``http_protocol.py``):
+
+    - ``max_body_bytes``: a larger request body is a 413, refused from its Content-Length
+      before any of it is read, or as soon as a chunked body grows past it.
+    - ``max_header_bytes``: a larger request head (request line and headers) is a 431.
+    - ``header_timeout``: seconds for a request head to arrive in full (from the
+      connection, or the end of the previous response); then 408 and the connection closes.
+    - ``body_timeout``: seconds for a whole request body, once its head is in; then 408.
+    - ``max_concurrent_requests``: ``/v1/*`` requests in progress at once (a stream counts
+      until it ends); past it, 503 with ``Retry-After``.
+    - ``max_prompts_per_request``: prompts in a completion, inputs of an embedding request
+      (each one is an engine request). The default is OpenAI's limit on embedding inputs.
+    - ``enable_docs``: serve ``/docs``, ``/redoc``, ``/openapi.json`` (off: they describe
+      the server to anyone; on, they sit behind the API key like ``/v1/*``).
     """
 
     model_name: str = "pyengine"
@@ -38,8 +60,21 @@ class ServerArgs:
     log_level: str = "info"
     log_requests: bool = True
     drain_timeout: float = 30.0
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_header_bytes: int = 64 * 1024
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    max_concurrent_requests: int = 1024
+    max_prompts_per_request: int = 2048
+    enable_docs: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_header_bytes", "max_concurrent_requests", "max_prompts_per_request"):
+            if getattr(self, name) < 1:
+                raise InvalidConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        for name in ("header_timeout", "body_timeout"):
+            if not getattr(self, name) > 0:
+                raise InvalidConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.max_n < 1:
             raise InvalidConfigError(f"max_n must be >= 1, got {self.max_n!r}")
         if self.stall_timeout <= 0:
@@ -52,3 +87,33 @@ class ServerArgs:
             raise InvalidConfigError(f"drain_timeout must be >= 0, got {self.drain_timeout!r}")
         if self.log_format not in ("console", "json"):
             raise InvalidConfigError(f"log_format must be 'console' or 'json', got {self.log_format!r}")
+
+
+# (field, help) of the flags ``add_limit_flags`` adds; type and default come from ServerArgs.
+LIMIT_FLAGS = (
+    ("max_body_bytes", "largest request body in bytes (413 past it)"),
+    ("max_header_bytes", "largest request head in bytes (431 past it)"),
+    ("header_timeout", "seconds for a request head to arrive (408 past it)"),
+    ("body_timeout", "seconds for a whole request body to arrive (408 past it)"),
+    ("max_concurrent_requests", "/v1 requests in progress at once (503 + Retry-After past it)"),
+    ("max_prompts_per_request", "prompts of a completion / inputs of an embedding request"),
+    ("enable_docs", "serve /docs, /redoc and /openapi.json (behind the API key if one is set)"),
+)
+
+
+def add_limit_flags(parser: argparse.ArgumentParser) -> None:
+    """``--max-body-bytes`` ... ``--enable-docs``, defaults from ``ServerArgs``."""
+    defaults = {f.name: f.default for f in dataclasses.fields(ServerArgs)}
+    group = parser.add_argument_group("server limits")
+    for name, text in LIMIT_FLAGS:
+        flag, default = f"--{name.replace('_', '-')}", defaults[name]
+        if isinstance(default, bool):
+            group.add_argument(flag, dest=name, action="store_true", help=text)
+        else:
+            group.add_argument(flag, dest=name, type=type(default), default=default,
+                               help=f"{text} (default: {default})")
+
+
+def limit_kwargs(namespace: argparse.Namespace) -> dict[str, Any]:
+    """The parsed limit flags, as ``ServerArgs`` keyword arguments."""
+    return {name: getattr(namespace, name) for name, _ in LIMIT_FLAGS}
