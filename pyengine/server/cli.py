@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -53,6 +55,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
     parser.add_argument("--log-format", choices=["console", "json"], default="console")
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--no-log-requests", action="store_true", help="no log line per finished request")
+    parser.add_argument("--drain-timeout", type=float, default=30.0,
+                        help="on SIGTERM / SIGINT, seconds in-flight requests may still run before their "
+                        "streams are ended with an error event (0: at once; a second signal also ends them)")
     return parser, _engine_flags(parser)
 
 
@@ -65,12 +70,13 @@ def parse(argv: list[str]) -> tuple[Optional[str], dict[str, Any], ServerArgs]:
     args = ServerArgs(model_name=name, host=ns.host, port=ns.port, api_key=ns.api_key, max_n=ns.max_n,
                       stall_timeout=ns.stall_timeout, watchdog_interval=ns.watchdog_interval,
                       stats_interval=ns.stats_interval, log_format=ns.log_format, log_level=ns.log_level,
-                      log_requests=not ns.no_log_requests)
+                      log_requests=not ns.no_log_requests, drain_timeout=ns.drain_timeout)
     return ns.model, engine_kwargs, args
 
 
 def main(argv: list[str]) -> int:
-    """Builds the engine, serves until interrupted, then shuts the engine down."""
+    """Builds the engine, serves until SIGTERM / SIGINT, drains (``pyengine.server.drain``),
+    then shuts the engine down and flushes the logs: exit status 0."""
     try:
         model, engine_kwargs, args = parse(argv)
         config = EngineConfig.from_kwargs(model, **engine_kwargs)
@@ -81,21 +87,31 @@ def main(argv: list[str]) -> int:
 
     from pyengine.async_engine import AsyncEngine
     from pyengine.server.app import create_app
-    from pyengine.server.logs import configure_logging
+    from pyengine.server.drain import BACKSTOP_S, Drain, DrainingServer, DrainMiddleware
+    from pyengine.server.logs import configure_logging, get_logger
 
     listener = configure_logging(args.log_format, args.log_level)
+    logger = get_logger(model=args.model_name)
     try:
         engine = AsyncEngine.from_config(config)
+        # From here on a late signal (during the cleanup below, after uvicorn has put
+        # these handlers back) must not interrupt the engine's shutdown half-way.
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            app = create_app(engine, args)
-            server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
-                                                   log_level=args.log_level.lower(), timeout_graceful_shutdown=5))
-            try:
-                server.run()
-            except KeyboardInterrupt:
-                pass  # uvicorn re-raises Ctrl-C after its graceful shutdown: a normal exit
+            drain = Drain(args.drain_timeout, logger)
+            app = DrainMiddleware(create_app(engine, args), drain)
+            server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
+                                                   log_level=args.log_level.lower(),
+                                                   timeout_graceful_shutdown=args.drain_timeout + BACKSTOP_S),
+                                    drain)
+            server.run()
+            logger.info("server stopped", requests_ended_by_drain=drain.cut)
         finally:
+            started = time.monotonic()
             engine.shutdown()
+            logger.info("engine shut down", seconds=round(time.monotonic() - started, 3))
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     finally:
         listener.stop()
     return 0
