@@ -72,6 +72,13 @@ class EngineClient(ABC):
         """Prompt plus generated tokens one request may hold."""
 
     @property
+    def max_request_tokens(self) -> int:
+        """Prompt plus generated tokens the engine admits for one request: at most
+        ``max_model_len``, less when the KV pool holds fewer tokens (a request must fit
+        in the whole pool). A front end defaults ``max_tokens`` to it and advertises it."""
+        return self.max_model_len
+
+    @property
     @abstractmethod
     def vocab_size(self) -> Optional[int]:
         """Token ids must be below this (a larger one would fail the whole batch's step);

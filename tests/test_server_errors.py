@@ -59,7 +59,6 @@ def wait_idle(engine: AsyncEngine, timeout: float = 5.0) -> None:
     ({"prompt": "hi", "temperature": -0.5}, "temperature"),
     ({"prompt": "hi", "temperature": "hot"}, "temperature"),
     ({"prompt": "hi", "top_p": 0}, "top_p"),
-    ({"prompt": "hi", "model": "gpt-4"}, "model"),
     ({"prompt": "hi", "n": 5}, "n"),
     ({"prompt": "hi", "logprobs": 50}, "logprobs"),
     ({"prompt": 3.5}, "prompt"),
@@ -218,7 +217,8 @@ def test_a_failed_step_is_an_error_response_or_an_error_event(synthetic):
     body = {"prompt": [1, 2], "max_tokens": 50, "ignore_eos": True}
     faults.fail_after(3)
     resp = post(server, "/v1/completions", body)
-    assert resp.status_code == 500 and "injected failure" in resp.json()["error"]["message"]
+    assert resp.status_code == 500 and "injected failure" not in resp.json()["error"]["message"]
+    assert "internal server error" in resp.json()["error"]["message"]
     faults.fail_after(3)
     with httpx.stream("POST", f"{server.url}/v1/completions", json={**body, "stream": True}, timeout=10) as r:
         lines = [line for line in r.iter_lines() if line.startswith("data:")]
@@ -237,7 +237,7 @@ def test_an_unexpected_exception_is_a_500_and_counted(synthetic, monkeypatch):
     monkeypatch.setattr(engine, "generate", broken)
     resp = post(server, "/v1/completions", {"prompt": [1, 2], "max_tokens": 3})
     monkeypatch.undo()
-    assert resp.status_code == 500 and "a bug in a handler" in resp.json()["error"]["message"]
+    assert resp.status_code == 500 and "a bug in a handler" not in resp.json()["error"]["message"]
     assert _errors_500(server) == before + 1
 
 

@@ -17,6 +17,7 @@ from pyengine.engine_client import EngineClient
 from pyengine.server import chat, completions, embeddings, info
 from pyengine.server.args import ServerArgs
 from pyengine.server.chat_template import ChatTemplate
+from pyengine.server.chat_text import ChatTokenizer
 from pyengine.server.context import ServerContext
 from pyengine.server.errors import install_error_handlers
 from pyengine.server.guard import GuardMiddleware
@@ -36,6 +37,7 @@ def build_context(engine: EngineClient, args: ServerArgs) -> ServerContext:
         token_text=TokenText(engine.tokenizer, engine.token_bytes),
         logger=get_logger(model=args.model_name),
         chat_template=ChatTemplate.from_tokenizer_config(engine.tokenizer_config),
+        chat_tokenizer=ChatTokenizer(engine.tokenizer) if engine.tokenizer is not None else None,
     )
 
 
@@ -60,7 +62,10 @@ def create_app(engine: EngineClient, args: ServerArgs) -> FastAPI:
             await asyncio.gather(*ctx.background, return_exceptions=True)
             ctx.background.clear()
 
-    app = FastAPI(title="pyengine", version=__version__, lifespan=lifespan)
+    # The interactive docs describe the server to anyone who asks: off unless enabled,
+    # and then behind the API key (GuardMiddleware) like /v1/*.
+    docs = {} if args.enable_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="pyengine", version=__version__, lifespan=lifespan, **docs)
     app.state.context = ctx
     app.state.watchdog = watchdog
     install_error_handlers(app)

@@ -1,5 +1,8 @@
 """``POST /v1/chat/completions``: messages rendered with the checkpoint's chat template,
-then generated like a completion; streamed as role / content deltas or returned whole."""
+then generated like a completion; streamed as role / content deltas or returned whole.
+
+Roles are OpenAI's; special tokens a client types stay text (``chat_text.py``); without
+``max_tokens`` a chat may generate up to what one request can hold, not a 400."""
 
 from __future__ import annotations
 
@@ -25,10 +28,12 @@ from pyengine.server.protocol import (
     ChatStreamChoice,
 )
 from pyengine.server.respond import Generation, wants_usage
-from pyengine.server.sampling import check_length, sampling_params
+from pyengine.server.sampling import check_length, default_max_tokens, sampling_params
 from pyengine.server.tokens import TokenText
 
 router = APIRouter()
+
+ROLES = ("system", "developer", "user", "assistant", "tool")  # OpenAI's chat roles
 
 
 def chat_logprobs(tt: TokenText, token_ids: list[int], logprobs: list[dict[int, float]], top: int) -> ChatLogprobs:
@@ -43,17 +48,29 @@ def chat_logprobs(tt: TokenText, token_ids: list[int], logprobs: list[dict[int, 
     return ChatLogprobs(content=content)
 
 
+def check_roles(body: ChatCompletionRequest) -> None:
+    """A 400 naming ``messages[i].role`` for a role OpenAI does not have (a template
+    would render it as a turn of its own, or fail somewhere less clear)."""
+    for i, message in enumerate(body.messages):
+        if message.role not in ROLES:
+            raise bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}; got {message.role!r}",
+                              f"messages[{i}].role", "invalid_value")
+
+
 def render_prompt(ctx: ServerContext, body: ChatCompletionRequest) -> list[int]:
-    """The chat's prompt token ids (a 400 when the checkpoint has no chat template)."""
+    """The chat's prompt token ids (a 400 when the checkpoint has no chat template). Only
+    the template's own special tokens become control tokens (``chat_text.py``)."""
     if ctx.chat_template is None:
         raise bad_request("this model has no chat template (no chat_template in tokenizer_config.json); "
                           "use /v1/completions", "messages", "chat_template_missing")
-    if ctx.engine.tokenizer is None:
+    if ctx.chat_tokenizer is None:
         raise bad_request("this model has no tokenizer; use /v1/completions with token ids", "messages")
-    messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
+    escapes = ctx.chat_tokenizer.session()
+    messages = [{"role": m.role, "content": escapes.escape(m.text()),
+                 **({"name": escapes.escape(m.name)} if m.name else {})}
                 for m in body.messages]
-    text = ctx.chat_template.render(messages, body.add_generation_prompt, body.chat_template_kwargs)
-    return ctx.engine.tokenize(text, add_special_tokens=False)
+    text = ctx.chat_template.render(messages, body.add_generation_prompt, escapes.escape(body.chat_template_kwargs))
+    return escapes.encode(text)
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -61,15 +78,22 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                                  ctx: Context) -> Union[Response, JSONResponse]:
     ctx.check_model(body.model)
     ctx.check_alive()
+    check_roles(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs = true", "top_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     tokens_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     top = body.top_logprobs or 0
-    params = sampling_params(ctx, body, max_tokens=max_tokens, logprobs=top if body.logprobs else None,
-                             renames={"logprobs": "top_logprobs", "max_tokens": tokens_param})
+    renames = {"logprobs": "top_logprobs", "max_tokens": tokens_param}
+    # Field checks first (cheap, and a bad field is the clearer error); the real
+    # max_tokens default needs the prompt's length.
+    sampling_params(ctx, body, max_tokens=max_tokens, logprobs=top if body.logprobs else None, renames=renames)
     prompt_ids = render_prompt(ctx, body)
     check_length(ctx, len(prompt_ids), max_tokens, "messages", tokens_param)
+    if max_tokens is None:
+        max_tokens = default_max_tokens(ctx, [len(prompt_ids)])
+    params = sampling_params(ctx, body, max_tokens=max_tokens, logprobs=top if body.logprobs else None,
+                             renames=renames)
     run = await Generation.start(ctx, request, [prompt_ids], params, ctx.new_id("chatcmpl"))
     if body.stream:
         return _stream(ctx, body, run, top)

@@ -1,21 +1,28 @@
 """The checkpoint's chat template (``chat_template`` in tokenizer_config.json), rendered
-with jinja2 in a sandbox, as Hugging Face's ``apply_chat_template`` does."""
+with jinja2 in a sandbox, as Hugging Face's ``apply_chat_template`` does.
+
+The template runs over the client's messages, so whatever goes wrong while rendering is
+answered as a 400 on ``messages``, never a 500. It may not reach the file system: an
+``{% include %}``, ``{% import %}`` or ``{% extends %}`` finds nothing (an empty loader)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional
 
-from jinja2 import TemplateError
+from jinja2 import DictLoader, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from pyengine.server.errors import bad_request
+
+_log = logging.getLogger("pyengine.server.chat_template")
 
 
 class ChatTemplate:
     """A compiled chat template plus the special tokens templates refer to."""
 
     def __init__(self, source: str, tokenizer_config: dict[str, Any]) -> None:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=DictLoader({}))
         env.globals["raise_exception"] = _raise
         self.template = env.from_string(source)
         self.special = {name: _token_text(tokenizer_config.get(name))
@@ -41,6 +48,10 @@ class ChatTemplate:
             return self.template.render(**context)
         except TemplateError as error:
             raise bad_request(f"the chat template failed on these messages: {error}", "messages") from None
+        except Exception as error:  # noqa: BLE001 - the template's own code, over the client's data
+            _log.warning("chat template raised %r", error)
+            raise bad_request(f"the chat template failed on these messages ({type(error).__name__})",
+                              "messages") from None
 
 
 def _raise(message: str) -> None:

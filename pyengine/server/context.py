@@ -12,7 +12,7 @@ from fastapi import Depends, Request
 
 from pyengine.engine_client import EngineClient
 from pyengine.server.args import ServerArgs
-from pyengine.server.errors import APIError, bad_request
+from pyengine.server.errors import APIError
 from pyengine.server.health import ProgressMonitor
 from pyengine.server.metrics import ServerMetrics
 from pyengine.server.tokens import TokenText
@@ -27,17 +27,22 @@ class ServerContext:
     token_text: TokenText
     logger: Any
     chat_template: Optional[Any] = None  # a compiled jinja2 template, or None
+    chat_tokenizer: Optional[Any] = None  # a ChatTokenizer (user-typed special tokens stay text)
     background: list[Any] = field(default_factory=list)  # asyncio tasks started by the lifespan
 
     @property
     def max_model_len(self) -> int:
-        return self.engine.max_model_len
+        """What one request may hold (prompt plus generated tokens): the model's length,
+        or less when the KV pool is smaller. Checks, defaults and /v1/models use it, so
+        that what the server advertises is what the engine admits."""
+        return self.engine.max_request_tokens
 
     def check_model(self, model: Optional[str]) -> None:
-        """A request may name this server's model or none; anything else is a 400."""
+        """A request may name this server's model or none; anything else is a 404, as
+        OpenAI answers it (``model_not_found``)."""
         if model is not None and model != self.args.model_name:
-            raise bad_request(f"the model {model!r} does not exist; this server serves {self.args.model_name!r}",
-                              "model", "model_not_found")
+            raise APIError(404, f"the model {model!r} does not exist; this server serves {self.args.model_name!r}",
+                           "model", "model_not_found")
 
     def check_alive(self) -> None:
         reason = self.engine.health().dead_reason

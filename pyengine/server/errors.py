@@ -3,13 +3,17 @@ exception handlers that turn pyengine's and FastAPI's exceptions into them.
 
 - malformed JSON / wrong types (pydantic) -> 400, ``param`` = the offending field
 - ``InvalidRequestError`` (``SamplingParams`` errors are converted to it where they arise) -> 400
-- anything else -> 500 ``server_error``
+- anything else -> 500 ``server_error`` with a generic message: the exception goes to the
+  server log under a reference the client sees, never into the body (it may name files,
+  internals or another request's data)
 - ``EngineDeadError`` -> 503
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import uuid
 from typing import Any, Optional
 
 from fastapi import FastAPI, Request
@@ -22,12 +26,24 @@ from pyengine.errors import EngineDeadError, InvalidRequestError
 _KNOWN_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
-    404: "not_found_error",
+    404: "invalid_request_error",  # OpenAI's type for model_not_found
     405: "invalid_request_error",
+    408: "invalid_request_error",
+    413: "invalid_request_error",
+    431: "invalid_request_error",
     503: "service_unavailable",
 }
 # SamplingParams names a field first in its messages: "max_tokens must be >= 1, got 0".
 _LEADING_FIELD = re.compile(r"^([a-z_]+) ")
+# Only these count as a field: other messages start with any word ("invalid request ...").
+REQUEST_FIELDS = frozenset({
+    "model", "prompt", "messages", "input", "n", "best_of", "temperature", "top_p", "top_k", "min_p", "stop",
+    "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs",
+    "top_logprobs", "max_tokens", "max_completion_tokens", "min_tokens", "ignore_eos", "stop_token_ids",
+    "include_stop_str_in_output", "skip_special_tokens", "stream", "stream_options", "echo", "suffix",
+    "encoding_format", "dimensions", "chat_template_kwargs",
+})
+_log = logging.getLogger("pyengine.server.errors")
 
 
 class APIError(Exception):
@@ -61,7 +77,7 @@ def from_value_error(error: ValueError, renames: Optional[dict[str, str]] = None
     field the message starts with, renamed to the request's spelling (``renames``)."""
     message = str(error)
     match = _LEADING_FIELD.match(message)
-    param = match.group(1) if match else None
+    param = match.group(1) if match and match.group(1) in REQUEST_FIELDS else None
     if param is not None and renames:
         param = renames.get(param, param)
     return bad_request(message, param)
@@ -75,8 +91,16 @@ def to_api_error(error: BaseException) -> APIError:
         return APIError(503, f"the engine cannot serve: {error}", code="engine_dead")
     if isinstance(error, InvalidRequestError):
         return from_value_error(error)
-    # Anything else (a ValueError from inside the executor included) is the server's fault.
-    return APIError(500, f"internal error: {error!r}", type_="server_error")
+    # Anything else (a ValueError from inside the executor included) is the server's fault:
+    # logged in full, answered with a reference and nothing of the exception.
+    return internal_error(error)
+
+
+def internal_error(error: BaseException) -> APIError:
+    """A 500 that says nothing of ``error``; the log has it, under the same reference."""
+    reference = uuid.uuid4().hex[:12]
+    _log.error("internal error (reference %s)", reference, exc_info=(type(error), error, error.__traceback__))
+    return APIError(500, f"internal server error (reference {reference})", type_="server_error")
 
 
 def _param_of(loc: tuple[Any, ...]) -> Optional[str]:
@@ -109,8 +133,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        error = APIError(exc.status_code, str(exc.detail))
-        return error_response(error)
+        # A limit refused while the body was read carries its own error (``limits.py``).
+        error = getattr(exc, "api_error", None) or APIError(exc.status_code, str(exc.detail))
+        response = error_response(error)
+        response.headers.update(exc.headers or {})
+        return response
 
     @app.exception_handler(EngineDeadError)
     async def _dead(_: Request, exc: EngineDeadError) -> JSONResponse:

@@ -1,5 +1,6 @@
 """A plain ASGI middleware (no ``BaseHTTPMiddleware``, which gets in the way of streaming
-and disconnect detection): the API key on ``/v1/*`` and a count of error responses."""
+and disconnect detection): the API key on ``/v1/*`` (and on the docs, when they are
+served) and a count of error responses."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ from typing import Any, Optional
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pyengine.server.errors import APIError, error_response
+
+DOCS_PATHS = ("/docs", "/redoc", "/openapi.json")  # /docs/oauth2-redirect included
+
+
+def needs_key(path: str) -> bool:
+    return path.startswith("/v1/") or path.startswith(DOCS_PATHS)
 
 
 class GuardMiddleware:
@@ -22,7 +29,7 @@ class GuardMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.expected is not None and scope["path"].startswith("/v1/"):
+        if self.expected is not None and needs_key(scope["path"]):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 self.errors.labels(self.model_name, "401").inc()

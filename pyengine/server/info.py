@@ -17,7 +17,10 @@ router = APIRouter()
 
 @router.get("/v1/models")
 async def list_models(ctx: Context) -> ModelList:
-    card = ModelCard(id=ctx.args.model_name, root=ctx.engine.model_path, max_model_len=ctx.max_model_len)
+    """The served model. ``root`` is its served name, not the checkpoint's folder (a path
+    tells clients about the host's file system); ``max_model_len`` is what one request
+    can really hold, which a KV pool smaller than the model's length lowers."""
+    card = ModelCard(id=ctx.args.model_name, root=ctx.args.model_name, max_model_len=ctx.max_model_len)
     return ModelList(data=[card])
 
 

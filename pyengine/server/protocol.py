@@ -6,9 +6,30 @@ models. Requests accept vLLM's extra sampling fields (``top_k``, ``min_p``,
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, StrictStr, model_serializer
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, NonNegativeInt, StrictStr, model_serializer
+
+
+def _utf8(value: Any) -> Any:
+    """JSON may spell a lone surrogate (``"\\ud800"``); no tokenizer takes one, and the
+    error it raises is no help. Refused here, with the field's location, as a 400."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ValueError(f"holds a lone surrogate at character {error.start}: not valid Unicode text") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _utf8(key)
+            _utf8(item)
+    elif isinstance(value, list):
+        for item in value:
+            _utf8(item)
+    return value
+
+
+Text = Annotated[StrictStr, AfterValidator(_utf8)]
 
 
 class _Request(BaseModel):
@@ -26,7 +47,7 @@ class SamplingFields(_Request):
     n: int = 1
     temperature: Optional[float] = None
     top_p: Optional[float] = None
-    stop: Optional[Union[StrictStr, list[StrictStr]]] = None
+    stop: Optional[Union[Text, list[Text]]] = None
     seed: Optional[int] = None
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
@@ -46,7 +67,7 @@ class SamplingFields(_Request):
     return_token_ids: bool = False  # add prompt_token_ids / token_ids to the choices
 
 
-Prompt = Union[StrictStr, list[StrictStr], list[NonNegativeInt], list[list[NonNegativeInt]]]
+Prompt = Union[Text, list[Text], list[NonNegativeInt], list[list[NonNegativeInt]]]
 
 
 class CompletionRequest(SamplingFields):
@@ -60,13 +81,13 @@ class CompletionRequest(SamplingFields):
 
 class TextContentPart(_Request):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(_Request):
-    role: StrictStr
-    content: Union[StrictStr, list[TextContentPart], None] = None
-    name: Optional[str] = None
+    role: Text  # checked against the known roles by the handler, which names messages[i].role
+    content: Union[Text, list[TextContentPart], None] = None
+    name: Optional[Text] = None
 
     def text(self) -> str:
         if self.content is None:
@@ -83,7 +104,7 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: Optional[int] = None
     add_generation_prompt: bool = True
-    chat_template_kwargs: Optional[dict[str, Any]] = None
+    chat_template_kwargs: Annotated[Optional[dict[str, Any]], AfterValidator(_utf8)] = None
 
 
 class EmbeddingRequest(_Request):

@@ -37,12 +37,19 @@ def sampling_params(ctx: ServerContext, req: SamplingFields, *, max_tokens: Opti
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens, logprobs=logprobs, **kwargs,
         )
-    except ValueError as error:
-        raise from_value_error(error, renames) from None
+    except (ValueError, OverflowError) as error:  # OverflowError: an int no engine field holds
+        raise from_value_error(ValueError(str(error)), renames) from None
+
+
+def default_max_tokens(ctx: ServerContext, prompt_lens: list[int]) -> int:
+    """``max_tokens`` for a request that sets none: all that its longest prompt leaves of
+    what one request can hold (``max_model_len``, or less with a small KV pool)."""
+    return max(1, ctx.max_model_len - max(prompt_lens))
 
 
 def tokenize_prompts(ctx: ServerContext, prompt: Union[str, list[Any]], param: str) -> list[tuple[Optional[str], list[int]]]:
-    """``prompt`` (a string, strings, token ids or lists of token ids) as (text, ids) pairs."""
+    """``prompt`` (a string, strings, token ids or lists of token ids) as (text, ids) pairs;
+    at most ``max_prompts_per_request`` of them (each is an engine request)."""
     if isinstance(prompt, str):
         items: list[Any] = [prompt]
     elif prompt and all(isinstance(t, int) for t in prompt):
@@ -51,6 +58,10 @@ def tokenize_prompts(ctx: ServerContext, prompt: Union[str, list[Any]], param: s
         items = list(prompt)
     if not items:
         raise bad_request(f"{param} must not be empty", param)
+    limit = ctx.args.max_prompts_per_request
+    if len(items) > limit:
+        raise bad_request(f"{param} holds {len(items)} prompts; at most {limit} are allowed per request", param,
+                          "too_many_prompts")
     out: list[tuple[Optional[str], list[int]]] = []
     vocab = ctx.engine.vocab_size  # ids at or beyond it would fail the whole batch's step
     for item in items:
