@@ -22,6 +22,7 @@ from pyengine.server.context import ServerContext
 from pyengine.server.errors import install_error_handlers
 from pyengine.server.guard import GuardMiddleware
 from pyengine.server.health import ProgressMonitor, Watchdog
+from pyengine.server.limits import LimitsMiddleware
 from pyengine.server.logs import get_logger
 from pyengine.server.metrics import ServerMetrics
 from pyengine.server.stats_log import log_stats_forever
@@ -72,6 +73,7 @@ def create_app(engine: EngineClient, args: ServerArgs) -> FastAPI:
     for module in (completions, chat, embeddings, info):
         app.include_router(module.router)
 
+    app.add_middleware(LimitsMiddleware, args=args)  # inside the guard: its refusals are counted
     app.add_middleware(GuardMiddleware, api_key=args.api_key, errors=ctx.metrics.http_errors,
                        model_name=args.model_name)
     return app

@@ -11,6 +11,7 @@ from typing import Any, Optional
 from pyengine.engine_client import EngineClient
 from pyengine.server.app import create_app
 from pyengine.server.args import ServerArgs
+from pyengine.server.http_protocol import uvicorn_options
 
 
 class LiveServer:
@@ -25,9 +26,11 @@ class LiveServer:
         self.engine = engine
         self.args = args or ServerArgs()
         self.app = create_app(engine, self.args)
+        # The same head limits as `pyengine serve` (uvicorn_options), so tests meet them.
         self.server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_config=None,
                                                     log_level="warning", lifespan="on",
-                                                    timeout_keep_alive=30, timeout_graceful_shutdown=2))
+                                                    timeout_keep_alive=30, timeout_graceful_shutdown=2,
+                                                    **uvicorn_options(self.args)))
         self.host = host
         self.port = port
         self.start_timeout = start_timeout
