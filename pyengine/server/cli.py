@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from pyengine.config import EngineConfig
-from pyengine.server.args import ServerArgs
+from pyengine.server.args import ServerArgs, add_limit_flags
 
 _ENGINE_SKIP = {"model"}
 _TYPES = {"int": int, "float": float, "str": str, "Optional[int]": int, "Optional[float]": float}
@@ -58,6 +58,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="on SIGTERM / SIGINT, seconds in-flight requests may still run before their "
                         "streams are ended with an error event (0: at once; a second signal also ends them)")
+    add_limit_flags(parser)  # --max-body-bytes ... --enable-docs, defaults from ServerArgs
     return parser, _engine_flags(parser)
 
 
