@@ -47,7 +47,8 @@ def test_serve_subprocess_answers_and_exits_on_ctrl_c(tmp_path):
     ckpt = make_tiny_checkpoint(tmp_path / "ckpt")
     port = free_port()
     cmd = [sys.executable, "-m", "pyengine", "serve", str(ckpt), "--port", str(port), "--max-num-seqs", "8",
-           "--max-model-len", "256", "--num-kv-blocks", "64", "--log-format", "json", "--stats-interval", "0"]
+           "--max-model-len", "256", "--num-kv-blocks", "64", "--log-format", "json", "--stats-interval", "0",
+           "--max-header-bytes", "4096", "--max-body-bytes", "2048"]
     # Started outside the source tree so that the installed package (native module included) runs.
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -64,6 +65,12 @@ def test_serve_subprocess_answers_and_exits_on_ctrl_c(tmp_path):
         resp = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
                           json={"model": "ckpt", "prompt": "Hello", "max_tokens": 3, "ignore_eos": True})
         assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 3
+        # The limit flags reach the server the command builds.
+        big_header = httpx.get(f"http://127.0.0.1:{port}/health", headers={"x-pad": "a" * 8192}, timeout=10)
+        assert big_header.status_code == 431
+        big_body = httpx.post(f"http://127.0.0.1:{port}/v1/completions", content=b"{" + b" " * 4096 + b"}",
+                              headers={"content-type": "application/json"}, timeout=10)
+        assert big_body.status_code == 413 and big_body.json()["error"]["message"]
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     finally:

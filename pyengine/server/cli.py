@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from pyengine.config import EngineConfig
-from pyengine.server.args import ServerArgs, add_limit_flags
+from pyengine.server.args import ServerArgs, add_limit_flags, limit_kwargs
 
 _ENGINE_SKIP = {"model"}
 _TYPES = {"int": int, "float": float, "str": str, "Optional[int]": int, "Optional[float]": float}
@@ -71,7 +71,7 @@ def parse(argv: list[str]) -> tuple[Optional[str], dict[str, Any], ServerArgs]:
     args = ServerArgs(model_name=name, host=ns.host, port=ns.port, api_key=ns.api_key, max_n=ns.max_n,
                       stall_timeout=ns.stall_timeout, watchdog_interval=ns.watchdog_interval,
                       stats_interval=ns.stats_interval, log_format=ns.log_format, log_level=ns.log_level,
-                      log_requests=not ns.no_log_requests, drain_timeout=ns.drain_timeout)
+                      log_requests=not ns.no_log_requests, drain_timeout=ns.drain_timeout, **limit_kwargs(ns))
     return ns.model, engine_kwargs, args
 
 
@@ -89,6 +89,7 @@ def main(argv: list[str]) -> int:
     from pyengine.async_engine import AsyncEngine
     from pyengine.server.app import create_app
     from pyengine.server.drain import BACKSTOP_S, Drain, DrainingServer, DrainMiddleware
+    from pyengine.server.http_protocol import uvicorn_options
     from pyengine.server.logs import configure_logging, get_logger
 
     listener = configure_logging(args.log_format, args.log_level)
@@ -103,7 +104,8 @@ def main(argv: list[str]) -> int:
             app = DrainMiddleware(create_app(engine, args), drain)
             server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                                                    log_level=args.log_level.lower(),
-                                                   timeout_graceful_shutdown=args.drain_timeout + BACKSTOP_S),
+                                                   timeout_graceful_shutdown=args.drain_timeout + BACKSTOP_S,
+                                                   **uvicorn_options(args)),
                                     drain)
             server.run()
             logger.info("server stopped", requests_ended_by_drain=drain.cut)
