@@ -128,8 +128,7 @@ class AsyncEngine(EngineClient):
     def max_request_tokens(self) -> int:
         """``max_model_len``, or the whole KV pool's tokens when that is smaller: the
         scheduler refuses a request needing more blocks than the pool has."""
-        pool_tokens = int(self.engine.runner.num_kv_blocks) * int(self.config.block_size)
-        return min(self.max_model_len, pool_tokens)
+        return int(self.engine.max_request_tokens)
 
     @property
     def vocab_size(self) -> Optional[int]:

@@ -38,3 +38,17 @@ def test_one_rule_refuses_a_bad_setting_in_both_configs(name, bad):
         EngineConfig(**{name: bad})
     with pytest.raises(InvalidConfigError, match=name):
         ExecutorConfig(**{name: bad})
+
+
+def test_without_max_tokens_a_request_gets_what_the_kv_pool_holds():
+    from pyengine import LLM, SamplingParams
+
+    llm = LLM(num_kv_blocks=8, block_size=16, max_num_seqs=4, max_num_batched_tokens=128)
+    try:
+        assert llm.engine.max_request_tokens == 8 * 16 < llm.engine.max_model_len
+        prompt = [5, 6, 7, 8]
+        out = llm.generate([prompt], SamplingParams(max_tokens=None, ignore_eos=True), use_tqdm=False)[0]
+        assert len(out.outputs[0].token_ids) == 8 * 16 - len(prompt)
+        assert out.outputs[0].finish_reason == "length"
+    finally:
+        llm.shutdown()

@@ -57,6 +57,9 @@ class EngineCore:
         self.decode_table = DecodeTable.from_tokenizer(self.tokenizer) if self.tokenizer is not None else None
         self.eos_token_ids = list(self.runner.loaded.eos_token_ids)
         self.max_model_len = self.runner.max_model_len
+        # What one request can hold: max_model_len, or the whole KV pool when that is
+        # smaller (the scheduler refuses a request needing more blocks than the pool has).
+        self.max_request_tokens = min(self.max_model_len, self.runner.num_kv_blocks * config.block_size)
         model_config = getattr(self.runner.loaded, "config", None)
         self.vocab_size: Optional[int] = getattr(model_config, "vocab_size", None)
         self.sched = SchedulerThread(config.scheduler_config(self.runner.num_kv_blocks, self.max_model_len))
@@ -111,7 +114,7 @@ class EngineCore:
         if isinstance(params, SamplingParams):
             max_tokens = params.max_tokens
             if max_tokens is None:
-                max_tokens = max(1, self.max_model_len - len(prompt_token_ids))
+                max_tokens = max(1, self.max_request_tokens - len(prompt_token_ids))
             if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
                 raise InvalidRequestError(
                     f"logprobs = {params.logprobs} exceeds max_logprobs = {self.config.max_logprobs}"
