@@ -1,0 +1,198 @@
+"""Soak benchmark: memory over time. Sends ``--num-requests`` requests (default 10,000)
+to ``pyengine serve`` and reports the server's resident memory (VmRSS, from
+``/proc/PID/status``) after the warm-up, at 1,000 requests and at the end, and the growth
+between 1,000 and the end. The bar (issue 11): at most 50 MB from 1k to 10k.
+
+Prompts and outputs vary in length (prompt lengths spread over two orders of magnitude,
+1-12 output tokens, ``--concurrency`` requests in flight), so the steps' token counts
+vary as they do under real traffic; outputs are short so 10,000 requests take minutes
+on two cores.
+
+    python benches/soak.py                    # spawns `pyengine serve` (tiny model) on loopback
+    python benches/soak.py --num-requests 3000 --json
+    python benches/soak.py --url http://127.0.0.1:8000 --pid 1234   # a running local server
+
+The run is bounded: ``--max-seconds`` for the whole soak, ``--timeout`` per request;
+loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
+
+import httpx
+
+# As in benches/serve.py: run the installed package's command line, not the source folder
+# the working directory would put first on sys.path (set PYTHONPATH to run another tree).
+_SERVE = ("import sys; sys.path = [p for p in sys.path if p]; "
+          "from pyengine.__main__ import main; sys.exit(main())")
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set size of process ``pid`` in MiB."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def spawned_server(extra: list[str], timeout: float = 180.0) -> Iterator[tuple[str, int]]:
+    """``pyengine serve`` on a free loopback port: yields (url, pid); Ctrl-C at the end."""
+    port = _free_port()
+    cmd = [sys.executable, "-c", _SERVE, "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--no-log-requests", "--stats-interval", "0", "--log-level", "warning", *extra]
+    proc = subprocess.Popen(cmd)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {proc.returncode}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the server did not come up")
+            time.sleep(0.2)
+        yield url, proc.pid
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def _request(rng: random.Random, args: argparse.Namespace) -> tuple[list[int], int]:
+    # Log-uniform prompt lengths: as many short prompts as long ones, so decode-heavy and
+    # prefill-heavy steps (and every token count between) keep turning up.
+    length = int(round(2 ** rng.uniform(0, args.max_prompt_len.bit_length() - 1)))
+    length = max(1, min(args.max_prompt_len, length))
+    prompt = [rng.randrange(args.min_token_id, args.vocab) for _ in range(length)]
+    return prompt, rng.randint(1, args.max_output_len)
+
+
+async def soak(args: argparse.Namespace, url: str, pid: int) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    warmup = min(args.warmup, args.num_requests)
+    marks = sorted({warmup, min(1000, args.num_requests), args.num_requests})
+    rss: dict[int, float] = {}
+    trail: list[tuple[int, float]] = []
+    done = failed = 0
+    first_error = ""
+    deadline = time.monotonic() + args.max_seconds
+    next_id = 0
+    limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency,
+                          keepalive_expiry=2.0)
+    start = time.perf_counter()
+    rss_start = rss_mb(pid)
+
+    async with httpx.AsyncClient(limits=limits, timeout=args.timeout) as http:
+        async def worker() -> None:
+            nonlocal done, failed, first_error, next_id
+            while next_id < args.num_requests and time.monotonic() < deadline:
+                next_id += 1
+                prompt, max_tokens = _request(rng, args)
+                body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+                try:
+                    resp = await http.post(f"{url}/v1/completions", json=body)
+                    if resp.status_code != 200:
+                        raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+                except Exception as error:  # noqa: BLE001 - counted and reported
+                    failed += 1
+                    first_error = first_error or repr(error)
+                done += 1
+                if done in marks:
+                    rss[done] = rss_mb(pid)
+                if done % args.trail_every == 0:
+                    trail.append((done, round(rss_mb(pid), 1)))
+
+        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+    duration = time.perf_counter() - start
+    report: dict[str, Any] = {
+        "num_requests": args.num_requests, "completed": done - failed, "failed": failed,
+        "timed_out": done < args.num_requests, "duration_s": round(duration, 1),
+        "request_throughput": round(done / duration, 1), "concurrency": args.concurrency,
+        "rss_start_mb": round(rss_start, 1),
+        "rss_after_warmup_mb": round(rss.get(warmup, float("nan")), 1), "warmup_requests": warmup,
+        "rss_at_1k_mb": round(rss.get(min(1000, args.num_requests), float("nan")), 1),
+        "rss_end_mb": round(rss.get(args.num_requests, rss_mb(pid)), 1),
+        "rss_trail_mb": trail,
+    }
+    report["growth_1k_to_end_mb"] = round(report["rss_end_mb"] - report["rss_at_1k_mb"], 1)
+    if first_error:
+        report["first_error"] = first_error
+    return report
+
+
+def format_report(r: dict[str, Any]) -> str:
+    lines = [
+        f"{'Requests:':<30}{r['completed']} ok, {r['failed']} failed"
+        + (" (stopped at --max-seconds)" if r["timed_out"] else ""),
+        f"{'Duration (s):':<30}{r['duration_s']} ({r['request_throughput']} req/s, "
+        f"concurrency {r['concurrency']})",
+        f"{'RSS at start (MB):':<30}{r['rss_start_mb']}",
+        f"{'RSS after warm-up (MB):':<30}{r['rss_after_warmup_mb']} ({r['warmup_requests']} requests)",
+        f"{'RSS at 1k requests (MB):':<30}{r['rss_at_1k_mb']}",
+        f"{'RSS at the end (MB):':<30}{r['rss_end_mb']} ({r['num_requests']} requests)",
+        f"{'Growth 1k -> end (MB):':<30}{r['growth_1k_to_end_mb']}",
+        "RSS trail (requests, MB): " + ", ".join(f"{n}: {m}" for n, m in r["rss_trail_mb"]),
+    ]
+    if "first_error" in r:
+        lines.append(f"first error: {r['first_error']}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", help="a running loopback server (needs --pid); default: spawn one")
+    parser.add_argument("--pid", type=int, help="the running server's process id, for its RSS")
+    parser.add_argument("--serve-args", default="", help="extra `pyengine serve` arguments when spawning")
+    parser.add_argument("--num-requests", type=int, default=10_000)
+    parser.add_argument("--warmup", type=int, default=200, help="requests before the first RSS figure")
+    parser.add_argument("--concurrency", type=int, default=48, help="requests in flight")
+    parser.add_argument("--max-prompt-len", type=int, default=512)
+    parser.add_argument("--max-output-len", type=int, default=12)
+    parser.add_argument("--vocab", type=int, default=500, help="prompt token ids are drawn below this")
+    parser.add_argument("--min-token-id", type=int, default=10)
+    parser.add_argument("--trail-every", type=int, default=1000, help="an RSS sample every so many requests")
+    parser.add_argument("--timeout", type=float, default=120.0, help="per-request timeout (s)")
+    parser.add_argument("--max-seconds", type=float, default=1800.0, help="the whole soak at most (s)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    args = parser.parse_args(argv)
+    if args.url:
+        if args.pid is None:
+            parser.error("--url needs --pid (the server's process, for its RSS)")
+        report = asyncio.run(soak(args, args.url.rstrip("/"), args.pid))
+    else:
+        with spawned_server(args.serve_args.split()) as (url, pid):
+            report = asyncio.run(soak(args, url, pid))
+    print(json.dumps(report) if args.json else format_report(report))
+    return 0 if report["failed"] == 0 and not report["timed_out"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
