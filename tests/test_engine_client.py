@@ -57,7 +57,11 @@ def test_async_engine_is_an_engine_client_of_plain_data(synthetic):
     assert isinstance(before, EngineHealth) and before.alive and before.num_unfinished == 0
     out = asyncio.run(_generate(engine, [1, 2, 3], 5))
     assert len(out.outputs[0].token_ids) == 5
-    after = engine.health()
+    # The executor counts a step after handing its result over, so the last count may
+    # land just after the output was delivered: wait for it, briefly.
+    deadline = time.monotonic() + 5
+    while (after := engine.health()).steps < before.steps + 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert after.steps >= before.steps + 5 and after.dead_reason is None
     for value in (after, engine.thread_stacks(), engine.stats()):
         pickle.dumps(value)  # crosses a process boundary as it is

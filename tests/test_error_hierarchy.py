@@ -20,6 +20,7 @@ from pyengine import EngineError, KernelError, _kernels
 NOT_ENGINE_ERRORS = {
     "pyengine.server.errors.APIError",
     "pyengine.server.generation.ClientDisconnected",
+    "pyengine.server.limits.LimitRefusal",
     "pyengine.testing.hand_plan.HandPlanError",
 }
 
