@@ -32,7 +32,6 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-
 # Up to this many rows the shape is used as is; above, 2**(_SIZES_PER_OCTAVE_LOG2) sizes
 # per power of two.
 _EXACT_ROWS = 8
