@@ -155,3 +155,25 @@ def test_limit_flags_round_trip_with_defaults_from_server_args():
     ns = parser.parse_args(["--max-body-bytes", "100", "--header-timeout", "2.5", "--enable-docs"])
     args = ServerArgs(**limit_kwargs(ns))
     assert (args.max_body_bytes, args.header_timeout, args.enable_docs) == (100, 2.5, True)
+
+
+def test_a_body_arriving_after_an_early_response_is_not_counted_as_the_next_head():
+    # A 404 is answered before its body is read; the body (larger than the head limit,
+    # within the body limit) then arrives and the next request on the connection must be
+    # served, not refused as an oversized head.
+    core = EngineCore(EngineConfig(max_num_seqs=8), runner=SleepRunner(0.005))
+    engine = AsyncEngine.from_engine_core(core)
+    args = ServerArgs(model_name="limits", stats_interval=0, max_body_bytes=65536, max_header_bytes=4096)
+    try:
+        with LiveServer(engine, args) as server, socket.create_connection(("127.0.0.1", server.port),
+                                                                           timeout=5) as sock:
+            sock.sendall(b"POST /no-such-route HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                         b"content-length: 10000\r\n\r\n")
+            first = sock.recv(65536)
+            assert first.startswith(b"HTTP/1.1 404"), first
+            sock.sendall(b" " * 10000)
+            sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+            second = sock.recv(65536)
+        assert second.startswith(b"HTTP/1.1 200"), second
+    finally:
+        engine.shutdown()

@@ -8,7 +8,12 @@ httptools is installed) neither bounds a head's size nor times out a slow one.
 - **size**: bytes of the head so far (up to its blank line) above ``max_header_bytes``
   are a 431, refused before the parser buffers them;
 - **time**: a head not complete ``header_timeout`` seconds after the connection opened
-  (or after the previous response) is a 408 (or a silent close when nothing was sent).
+  (or after the previous request and its response are both complete) is a 408 (or a
+  silent close when nothing was sent).
+
+A response can be complete before its request's body has arrived (a 401, a 404, a 503
+sent without reading the body); the rest of that body is not the next head, so counting
+restarts only once both are done.
 
 Both answer in the OpenAI error format and close the connection. ``uvicorn_options(args)``
 is what ``uvicorn.Config`` needs for them (the CLI and the test server use it).
@@ -48,6 +53,8 @@ def limited_protocol(args: ServerArgs) -> type:
         _head_bytes = 0
         _tail = b""
         _refused = False
+        _message_done = True  # the current request has been received whole (httptools base)
+        _arm_when_received = False
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -57,11 +64,26 @@ def limited_protocol(args: ServerArgs) -> type:
             self._disarm()
             super().connection_lost(exc)
 
+        def on_message_begin(self) -> None:
+            self._message_done = False
+            super().on_message_begin()
+
+        def on_message_complete(self) -> None:
+            self._message_done = True
+            super().on_message_complete()
+            if self._arm_when_received and not self.transport.is_closing():
+                self._arm_when_received = False
+                self._arm()  # the response went first; now the next head may start
+
         def on_response_complete(self) -> None:
             super().on_response_complete()
             self._disarm()
-            if not self.transport.is_closing():
+            if self.transport.is_closing():
+                return
+            if self._message_done:
                 self._arm()  # the next request's head on this connection
+            else:
+                self._arm_when_received = True  # the rest of this body is still to come
 
         def data_received(self, data: bytes) -> None:
             if self._refused:
