@@ -37,6 +37,9 @@ import httpx
 _SERVE = ("import sys; sys.path = [p for p in sys.path if p]; "
           "from pyengine.__main__ import main; sys.exit(main())")
 
+#: The issue's bar: RSS may grow at most this much between 1k requests and the end.
+GROWTH_BAR_MB = 50.0
+
 
 def rss_mb(pid: int) -> float:
     """Resident set size of process ``pid`` in MiB."""
@@ -191,7 +194,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         with spawned_server(args.serve_args.split()) as (url, pid):
             report = asyncio.run(soak(args, url, pid))
     print(json.dumps(report) if args.json else format_report(report))
-    return 0 if report["failed"] == 0 and not report["timed_out"] else 1
+    within_bar = report["growth_1k_to_end_mb"] <= GROWTH_BAR_MB
+    if not within_bar:
+        print(f"RSS grew {report['growth_1k_to_end_mb']} MB after 1k requests: the bar is {GROWTH_BAR_MB} MB",
+              file=sys.stderr)
+    return 0 if report["failed"] == 0 and not report["timed_out"] and within_bar else 1
 
 
 if __name__ == "__main__":

@@ -12,6 +12,10 @@ from typing import Literal, Optional, Union
 from pyengine.errors import InvalidRequestError
 
 _MAX_SEED = 2**63 - 1
+#: Limits on a request's stop conditions (far beyond what any client sends on purpose).
+MAX_STOP_TOKEN_IDS = 1024
+MAX_STOP_STRINGS = 128
+MAX_STOP_STRING_CHARS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +105,15 @@ class SamplingParams:
                 _check(isinstance(item, str) and item != "", "stop", "must hold non-empty strings", item)
         if isinstance(self.stop, str):
             _check(self.stop != "", "stop", "must not be an empty string", self.stop)
+        # Sizes: stop ids widen a per-row table and every step's mask, stop strings are
+        # matched against every new piece of text.
+        _check(len(self.stop_token_ids or ()) <= MAX_STOP_TOKEN_IDS, "stop_token_ids",
+               f"may hold at most {MAX_STOP_TOKEN_IDS} ids", len(self.stop_token_ids or ()))
+        strings = self.stop_strings
+        _check(len(strings) <= MAX_STOP_STRINGS, "stop", f"may hold at most {MAX_STOP_STRINGS} strings", len(strings))
+        for item in strings:
+            _check(len(item) <= MAX_STOP_STRING_CHARS, "stop",
+                   f"strings may be at most {MAX_STOP_STRING_CHARS} characters", len(item))
         if self.stop_token_ids is not None:
             for token in self.stop_token_ids:
                 _check(isinstance(token, int) and token >= 0, "stop_token_ids", "must hold ids >= 0", token)

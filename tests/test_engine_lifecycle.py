@@ -237,3 +237,24 @@ def test_an_output_fault_at_any_position_fails_only_its_request(llm, monkeypatch
             assert len(final.token_ids) == 6 and final.finish_reason == "length"
     monkeypatch.undo()
     assert_idle(llm)
+
+
+@pytest.mark.parametrize("pooling", [False, True])
+def test_a_failure_outside_per_request_work_fails_every_request_the_event_names(llm, monkeypatch, pooling):
+    # The first event of a request (the one that starts it) fails outside the per-request
+    # guards: the request it names, a generation's token or an embedding's end, must fail
+    # rather than wait forever.
+    from pyengine import PoolingParams
+    from pyengine.engine.output_loop import OutputLoop
+
+    def broken(self, result):
+        raise RuntimeError("injected fault outside per-request work")
+
+    monkeypatch.setattr(OutputLoop, "_mark_scheduled", broken)
+    sink = FaultySink(fail_on=0)
+    params = PoolingParams() if pooling else SamplingParams(max_tokens=5, ignore_eos=True)
+    llm.engine.add_request(f"outside-{pooling}", None, [4, 5, 6], params, sink)
+    assert sink.done.wait(30), "the caller was left waiting"
+    assert isinstance(sink.error, EngineError) and "injected fault outside" in str(sink.error)
+    monkeypatch.undo()
+    assert_idle(llm)

@@ -86,6 +86,9 @@ def test_a_row_whose_parameters_cannot_be_installed_fails_only_its_request(llm, 
     (dict(max_tokens=2**63), "max_tokens"),
     (dict(temperature=float("nan")), "temperature"),
     (dict(stop_token_ids=[2**63]), "stop_token_ids"),
+    (dict(stop_token_ids=[1] * 1025), "stop_token_ids"),
+    (dict(stop=["x"] * 129), "stop"),
+    (dict(stop=["x" * 1025]), "stop"),
 ])
 def test_values_out_of_range_are_refused_when_the_params_are_built(kwargs, field):
     with pytest.raises(InvalidRequestError, match=field):

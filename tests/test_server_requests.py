@@ -193,3 +193,11 @@ def test_models_shows_no_filesystem_path(served):
     resp = httpx.get(f"{server.url}/v1/models", timeout=10)
     assert resp.json()["data"][0]["root"] == MODEL
     assert engine.model_path not in resp.text
+
+
+def test_the_template_tojson_keeps_text_as_it_is():
+    from pyengine.server.chat_template import ChatTemplate
+
+    template = ChatTemplate("{{ tools | tojson }}|{{ tools | tojson(indent=2) }}", {})
+    out = template.render([], False, {"tools": [{"description": "café <b> \ue000"}]})
+    assert out.startswith('[{"description": "café <b> \ue000"}]|[\n  {')

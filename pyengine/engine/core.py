@@ -119,11 +119,11 @@ class EngineCore:
                 raise InvalidRequestError(
                     f"logprobs = {params.logprobs} exceeds max_logprobs = {self.config.max_logprobs}"
                 )
-            outside = [t for t in params.stop_token_ids or () if self.vocab_size is not None and t >= self.vocab_size]
+            # Token ids are u32 in the scheduler; the model's vocabulary bounds them further.
+            limit = self.vocab_size if self.vocab_size is not None else 2**32
+            outside = [t for t in params.stop_token_ids or () if t >= limit]
             if outside:
-                raise InvalidRequestError(
-                    f"stop_token_ids holds {outside[0]}, outside the vocabulary (size {self.vocab_size})"
-                )
+                raise InvalidRequestError(f"stop_token_ids holds {outside[0]}, outside the vocabulary (size {limit})")
             stop_ids = list(params.stop_token_ids or [])
             eos = [] if params.ignore_eos else self.eos_token_ids
             request = Request(

@@ -89,14 +89,26 @@ class OutputLoop:
                 self._fail_rows(result.row_errors)
             self._tokens(event, result, touched)
             self._finished(event, result, touched)
-        except Exception as e:  # noqa: BLE001 - the touched requests get the error
+        except EngineDeadError:
+            raise
+        except Exception as e:  # noqa: BLE001 - every request the event names gets the error
             logger.exception("output processing failed for step %s", event.step_id)
-            for state in touched.values():
+            for state in {**touched, **self._named_by(event)}.values():
                 self._fail(state, EngineError(f"output processing failed: {e!r}"))
             return
         for state in touched.values():
             if not state.failed:
                 self._deliver(state, event.step_id)
+
+    def _named_by(self, event) -> dict[str, RequestState]:
+        """The live requests an event names (tokens or ends): what a failure outside the
+        per-request work concerns, so that none of them is left waiting."""
+        named: dict[str, RequestState] = {}
+        for seq in event.seq_ids.tolist() + event.finished_seq_ids.tolist():
+            entry = self.requests.seq(seq)
+            if entry is not None:
+                named[entry[0].request_id] = entry[0]
+        return named
 
     def _deliver(self, state: RequestState, step_id: Optional[int]) -> None:
         """Hands the request its output; a failure here (its sink) fails that request only."""

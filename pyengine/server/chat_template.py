@@ -7,6 +7,7 @@ answered as a 400 on ``messages``, never a 500. It may not reach the file system
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, Optional
 
@@ -24,6 +25,7 @@ class ChatTemplate:
     def __init__(self, source: str, tokenizer_config: dict[str, Any]) -> None:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=DictLoader({}))
         env.globals["raise_exception"] = _raise
+        env.filters["tojson"] = _tojson
         self.template = env.from_string(source)
         self.special = {name: _token_text(tokenizer_config.get(name))
                         for name in ("bos_token", "eos_token", "pad_token", "unk_token")}
@@ -52,6 +54,14 @@ class ChatTemplate:
             _log.warning("chat template raised %r", error)
             raise bad_request(f"the chat template failed on these messages ({type(error).__name__})",
                               "messages") from None
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: Optional[int] = None,
+            separators: Optional[tuple[str, str]] = None, sort_keys: bool = False) -> str:
+    """JSON as templates expect it (as transformers renders them): text kept as it is, not
+    \\u-escaped or HTML-escaped, so tool schemas read naturally and a placeholder that
+    stands for a client's typed special token survives the rendering."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _raise(message: str) -> None:

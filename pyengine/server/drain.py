@@ -155,6 +155,8 @@ class DrainMiddleware:
         await asyncio.wait((task,))  # does not raise the task's cancellation
         if not task.cancelled() and task.exception() is None and tracked.complete:
             return  # it finished before the cancellation reached it
+        if not task.cancelled() and task.exception() is not None:
+            self.drain.logger.warning("a request failed while the drain ended it", error=repr(task.exception()))
         self.drain.cut += 1
         if not tracked.started:
             await error_response(SHUTTING_DOWN)(scope, receive, send)
