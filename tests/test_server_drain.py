@@ -24,7 +24,6 @@ import pytest
 from pyengine.server.cli import parse
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 
-REPO = Path(__file__).resolve().parents[1]
 N_STREAMS = 6
 
 
@@ -96,7 +95,8 @@ def serve(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen[str], int]:
     cmd = [sys.executable, "-c", code, "serve", str(ckpt), "--port", str(port), "--max-num-seqs", "16",
            "--max-model-len", "4096", "--stats-interval", "0", *flags]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # Run outside the source tree so the installed package (native module included) is the one served.
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 60
     while True:
         if proc.poll() is not None:
