@@ -1,6 +1,7 @@
 # pyengine tasks. `make help` lists them; .ci/run calls the same targets.
 .DEFAULT_GOAL := help
 PY ?= python3
+DIST ?= dist
 
 .PHONY: help
 help:  ## list the targets
@@ -8,7 +9,7 @@ help:  ## list the targets
 
 .PHONY: install-deps
 install-deps:  ## install the Python packages the build, tests and benches need
-	$(PY) -m pip install -q --upgrade "maturin>=1.9,<2" "numpy>=1.24" "pytest>=8" mypy ruff \
+	$(PY) -m pip install -q --upgrade "maturin>=1.9,<2" ziglang auditwheel "numpy>=1.24" "pytest>=8" mypy ruff \
 		torch safetensors tokenizers transformers tqdm \
 		fastapi "uvicorn[standard]" "pydantic>=2" prometheus_client structlog jinja2 openai httpx
 
@@ -20,6 +21,18 @@ build-dev:  ## editable install (the native module is built into pyengine/)
 build:  ## build the release wheel and install it (removes stale in-tree native modules)
 	rm -f pyengine/_native*.so pyengine/_sched*.so
 	$(PY) -m pip install -q --no-build-isolation --force-reinstall --no-deps .
+
+.PHONY: wheel
+wheel:  ## the wheel users get, into dist/: abi3 (CPython >= 3.10), manylinux_2_28 (through zig), checked
+	rm -f $(DIST)/pyengine-*.whl
+	$(PY) -m maturin build --release --zig --compatibility manylinux_2_28 -o $(DIST)
+	$(PY) .ci/check_dist.py $(DIST)/pyengine-*.whl
+
+.PHONY: sdist
+sdist:  ## the source distribution, into dist/, checked for every file a source build needs
+	rm -f $(DIST)/pyengine-*.tar.gz
+	$(PY) -m maturin sdist -o $(DIST)
+	$(PY) .ci/check_dist.py $(DIST)/pyengine-*.tar.gz
 
 .PHONY: lint
 lint:  ## rustfmt, clippy (every crate of the workspace, bindings included), ruff
