@@ -9,7 +9,7 @@ help:  ## list the targets
 
 .PHONY: install-deps
 install-deps:  ## install the Python packages the build, tests and benches need
-	$(PY) -m pip install -q --upgrade "maturin>=1.9,<2" ziglang auditwheel "numpy>=1.24" "pytest>=8" mypy ruff \
+	$(PY) -m pip install -q --upgrade "maturin>=1.9,<2" ziglang auditwheel twine "numpy>=1.24" "pytest>=8" mypy ruff \
 		torch safetensors tokenizers transformers tqdm \
 		fastapi "uvicorn[standard]" "pydantic>=2" prometheus_client structlog jinja2 openai httpx
 
@@ -27,18 +27,20 @@ wheel:  ## the wheel users get, into dist/: abi3 (CPython >= 3.10), manylinux_2_
 	rm -f $(DIST)/pyengine-*.whl
 	$(PY) -m maturin build --release --zig --compatibility manylinux_2_28 -o $(DIST)
 	$(PY) .ci/check_dist.py $(DIST)/pyengine-*.whl
+	$(PY) -m twine check --strict $(DIST)/pyengine-*.whl  # the metadata and README an index page shows
 
 .PHONY: sdist
 sdist:  ## the source distribution, into dist/, checked for every file a source build needs
 	rm -f $(DIST)/pyengine-*.tar.gz
 	$(PY) -m maturin sdist -o $(DIST)
 	$(PY) .ci/check_dist.py $(DIST)/pyengine-*.tar.gz
+	$(PY) -m twine check --strict $(DIST)/pyengine-*.tar.gz
 
 .PHONY: lint
 lint:  ## rustfmt, clippy (every crate of the workspace, bindings included), ruff
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
-	ruff check pyengine tests benches
+	ruff check pyengine tests benches .ci
 
 .PHONY: test-rust
 test-rust:  ## Rust unit, property and integration tests; compile the benches
