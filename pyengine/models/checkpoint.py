@@ -1,8 +1,16 @@
-"""Read the tensors of a Hugging Face safetensors checkpoint (single file or sharded)."""
+"""Read the tensors of a Hugging Face checkpoint: safetensors (preferred) or PyTorch ``.bin``.
+
+Either format comes as one file or sharded with an index (``model.safetensors.index.json``,
+``pytorch_model.bin.index.json``). When a folder holds both, the safetensors files are read.
+``.bin`` files are read with ``torch.load(weights_only=True)`` (no arbitrary pickled code),
+memory-mapped when the file allows it. A file that cannot be read (truncated, corrupt, not
+a state dict) raises :class:`ModelLoadError` naming it.
+"""
 
 from __future__ import annotations
 
 import json
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,46 +20,115 @@ from safetensors import safe_open
 from pyengine.models.errors import ModelLoadError
 
 INDEX_FILE = "model.safetensors.index.json"
+BIN_INDEX_FILE = "pytorch_model.bin.index.json"
+# *.bin files that trainers leave next to the weights and that are not weights.
+_NOT_WEIGHTS = ("training_args.bin", "optimizer.bin", "scheduler.bin", "scaler.bin")
 
 
-def checkpoint_files(folder: Path) -> list[Path]:
-    """The safetensors files of a checkpoint: those named by the index, else every *.safetensors."""
-    index = folder / INDEX_FILE
-    if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as error:
-            raise ModelLoadError(f"{index}: not a valid safetensors index ({error})") from error
-        files = sorted({folder / name for name in weight_map.values()})
-        absent = [str(path.name) for path in files if not path.exists()]
-        if absent:
-            raise ModelLoadError(f"{index} names files that do not exist: {', '.join(absent)}")
-        return files
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        other = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
-        hint = f" (found {', '.join(other)}: only safetensors checkpoints are supported)" if other else ""
+def checkpoint_files(folder: Path, *, allow_bin: bool = True) -> list[Path]:
+    """The weight files of a checkpoint: safetensors (named by the index, else every
+    *.safetensors), else (``allow_bin``) PyTorch .bin files (named by their index, else
+    every *.bin)."""
+    formats = ((INDEX_FILE, "*.safetensors"), (BIN_INDEX_FILE, "*.bin"))
+    for index_name, pattern in formats if allow_bin else formats[:1]:
+        index = folder / index_name
+        if index.exists():
+            return _indexed_files(index)
+        files = sorted(p for p in folder.glob(pattern) if p.is_file() and not _is_not_weights(p))
+        if files:
+            return files
+    if not allow_bin:
+        bins = sorted(p.name for p in folder.glob("*.bin"))
+        hint = f" (found {', '.join(bins)}: load_format='auto' reads them)" if bins else ""
         raise ModelLoadError(f"no *.safetensors weights in {folder}{hint}")
+    other = sorted(p.name for p in folder.glob("*.pt")) + sorted(p.name for p in folder.glob("*.pth"))
+    hint = f" (found {', '.join(other)}: only *.safetensors and *.bin are read)" if other else ""
+    raise ModelLoadError(f"no *.safetensors or *.bin weights in {folder}{hint}")
+
+
+def _is_not_weights(path: Path) -> bool:
+    return path.name in _NOT_WEIGHTS or path.name.startswith("rng_state")
+
+
+def _indexed_files(index: Path) -> list[Path]:
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ModelLoadError(f"{index}: not a valid checkpoint index ({error})") from error
+    files = sorted({index.parent / name for name in weight_map.values()})
+    absent = [str(path.name) for path in files if not path.exists()]
+    if absent:
+        raise ModelLoadError(f"{index} names files that do not exist: {', '.join(absent)}")
     return files
 
 
 def checkpoint_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every tensor, read from the file headers (no data loaded)."""
+    """Name -> shape of every tensor (safetensors: from the headers; .bin: memory-mapped)."""
     shapes: dict[str, tuple[int, ...]] = {}
     for path in files:
-        with safe_open(str(path), framework="pt") as handle:
-            for name in handle.keys():
-                if name in shapes:
-                    raise ModelLoadError(
-                        f"tensor {name} appears in more than one checkpoint file ({path.name})"
-                    )
-                shapes[name] = tuple(handle.get_slice(name).get_shape())
+        for name, shape in _file_shapes(path):
+            if name in shapes:
+                raise ModelLoadError(f"tensor {name} appears in more than one checkpoint file ({path.name})")
+            shapes[name] = shape
     return shapes
 
 
 def iterate_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, CPU tensor) for every tensor, one file open at a time."""
     for path in files:
+        if path.suffix == ".safetensors":
+            try:
+                with safe_open(str(path), framework="pt") as handle:
+                    for name in handle.keys():
+                        yield name, handle.get_tensor(name)
+            except ModelLoadError:
+                raise
+            except Exception as error:  # safetensors raises its own SafetensorError
+                raise _unreadable(path, "safetensors", error) from error
+        else:
+            yield from load_bin(path).items()
+
+
+def _file_shapes(path: Path) -> list[tuple[str, tuple[int, ...]]]:
+    if path.suffix != ".safetensors":
+        return [(name, tuple(tensor.shape)) for name, tensor in load_bin(path).items()]
+    try:
         with safe_open(str(path), framework="pt") as handle:
-            for name in handle.keys():
-                yield name, handle.get_tensor(name)
+            return [(name, tuple(handle.get_slice(name).get_shape())) for name in handle.keys()]
+    except Exception as error:  # SafetensorError, OSError
+        raise _unreadable(path, "safetensors", error) from error
+
+
+def load_bin(path: Path) -> dict[str, torch.Tensor]:
+    """A PyTorch state dict file, read with ``weights_only=True`` and memory-mapped when it
+    is in the zip format (files written by torch < 1.6 are read whole)."""
+    try:
+        try:
+            state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as error:
+            if "mmap" not in str(error):
+                raise
+            state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        detail = str(error).partition("WeightsUnpickler error:")[2].strip().split("\n\n")[0] or _first_line(error)
+        raise ModelLoadError(
+            f"{path}: refused by torch.load(weights_only=True): it is corrupt or holds objects other "
+            f"than tensors ({detail})"
+        ) from error
+    except Exception as error:  # RuntimeError (zip reader), EOFError, OSError, ...
+        raise _unreadable(path, "a PyTorch checkpoint", error) from error
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+    ):
+        raise ModelLoadError(f"{path}: not a state dict (expected a mapping of names to tensors)")
+    return state
+
+
+def _unreadable(path: Path, kind: str, error: BaseException) -> ModelLoadError:
+    return ModelLoadError(f"{path}: cannot be read as {kind}; truncated or corrupt? ({_first_line(error)})")
+
+
+def _first_line(error: BaseException) -> str:
+    """The first sentence of an error's message (torch's run to several paragraphs)."""
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0].split(". ")[0].rstrip(".")

@@ -1,8 +1,9 @@
 """Load a model, its tokenizer and its EOS ids from a Hugging Face checkpoint folder.
 
 ``load_model(path, dtype="auto", device="cpu", load_format="auto")`` reads ``config.json``,
-the safetensors weights (one file or sharded with ``model.safetensors.index.json``),
-``generation_config.json`` (EOS ids) and ``tokenizer.json``. ``load_format="dummy"``
+the weights (safetensors, one file or sharded with ``model.safetensors.index.json``; with
+``load_format="auto"`` and no safetensors, PyTorch ``pytorch_model*.bin`` files, see
+``checkpoint``), ``generation_config.json`` (EOS ids) and ``tokenizer.json``. ``load_format="dummy"``
 fills the weights with seeded random values from the config alone (for benchmarks).
 """
 
@@ -102,7 +103,7 @@ def load_model(
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
     else:
-        load_checkpoint_weights(model, folder)
+        load_checkpoint_weights(model, folder, allow_bin=load_format == "auto")
     model.eval().requires_grad_(False)
     tokenizer, tokenizer_config = load_tokenizer(folder)
     return LoadedModel(
@@ -143,9 +144,9 @@ def fill_dummy_weights(model: DecoderForCausalLM, seed: int) -> None:
                 parameter.normal_(0.0, 0.02, generator=generator)
 
 
-def load_checkpoint_weights(model: DecoderForCausalLM, folder: Path) -> None:
+def load_checkpoint_weights(model: DecoderForCausalLM, folder: Path, *, allow_bin: bool = True) -> None:
     """Copy checkpoint tensors into the model, after checking names and shapes all at once."""
-    files = checkpoint_files(folder)
+    files = checkpoint_files(folder, allow_bin=allow_bin)
     shapes = checkpoint_shapes(files)
     targets = model.weight_targets()
     missing = sorted(name for name in targets if name not in shapes)
