@@ -1,74 +1,22 @@
-"""The checkpoint's chat template (``chat_template`` in tokenizer_config.json), rendered
-with jinja2 in a sandbox, as Hugging Face's ``apply_chat_template`` does.
-
-The template runs over the client's messages, so whatever goes wrong while rendering is
-answered as a 400 on ``messages``, never a 500. It may not reach the file system: an
-``{% include %}``, ``{% import %}`` or ``{% extends %}`` finds nothing (an empty loader)."""
+"""The checkpoint's chat template for the server: ``pyengine.chat_template.ChatTemplate``
+(where rendering lives, shared with ``LLM.chat``) with its failures answered as a 400 on
+``messages``, never a 500."""
 
 from __future__ import annotations
 
-import json
-import logging
 from typing import Any, Optional
 
-from jinja2 import DictLoader, TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
+from pyengine.chat_template import ChatTemplate as _ChatTemplate
+from pyengine.chat_template import ChatTemplateError
 from pyengine.server.errors import bad_request
 
-_log = logging.getLogger("pyengine.server.chat_template")
 
-
-class ChatTemplate:
-    """A compiled chat template plus the special tokens templates refer to."""
-
-    def __init__(self, source: str, tokenizer_config: dict[str, Any]) -> None:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=DictLoader({}))
-        env.globals["raise_exception"] = _raise
-        env.filters["tojson"] = _tojson
-        self.template = env.from_string(source)
-        self.special = {name: _token_text(tokenizer_config.get(name))
-                        for name in ("bos_token", "eos_token", "pad_token", "unk_token")}
-
-    @classmethod
-    def from_tokenizer_config(cls, tokenizer_config: dict[str, Any]) -> Optional[ChatTemplate]:
-        """The checkpoint's template, or None when it has none. A list of named templates
-        (as some checkpoints have) contributes its "default" one."""
-        source = tokenizer_config.get("chat_template")
-        if isinstance(source, list):
-            named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
-            source = named.get("default")
-        return cls(source, tokenizer_config) if isinstance(source, str) and source else None
+class ChatTemplate(_ChatTemplate):
+    """A compiled chat template; a rendering failure is the request's fault."""
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
                extra: Optional[dict[str, Any]] = None) -> str:
-        """The prompt text; a template error is the request's fault: a 400 on ``messages``."""
         try:
-            # One merged context: the request's own keys may not collide with ours.
-            context = {**self.special, **(extra or {}), "messages": messages,
-                       "add_generation_prompt": add_generation_prompt}
-            return self.template.render(**context)
-        except TemplateError as error:
-            raise bad_request(f"the chat template failed on these messages: {error}", "messages") from None
-        except Exception as error:  # noqa: BLE001 - the template's own code, over the client's data
-            _log.warning("chat template raised %r", error)
-            raise bad_request(f"the chat template failed on these messages ({type(error).__name__})",
-                              "messages") from None
-
-
-def _tojson(value: Any, ensure_ascii: bool = False, indent: Optional[int] = None,
-            separators: Optional[tuple[str, str]] = None, sort_keys: bool = False) -> str:
-    """JSON as templates expect it (as transformers renders them): text kept as it is, not
-    \\u-escaped or HTML-escaped, so tool schemas read naturally and a placeholder that
-    stands for a client's typed special token survives the rendering."""
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _raise(message: str) -> None:
-    raise TemplateError(message)
-
-
-def _token_text(token: Any) -> str:
-    if isinstance(token, dict):  # {"content": "<s>", ...}
-        return str(token.get("content", ""))
-    return "" if token is None else str(token)
+            return super().render(messages, add_generation_prompt, extra)
+        except ChatTemplateError as error:
+            raise bad_request(str(error), "messages") from None
