@@ -1,11 +1,16 @@
 """Per-request generation and pooling parameters (vLLM-compatible names and defaults).
 
-Both classes are frozen and slotted: a request's parameters never change after it is
-submitted, and the executor installs them once into its persistent per-row tables.
+Both classes are mutable, as vLLM's are: scripts set fields after construction
+(``sp.max_tokens = 16``). They are validated when built and again when a request is added
+(``EngineCore.add_request`` calls ``params.checked()``, a validated copy), so a field
+set to a bad value later is refused before the request is queued, naming the field. The
+engine keeps its own copy: changing a params object after submitting it does not touch
+requests already queued, and the executor installs each copy once into its per-row tables.
 """
 
 from __future__ import annotations
 
+from copy import copy
 from dataclasses import dataclass, replace
 from typing import Literal, Optional, Union
 
@@ -18,7 +23,7 @@ MAX_STOP_STRINGS = 128
 MAX_STOP_STRING_CHARS = 1024
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SamplingParams:
     """How to sample the tokens of one generation request.
 
@@ -55,6 +60,14 @@ class SamplingParams:
     detokenize: bool = True
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raises ``InvalidRequestError`` naming the first field out of range."""
+        _check(self.stop is None or isinstance(self.stop, (str, list, tuple)), "stop",
+               "must be a string or a list of strings", self.stop)
+        _check(self.stop_token_ids is None or isinstance(self.stop_token_ids, (list, tuple)), "stop_token_ids",
+               "must be a list of token ids", self.stop_token_ids)
         # Integers go into int64 tensors and the scheduler's counters: out of that range
         # they would overflow inside a step shared with other requests.
         for name in ("n", "top_k", "max_tokens", "min_tokens", "seed", "logprobs"):
@@ -118,6 +131,22 @@ class SamplingParams:
             for token in self.stop_token_ids:
                 _check(isinstance(token, int) and token >= 0, "stop_token_ids", "must hold ids >= 0", token)
 
+    def checked(self) -> SamplingParams:
+        """A validated copy, taken when a request is added: fields may have been set after
+        construction, and later changes to this object must not reach the queued request."""
+        out = self.clone()
+        out.validate()
+        return out
+
+    def clone(self) -> SamplingParams:
+        """A copy (its ``stop`` and ``stop_token_ids`` lists copied too)."""
+        out = copy(self)
+        if isinstance(self.stop, list):
+            out.stop = list(self.stop)
+        if isinstance(self.stop_token_ids, (list, tuple)):
+            out.stop_token_ids = list(self.stop_token_ids)
+        return out
+
     @property
     def is_greedy(self) -> bool:
         """True when the request decodes greedily (temperature 0)."""
@@ -143,7 +172,7 @@ _GREEDY_EPSILON = 1e-5
 PoolingType = Literal["last", "mean", "cls"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PoolingParams:
     """How to turn an embedding request's final hidden states into one vector."""
 
@@ -151,6 +180,19 @@ class PoolingParams:
     normalize: bool = True
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def checked(self) -> PoolingParams:
+        """A validated copy (see ``SamplingParams.checked``)."""
+        out = copy(self)
+        out.validate()
+        return out
+
+    def clone(self) -> PoolingParams:
+        return copy(self)
+
+    def validate(self) -> None:
+        """Raises ``InvalidRequestError`` naming the field out of range."""
         _check(
             self.pooling_type in ("last", "mean", "cls"),
             "pooling_type",

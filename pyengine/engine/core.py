@@ -106,6 +106,7 @@ class EngineCore:
         # An idle OpenMP team on the calling thread (from its own PyTorch work) makes libgomp
         # throttle the executor thread's team; freeing it costs nothing when there is none.
         release_openmp_workers()
+        params = params.checked()  # validated again (fields may be set after construction), and copied
         if prompt_token_ids and self.vocab_size is not None and max(prompt_token_ids) >= self.vocab_size:
             raise InvalidRequestError(
                 f"prompt token id {max(prompt_token_ids)} is outside the vocabulary (size {self.vocab_size})"
