@@ -1,13 +1,14 @@
-"""``LLM``: the offline API (vLLM-compatible: ``generate``, ``embed``)."""
+"""``LLM``: the offline API (vLLM-compatible: ``generate``, ``chat``, ``embed`` / ``encode``,
+``get_tokenizer``, ``get_default_sampling_params``)."""
 
 from __future__ import annotations
 
 import itertools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from pyengine.config import EngineConfig
 from pyengine.engine.core import EngineCore
@@ -16,6 +17,19 @@ from pyengine.outputs import EmbeddingRequestOutput, EngineStats, RequestOutput
 from pyengine.prompts import PromptType, is_single_prompt, normalize_prompt
 from pyengine.sampling_params import PoolingParams, SamplingParams
 
+if TYPE_CHECKING:
+    from pyengine.chat_template import ChatTemplate
+
+Conversation = Sequence[Mapping[str, Any]]  # [{"role": "user", "content": "..."}, ...], as OpenAI's
+#: generation_config.json keys that are sampling defaults (vLLM's list), as SamplingParams names them.
+_GENERATION_DEFAULTS = {
+    "repetition_penalty": "repetition_penalty",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "max_new_tokens": "max_tokens",
+}
 _WAIT_SLICE_S = 0.2  # how often the waiting caller refreshes the progress bar
 
 
@@ -55,16 +69,51 @@ class LLM:
         self.config = EngineConfig.from_kwargs(model, **engine_args)
         self.engine = EngineCore(self.config)
         self._request_ids = itertools.count()
+        self._hf_tokenizer: Any = None  # built on first get_tokenizer()
+        self._checkpoint_template: Optional[ChatTemplate] = None  # compiled on first chat()
 
     @classmethod
     def from_engine_core(cls, core: EngineCore) -> LLM:
         """Wraps an already built engine (e.g. one with a synthetic executor)."""
         llm = cls.__new__(cls)
         llm.config, llm.engine, llm._request_ids = core.config, core, itertools.count()
+        llm._hf_tokenizer = llm._checkpoint_template = None
         return llm
 
     def get_tokenizer(self) -> Any:
-        return self.engine.tokenizer
+        """The checkpoint's tokenizer as a transformers ``PreTrainedTokenizerFast`` (as vLLM
+        returns): ``encode`` / ``decode`` on lists, ``eos_token_id``, ``apply_chat_template``.
+        Built once from the same tokenizer.json the engine uses; None without a tokenizer."""
+        if getattr(self, "_hf_tokenizer", None) is None:
+            from pyengine.tokenizer import hf_tokenizer
+
+            engine = self.engine
+            self._hf_tokenizer = hf_tokenizer(self._checkpoint_folder(), engine.tokenizer, engine.tokenizer_config)
+        return self._hf_tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """A new ``SamplingParams()`` (what ``generate`` and ``chat`` use when given none),
+        with the checkpoint's generation_config.json sampling defaults (temperature, top_p,
+        top_k, min_p, repetition_penalty, max_new_tokens) when the loader provides them, as
+        vLLM does; the plain defaults otherwise."""
+        defaults = self._generation_defaults()
+        return SamplingParams(**defaults) if defaults else SamplingParams()
+
+    def _generation_defaults(self) -> dict[str, Any]:
+        if getattr(self.config, "generation_config", "auto") == "vllm":  # vLLM's spelling for "ignore them"
+            return {}
+        loaded = getattr(getattr(self.engine, "runner", None), "loaded", None)
+        generation = getattr(loaded, "generation_config", None)
+        if generation is not None and not isinstance(generation, Mapping) and hasattr(generation, "to_dict"):
+            generation = generation.to_dict()
+        if not isinstance(generation, Mapping):
+            return {}
+        return {ours: generation[theirs] for theirs, ours in _GENERATION_DEFAULTS.items()
+                if generation.get(theirs) is not None}
+
+    def _checkpoint_folder(self) -> Optional[Path]:
+        folder = getattr(self.config, "tokenizer", None) or getattr(self.engine, "model_path", None)
+        return Path(folder) if folder is not None and Path(folder).is_dir() else None
 
     def generate(
         self,
@@ -83,7 +132,7 @@ class LLM:
         """
         items = [prompts] if is_single_prompt(prompts) else list(prompts)  # type: ignore[list-item]
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         params = _per_prompt(sampling_params, len(items), "sampling_params")
         priorities = list(priority) if priority is not None else [0] * len(items)
         if len(priorities) != len(items):
@@ -101,6 +150,101 @@ class LLM:
         items = [prompts] if is_single_prompt(prompts) else list(prompts)  # type: ignore[list-item]
         params = _per_prompt(pooling_params or PoolingParams(), len(items), "pooling_params")
         return self._run(items, params, [0] * len(items), use_tqdm, "embed")
+
+    def encode(
+        self,
+        prompts: Union[PromptType, Sequence[PromptType]],
+        pooling_params: Union[PoolingParams, Sequence[PoolingParams], None] = None,
+        *,
+        use_tqdm: bool = True,
+        pooling_task: Optional[str] = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """vLLM's pooling entry point; here the same as :meth:`embed` (the one pooling task
+        this engine has)."""
+        if pooling_task not in (None, "embed"):
+            raise InvalidRequestError(f"pooling_task must be 'embed' (the only pooling task here), got {pooling_task!r}")
+        return self.embed(prompts, pooling_params, use_tqdm=use_tqdm)
+
+    def chat(
+        self,
+        messages: Union[Conversation, Sequence[Conversation]],
+        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+        use_tqdm: bool = True,
+        lora_request: Any = None,
+        chat_template: Optional[str] = None,
+        chat_template_content_format: str = "auto",
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: Optional[list[dict[str, Any]]] = None,
+        chat_template_kwargs: Optional[dict[str, Any]] = None,
+        mm_processor_kwargs: Any = None,
+    ) -> list[RequestOutput]:
+        """Generates a reply to each conversation, as vLLM's ``LLM.chat``: renders it with the
+        checkpoint's chat template (or ``chat_template``, the template's text or a file
+        holding it), tokenizes the text as it is (its special tokens parsed, none added) and
+        generates; returns the outputs in input order.
+
+        ``messages``: one conversation (a list of ``{"role", "content"}`` dicts) or a list
+        of them. ``content`` may be a string or a list of ``{"type": "text", "text": ...}``
+        parts (joined with newlines; other part types are refused: the model takes text
+        only). ``tools`` and ``chat_template_kwargs`` reach the template.
+        ``continue_final_message`` ends the prompt inside the last message (with
+        ``add_generation_prompt=False``), so the model continues it.
+        """
+        if lora_request is not None:
+            raise InvalidRequestError("lora_request is not supported: this engine serves no LoRA adapters")
+        if mm_processor_kwargs is not None:
+            raise InvalidRequestError("mm_processor_kwargs is not supported: the model takes text only")
+        if chat_template_content_format not in ("auto", "string", "openai"):
+            raise InvalidRequestError("chat_template_content_format must be 'auto', 'string' or 'openai', "
+                                      f"got {chat_template_content_format!r}")
+        if continue_final_message and add_generation_prompt:
+            raise InvalidRequestError("continue_final_message and add_generation_prompt are not compatible: "
+                                      "pass add_generation_prompt=False to continue the final message")
+        if self.engine.tokenizer is None:
+            raise InvalidRequestError("this checkpoint has no tokenizer.json: LLM.chat needs one")
+        conversations = _conversations(messages)
+        template = self._chat_template(chat_template)
+        extra = {**(chat_template_kwargs or {}), "tools": tools, "documents": None}
+        items = []
+        for i, conversation in enumerate(conversations):
+            chat = _chat_messages(conversation, chat_template_content_format == "openai", i, len(conversations))
+            text = template.render(chat, add_generation_prompt, extra)
+            if continue_final_message:
+                text = _cut_after_final_message(text, chat)
+            ids = list(self.engine.tokenizer.encode(text, add_special_tokens=False).ids)
+            items.append({"prompt": text, "prompt_token_ids": ids})
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
+        params = _per_prompt(sampling_params, len(items), "sampling_params")
+        return self._run(items, params, [0] * len(items), use_tqdm, "chat")
+
+    def _chat_template(self, source: Optional[str]) -> ChatTemplate:
+        from jinja2 import TemplateError
+
+        from pyengine.chat_template import ChatTemplate, ChatTemplateError
+
+        config = self.engine.tokenizer_config
+        if source is None:
+            cached = getattr(self, "_checkpoint_template", None)
+            if cached is not None:
+                return cached
+            source = _checkpoint_template_source(config, self._checkpoint_folder())
+            if source is None:
+                raise InvalidRequestError("this checkpoint has no chat template (no chat_template in "
+                                          "tokenizer_config.json nor chat_template.jinja): pass chat_template=")
+            what = "the checkpoint's chat template"
+        else:
+            if "{" not in source and len(source) < 4096 and Path(source).expanduser().is_file():
+                source = Path(source).expanduser().read_text(encoding="utf-8")
+            what = "chat_template"
+        try:
+            template = ChatTemplate(source, config)
+        except TemplateError as error:
+            raise ChatTemplateError(f"{what} does not compile: {error}") from error
+        if what != "chat_template":
+            self._checkpoint_template = template
+        return template
 
     def _run(self, items: list, params: list, priorities: list[int], use_tqdm: bool, what: str) -> list:
         engine = self.engine
@@ -166,3 +310,74 @@ def _per_prompt(params: Any, count: int, name: str) -> list:
     if len(params) != count:
         raise InvalidRequestError(f"{name} has {len(params)} entries for {count} prompts")
     return params
+
+
+def _conversations(messages: Any) -> list[Conversation]:
+    """One conversation or a list of them (vLLM tells them apart by the first item)."""
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+        raise InvalidRequestError("messages must be a list of {'role', 'content'} dicts or a list of such lists, "
+                                  f"got {type(messages).__name__}")
+    if messages and not isinstance(messages[0], Mapping):
+        return list(messages)
+    return [messages]
+
+
+def _chat_messages(conversation: Any, keep_parts: bool, index: int, count: int) -> list[dict[str, Any]]:
+    """The conversation as the template sees it: plain dicts, text content (a list of text
+    parts joined with newlines unless ``keep_parts``)."""
+    where = "messages" if count == 1 else f"messages[{index}]"
+    if isinstance(conversation, (str, bytes, Mapping)) or not isinstance(conversation, Sequence):
+        raise InvalidRequestError(f"{where} must be a list of {{'role', 'content'}} dicts, "
+                                  f"got {type(conversation).__name__}")
+    out = []
+    for i, message in enumerate(conversation):
+        if not isinstance(message, Mapping) or "role" not in message:
+            raise InvalidRequestError(f"{where}[{i}] must be a dict with a 'role', got {message!r:.80}")
+        message = dict(message)
+        content = message.get("content")
+        if isinstance(content, Sequence) and not isinstance(content, str):
+            parts = []
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, Mapping) else None
+                if kind != "text" or not isinstance(part.get("text"), str):
+                    raise InvalidRequestError(f"{where}[{i}].content[{j}] must be a text part "
+                                              f"({{'type': 'text', 'text': ...}}): the model takes text only")
+                parts.append(dict(part))
+            message["content"] = parts if keep_parts else "\n".join(p["text"] for p in parts)
+        elif content is not None and not isinstance(content, str):
+            raise InvalidRequestError(f"{where}[{i}].content must be a string or a list of text parts")
+        out.append(message)
+    return out
+
+
+def _cut_after_final_message(text: str, chat: list[dict[str, Any]]) -> str:
+    """The rendered chat cut right after the final message's text (transformers'
+    ``continue_final_message``): the template's end-of-turn marker goes."""
+    final = chat[-1].get("content") if chat else None
+    if isinstance(final, list):
+        final = next((p["text"] for p in reversed(final) if "text" in p), None)
+    if not isinstance(final, str):
+        raise InvalidRequestError("continue_final_message is set but the final message has no text to continue")
+    if final.strip() not in text:
+        raise InvalidRequestError("continue_final_message is set but the final message does not appear in the "
+                                  "rendered chat (the template changes it)")
+    at = text.rindex(final.strip())
+    if text[at:at + len(final.lstrip())] == final:  # the template kept its spacing
+        return text[:at + len(final.lstrip())]
+    return text[:at + len(final.strip())]
+
+
+def _checkpoint_template_source(tokenizer_config: dict[str, Any], folder: Optional[Path]) -> Optional[str]:
+    """The checkpoint's template text: tokenizer_config.json's ``chat_template`` (a named
+    list contributes its "default"), else chat_template.jinja (what current transformers
+    writes)."""
+    source = tokenizer_config.get("chat_template")
+    if isinstance(source, list):
+        named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+        source = named.get("default")
+    if isinstance(source, str) and source:
+        return source
+    jinja = folder / "chat_template.jinja" if folder is not None else None
+    if jinja is not None and jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    return None
