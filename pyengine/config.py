@@ -24,6 +24,9 @@ class EngineConfig:
 
     - ``model``: a Hugging Face checkpoint folder; ``None`` = the built-in tiny Qwen3
       checkpoint (random weights, trained tokenizer), built once into ``~/.cache/pyengine``.
+      ``from_kwargs`` (used by ``LLM`` and ``pyengine serve``) also takes a hub id
+      (``"Qwen/Qwen3-0.6B"``) and stores the local snapshot folder it resolves to
+      (``pyengine.models.hub``); the constructor itself does no I/O beyond checking the folder.
     - ``dtype``: "auto" (float32 on CPU, bfloat16 on CUDA), "float32", "bfloat16", "float16".
     - ``device``: "cpu", "cuda", "cuda:N".
     - ``kv_cache_bytes`` / ``num_kv_blocks``: the KV cache budget (default: 4 GiB on CPU, a
@@ -73,6 +76,13 @@ class EngineConfig:
         if self.model is not None and self.load_format != "dummy":
             path = Path(self.model)
             if not (path / "config.json").is_file():
+                from pyengine.models.hub import looks_like_hub_id
+
+                if looks_like_hub_id(self.model):
+                    raise InvalidConfigError(
+                        f"model {self.model!r} is not a checkpoint folder; it looks like a Hugging Face hub id, "
+                        "which EngineConfig.from_kwargs (LLM, pyengine serve) resolves to a local snapshot"
+                    )
                 raise InvalidConfigError(
                     f"model {str(self.model)!r} is not a checkpoint folder (no config.json there); "
                     "pyengine loads local Hugging Face checkpoint folders"
@@ -98,9 +108,19 @@ class EngineConfig:
 
     @classmethod
     def from_kwargs(cls, model: Optional[Union[str, Path]] = None, **kwargs: Any) -> EngineConfig:
-        """Builds a config from engine arguments; an unknown argument is an error naming it."""
+        """Builds a config from engine arguments; an unknown argument is an error naming it.
+
+        A ``model`` that is not an existing path but looks like a hub id (``ORG/NAME``) is
+        resolved here, once, to its local snapshot folder (the cache first, downloading
+        unless ``HF_HUB_OFFLINE=1``): this is the one place the engine may touch the
+        network, so that constructing or copying an ``EngineConfig`` never does."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(kwargs) - names)
         if unknown:
             raise InvalidConfigError(f"unknown engine argument(s): {', '.join(unknown)}")
+        from pyengine.models.hub import looks_like_hub_id, resolve_model
+
+        if looks_like_hub_id(model):
+            cls(model=None, **kwargs)  # every other argument's error before any download
+        model = resolve_model(model, need_weights=kwargs.get("load_format", "auto") != "dummy")
         return cls(model=model, **kwargs)

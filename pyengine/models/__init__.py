@@ -3,6 +3,7 @@
 Modules: ``config`` (parse a Hugging Face config.json), ``rope`` (rotary embeddings with
 Llama-3 / linear scaling), ``layers`` (norm, tensor-parallel-ready linears, MLP, attention),
 ``decoder`` (the decoder model and its per-architecture classes), ``architectures``
-(architecture name -> class), ``checkpoint`` (safetensors reading), ``loader`` (model,
-tokenizer and generation config from a folder) and ``errors``.
+(architecture name -> class), ``checkpoint`` (safetensors and PyTorch .bin reading),
+``hub`` (a Hugging Face hub id -> its local snapshot folder), ``loader`` (model, tokenizer
+and generation config from a folder) and ``errors``.
 """
