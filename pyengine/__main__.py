@@ -1,4 +1,5 @@
-"""Command line: ``pyengine generate`` (the default), ``pyengine simulate``, ``pyengine serve``.
+"""Command line: ``pyengine generate`` (the default), ``pyengine simulate``, ``pyengine serve``;
+``pyengine --help`` lists them, ``pyengine --version``.
 
 Also ``python -m pyengine ...`` where the installed package is the one imported.
 """
@@ -21,7 +22,7 @@ _DEMO_PROMPTS = [
 def _generate(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="pyengine generate",
                                      description="generate on a checkpoint (default: the built-in tiny model)")
-    parser.add_argument("--model", default=None, help="Hugging Face checkpoint folder (default: built-in tiny)")
+    parser.add_argument("--model", default=None, help="Hugging Face checkpoint folder or hub id ORG/NAME (default: built-in tiny)")
     parser.add_argument("--prompt", action="append", help="a prompt (repeatable); default: a few demo prompts")
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -68,15 +69,52 @@ def _serve(argv: list[str]) -> int:
 
 
 COMMANDS = {"generate": _generate, "simulate": _simulate, "serve": _serve}
+SUMMARIES = {
+    "generate": "generate for a few prompts on a checkpoint (default: the built-in tiny model)",
+    "serve": "an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, ...)",
+    "simulate": "the scheduler thread on a random workload with a fake executor",
+}
+
+
+def _usage() -> str:
+    lines = [
+        "usage: pyengine [--version] [--help] {generate,serve,simulate} [options]",
+        "",
+        "commands (without one, options go to `generate`):",
+        *(f"  {name:<10} {summary}" for name, summary in SUMMARIES.items()),
+        "",
+        "`pyengine COMMAND --help` lists a command's options. MODEL is a Hugging Face checkpoint",
+        "folder or a hub id (ORG/NAME, resolved through huggingface_hub and its cache).",
+    ]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs a subcommand; an engine error (unsupported model, bad argument, unreadable
+    checkpoint) is one line ``pyengine: ...`` on stderr and exit status 2, not a traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("-h", "--help"):
-        print("usage: pyengine {generate,simulate,serve} [options]   (default: generate)")
+    if argv and argv[0] in ("-h", "--help", "help"):
+        print(_usage())
         return 0
+    if argv and argv[0] in ("-V", "--version"):
+        from pyengine import __version__
+
+        print(f"pyengine {__version__}")
+        return 0
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        print(f"pyengine: unknown command {argv[0]!r} (commands: {', '.join(COMMANDS)}; "
+              "see pyengine --help)", file=sys.stderr)
+        return 2
     command = argv.pop(0) if argv and argv[0] in COMMANDS else "generate"
-    return COMMANDS[command](argv)
+    from pyengine.errors import EngineDeadError, EngineError
+
+    try:
+        return COMMANDS[command](argv)
+    except EngineDeadError:
+        raise  # a crash inside the engine: its traceback is what a bug report needs
+    except EngineError as error:
+        print(f"pyengine {command}: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

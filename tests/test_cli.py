@@ -1,0 +1,54 @@
+"""``pyengine`` itself: --help lists the commands, --version, an unknown command is named,
+and a model the engine cannot run is one line on stderr, not a traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import pyengine
+from pyengine.__main__ import COMMANDS, main
+
+
+def test_help_lists_every_command_with_one_line(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in COMMANDS:
+        lines = [line for line in out.splitlines() if line.strip().startswith(command + " ")]
+        assert len(lines) == 1, (command, out)
+    assert main(["-h"]) == 0
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"pyengine {pyengine.__version__}"
+
+
+def test_unknown_command_is_named(capsys):
+    assert main(["generat", "--model", "x"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("pyengine: unknown command 'generat'")
+    assert "generate" in captured.err and captured.out == ""
+
+
+def test_options_without_a_command_still_go_to_generate():
+    with pytest.raises(SystemExit) as info:
+        main(["--no-such-option"])
+    assert info.value.code == 2
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_unsupported_architecture_is_one_line(command, tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    argv = ["generate", "--model", str(tmp_path)] if command == "generate" else ["serve", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"pyengine {command}: architectures: 'GPT2LMHeadModel' is not supported")
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_missing_folder_is_one_line(tmp_path, capsys):
+    assert main(["generate", "--model", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert "is not a checkpoint folder" in err and err.count("\n") == 1
