@@ -31,7 +31,7 @@ def test_engine_flags_map_to_engine_config_fields():
     assert engine == {"max_num_seqs": 8, "pipeline_depth": 1, "dtype": "float32", "enable_prefix_caching": False,
                       "max_model_len": 128}
     assert (args.port, args.api_key, args.stall_timeout, args.log_format) == (9001, "k", 5.0, "json")
-    assert args.model_name == "ckpt"
+    assert args.model_name == "/some/ckpt"  # the model argument as given (vLLM's default)
     assert parse([])[0] is None and parse([])[2].model_name == "pyengine-tiny"
 
 
@@ -63,7 +63,7 @@ def test_serve_subprocess_answers_and_exits_on_ctrl_c(tmp_path):
             assert time.monotonic() < deadline, "server did not come up"
             time.sleep(0.2)
         resp = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
-                          json={"model": "ckpt", "prompt": "Hello", "max_tokens": 3, "ignore_eos": True})
+                          json={"prompt": "Hello", "max_tokens": 3, "ignore_eos": True})
         assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 3
         # The limit flags reach the server the command builds.
         big_header = httpx.get(f"http://127.0.0.1:{port}/health", headers={"x-pad": "a" * 8192}, timeout=10)

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 from pyengine import __version__
 from pyengine.engine_client import EngineClient
-from pyengine.server import chat, completions, embeddings, info
+from pyengine.server import chat, completions, embeddings, info, tokenizer_api
 from pyengine.server.args import ServerArgs
 from pyengine.server.chat_template import ChatTemplate
 from pyengine.server.chat_text import ChatTokenizer
@@ -26,10 +26,12 @@ from pyengine.server.limits import LimitsMiddleware
 from pyengine.server.logs import get_logger
 from pyengine.server.metrics import ServerMetrics
 from pyengine.server.stats_log import log_stats_forever
+from pyengine.server.template_choice import select_chat_template
 from pyengine.server.tokens import TokenText
 
 
 def build_context(engine: EngineClient, args: ServerArgs) -> ServerContext:
+    choice = select_chat_template(args.chat_template, engine)  # --chat-template, .jinja, or tokenizer_config
     return ServerContext(
         engine=engine,
         args=args,
@@ -37,7 +39,8 @@ def build_context(engine: EngineClient, args: ServerArgs) -> ServerContext:
         monitor=ProgressMonitor(engine, args.stall_timeout),
         token_text=TokenText(engine.tokenizer, engine.token_bytes),
         logger=get_logger(model=args.model_name),
-        chat_template=ChatTemplate.from_tokenizer_config(engine.tokenizer_config),
+        chat_template=ChatTemplate(choice.source, engine.tokenizer_config) if choice is not None else None,
+        chat_template_origin=choice.origin if choice is not None else None,
         chat_tokenizer=ChatTokenizer(engine.tokenizer) if engine.tokenizer is not None else None,
     )
 
@@ -54,7 +57,7 @@ def create_app(engine: EngineClient, args: ServerArgs) -> FastAPI:
         if args.stats_interval > 0:
             ctx.background.append(asyncio.ensure_future(log_stats_forever(ctx, args.stats_interval)))
         ctx.logger.info("server ready", model_path=ctx.engine.model_path, max_model_len=ctx.max_model_len,
-                        chat_template=ctx.chat_template is not None, api_key=args.api_key is not None)
+                        chat_template=ctx.chat_template_origin, api_key=args.api_key is not None)
         try:
             yield
         finally:
@@ -70,7 +73,7 @@ def create_app(engine: EngineClient, args: ServerArgs) -> FastAPI:
     app.state.context = ctx
     app.state.watchdog = watchdog
     install_error_handlers(app)
-    for module in (completions, chat, embeddings, info):
+    for module in (completions, chat, embeddings, info, tokenizer_api):
         app.include_router(module.router)
 
     app.add_middleware(LimitsMiddleware, args=args)  # inside the guard: its refusals are counted

@@ -14,13 +14,18 @@ from typing import Any, Literal, Optional
 from pyengine.errors import InvalidConfigError
 
 LogFormat = Literal["console", "json"]
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's names
 
 
 @dataclass(frozen=True, slots=True)
 class ServerArgs:
     """Everything ``create_app`` needs besides the engine.
 
-    - ``model_name``: the name clients send as ``model`` (and ``GET /v1/models`` lists).
+    - ``model_name``: the name clients send as ``model`` (and ``GET /v1/models`` lists);
+      responses report it. ``model_aliases``: further names requests may use (vLLM's
+      ``--served-model-name A B``), listed too.
+    - ``chat_template``: a chat template's text that replaces the checkpoint's (the CLI
+      reads ``--chat-template FILE_OR_STRING`` into it; ``template_choice.py`` decides).
     - ``api_key``: when set, ``/v1/*`` needs ``Authorization: Bearer <api_key>``.
     - ``max_n``: the largest ``n`` a request may ask for.
     - ``stall_timeout``: seconds without a finished step, while requests are pending,
@@ -28,6 +33,7 @@ class ServerArgs:
     - ``watchdog_interval``: how often the watchdog looks (seconds).
     - ``stats_interval``: seconds between periodic engine-stats log lines (0 = never).
     - ``log_requests``: one log line per finished request.
+    - ``uvicorn_log_level``: uvicorn's own loggers' level (None: ``log_level``).
     - ``drain_timeout``: on SIGTERM / SIGINT, seconds in-flight requests may still run
       before their streams are ended with an error event (0 = end them at once).
 
@@ -49,6 +55,8 @@ class ServerArgs:
     """
 
     model_name: str = "pyengine"
+    model_aliases: tuple[str, ...] = ()
+    chat_template: Optional[str] = None
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: Optional[str] = None
@@ -59,6 +67,7 @@ class ServerArgs:
     log_format: LogFormat = "console"
     log_level: str = "info"
     log_requests: bool = True
+    uvicorn_log_level: Optional[str] = None
     drain_timeout: float = 30.0
     max_body_bytes: int = 16 * 1024 * 1024
     max_header_bytes: int = 64 * 1024
@@ -67,6 +76,11 @@ class ServerArgs:
     max_concurrent_requests: int = 1024
     max_prompts_per_request: int = 2048
     enable_docs: bool = False
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Every name a request may use, the reported one first."""
+        return (self.model_name, *(a for a in self.model_aliases if a != self.model_name))
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_header_bytes", "max_concurrent_requests", "max_prompts_per_request"):
@@ -85,6 +99,9 @@ class ServerArgs:
             raise InvalidConfigError(f"stats_interval must be >= 0, got {self.stats_interval!r}")
         if not self.drain_timeout >= 0:
             raise InvalidConfigError(f"drain_timeout must be >= 0, got {self.drain_timeout!r}")
+        if self.uvicorn_log_level is not None and self.uvicorn_log_level.lower() not in UVICORN_LOG_LEVELS:
+            raise InvalidConfigError(f"uvicorn_log_level must be one of {', '.join(UVICORN_LOG_LEVELS)}, "
+                                     f"got {self.uvicorn_log_level!r}")
         if self.log_format not in ("console", "json"):
             raise InvalidConfigError(f"log_format must be 'console' or 'json', got {self.log_format!r}")
 

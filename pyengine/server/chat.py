@@ -6,7 +6,7 @@ Roles are OpenAI's; special tokens a client types stay text (``chat_text.py``); 
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -24,6 +24,7 @@ from pyengine.server.protocol import (
     ChatLogprobs,
     ChatLogprobToken,
     ChatLogprobTop,
+    ChatMessage,
     ChatResponseMessage,
     ChatStreamChoice,
 )
@@ -48,29 +49,44 @@ def chat_logprobs(tt: TokenText, token_ids: list[int], logprobs: list[dict[int, 
     return ChatLogprobs(content=content)
 
 
-def check_roles(body: ChatCompletionRequest) -> None:
-    """A 400 naming ``messages[i].role`` for a role OpenAI does not have (a template
-    would render it as a turn of its own, or fail somewhere less clear)."""
-    for i, message in enumerate(body.messages):
+def check_messages(messages: list[ChatMessage]) -> None:
+    """A 400 naming the field: ``messages[i].role`` for a role OpenAI does not have (a
+    template would render it as a turn of its own, or fail somewhere less clear), and
+    ``messages[i].content[j].type`` for a part that is not text (an image or audio part:
+    the model takes text only)."""
+    for i, message in enumerate(messages):
         if message.role not in ROLES:
             raise bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}; got {message.role!r}",
                               f"messages[{i}].role", "invalid_value")
+        if not isinstance(message.content, list):
+            continue
+        for j, part in enumerate(message.content):
+            where = f"messages[{i}].content[{j}]"
+            if part.type != "text":
+                kind = "an image" if "image" in part.type else "audio" if "audio" in part.type else "a non-text"
+                raise bad_request(f"{where}.type is {part.type!r}: this model takes text only, so {kind} content "
+                                  "part cannot be given; send content parts of type 'text'", f"{where}.type",
+                                  "unsupported_content_type")
+            if part.text is None:
+                raise bad_request(f"{where}.text is required for a part of type 'text'", f"{where}.text")
 
 
-def render_prompt(ctx: ServerContext, body: ChatCompletionRequest) -> list[int]:
-    """The chat's prompt token ids (a 400 when the checkpoint has no chat template). Only
-    the template's own special tokens become control tokens (``chat_text.py``)."""
+def render_prompt(ctx: ServerContext, messages: list[ChatMessage], add_generation_prompt: bool,
+                  template_kwargs: Optional[dict[str, Any]] = None, add_special_tokens: bool = False) -> list[int]:
+    """The chat's prompt token ids (a 400 when there is no chat template). Only the
+    template's own special tokens become control tokens (``chat_text.py``)."""
     if ctx.chat_template is None:
-        raise bad_request("this model has no chat template (no chat_template in tokenizer_config.json); "
-                          "use /v1/completions", "messages", "chat_template_missing")
+        raise bad_request("this model has no chat template (no chat_template.jinja or chat_template in "
+                          "tokenizer_config.json); start the server with --chat-template, or use "
+                          "/v1/completions", "messages", "chat_template_missing")
     if ctx.chat_tokenizer is None:
         raise bad_request("this model has no tokenizer; use /v1/completions with token ids", "messages")
     escapes = ctx.chat_tokenizer.session()
-    messages = [{"role": m.role, "content": escapes.escape(m.text()),
+    rendered = [{"role": m.role, "content": escapes.escape(m.text()),
                  **({"name": escapes.escape(m.name)} if m.name else {})}
-                for m in body.messages]
-    text = ctx.chat_template.render(messages, body.add_generation_prompt, escapes.escape(body.chat_template_kwargs))
-    return escapes.encode(text)
+                for m in messages]
+    text = ctx.chat_template.render(rendered, add_generation_prompt, escapes.escape(template_kwargs))
+    return escapes.encode(text, add_special_tokens)
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -78,7 +94,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                                  ctx: Context) -> Union[Response, JSONResponse]:
     ctx.check_model(body.model)
     ctx.check_alive()
-    check_roles(body)
+    check_messages(body.messages)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs = true", "top_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -88,7 +104,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     # Field checks first (cheap, and a bad field is the clearer error); the real
     # max_tokens default needs the prompt's length.
     sampling_params(ctx, body, max_tokens=max_tokens, logprobs=top if body.logprobs else None, renames=renames)
-    prompt_ids = render_prompt(ctx, body)
+    prompt_ids = render_prompt(ctx, body.messages, body.add_generation_prompt, body.chat_template_kwargs,
+                               body.add_special_tokens)
     check_length(ctx, len(prompt_ids), max_tokens, "messages", tokens_param)
     if max_tokens is None:
         max_tokens = default_max_tokens(ctx, [len(prompt_ids)])

@@ -70,20 +70,26 @@ class ChatEscapes:
             return {k: self.escape(v) for k, v in value.items()}
         return value
 
-    def encode(self, rendered: str) -> list[int]:
+    def encode(self, rendered: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of the rendered chat: template text with its special tokens, typed
-        special tokens as plain text."""
+        special tokens as plain text. ``add_special_tokens``: also what the tokenizer's
+        post-processor adds around a text (a BOS...), as ``add_special_tokens=True`` on
+        the whole chat would; off by default, since templates write their own."""
         try:
             rendered.encode("utf-8")
         except UnicodeEncodeError:
             raise bad_request("the rendered chat is not valid Unicode text (a lone surrogate)", "messages") from None
-        ids: list[int] = []
+        encodings = []
         pieces = self._split.split(rendered)
         # split() alternates: text, placeholder number, text, ...
         for i, piece in enumerate(pieces):
             if i % 2 == 0:
                 if piece:
-                    ids += self.owner.tokenizer.encode(piece, add_special_tokens=False).ids
+                    encodings.append(self.owner.tokenizer.encode(piece, add_special_tokens=False))
             else:
-                ids += self.owner._literal.encode(self.typed[int(piece)], add_special_tokens=False).ids
-        return ids
+                encodings.append(self.owner._literal.encode(self.typed[int(piece)], add_special_tokens=False))
+        if add_special_tokens:
+            from tokenizers import Encoding
+
+            return list(self.owner.tokenizer.post_process(Encoding.merge(encodings, growing_offsets=True)).ids)
+        return [token for encoding in encodings for token in encoding.ids]

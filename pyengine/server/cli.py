@@ -11,11 +11,11 @@ import dataclasses
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 from pyengine.config import EngineConfig
-from pyengine.server.args import ServerArgs, add_limit_flags, limit_kwargs
+from pyengine.server.args import UVICORN_LOG_LEVELS, ServerArgs, add_limit_flags, limit_kwargs
+from pyengine.server.template_choice import load_chat_template
 
 _ENGINE_SKIP = {"model"}
 _TYPES = {"int": int, "float": float, "str": str, "Optional[int]": int, "Optional[float]": float}
@@ -43,8 +43,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
                         help="Hugging Face checkpoint folder (default: the built-in tiny model)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--served-model-name", default=None, help="the model name clients send (default: "
-                        "the checkpoint folder's name)")
+    parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                        help="the model name(s) clients send; responses report the first (default: the model "
+                        "argument as given, as vLLM does)")
+    parser.add_argument("--chat-template", default=None, metavar="FILE_OR_STRING",
+                        help="a chat template (a file's path, or the jinja2 text itself) used instead of the "
+                        "checkpoint's chat_template.jinja / tokenizer_config.json one")
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     parser.add_argument("--max-n", type=int, default=16, help="largest n a request may ask for")
     parser.add_argument("--stall-timeout", type=float, default=30.0,
@@ -54,7 +58,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
                         help="seconds between engine-stats log lines (0: none)")
     parser.add_argument("--log-format", choices=["console", "json"], default="console")
     parser.add_argument("--log-level", default="info")
-    parser.add_argument("--no-log-requests", action="store_true", help="no log line per finished request")
+    parser.add_argument("--uvicorn-log-level", default=None, choices=UVICORN_LOG_LEVELS,
+                        help="level of uvicorn's own loggers (default: --log-level)")
+    requests = parser.add_mutually_exclusive_group()
+    requests.add_argument("--no-log-requests", "--disable-log-requests", dest="no_log_requests",
+                          action="store_true", help="no log line per finished request")
+    requests.add_argument("--enable-log-requests", dest="no_log_requests", action="store_false",
+                          help="a log line per finished request (the default; vLLM's spelling)")
+    parser.set_defaults(no_log_requests=False)
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="on SIGTERM / SIGINT, seconds in-flight requests may still run before their "
                         "streams are ended with an error event (0: at once; a second signal also ends them)")
@@ -67,12 +78,20 @@ def parse(argv: list[str]) -> tuple[Optional[str], dict[str, Any], ServerArgs]:
     parser, engine_names = build_parser()
     ns = parser.parse_args(argv)
     engine_kwargs = {name: getattr(ns, name) for name in engine_names if getattr(ns, name) is not None}
-    name = ns.served_model_name or (Path(ns.model).name if ns.model else "pyengine-tiny")
-    args = ServerArgs(model_name=name, host=ns.host, port=ns.port, api_key=ns.api_key, max_n=ns.max_n,
+    # vLLM's default: the model argument as given (a hub id stays "org/name").
+    names = ns.served_model_name or [ns.model if ns.model else "pyengine-tiny"]
+    chat_template = load_chat_template(ns.chat_template) if ns.chat_template is not None else None
+    args = ServerArgs(model_name=names[0], model_aliases=tuple(names[1:]), chat_template=chat_template,
+                      uvicorn_log_level=ns.uvicorn_log_level, host=ns.host, port=ns.port, api_key=ns.api_key, max_n=ns.max_n,
                       stall_timeout=ns.stall_timeout, watchdog_interval=ns.watchdog_interval,
                       stats_interval=ns.stats_interval, log_format=ns.log_format, log_level=ns.log_level,
                       log_requests=not ns.no_log_requests, drain_timeout=ns.drain_timeout, **limit_kwargs(ns))
     return ns.model, engine_kwargs, args
+
+
+def uvicorn_log_level(args: ServerArgs) -> str:
+    """uvicorn's loggers' level: ``--uvicorn-log-level``, else ``--log-level``."""
+    return (args.uvicorn_log_level or args.log_level).lower()
 
 
 def main(argv: list[str]) -> int:
@@ -103,7 +122,7 @@ def main(argv: list[str]) -> int:
             drain = Drain(args.drain_timeout, logger)
             app = DrainMiddleware(create_app(engine, args), drain)
             server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
-                                                   log_level=args.log_level.lower(),
+                                                   log_level=uvicorn_log_level(args),
                                                    timeout_graceful_shutdown=args.drain_timeout + BACKSTOP_S,
                                                    **uvicorn_options(args)),
                                     drain)

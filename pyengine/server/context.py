@@ -26,7 +26,8 @@ class ServerContext:
     monitor: ProgressMonitor
     token_text: TokenText
     logger: Any
-    chat_template: Optional[Any] = None  # a compiled jinja2 template, or None
+    chat_template: Optional[Any] = None  # a ChatTemplate, or None
+    chat_template_origin: Optional[str] = None  # where it came from (template_choice.py)
     chat_tokenizer: Optional[Any] = None  # a ChatTokenizer (user-typed special tokens stay text)
     background: list[Any] = field(default_factory=list)  # asyncio tasks started by the lifespan
 
@@ -40,9 +41,8 @@ class ServerContext:
     def check_model(self, model: Optional[str]) -> None:
         """A request may name this server's model or none; anything else is a 404, as
         OpenAI answers it (``model_not_found``)."""
-        if model is not None and model != self.args.model_name:
-            raise APIError(404, f"the model {model!r} does not exist; this server serves {self.args.model_name!r}",
-                           "model", "model_not_found")
+        if model is not None and model not in self.args.model_names:
+            raise model_not_found(model, self.args.model_name)
 
     def check_alive(self) -> None:
         reason = self.engine.health().dead_reason
@@ -52,6 +52,12 @@ class ServerContext:
     @staticmethod
     def new_id(prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def model_not_found(model: str, served: str) -> APIError:
+    """OpenAI's 404 for a model this server does not serve."""
+    return APIError(404, f"the model {model!r} does not exist; this server serves {served!r}", "model",
+                    "model_not_found")
 
 
 def get_context(request: Request) -> ServerContext:

@@ -1,6 +1,6 @@
 """A plain ASGI middleware (no ``BaseHTTPMiddleware``, which gets in the way of streaming
-and disconnect detection): the API key on ``/v1/*`` (and on the docs, when they are
-served) and a count of error responses."""
+and disconnect detection): the API key on ``/v1/*``, ``/tokenize``, ``/detokenize`` (and
+on the docs, when they are served) and a count of error responses."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from pyengine.server.errors import APIError, error_response
 
 DOCS_PATHS = ("/docs", "/redoc", "/openapi.json")  # /docs/oauth2-redirect included
+TOKENIZER_PATHS = ("/tokenize", "/detokenize")  # vLLM's; they run the chat template on a client's data
 
 
 def needs_key(path: str) -> bool:
-    return path.startswith("/v1/") or path.startswith(DOCS_PATHS)
+    return path.startswith("/v1/") or path.startswith(DOCS_PATHS) or path in TOKENIZER_PATHS
 
 
 class GuardMiddleware:

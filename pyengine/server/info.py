@@ -1,4 +1,5 @@
-"""The operational endpoints: ``/v1/models``, ``/version``, ``/health``, ``/metrics``."""
+"""The operational endpoints: ``/v1/models`` (and ``/v1/models/{id}``), ``/version``,
+``/health`` (and vLLM's ``/ping``), ``/metrics``."""
 
 from __future__ import annotations
 
@@ -8,20 +9,33 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
 from pyengine import __version__
-from pyengine.server.context import Context
+from pyengine.server.context import Context, ServerContext, model_not_found
 from pyengine.server.metrics import CONTENT_TYPE
 from pyengine.server.protocol import ModelCard, ModelList
 
 router = APIRouter()
 
 
+def model_card(ctx: ServerContext, name: str) -> ModelCard:
+    """``root`` is the served name, not the checkpoint's folder (a path tells clients
+    about the host's file system); ``max_model_len`` is what one request can really
+    hold, which a KV pool smaller than the model's length lowers."""
+    return ModelCard(id=name, root=ctx.args.model_name, max_model_len=ctx.max_model_len)
+
+
 @router.get("/v1/models")
 async def list_models(ctx: Context) -> ModelList:
-    """The served model. ``root`` is its served name, not the checkpoint's folder (a path
-    tells clients about the host's file system); ``max_model_len`` is what one request
-    can really hold, which a KV pool smaller than the model's length lowers."""
-    card = ModelCard(id=ctx.args.model_name, root=ctx.args.model_name, max_model_len=ctx.max_model_len)
-    return ModelList(data=[card])
+    """The served model, once per name it answers to."""
+    return ModelList(data=[model_card(ctx, name) for name in ctx.args.model_names])
+
+
+# ``:path``: a served name is often a hub id or a path ("Qwen/Qwen3-0.6B"), slashes and all.
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, ctx: Context) -> ModelCard:
+    """One model's card; another id is OpenAI's 404 ``model_not_found``."""
+    if model_id not in ctx.args.model_names:
+        raise model_not_found(model_id, ctx.args.model_name)
+    return model_card(ctx, model_id)
 
 
 @router.get("/version")
@@ -30,6 +44,8 @@ async def version() -> dict[str, str]:
 
 
 @router.get("/health")
+@router.get("/ping")  # vLLM's (SageMaker's) name for the same check, GET or POST
+@router.post("/ping")
 async def health(ctx: Context) -> JSONResponse:
     """200 while the engine is alive and making progress, else 503 with the reason."""
     verdict = ctx.monitor.check()

@@ -79,14 +79,18 @@ class CompletionRequest(SamplingFields):
     best_of: Optional[int] = None
 
 
-class TextContentPart(_Request):
-    type: Literal["text"]
-    text: Text
+class ContentPart(_Request):
+    """A content part of any type: the handler answers anything but text with a 400 that
+    names ``messages[i].content[j].type`` (the model takes text only), which a union of
+    part models would bury in pydantic's per-member errors."""
+
+    type: Text
+    text: Optional[Text] = None
 
 
 class ChatMessage(_Request):
     role: Text  # checked against the known roles by the handler, which names messages[i].role
-    content: Union[Text, list[TextContentPart], None] = None
+    content: Union[Text, list[ContentPart], None] = None
     name: Optional[Text] = None
 
     def text(self) -> str:
@@ -94,7 +98,7 @@ class ChatMessage(_Request):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text or "" for part in self.content)
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -104,7 +108,27 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: Optional[int] = None
     add_generation_prompt: bool = True
+    add_special_tokens: bool = False  # vLLM's: the template writes its own
     chat_template_kwargs: Annotated[Optional[dict[str, Any]], AfterValidator(_utf8)] = None
+
+
+class TokenizeRequest(_Request):
+    """vLLM's ``/tokenize``: a ``prompt``, or chat ``messages`` rendered with the chat
+    template. ``add_special_tokens`` defaults as vLLM's: on for a prompt, off for messages
+    (the template writes its own)."""
+
+    model: Optional[str] = None
+    prompt: Optional[Text] = None
+    messages: Optional[list[ChatMessage]] = None
+    add_generation_prompt: bool = True
+    add_special_tokens: Optional[bool] = None
+    chat_template_kwargs: Annotated[Optional[dict[str, Any]], AfterValidator(_utf8)] = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Request):
+    model: Optional[str] = None
+    tokens: list[NonNegativeInt]
 
 
 class EmbeddingRequest(_Request):
@@ -233,6 +257,17 @@ class EmbeddingResponse(BaseModel):
     model: str
     data: list[EmbeddingData]
     usage: UsageInfo
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: Optional[list[str]] = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
 
 
 class ModelCard(BaseModel):

@@ -1,0 +1,98 @@
+"""Which chat template the server renders with: the one place that decides.
+
+In order, the first that exists wins:
+
+1. ``--chat-template`` (``ServerArgs.chat_template``): the template's text, which the
+   CLI read from a file or took as given (``load_chat_template``, as vLLM's flag does);
+2. the checkpoint's ``chat_template.jinja``, what current transformers writes beside the
+   tokenizer (and prefers over tokenizer_config.json when both are there). The model
+   loader exposes only tokenizer_config.json, so the file is read here, from the
+   client's ``model_path`` folder;
+3. ``chat_template`` in ``tokenizer_config.json`` (the client's ``chat_template``): a
+   string, or a list of named templates whose "default" one counts;
+4. none: chat requests answer 400.
+
+Rendering is ``ChatTemplate``'s business (``chat_template.py``); this module only chooses
+the source text, so the two can live apart."""
+
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from pyengine.engine_client import EngineClient
+
+TEMPLATE_FILE = "chat_template.jinja"
+_JINJA_CHARS = "{}\n"  # text with none of these is a path, not a template (vLLM's rule)
+
+
+@dataclass(frozen=True)
+class TemplateChoice:
+    source: str  # the jinja2 text
+    origin: str  # "--chat-template", "chat_template.jinja" or "tokenizer_config.json"
+
+
+def load_chat_template(value: str) -> str:
+    """``--chat-template FILE_OR_STRING``: a readable file's text, else the value itself
+    when it looks like a template (escapes such as ``\\n`` typed on a command line are
+    decoded, as vLLM does). A value that looks like a path but cannot be read, or a
+    template jinja2 cannot parse, is a ``ValueError`` that says so."""
+    path = Path(value)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, ValueError) as error:
+        if not any(c in value for c in _JINJA_CHARS):
+            raise ValueError(f"--chat-template {value!r} looks like a file path, but it cannot be read "
+                             f"({error.__class__.__name__}: {getattr(error, 'strerror', None) or error})") from None
+        # backslashreplace keeps non-ASCII characters intact through unicode_escape.
+        text = codecs.decode(value.encode("latin-1", "backslashreplace"), "unicode_escape")
+    _check_syntax(text, "--chat-template")
+    return text
+
+
+def checkpoint_chat_template(folder: Optional[Path], raw_config_template: Any) -> Optional[TemplateChoice]:
+    """The checkpoint's own template: ``chat_template.jinja`` in ``folder``, else the
+    tokenizer_config.json entry ``raw_config_template`` (a string or named templates)."""
+    if folder is not None:
+        file = folder / TEMPLATE_FILE
+        if file.is_file():
+            text = file.read_text(encoding="utf-8")
+            if text.strip():
+                return TemplateChoice(text, TEMPLATE_FILE)
+    source = raw_config_template
+    if isinstance(source, list):
+        named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+        source = named.get("default")
+    if isinstance(source, str) and source:
+        return TemplateChoice(source, "tokenizer_config.json")
+    return None
+
+
+def select_chat_template(override: Optional[str], engine: EngineClient) -> Optional[TemplateChoice]:
+    """The template the server uses (see the module's docstring for the order)."""
+    if override:
+        return TemplateChoice(override, "--chat-template")
+    return checkpoint_chat_template(_model_folder(engine), engine.chat_template)
+
+
+def _model_folder(engine: EngineClient) -> Optional[Path]:
+    try:
+        folder = Path(engine.model_path)
+    except (TypeError, ValueError):
+        return None
+    return folder if folder.is_dir() else None
+
+
+def _check_syntax(text: str, where: str) -> None:
+    from jinja2 import Environment, TemplateSyntaxError
+
+    try:
+        Environment().parse(text)
+    except TemplateSyntaxError as error:
+        raise ValueError(f"{where}: not a valid jinja2 template (line {error.lineno}: {error.message})") from None
+
+
+__all__ = ["TemplateChoice", "load_chat_template", "checkpoint_chat_template", "select_chat_template",
+           "TEMPLATE_FILE"]
