@@ -88,6 +88,8 @@ def test_chat_template_flag_takes_a_file_or_the_text(tmp_path):
         parse(["--chat-template", str(tmp_path / "missing.jinja")])
     with pytest.raises(ValueError, match="not a valid jinja2 template"):
         load_chat_template("{% for m in messages %}")
+    loop = "{% for m in messages %}{{ m['content'] }}{% break %}{% endfor %}"  # transformers' loopcontrols
+    assert load_chat_template(loop) == loop
 
 
 def test_bad_chat_template_flag_is_a_usage_error(tmp_path):

@@ -11,7 +11,10 @@ Module map (one concept each):
 - ``app``: the app factory; ``context``: the per-app ``ServerContext`` handlers share.
 - ``args``: ``ServerArgs``; ``protocol``: pydantic request / response bodies.
 - ``completions``, ``chat`` (+ ``chat_template``), ``embeddings``: the ``/v1`` endpoints;
-  ``info``: ``/v1/models``, ``/version``, ``/health``, ``/metrics``.
+  ``info``: ``/v1/models`` (+ ``/{id}``), ``/version``, ``/health`` / ``/ping``, ``/metrics``;
+  ``tokenizer_api``: vLLM's ``/tokenize`` and ``/detokenize``.
+- ``template_choice``: which chat template is used (``--chat-template``, the checkpoint's
+  ``chat_template.jinja``, tokenizer_config.json); rendering is ``chat_template``'s.
 - ``sampling``: request -> ``SamplingParams`` and token-id prompts, with 400s naming fields.
 - ``generation``: the engine requests of one HTTP request; client disconnects abort them.
 - ``respond``: what completions and chat share: start, collect a whole response, or

@@ -86,10 +86,13 @@ def _model_folder(engine: EngineClient) -> Optional[Path]:
 
 
 def _check_syntax(text: str, where: str) -> None:
-    from jinja2 import Environment, TemplateSyntaxError
+    """Compiled as it will be rendered (the same environment: loop controls included)."""
+    from jinja2 import TemplateSyntaxError
+
+    from pyengine.chat_template import ChatTemplate
 
     try:
-        Environment().parse(text)
+        ChatTemplate(text, {})
     except TemplateSyntaxError as error:
         raise ValueError(f"{where}: not a valid jinja2 template (line {error.lineno}: {error.message})") from None
 
