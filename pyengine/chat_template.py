@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Optional
 
 from jinja2 import DictLoader, TemplateError
@@ -87,3 +89,32 @@ def _token_text(token: Any) -> str:
     if isinstance(token, dict):  # {"content": "<s>", ...}
         return str(token.get("content", ""))
     return "" if token is None else str(token)
+
+
+#: What current transformers writes beside the tokenizer (and prefers over
+#: tokenizer_config.json's entry when both are there).
+TEMPLATE_FILE = "chat_template.jinja"
+
+
+@dataclass(frozen=True)
+class TemplateChoice:
+    source: str  # the jinja2 text
+    origin: str  # "--chat-template", "chat_template.jinja" or "tokenizer_config.json"
+
+
+def checkpoint_chat_template(folder: Optional[Path], raw_config_template: Any) -> Optional[TemplateChoice]:
+    """The checkpoint's own template: ``chat_template.jinja`` in ``folder``, else the
+    tokenizer_config.json entry ``raw_config_template`` (a string or named templates)."""
+    if folder is not None:
+        file = folder / TEMPLATE_FILE
+        if file.is_file():
+            text = file.read_text(encoding="utf-8")
+            if text.strip():
+                return TemplateChoice(text, TEMPLATE_FILE)
+    source = raw_config_template
+    if isinstance(source, list):
+        named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+        source = named.get("default")
+    if isinstance(source, str) and source:
+        return TemplateChoice(source, "tokenizer_config.json")
+    return None

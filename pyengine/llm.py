@@ -368,16 +368,9 @@ def _cut_after_final_message(text: str, chat: list[dict[str, Any]]) -> str:
 
 
 def _checkpoint_template_source(tokenizer_config: dict[str, Any], folder: Optional[Path]) -> Optional[str]:
-    """The checkpoint's template text: tokenizer_config.json's ``chat_template`` (a named
-    list contributes its "default"), else chat_template.jinja (what current transformers
-    writes)."""
-    source = tokenizer_config.get("chat_template")
-    if isinstance(source, list):
-        named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
-        source = named.get("default")
-    if isinstance(source, str) and source:
-        return source
-    jinja = folder / "chat_template.jinja" if folder is not None else None
-    if jinja is not None and jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
-    return None
+    """The checkpoint's template text, chosen as the server chooses it
+    (:func:`pyengine.chat_template.checkpoint_chat_template`)."""
+    from pyengine.chat_template import checkpoint_chat_template
+
+    choice = checkpoint_chat_template(folder, tokenizer_config.get("chat_template"))
+    return choice.source if choice is not None else None

@@ -18,20 +18,13 @@ the source text, so the two can live apart."""
 from __future__ import annotations
 
 import codecs
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
+from pyengine.chat_template import TEMPLATE_FILE, TemplateChoice, checkpoint_chat_template  # noqa: F401
 from pyengine.engine_client import EngineClient
 
-TEMPLATE_FILE = "chat_template.jinja"
 _JINJA_CHARS = "{}\n"  # text with none of these is a path, not a template (vLLM's rule)
-
-
-@dataclass(frozen=True)
-class TemplateChoice:
-    source: str  # the jinja2 text
-    origin: str  # "--chat-template", "chat_template.jinja" or "tokenizer_config.json"
 
 
 def load_chat_template(value: str) -> str:
@@ -50,24 +43,6 @@ def load_chat_template(value: str) -> str:
         text = codecs.decode(value.encode("latin-1", "backslashreplace"), "unicode_escape")
     _check_syntax(text, "--chat-template")
     return text
-
-
-def checkpoint_chat_template(folder: Optional[Path], raw_config_template: Any) -> Optional[TemplateChoice]:
-    """The checkpoint's own template: ``chat_template.jinja`` in ``folder``, else the
-    tokenizer_config.json entry ``raw_config_template`` (a string or named templates)."""
-    if folder is not None:
-        file = folder / TEMPLATE_FILE
-        if file.is_file():
-            text = file.read_text(encoding="utf-8")
-            if text.strip():
-                return TemplateChoice(text, TEMPLATE_FILE)
-    source = raw_config_template
-    if isinstance(source, list):
-        named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
-        source = named.get("default")
-    if isinstance(source, str) and source:
-        return TemplateChoice(source, "tokenizer_config.json")
-    return None
 
 
 def select_chat_template(override: Optional[str], engine: EngineClient) -> Optional[TemplateChoice]:
