@@ -38,7 +38,7 @@ class Stream(threading.Thread):
         self.failure: Optional[BaseException] = None
 
     def run(self) -> None:
-        body = {"model": "ckpt", "prompt": "Hello", "max_tokens": self.max_tokens, "ignore_eos": True,
+        body = {"prompt": "Hello", "max_tokens": self.max_tokens, "ignore_eos": True,
                 "stream": True}
         try:
             with httpx.stream("POST", f"http://127.0.0.1:{self.port}/v1/completions", json=body,
@@ -81,7 +81,7 @@ class Blocking(threading.Thread):
 
     def run(self) -> None:
         resp = httpx.post(f"http://127.0.0.1:{self.port}/v1/completions", timeout=60,
-                          json={"model": "ckpt", "prompt": "Hello", "max_tokens": self.max_tokens,
+                          json={"prompt": "Hello", "max_tokens": self.max_tokens,
                                 "ignore_eos": True})
         self.status, self.body = resp.status_code, resp.json()
 
@@ -116,7 +116,7 @@ def refused_during_drain(port: int) -> bool:
     """A new request during the drain: the listener is closed, or a 503 in OpenAI's format."""
     try:
         resp = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=5,
-                          json={"model": "ckpt", "prompt": "Hi", "max_tokens": 2})
+                          json={"prompt": "Hi", "max_tokens": 2})
     except httpx.TransportError:
         return True
     return resp.status_code == 503 and resp.json()["error"]["code"] == "server_shutting_down"
