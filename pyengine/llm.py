@@ -254,7 +254,8 @@ class LLM:
         try:
             for (text, token_ids), p, prio in zip(normalized, params, priorities):
                 rid = str(next(self._request_ids))
-                engine.add_request(rid, text, token_ids, p, collector, kind="final", priority=prio)
+                engine.add_request(rid, text, token_ids, p, collector, kind="final", priority=prio,
+                                   fit_to_length=True)
                 ids.append(rid)
             self._wait(collector, ids, use_tqdm, what)
         except BaseException:

@@ -52,3 +52,20 @@ def test_without_max_tokens_a_request_gets_what_the_kv_pool_holds():
         assert out.outputs[0].finish_reason == "length"
     finally:
         llm.shutdown()
+
+
+def test_offline_a_request_longer_than_the_model_is_generated_up_to_the_limit():
+    # vLLM's offline behaviour: prompt + max_tokens past max_model_len is cut at the limit
+    # and ends with "length"; a prompt alone past it is still refused.
+    from pyengine import LLM, InvalidRequestError, SamplingParams
+
+    llm = LLM(max_model_len=48, max_num_seqs=4, max_num_batched_tokens=64)
+    try:
+        prompt = list(range(5, 15))
+        out = llm.generate([prompt], SamplingParams(max_tokens=100, ignore_eos=True), use_tqdm=False)[0]
+        assert len(out.outputs[0].token_ids) == 48 - len(prompt)
+        assert out.outputs[0].finish_reason == "length"
+        with pytest.raises(InvalidRequestError, match="max_model_len"):
+            llm.generate([list(range(5, 55))], SamplingParams(max_tokens=4), use_tqdm=False)
+    finally:
+        llm.shutdown()

@@ -99,9 +99,14 @@ class EngineCore:
         sink: OutputSink,
         kind: OutputKind = "cumulative",
         priority: int = 0,
+        fit_to_length: bool = False,
     ) -> None:
         """Queues a request; its outputs go to ``sink``. Raises ``InvalidRequestError`` for a
-        request that can never be served and ``EngineDeadError`` once the engine is dead."""
+        request that can never be served and ``EngineDeadError`` once the engine is dead.
+
+        ``fit_to_length`` (the offline API, as vLLM's): a prompt that fits but whose
+        ``max_tokens`` would not is generated up to the limit and ends with "length"
+        instead of being refused; a prompt alone over the limit is still refused."""
         self._check_alive()
         # An idle OpenMP team on the calling thread (from its own PyTorch work) makes libgomp
         # throttle the executor thread's team; freeing it costs nothing when there is none.
@@ -114,8 +119,11 @@ class EngineCore:
         pooling = isinstance(params, PoolingParams)
         if isinstance(params, SamplingParams):
             max_tokens = params.max_tokens
+            room = self.max_request_tokens - len(prompt_token_ids)
             if max_tokens is None:
-                max_tokens = max(1, self.max_request_tokens - len(prompt_token_ids))
+                max_tokens = max(1, room)
+            elif fit_to_length and 0 < room < max_tokens:
+                max_tokens = room
             if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
                 raise InvalidRequestError(
                     f"logprobs = {params.logprobs} exceeds max_logprobs = {self.config.max_logprobs}"
@@ -128,7 +136,7 @@ class EngineCore:
             stop_ids = list(params.stop_token_ids or [])
             eos = [] if params.ignore_eos else self.eos_token_ids
             request = Request(
-                request_id, prompt_token_ids, max_tokens=max_tokens, min_tokens=params.min_tokens,
+                request_id, prompt_token_ids, max_tokens=max_tokens, min_tokens=min(params.min_tokens, max_tokens),
                 eos_token_ids=eos, ignore_eos=params.ignore_eos, stop_token_ids=stop_ids,
                 priority=priority, n=params.n,
                 sample_params=[sample_params(params, i) for i in range(params.n)],
