@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional, Union
 
 from pyengine._sched import SchedulerConfig
 from pyengine.errors import InvalidConfigError
-from pyengine.executor.config import ExecutorConfig, check_executor_settings
+from pyengine.executor.config import ExecutorConfig, check_executor_settings, normalize_dtype
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 
@@ -27,7 +27,9 @@ class EngineConfig:
       ``from_kwargs`` (used by ``LLM`` and ``pyengine serve``) also takes a hub id
       (``"Qwen/Qwen3-0.6B"``) and stores the local snapshot folder it resolves to
       (``pyengine.models.hub``); the constructor itself does no I/O beyond checking the folder.
-    - ``dtype``: "auto" (float32 on CPU, bfloat16 on CUDA), "float32", "bfloat16", "float16".
+    - ``dtype``: "auto" (float32 on CPU, bfloat16 on CUDA), "float32", "bfloat16", "float16";
+      vLLM's aliases "half" (float16) and "float" (float32), and torch dtypes
+      (``torch.float16``), are stored as these canonical names.
     - ``device``: "cpu", "cuda", "cuda:N".
     - ``kv_cache_bytes`` / ``num_kv_blocks``: the KV cache budget (default: 4 GiB on CPU, a
       fraction ``gpu_memory_utilization`` of the GPU), or an exact block count.
@@ -63,6 +65,7 @@ class EngineConfig:
             if not ok:
                 raise InvalidConfigError(f"{name} {requirement}, got {getattr(self, name)!r}")
 
+        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         check_executor_settings(self)
         need(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold", "must be >= 0")
         need(self.pipeline_depth in (1, 2), "pipeline_depth", "must be 1 or 2")

@@ -11,13 +11,29 @@ AttentionBackendName = Literal["auto", "sdpa", "flash_attn"]
 
 DEFAULT_CPU_KV_CACHE_BYTES = 4 * 1024**3
 
+#: Canonical dtype names, and the other spellings accepted for them (vLLM's ``half`` and
+#: ``float`` among them); torch dtypes (``torch.float16``) are accepted too.
+DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
+DTYPE_ALIASES = {"float": "float32", "fp32": "float32", "bf16": "bfloat16", "half": "float16", "fp16": "float16"}
+
+
+def normalize_dtype(dtype: Any) -> Any:
+    """The canonical name of ``dtype`` ("half" -> "float16", ``torch.bfloat16`` -> "bfloat16");
+    anything else unchanged, for the dtype rule to refuse with the argument's name."""
+    if type(dtype).__module__ == "torch" and str(dtype).startswith("torch."):  # a torch.dtype; no torch import
+        dtype = str(dtype)[len("torch."):]
+    if isinstance(dtype, str):
+        return DTYPE_ALIASES.get(dtype.strip().lower(), dtype.strip().lower())
+    return dtype
+
 
 @dataclass(frozen=True, slots=True)
 class ExecutorConfig:
     """How the executor loads the model and sizes the KV cache.
 
     - ``dtype``: "auto" (float32 on CPU, bfloat16 on CUDA when supported), "float32",
-      "bfloat16" or "float16".
+      "bfloat16" or "float16"; aliases ("half", "float", ...) and torch dtypes are stored
+      as these names (``normalize_dtype``).
     - ``kv_cache_bytes``: KV budget. Default on CPU: 4 GiB; on CUDA the budget is
       ``gpu_memory_utilization`` of the device minus weights and the activation peak
       measured by a profiling forward, unless this is set.
@@ -42,6 +58,7 @@ class ExecutorConfig:
     max_logprobs: int = 20
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         check_executor_settings(self)
 
 
@@ -49,8 +66,8 @@ class ExecutorConfig:
 # built directly (tests, benches) and by EngineConfig for the same-named engine
 # arguments, so each rule is written once.
 EXECUTOR_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
-    ("dtype", lambda v: v in ("auto", "float32", "bfloat16", "float16"),
-     "must be 'auto', 'float32', 'bfloat16' or 'float16'"),
+    ("dtype", lambda v: v in DTYPE_NAMES,
+     "must be 'auto', 'float32', 'bfloat16' or 'float16' (or 'half', 'float', a torch dtype)"),
     ("device", lambda v: v == "cpu" or str(v).startswith("cuda"), "must be 'cpu' or 'cuda[:N]'"),
     ("block_size", lambda v: v >= 1, "must be >= 1"),
     ("max_num_seqs", lambda v: v >= 1, "must be >= 1"),

@@ -17,6 +17,7 @@ from typing import Any, Literal, Optional, Union
 import torch
 
 from pyengine.errors import InvalidConfigError
+from pyengine.executor.config import normalize_dtype
 from pyengine.models.architectures import build_model
 from pyengine.models.checkpoint import checkpoint_files, checkpoint_shapes, iterate_tensors
 from pyengine.models.config import DecoderConfig, parse_decoder_config
@@ -30,13 +31,6 @@ LoadFormat = Literal["auto", "safetensors", "dummy"]
 DTypeName = Union[str, torch.dtype]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_DTYPE_ALIASES = {
-    "float": "float32",
-    "fp32": "float32",
-    "bf16": "bfloat16",
-    "half": "float16",
-    "fp16": "float16",
-}
 
 
 @dataclass(frozen=True)
@@ -58,7 +52,7 @@ def resolve_dtype(dtype: DTypeName, device: torch.device) -> torch.dtype:
         if dtype not in _DTYPES.values():
             raise InvalidConfigError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
         return dtype
-    name = _DTYPE_ALIASES.get(dtype, dtype)
+    name = normalize_dtype(dtype)
     if name == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
