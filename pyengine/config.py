@@ -7,6 +7,8 @@ checks their combinations once, at construction, with messages that name the arg
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -16,6 +18,10 @@ from pyengine.errors import InvalidConfigError
 from pyengine.executor.config import ExecutorConfig, check_executor_settings, normalize_dtype
 
 SchedulingPolicy = Literal["fcfs", "priority"]
+TASKS = ("auto", "generate", "embed")
+RUNNERS = ("auto", "generate", "pooling")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +45,23 @@ class EngineConfig:
     - ``pipeline_depth``: 2 plans step N+1 while N runs (the default); 1 plans, runs and
       updates in turn (for debugging and to measure what the overlap buys).
     - ``scheduling_policy``: "fcfs" or "priority" (lower ``priority`` runs first).
+
+    Arguments vLLM takes, accepted here with the same meaning (or none, said so):
+
+    - ``trust_remote_code``: accepted; pyengine never executes a checkpoint's own Python
+      code (it implements the architectures it supports). ``from_kwargs`` logs a warning
+      when it is True and the checkpoint's config.json has an ``auto_map``.
+    - ``enforce_eager``: accepted, no effect: pyengine has no CUDA graph capture, it always
+      runs eagerly.
+    - ``disable_log_stats``: accepted; the engine core logs no periodic stats line, so it
+      has no effect here (the server's stats lines follow ``--stats-interval``).
+    - ``tokenizer``: the tokenizer's folder; only the model's own (None, or the model
+      argument itself) is supported yet, any other is an error naming it.
+    - ``revision``, ``download_dir``: the hub revision and the cache folder ``from_kwargs``
+      resolves a hub id with (ignored for a local folder).
+    - ``task``: "auto", "generate" or "embed"; ``runner``: "auto", "generate" or
+      "pooling". Stored and checked; the engine serves both generation and embeddings
+      whatever they say.
     """
 
     model: Optional[Union[str, Path]] = None
@@ -59,6 +82,14 @@ class EngineConfig:
     attention_backend: Literal["auto", "sdpa", "flash_attn"] = "auto"
     load_format: Literal["auto", "safetensors", "dummy"] = "auto"
     max_logprobs: int = 20
+    trust_remote_code: bool = False
+    enforce_eager: bool = False
+    disable_log_stats: bool = False
+    tokenizer: Optional[str] = None
+    revision: Optional[str] = None
+    download_dir: Optional[str] = None
+    task: str = "auto"
+    runner: str = "auto"
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, requirement: str) -> None:
@@ -70,6 +101,18 @@ class EngineConfig:
         need(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold", "must be >= 0")
         need(self.pipeline_depth in (1, 2), "pipeline_depth", "must be 1 or 2")
         need(self.scheduling_policy in ("fcfs", "priority"), "scheduling_policy", "must be 'fcfs' or 'priority'")
+        need(self.task in TASKS, "task", "must be 'auto', 'generate' or 'embed'")
+        need(self.runner in RUNNERS, "runner", "must be 'auto', 'generate' or 'pooling'")
+        for name in ("revision", "download_dir"):
+            need(getattr(self, name) is None or isinstance(getattr(self, name), (str, Path)), name,
+                 "must be a string")
+        if self.tokenizer is not None and (
+            self.model is None or Path(self.tokenizer).expanduser().resolve() != Path(self.model).expanduser().resolve()
+        ):
+            raise InvalidConfigError(
+                f"tokenizer {str(self.tokenizer)!r}: a tokenizer other than the model's own is not supported yet "
+                "(leave tokenizer unset to use the checkpoint's tokenizer)"
+            )
         if self.max_model_len is not None:
             need(self.max_num_batched_tokens >= min(self.max_num_seqs, self.max_model_len),
                  "max_num_batched_tokens", f"must be >= max_num_seqs ({self.max_num_seqs})")
@@ -123,7 +166,32 @@ class EngineConfig:
             raise InvalidConfigError(f"unknown engine argument(s): {', '.join(unknown)}")
         from pyengine.models.hub import looks_like_hub_id, resolve_model
 
+        # vLLM's tokenizer=model means the model's own tokenizer: the resolved folder.
+        same_tokenizer = kwargs.get("tokenizer") is not None and model is not None and str(kwargs["tokenizer"]) == str(model)
+        if same_tokenizer:
+            kwargs["tokenizer"] = None
         if looks_like_hub_id(model):
             cls(model=None, **kwargs)  # every other argument's error before any download
-        model = resolve_model(model, need_weights=kwargs.get("load_format", "auto") != "dummy")
-        return cls(model=model, **kwargs)
+        model = resolve_model(model, revision=kwargs.get("revision"), cache_dir=kwargs.get("download_dir"),
+                              need_weights=kwargs.get("load_format", "auto") != "dummy")
+        if same_tokenizer:
+            kwargs["tokenizer"] = str(model)
+        config = cls(model=model, **kwargs)
+        if config.trust_remote_code:
+            _warn_about_remote_code(config.model)
+        return config
+
+
+def _warn_about_remote_code(model: Optional[Union[str, Path]]) -> None:
+    """trust_remote_code=True: pyengine runs no checkpoint code; say so when the checkpoint has some."""
+    if model is None:
+        return
+    try:
+        auto_map = json.loads((Path(model) / "config.json").read_text()).get("auto_map")
+    except (OSError, ValueError, AttributeError):
+        return
+    if auto_map:
+        logger.warning(
+            "trust_remote_code=True: the checkpoint %s ships its own code (auto_map in config.json); pyengine never "
+            "runs remote code and loads it with its built-in implementation of the architecture", model
+        )

@@ -33,3 +33,91 @@ def test_dtype_aliases_are_stored_as_the_canonical_name(given, canonical):
 def test_a_dtype_that_is_no_alias_is_an_error_naming_dtype(bad):
     with pytest.raises(InvalidConfigError, match="dtype"):
         EngineConfig.from_kwargs(None, dtype=bad)
+
+
+# ---- accepted arguments: no-ops, tokenizer, hub revision / download folder, task / runner ----
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from pyengine.testing.checkpoints import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "qwen3", "qwen3", seed=3)
+
+
+@pytest.mark.parametrize("name", ["trust_remote_code", "enforce_eager", "disable_log_stats"])
+def test_flags_vllm_takes_are_accepted(name):
+    assert getattr(EngineConfig.from_kwargs(None, **{name: True}), name) is True
+    assert getattr(EngineConfig(), name) is False
+
+
+def test_trust_remote_code_warns_that_remote_code_is_not_run(tmp_path, tiny, caplog):
+    import json
+    import shutil
+
+    folder = tmp_path / "remote"
+    shutil.copytree(tiny, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}
+    (folder / "config.json").write_text(json.dumps(config))
+    with caplog.at_level("WARNING", logger="pyengine.config"):
+        EngineConfig.from_kwargs(str(folder), trust_remote_code=True, load_format="dummy")
+    assert "never runs remote code" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pyengine.config"):
+        EngineConfig.from_kwargs(str(tiny), trust_remote_code=True, load_format="dummy")  # no auto_map
+        EngineConfig.from_kwargs(str(folder), load_format="dummy")  # not asked to trust it
+    assert "remote code" not in caplog.text
+
+
+def test_tokenizer_is_the_models_own_or_an_error_naming_it(tmp_path, tiny):
+    config = EngineConfig.from_kwargs(str(tiny), tokenizer=str(tiny), load_format="dummy")
+    assert config.tokenizer == str(tiny)
+    with pytest.raises(InvalidConfigError, match="tokenizer .*other-tok.*not supported yet"):
+        EngineConfig.from_kwargs(str(tiny), tokenizer=str(tmp_path / "other-tok"), load_format="dummy")
+    with pytest.raises(InvalidConfigError, match="tokenizer"):
+        EngineConfig.from_kwargs(None, tokenizer="org/tokenizer")
+
+
+def test_revision_and_download_dir_reach_the_hub_resolution(tmp_path, monkeypatch, tiny):
+    from pyengine.models import hub
+
+    seen = {}
+
+    def resolve(model, *, revision=None, cache_dir=None, need_weights=True):
+        seen.update(model=model, revision=revision, cache_dir=cache_dir)
+        return tiny
+
+    monkeypatch.setattr(hub, "resolve_model", resolve)
+    monkeypatch.chdir(tmp_path)
+    config = EngineConfig.from_kwargs("some-org/some-model", revision="v1.0", download_dir=str(tmp_path / "dl"))
+    assert seen == {"model": "some-org/some-model", "revision": "v1.0", "cache_dir": str(tmp_path / "dl")}
+    assert (config.model, config.revision, config.download_dir) == (tiny, "v1.0", str(tmp_path / "dl"))
+
+
+def test_download_dir_is_the_hub_cache_read(tmp_path, monkeypatch, tiny):
+    # A populated hub cache in download_dir (not HF_HUB_CACHE) resolves the id offline.
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    storage = tmp_path / "dl" / "models--tiny-org--tiny-qwen3"
+    snapshot = storage / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for path in tiny.iterdir():
+        (snapshot / path.name).write_bytes(path.read_bytes())
+    (storage / "refs").mkdir()
+    (storage / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    config = EngineConfig.from_kwargs("tiny-org/tiny-qwen3", download_dir=str(tmp_path / "dl"))
+    assert config.model == snapshot
+
+
+@pytest.mark.parametrize("name, value", [("task", "auto"), ("task", "generate"), ("task", "embed"),
+                                         ("runner", "auto"), ("runner", "generate"), ("runner", "pooling")])
+def test_task_and_runner_take_vllms_values(name, value):
+    assert getattr(EngineConfig.from_kwargs(None, **{name: value}), name) == value
+
+
+@pytest.mark.parametrize("name, value", [("task", "transcription"), ("runner", "draft"), ("task", "pooling")])
+def test_another_task_or_runner_is_an_error_naming_the_value(name, value):
+    with pytest.raises(InvalidConfigError, match=f"{name} .*{value}"):
+        EngineConfig.from_kwargs(None, **{name: value})
