@@ -62,6 +62,11 @@ class EngineConfig:
     - ``task``: "auto", "generate" or "embed"; ``runner``: "auto", "generate" or
       "pooling". Stored and checked; the engine serves both generation and embeddings
       whatever they say.
+    - ``generation_config``: "auto" (the default) makes the checkpoint's
+      generation_config.json sampling defaults (temperature, top_p, top_k, min_p,
+      repetition_penalty, max_new_tokens) the defaults of
+      ``LLM.get_default_sampling_params()``, as vLLM does; "vllm" ignores them. (vLLM's
+      third form, a folder holding another generation_config.json, is not supported yet.)
     """
 
     model: Optional[Union[str, Path]] = None
@@ -90,6 +95,7 @@ class EngineConfig:
     download_dir: Optional[str] = None
     task: str = "auto"
     runner: str = "auto"
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, requirement: str) -> None:
@@ -103,6 +109,8 @@ class EngineConfig:
         need(self.scheduling_policy in ("fcfs", "priority"), "scheduling_policy", "must be 'fcfs' or 'priority'")
         need(self.task in TASKS, "task", "must be 'auto', 'generate' or 'embed'")
         need(self.runner in RUNNERS, "runner", "must be 'auto', 'generate' or 'pooling'")
+        need(self.generation_config in ("auto", "vllm"), "generation_config",
+             "must be 'auto' or 'vllm' (a folder of another generation_config.json is not supported yet)")
         for name in ("revision", "download_dir"):
             need(getattr(self, name) is None or isinstance(getattr(self, name), (str, Path)), name,
                  "must be a string")

@@ -121,3 +121,51 @@ def test_task_and_runner_take_vllms_values(name, value):
 def test_another_task_or_runner_is_an_error_naming_the_value(name, value):
     with pytest.raises(InvalidConfigError, match=f"{name} .*{value}"):
         EngineConfig.from_kwargs(None, **{name: value})
+
+
+# ---- generation_config: the checkpoint's sampling defaults ----
+
+@pytest.fixture(scope="module")
+def tiny_with_defaults(tmp_path_factory):
+    import json
+
+    from pyengine.testing.checkpoints import make_tiny_checkpoint
+
+    folder = make_tiny_checkpoint(tmp_path_factory.mktemp("gen") / "qwen3", "qwen3", seed=5)
+    generation = json.loads((folder / "generation_config.json").read_text())
+    generation.update(temperature=0.6, top_p=0.95, top_k=20, min_p=0.0, repetition_penalty=1.1,
+                      max_new_tokens=48, do_sample=True, pad_token_id=None)
+    (folder / "generation_config.json").write_text(json.dumps(generation))
+    return folder
+
+
+def test_the_loader_exposes_the_sampling_defaults(tiny_with_defaults, tiny):
+    from pyengine.models.loader import load_model
+
+    loaded = load_model(tiny_with_defaults, load_format="dummy")
+    assert loaded.generation_config == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0,
+                                        "repetition_penalty": 1.1, "max_new_tokens": 48}
+    assert len(loaded.eos_token_ids) == 2  # the same file still gives the EOS ids
+    assert load_model(tiny, load_format="dummy").generation_config == {}  # eos/bos only: no defaults
+
+
+@pytest.mark.parametrize("mode", ["auto", "vllm"])
+def test_generation_config_defaults_reach_get_default_sampling_params(tiny_with_defaults, mode):
+    from pyengine import LLM, SamplingParams
+
+    kwargs = {} if mode == "auto" else {"generation_config": "vllm"}  # "auto" is the default
+    llm = LLM(str(tiny_with_defaults), num_kv_blocks=16, max_num_seqs=2, max_num_batched_tokens=64, **kwargs)
+    try:
+        params = llm.get_default_sampling_params()
+        if mode == "auto":
+            assert params == SamplingParams(temperature=0.6, top_p=0.95, top_k=20, min_p=0.0,
+                                            repetition_penalty=1.1, max_tokens=48)
+        else:
+            assert params == SamplingParams()
+    finally:
+        llm.shutdown()
+
+
+def test_another_generation_config_is_an_error_naming_it():
+    with pytest.raises(InvalidConfigError, match="generation_config .*'/some/folder'"):
+        EngineConfig.from_kwargs(None, generation_config="/some/folder")

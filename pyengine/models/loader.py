@@ -3,7 +3,8 @@
 ``load_model(path, dtype="auto", device="cpu", load_format="auto")`` reads ``config.json``,
 the weights (safetensors, one file or sharded with ``model.safetensors.index.json``; with
 ``load_format="auto"`` and no safetensors, PyTorch ``pytorch_model*.bin`` files, see
-``checkpoint``), ``generation_config.json`` (EOS ids) and ``tokenizer.json``. ``load_format="dummy"``
+``checkpoint``), ``generation_config.json`` (EOS ids and the sampling defaults
+``LoadedModel.generation_config``) and ``tokenizer.json``. ``load_format="dummy"``
 fills the weights with seeded random values from the config alone (for benchmarks).
 """
 
@@ -31,6 +32,8 @@ LoadFormat = Literal["auto", "safetensors", "dummy"]
 DTypeName = Union[str, torch.dtype]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: generation_config.json keys that are sampling defaults (vLLM's list).
+GENERATION_DEFAULT_KEYS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,10 @@ class LoadedModel:
     eos_token_ids: tuple[int, ...]
     tokenizer: Optional[Any] = None  # tokenizers.Tokenizer when tokenizer.json exists
     tokenizer_config: dict[str, Any] = field(default_factory=dict)
+    # The sampling defaults of generation_config.json (GENERATION_DEFAULT_KEYS present and
+    # not null, by their generation_config names); LLM.get_default_sampling_params uses
+    # them unless the engine's generation_config is "vllm".
+    generation_config: dict[str, Any] = field(default_factory=dict)
 
 
 def resolve_dtype(dtype: DTypeName, device: torch.device) -> torch.dtype:
@@ -108,6 +115,7 @@ def load_model(
         eos_token_ids=read_eos_token_ids(folder, config),
         tokenizer=tokenizer,
         tokenizer_config=tokenizer_config,
+        generation_config=read_generation_defaults(folder),
     )
 
 
@@ -181,6 +189,17 @@ def read_eos_token_ids(folder: Path, config: DecoderConfig) -> tuple[int, ...]:
         if isinstance(eos, list) and eos:
             return tuple(int(token) for token in eos)
     return config.eos_token_ids
+
+
+def read_generation_defaults(folder: Path) -> dict[str, Any]:
+    """The sampling defaults in generation_config.json ({} when it is absent or has none)."""
+    path = folder / "generation_config.json"
+    if not path.exists():
+        return {}
+    generation = read_json(path)
+    if not isinstance(generation, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object")
+    return {key: generation[key] for key in GENERATION_DEFAULT_KEYS if generation.get(key) is not None}
 
 
 def load_tokenizer(folder: Path) -> tuple[Optional[Any], dict[str, Any]]:
