@@ -43,16 +43,6 @@ class ChatTemplate:
         self.special = {name: _token_text(tokenizer_config.get(name))
                         for name in ("bos_token", "eos_token", "pad_token", "unk_token")}
 
-    @classmethod
-    def from_tokenizer_config(cls, tokenizer_config: dict[str, Any]) -> Optional[ChatTemplate]:
-        """The checkpoint's template, or None when it has none. A list of named templates
-        (as some checkpoints have) contributes its "default" one."""
-        source = tokenizer_config.get("chat_template")
-        if isinstance(source, list):
-            named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
-            source = named.get("default")
-        return cls(source, tokenizer_config) if isinstance(source, str) and source else None
-
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
                extra: Optional[dict[str, Any]] = None) -> str:
         """The prompt text. Raises ``ChatTemplateError`` when the template fails."""

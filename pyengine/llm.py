@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 from pyengine.config import EngineConfig
 from pyengine.engine.core import EngineCore
 from pyengine.errors import EngineDeadError, InvalidRequestError
+from pyengine.models.loader import GENERATION_DEFAULT_KEYS
 from pyengine.outputs import EmbeddingRequestOutput, EngineStats, RequestOutput
 from pyengine.prompts import PromptType, is_single_prompt, normalize_prompt
 from pyengine.sampling_params import PoolingParams, SamplingParams
@@ -21,15 +22,8 @@ if TYPE_CHECKING:
     from pyengine.chat_template import ChatTemplate
 
 Conversation = Sequence[Mapping[str, Any]]  # [{"role": "user", "content": "..."}, ...], as OpenAI's
-#: generation_config.json keys that are sampling defaults (vLLM's list), as SamplingParams names them.
-_GENERATION_DEFAULTS = {
-    "repetition_penalty": "repetition_penalty",
-    "temperature": "temperature",
-    "top_k": "top_k",
-    "top_p": "top_p",
-    "min_p": "min_p",
-    "max_new_tokens": "max_tokens",
-}
+#: generation_config.json's sampling defaults (the loader's list), as SamplingParams names them.
+_GENERATION_DEFAULTS = {key: "max_tokens" if key == "max_new_tokens" else key for key in GENERATION_DEFAULT_KEYS}
 _WAIT_SLICE_S = 0.2  # how often the waiting caller refreshes the progress bar
 
 
@@ -103,9 +97,7 @@ class LLM:
         if getattr(self.config, "generation_config", "auto") == "vllm":  # vLLM's spelling for "ignore them"
             return {}
         loaded = getattr(getattr(self.engine, "runner", None), "loaded", None)
-        generation = getattr(loaded, "generation_config", None)
-        if generation is not None and not isinstance(generation, Mapping) and hasattr(generation, "to_dict"):
-            generation = generation.to_dict()
+        generation = getattr(loaded, "generation_config", None)  # a synthetic runner has none
         if not isinstance(generation, Mapping):
             return {}
         return {ours: generation[theirs] for theirs, ours in _GENERATION_DEFAULTS.items()

@@ -188,9 +188,6 @@ class PoolingParams:
         out.validate()
         return out
 
-    def clone(self) -> PoolingParams:
-        return copy(self)
-
     def validate(self) -> None:
         """Raises ``InvalidRequestError`` naming the field out of range."""
         _check(

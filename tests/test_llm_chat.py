@@ -184,7 +184,7 @@ def test_encode_is_embed(llm):
 
 
 def test_default_sampling_params_are_plain_without_generation_defaults(llm):
-    # The loader exposes no generation_config sampling defaults: vLLM's plain SamplingParams().
+    # The tiny checkpoint's generation_config.json has no sampling defaults: vLLM's plain SamplingParams().
     first = llm.get_default_sampling_params()
     assert first == SamplingParams() and first is not llm.get_default_sampling_params()
     first.max_tokens = 2  # a fresh object each call: changing one changes nothing else

@@ -76,7 +76,8 @@ class ExecutorLoop:
 
     def _step(self, plan: Any) -> None:
         t0 = time.perf_counter()
-        started_at = time.time()
+        # Wall time only matters to new sequences (their first-scheduled time).
+        started_at = time.time() if len(plan.new_seq_ids) else 0.0
         try:
             out = self.runner.execute(plan)
             self.sched.submit_result(plan.step_id, out.sampled_token_ids, _result(plan, out, started_at))
@@ -89,7 +90,11 @@ class ExecutorLoop:
         self.step_times.add(time.perf_counter() - t0)
 
 
-def _result(plan: Any, out: StepOutput, started_at: float) -> StepResult:
+def _result(plan: Any, out: StepOutput, started_at: float) -> Optional[StepResult]:
+    """The step's result beyond the sampled ids, or None when it has nothing to carry (a
+    steady decode step): nothing is built or moved through the channel then."""
+    if not (len(plan.new_seq_ids) or out.logprobs is not None or out.pooled is not None or out.row_errors):
+        return None
     pooled = out.pooled.float().cpu().numpy() if out.pooled is not None else None
     return StepResult(
         plan.step_id,
@@ -99,5 +104,5 @@ def _result(plan: Any, out: StepOutput, started_at: float) -> StepResult:
         logprobs=out.logprobs,
         pooled_seq_ids=out.pooled_seq_ids,
         pooled=pooled,
-        row_errors=out.row_errors or None,
+        row_errors=out.row_errors,
     )

@@ -103,7 +103,8 @@ class ModelRunner:
         return_hidden: bool = False,
     ) -> StepOutput:
         """Run one plan (the parameters of its new sequences come in ``plan.new_params``)."""
-        self.batch.take_row_errors()  # a failed step's leftovers are not this step's
+        if self.batch.row_errors:
+            self.batch.take_row_errors()  # a failed step's leftovers are not this step's
         self.batch.apply_plan(plan)
         num_tokens = len(plan.input_ids)
         if num_tokens == 0:

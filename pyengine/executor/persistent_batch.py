@@ -102,8 +102,11 @@ class PersistentBatch:
                 self.row_errors[int(self.seq_ids[row])] = f"its sampling parameters could not be installed: {error!r}"
                 self.sampling.install(one, [INERT_PARAMS])
 
-    def take_row_errors(self) -> dict[int, str]:
-        """Sequences whose own per-row work failed since the last call, with the error."""
+    def take_row_errors(self) -> Optional[dict[int, str]]:
+        """Sequences whose own per-row work failed since the last call, with the error
+        (None when none did: nothing is allocated on the ordinary step)."""
+        if not self.row_errors:
+            return None
         errors, self.row_errors = self.row_errors, {}
         return errors
 

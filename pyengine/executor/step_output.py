@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -44,6 +44,6 @@ class StepOutput:
     pooled_seq_ids: Optional[np.ndarray] = None  # int64 [P]
     #: Sequences whose own per-row work failed in this step (their tokens are meaningless),
     #: with the error; the rest of the step is good.
-    row_errors: dict[int, str] = field(default_factory=dict)
+    row_errors: Optional[dict[int, str]] = None
     logits: Optional[torch.Tensor] = None
     hidden_states: Optional[torch.Tensor] = None

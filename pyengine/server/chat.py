@@ -103,14 +103,13 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     renames = {"logprobs": "top_logprobs", "max_tokens": tokens_param}
     # Field checks first (cheap, and a bad field is the clearer error); the real
     # max_tokens default needs the prompt's length.
-    sampling_params(ctx, body, max_tokens=max_tokens, logprobs=top if body.logprobs else None, renames=renames)
+    params = sampling_params(ctx, body, max_tokens=max_tokens, logprobs=top if body.logprobs else None,
+                             renames=renames)
     prompt_ids = render_prompt(ctx, body.messages, body.add_generation_prompt, body.chat_template_kwargs,
                                body.add_special_tokens)
     check_length(ctx, len(prompt_ids), max_tokens, "messages", tokens_param)
-    if max_tokens is None:
-        max_tokens = default_max_tokens(ctx, [len(prompt_ids)])
-    params = sampling_params(ctx, body, max_tokens=max_tokens, logprobs=top if body.logprobs else None,
-                             renames=renames)
+    if params.max_tokens is None:
+        params.max_tokens = default_max_tokens(ctx, [len(prompt_ids)])
     run = await Generation.start(ctx, request, [prompt_ids], params, ctx.new_id("chatcmpl"))
     if body.stream:
         return _stream(ctx, body, run, top)

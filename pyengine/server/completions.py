@@ -49,14 +49,12 @@ async def create_completion(body: CompletionRequest, request: Request,
         raise bad_request("suffix is not supported", "suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise bad_request("best_of is not supported (it must equal n)", "best_of")
-    sampling_params(ctx, body, max_tokens=body.max_tokens, logprobs=body.logprobs)  # field checks first
+    params = sampling_params(ctx, body, max_tokens=body.max_tokens, logprobs=body.logprobs)  # field checks first
     prompts = tokenize_prompts(ctx, body.prompt, "prompt")
     for _, ids in prompts:
         check_length(ctx, len(ids), body.max_tokens, "prompt")
-    max_tokens = body.max_tokens  # null: what the longest prompt leaves (not the engine's guess)
-    if max_tokens is None:
-        max_tokens = default_max_tokens(ctx, [len(ids) for _, ids in prompts])
-    params = sampling_params(ctx, body, max_tokens=max_tokens, logprobs=body.logprobs)
+    if params.max_tokens is None:  # null: what the longest prompt leaves (not the engine's guess)
+        params.max_tokens = default_max_tokens(ctx, [len(ids) for _, ids in prompts])
     prompt_ids = [ids for _, ids in prompts]
     run = await Generation.start(ctx, request, prompt_ids, params, ctx.new_id("cmpl"))
     echoes = [(text if text is not None else ctx.token_text.decode(ids)) if body.echo else "" for text, ids in prompts]
