@@ -108,3 +108,9 @@ def checkpoint_chat_template(folder: Optional[Path], raw_config_template: Any) -
     if isinstance(source, str) and source:
         return TemplateChoice(source, "tokenizer_config.json")
     return None
+
+
+def is_template_path(value: str) -> bool:
+    """vLLM's rule for "a chat template given as a file or as its text": text with none of
+    ``{``, ``}`` or a newline is a path."""
+    return not any(c in value for c in "{}\n")

@@ -214,7 +214,7 @@ class LLM:
     def _chat_template(self, source: Optional[str]) -> ChatTemplate:
         from jinja2 import TemplateError
 
-        from pyengine.chat_template import ChatTemplate, ChatTemplateError
+        from pyengine.chat_template import ChatTemplate, ChatTemplateError, is_template_path
 
         config = self.engine.tokenizer_config
         if source is None:
@@ -227,8 +227,12 @@ class LLM:
                                           "tokenizer_config.json nor chat_template.jinja): pass chat_template=")
             what = "the checkpoint's chat template"
         else:
-            if "{" not in source and len(source) < 4096 and Path(source).expanduser().is_file():
-                source = Path(source).expanduser().read_text(encoding="utf-8")
+            if is_template_path(source):  # the server's --chat-template rule
+                try:
+                    source = Path(source).expanduser().read_text(encoding="utf-8")
+                except OSError as error:
+                    raise InvalidRequestError(f"chat_template {source!r} looks like a file path, but it cannot "
+                                              f"be read ({error.strerror or error})") from None
             what = "chat_template"
         try:
             template = ChatTemplate(source, config)

@@ -21,10 +21,8 @@ import codecs
 from pathlib import Path
 from typing import Optional
 
-from pyengine.chat_template import TEMPLATE_FILE, TemplateChoice, checkpoint_chat_template  # noqa: F401
+from pyengine.chat_template import TEMPLATE_FILE, TemplateChoice, checkpoint_chat_template, is_template_path  # noqa: F401
 from pyengine.engine_client import EngineClient
-
-_JINJA_CHARS = "{}\n"  # text with none of these is a path, not a template (vLLM's rule)
 
 
 def load_chat_template(value: str) -> str:
@@ -36,7 +34,7 @@ def load_chat_template(value: str) -> str:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, ValueError) as error:
-        if not any(c in value for c in _JINJA_CHARS):
+        if is_template_path(value):
             raise ValueError(f"--chat-template {value!r} looks like a file path, but it cannot be read "
                              f"({error.__class__.__name__}: {getattr(error, 'strerror', None) or error})") from None
         # backslashreplace keeps non-ASCII characters intact through unicode_escape.
