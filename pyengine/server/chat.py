@@ -30,7 +30,9 @@ from pyengine.server.protocol import (
 )
 from pyengine.server.respond import Generation, wants_usage
 from pyengine.server.sampling import check_length, default_max_tokens, sampling_params
+from pyengine.server.structured import refuse_constraints
 from pyengine.server.tokens import TokenText
+from pyengine.server.tools import refuse_tools
 
 router = APIRouter()
 
@@ -95,6 +97,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     ctx.check_model(body.model)
     ctx.check_alive()
     check_messages(body.messages)
+    refuse_tools(body)
+    refuse_constraints(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs = true", "top_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens

@@ -18,6 +18,7 @@ from pyengine.server.protocol import (
 )
 from pyengine.server.respond import Generation, wants_usage
 from pyengine.server.sampling import check_length, default_max_tokens, sampling_params, tokenize_prompts
+from pyengine.server.structured import refuse_constraints
 from pyengine.server.tokens import TokenText
 
 router = APIRouter()
@@ -49,6 +50,7 @@ async def create_completion(body: CompletionRequest, request: Request,
         raise bad_request("suffix is not supported", "suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise bad_request("best_of is not supported (it must equal n)", "best_of")
+    refuse_constraints(body)
     params = sampling_params(ctx, body, max_tokens=body.max_tokens, logprobs=body.logprobs)  # field checks first
     prompts = tokenize_prompts(ctx, body.prompt, "prompt")
     for _, ids in prompts:

@@ -40,6 +40,44 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Request):
+    """``response_format.json_schema``: OpenAI's named schema (``schema`` is the JSON
+    schema itself; ``strict`` asks that outputs match it exactly)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: Text
+    description: Optional[Text] = None
+    json_schema: Optional[dict[str, Any]] = Field(default=None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(_Request):
+    """OpenAI's ``response_format``: ``text``, ``json_object`` or ``json_schema``. The type
+    is checked by the handler (``structured.py``), which names ``response_format.type``."""
+
+    type: Text
+    json_schema: Optional[JsonSchemaFormat] = None
+
+
+class StructuredOutputsRequest(_Request):
+    """vLLM's ``structured_outputs`` extra-body object: one constraint of ``json``,
+    ``regex``, ``choice``, ``grammar`` (llguidance's Lark dialect) or ``json_object``,
+    plus the JSON options."""
+
+    json_: Union[dict[str, Any], Text, None] = Field(default=None, alias="json")
+    regex: Optional[Text] = None
+    choice: Optional[list[Text]] = None
+    grammar: Optional[Text] = None
+    json_object: Optional[bool] = None
+    structural_tag: Optional[Text] = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: Optional[Text] = None
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
 class SamplingFields(_Request):
     """Fields shared by completions and chat completions."""
 
@@ -65,6 +103,16 @@ class SamplingFields(_Request):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     return_token_ids: bool = False  # add prompt_token_ids / token_ids to the choices
+    # Constraints (structured.py): OpenAI's response_format, vLLM's structured_outputs and
+    # its older guided_* spellings.
+    response_format: Optional[ResponseFormat] = None
+    structured_outputs: Optional[StructuredOutputsRequest] = None
+    guided_json: Union[dict[str, Any], Text, None] = None
+    guided_regex: Optional[Text] = None
+    guided_choice: Optional[list[Text]] = None
+    guided_grammar: Optional[Text] = None
+    guided_decoding_backend: Optional[Text] = None
+    guided_whitespace_pattern: Optional[Text] = None
 
 
 Prompt = Union[Text, list[Text], list[NonNegativeInt], list[list[NonNegativeInt]]]
@@ -101,8 +149,42 @@ class ChatMessage(_Request):
         return "".join(part.text or "" for part in self.content)
 
 
+class FunctionDefinition(_Request):
+    name: Text
+    description: Optional[Text] = None
+    parameters: Annotated[Optional[dict[str, Any]], AfterValidator(_utf8)] = None
+    strict: Optional[bool] = None
+
+
+class ChatTool(_Request):
+    """One of ``tools``: a function the model may call (``type`` is checked by the
+    handler, which names ``tools[i].type``)."""
+
+    type: Text = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request):
+    name: Text
+
+
+class NamedToolChoice(_Request):
+    """``tool_choice={"type": "function", "function": {"name": ...}}``: call this one."""
+
+    type: Text = "function"
+    function: NamedFunction
+
+
+ToolChoice = Union[Literal["none", "auto", "required"], NamedToolChoice]
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: Optional[list[ChatTool]] = None
+    tool_choice: Optional[ToolChoice] = None
+    parallel_tool_calls: Optional[bool] = None
+    functions: Optional[list[Any]] = None  # OpenAI's deprecated spelling of tools: refused, named
+    function_call: Optional[Any] = None
     max_tokens: Optional[int] = None
     max_completion_tokens: Optional[int] = None
     logprobs: bool = False
