@@ -52,7 +52,7 @@ from pyengine.outputs import (
     RequestMetrics,
     RequestOutput,
 )
-from pyengine.sampling_params import PoolingParams, SamplingParams
+from pyengine.sampling_params import PoolingParams, SamplingParams, StructuredOutputsParams
 
 # The engine classes import torch; load them on first use so that `import pyengine`
 # stays light for scheduler-only use.
@@ -74,6 +74,7 @@ __all__ = [
     "EngineConfig",
     "SamplingParams",
     "PoolingParams",
+    "StructuredOutputsParams",
     "RequestOutput",
     "CompletionOutput",
     "RequestMetrics",

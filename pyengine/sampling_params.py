@@ -15,6 +15,9 @@ from dataclasses import dataclass, replace
 from typing import Literal, Optional, Union
 
 from pyengine.errors import InvalidRequestError
+from pyengine.structured_outputs import StructuredOutputsParams
+
+__all__ = ["SamplingParams", "PoolingParams", "StructuredOutputsParams", "sample_params"]
 
 _MAX_SEED = 2**63 - 1
 #: Limits on a request's stop conditions (far beyond what any client sends on purpose).
@@ -38,6 +41,8 @@ class SamplingParams:
       that share its batches.
     - ``logprobs``: how many top log-probabilities to return per sampled token (``None`` =
       none; 0 = only the sampled token's).
+    - ``structured_outputs``: a constraint the output must match (JSON schema, regex,
+      choice, grammar): see :class:`StructuredOutputsParams`.
     """
 
     n: int = 1
@@ -58,6 +63,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logprobs: Optional[int] = None
     detokenize: bool = True
+    structured_outputs: Optional[StructuredOutputsParams] = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -130,6 +136,10 @@ class SamplingParams:
         if self.stop_token_ids is not None:
             for token in self.stop_token_ids:
                 _check(isinstance(token, int) and token >= 0, "stop_token_ids", "must hold ids >= 0", token)
+        if self.structured_outputs is not None:
+            _check(isinstance(self.structured_outputs, StructuredOutputsParams), "structured_outputs",
+                   "must be a StructuredOutputsParams", type(self.structured_outputs).__name__)
+            self.structured_outputs.validate()
 
     def checked(self) -> SamplingParams:
         """A validated copy, taken when a request is added: fields may have been set after
@@ -145,6 +155,8 @@ class SamplingParams:
             out.stop = list(self.stop)
         if isinstance(self.stop_token_ids, (list, tuple)):
             out.stop_token_ids = list(self.stop_token_ids)
+        if isinstance(self.structured_outputs, StructuredOutputsParams):
+            out.structured_outputs = self.structured_outputs.clone()
         return out
 
     @property

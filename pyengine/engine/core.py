@@ -118,6 +118,11 @@ class EngineCore:
             )
         pooling = isinstance(params, PoolingParams)
         if isinstance(params, SamplingParams):
+            if params.structured_outputs is not None:
+                raise InvalidRequestError(
+                    "structured_outputs is not supported yet by this engine: the request is refused "
+                    "rather than generated unconstrained"
+                )
             max_tokens = params.max_tokens
             room = self.max_request_tokens - len(prompt_token_ids)
             if max_tokens is None:
