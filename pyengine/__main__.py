@@ -62,23 +62,30 @@ def _simulate(argv: list[str]) -> int:
     return 0
 
 
+def _core(argv: list[str]) -> int:
+    from pyengine.multiprocess.core_main import main as core_main
+
+    return core_main(argv)
+
+
 def _serve(argv: list[str]) -> int:
     from pyengine.server.cli import main as serve_main
 
     return serve_main(argv)
 
 
-COMMANDS = {"generate": _generate, "simulate": _simulate, "serve": _serve}
+COMMANDS = {"generate": _generate, "simulate": _simulate, "serve": _serve, "core": _core}
 SUMMARIES = {
     "generate": "generate for a few prompts on a checkpoint (default: the built-in tiny model)",
     "serve": "an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, ...)",
     "simulate": "the scheduler thread on a random workload with a fake executor",
+    "core": "an engine-core process serving a `pyengine serve` front end on another host (tcp://)",
 }
 
 
 def _usage() -> str:
     lines = [
-        "usage: pyengine [--version] [--help] {generate,serve,simulate} [options]",
+        "usage: pyengine [--version] [--help] {generate,serve,simulate,core} [options]",
         "",
         "commands (without one, options go to `generate`):",
         *(f"  {name:<10} {summary}" for name, summary in SUMMARIES.items()),

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import sys
-import traceback
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from pyengine._sched import THREAD_NAME as SCHED_THREAD_NAME
 from pyengine.config import EngineConfig
 from pyengine.engine.core import EngineCore
 from pyengine.engine.request_state import AnyOutput, OutputKind
@@ -24,6 +21,10 @@ from pyengine.engine_client import EngineClient
 from pyengine.outputs import EmbeddingRequestOutput, EngineHealth, EngineStats, RequestOutput, ThreadStack
 from pyengine.prompts import PromptType, normalize_prompt
 from pyengine.sampling_params import PoolingParams, SamplingParams
+
+# ``MultiprocessEngine``'s own options, which ``AsyncEngine(..., multiprocess=True)`` passes on.
+LINK_OPTIONS = ("transport", "host", "input_port", "output_port", "local_cores", "core_cpus", "start_timeout",
+                "heartbeat_timeout")
 
 
 class _LoopSink:
@@ -51,7 +52,18 @@ class AsyncEngine(EngineClient):
     ``engine`` is the ``EngineCore`` (for tests and offline use; servers use the
     ``EngineClient`` methods only)."""
 
-    def __init__(self, model: Optional[Union[str, Path]] = None, **engine_args: Any) -> None:
+    def __new__(cls, model: Optional[Union[str, Path]] = None, *, multiprocess: bool = False,
+                **engine_args: Any) -> Any:
+        """``multiprocess=True`` builds a ``MultiprocessEngine`` instead (the same
+        ``EngineClient``, engine cores in processes of their own: what ``pyengine serve``
+        runs); ``data_parallel_size`` > 1 needs it."""
+        if multiprocess:
+            link = {k: engine_args.pop(k) for k in LINK_OPTIONS if k in engine_args}
+            return cls.from_config(EngineConfig.from_kwargs(model, **engine_args), multiprocess=True, **link)
+        return super().__new__(cls)
+
+    def __init__(self, model: Optional[Union[str, Path]] = None, *, multiprocess: bool = False,
+                 **engine_args: Any) -> None:
         self.config = EngineConfig.from_kwargs(model, **engine_args)
         self.engine = EngineCore(self.config)
         self._auto_ids = itertools.count()
@@ -64,8 +76,13 @@ class AsyncEngine(EngineClient):
         return engine
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> AsyncEngine:
-        """Builds the engine from an already validated config (the CLI's)."""
+    def from_config(cls, config: EngineConfig, multiprocess: bool = False, **link_options: Any) -> EngineClient:
+        """Builds the engine from an already validated config (the CLI's): in this process,
+        or (``multiprocess``) a ``MultiprocessEngine`` given ``link_options``."""
+        if multiprocess:
+            from pyengine.multiprocess import MultiprocessEngine
+
+            return MultiprocessEngine(config, **link_options)
         return cls.from_engine_core(EngineCore(config))
 
     async def generate(
@@ -172,13 +189,7 @@ class AsyncEngine(EngineClient):
         return self.engine.is_alive  # also False once shut down
 
     def thread_stacks(self) -> list[ThreadStack]:
-        frames = sys._current_frames()
-        out = [ThreadStack(SCHED_THREAD_NAME, "scheduler", native=True)]
-        for role, thread in self.engine.python_threads.items():
-            frame = frames.get(thread.ident) if thread.ident is not None and thread.is_alive() else None
-            stack = traceback.format_stack(frame) if frame is not None else None
-            out.append(ThreadStack(thread.name, role, native=False, native_id=thread.native_id, stack=stack))
-        return out
+        return self.engine.thread_stacks()
 
     def stats(self) -> EngineStats:
         return self.engine.stats()

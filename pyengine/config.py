@@ -45,6 +45,9 @@ class EngineConfig:
     - ``pipeline_depth``: 2 plans step N+1 while N runs (the default); 1 plans, runs and
       updates in turn (for debugging and to measure what the overlap buys).
     - ``scheduling_policy``: "fcfs" or "priority" (lower ``priority`` runs first).
+    - ``data_parallel_size``: engine cores, one process each, behind one multi-process
+      front end (``AsyncEngine(..., multiprocess=True)``, ``pyengine serve``); on CPU each
+      gets its share of the CPUs, on CUDA its own device. An in-process engine takes 1.
 
     Arguments vLLM takes, accepted here with the same meaning (or none, said so):
 
@@ -96,6 +99,7 @@ class EngineConfig:
     task: str = "auto"
     runner: str = "auto"
     generation_config: str = "auto"
+    data_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, requirement: str) -> None:
@@ -106,6 +110,8 @@ class EngineConfig:
         check_executor_settings(self)
         need(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold", "must be >= 0")
         need(self.pipeline_depth in (1, 2), "pipeline_depth", "must be 1 or 2")
+        need(isinstance(self.data_parallel_size, int) and self.data_parallel_size >= 1, "data_parallel_size",
+             "must be an integer >= 1")
         need(self.scheduling_policy in ("fcfs", "priority"), "scheduling_policy", "must be 'fcfs' or 'priority'")
         need(self.task in TASKS, "task", "must be 'auto', 'generate' or 'embed'")
         need(self.runner in RUNNERS, "runner", "must be 'auto', 'generate' or 'pooling'")

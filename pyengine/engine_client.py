@@ -1,9 +1,9 @@
 """``EngineClient``: the one interface between a front end (the HTTP server) and an engine.
 
 The server holds an ``EngineClient`` and nothing else of the engine: no ``EngineCore``,
-no executor, no thread objects. Today ``AsyncEngine`` implements it in-process; the next
-step runs the engine core in its own process behind a second implementation that talks
-over zmq. So everything that crosses this interface is plain data that such a client can
+no executor, no thread objects. ``AsyncEngine`` implements it in-process;
+``pyengine.multiprocess.MultiprocessEngine`` with the engine cores in processes of their
+own, over zmq. So everything that crosses this interface is plain data that such a client can
 serialise (``RequestOutput``, ``EngineStats``, ``EngineHealth``, ``ThreadStack``, ints,
 strings, dicts), and the tokenizer is the front end's own (the design puts tokenization
 and chat templates in the front-end process).
@@ -141,6 +141,14 @@ class EngineClient(ABC):
     @abstractmethod
     def stats(self) -> EngineStats:
         """A snapshot of the engine's figures; ``EngineError`` once it is dead."""
+
+    def engine_health(self) -> list[EngineHealth]:
+        """``health`` of each engine core (several with data parallelism), by engine index."""
+        return [self.health()]
+
+    def engine_stats(self) -> list[EngineStats]:
+        """``stats`` of each engine core, by engine index (``/metrics`` labels them)."""
+        return [self.stats()]
 
     @abstractmethod
     def shutdown(self, timeout: float = 10.0) -> None:

@@ -60,3 +60,20 @@ def test_the_server_reads_only_the_engine_client_api():
             if isinstance(node, ast.Attribute) and _is_engine(node.value) and node.attr not in api:
                 bad.append(f"{path.name}:{node.lineno}: .{node.attr}")
     assert not bad, f"the server reaches past EngineClient: {bad}"
+
+
+def test_the_multiprocess_client_implements_the_interface_without_the_engine():
+    """``MultiprocessEngine`` is the other ``EngineClient``: it defines every abstract
+    method itself, and the front end's modules never import the engine core (that runs in
+    the core process: ``core_process.py`` / ``core_main.py``)."""
+    tree = ast.parse((ROOT / "engine_client.py").read_text())
+    base = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "EngineClient")
+    abstract = {n.name for n in base.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and any(ast.unparse(d) == "abstractmethod" for d in n.decorator_list)}
+    client = ast.parse((ROOT / "multiprocess" / "client.py").read_text())
+    cls = next(n for n in client.body if isinstance(n, ast.ClassDef) and n.name == "MultiprocessEngine")
+    defined = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    assert abstract and abstract <= defined, sorted(abstract - defined)
+    for name in ("client.py", "streams.py", "processes.py", "stats_merge.py", "wire.py"):
+        imported = _imports(ast.parse((ROOT / "multiprocess" / name).read_text()))
+        assert not [m for m in imported if m.startswith("pyengine.engine.") or m == "pyengine.engine"], name

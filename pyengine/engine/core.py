@@ -13,10 +13,12 @@ thread hits an unexpected error) the engine is dead: every waiting caller gets
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
+import traceback
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from pyengine._kernels import release_openmp_workers
 from pyengine._sched import THREAD_NAME as SCHED_THREAD_NAME
@@ -26,9 +28,10 @@ from pyengine.engine.executor_loop import EXEC_THREAD_NAME, ExecutorLoop
 from pyengine.engine.output_loop import OUTPUT_THREAD_NAME, OutputLoop
 from pyengine.engine.request_state import OutputKind, OutputSink, RequestState
 from pyengine.engine.request_table import RequestTable
-from pyengine.errors import DuplicateRequestError, EngineDeadError, InvalidRequestError
+from pyengine.errors import DuplicateRequestError, EngineDeadError, InvalidConfigError, InvalidRequestError
 from pyengine.executor.model_runner import ModelRunner
-from pyengine.outputs import EngineStats
+from pyengine.outputs import EngineStats, ThreadStack
+from pyengine.request_checks import checked_params
 from pyengine.sampling_params import PoolingParams, SamplingParams, sample_params
 from pyengine.text import DecodeTable, TextStream
 
@@ -48,7 +51,15 @@ class EngineCore:
     synthetic executor for benchmarks and tests); by default it is loaded from
     ``config.model``."""
 
-    def __init__(self, config: EngineConfig, runner: Optional[Any] = None) -> None:
+    def __init__(self, config: EngineConfig, runner: Optional[Any] = None,
+                 after_event: Callable[[], None] = lambda: None) -> None:
+        """``after_event`` runs on the output thread after each step's outputs went to
+        their sinks (an engine-core process sends them then, as one message)."""
+        if config.data_parallel_size != 1:
+            raise InvalidConfigError(
+                f"data_parallel_size = {config.data_parallel_size} runs one engine core per process: use "
+                "AsyncEngine(..., multiprocess=True) or `pyengine serve`, not an in-process engine"
+            )
         self.config = config
         self.model_path = resolve_model_path(config) if runner is None else Path("<synthetic>")
         self.runner = runner or ModelRunner.from_pretrained(self.model_path, config.executor_config())
@@ -65,7 +76,7 @@ class EngineCore:
         self.sched = SchedulerThread(config.scheduler_config(self.runner.num_kv_blocks, self.max_model_len))
         self.requests = RequestTable()
         self.executor = ExecutorLoop(self.runner, self.sched, lambda: len(self.requests) > 0)
-        self.output = OutputLoop(self.sched, self.requests, lambda: self.executor.fatal)
+        self.output = OutputLoop(self.sched, self.requests, lambda: self.executor.fatal, after_event)
         self._exec_thread = threading.Thread(target=self.executor.run, name=EXEC_THREAD_NAME, daemon=True)
         self._output_thread = threading.Thread(target=self.output.run, name=OUTPUT_THREAD_NAME, daemon=True)
         self._closed = False
@@ -111,11 +122,8 @@ class EngineCore:
         # An idle OpenMP team on the calling thread (from its own PyTorch work) makes libgomp
         # throttle the executor thread's team; freeing it costs nothing when there is none.
         release_openmp_workers()
-        params = params.checked()  # validated again (fields may be set after construction), and copied
-        if prompt_token_ids and self.vocab_size is not None and max(prompt_token_ids) >= self.vocab_size:
-            raise InvalidRequestError(
-                f"prompt token id {max(prompt_token_ids)} is outside the vocabulary (size {self.vocab_size})"
-            )
+        # Validated again (fields may be set after construction), and copied.
+        params = checked_params(params, prompt_token_ids, self.vocab_size, self.config.max_logprobs)
         pooling = isinstance(params, PoolingParams)
         if isinstance(params, SamplingParams):
             if params.structured_outputs is not None:
@@ -129,15 +137,6 @@ class EngineCore:
                 max_tokens = max(1, room)
             elif fit_to_length and 0 < room < max_tokens:
                 max_tokens = room
-            if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
-                raise InvalidRequestError(
-                    f"logprobs = {params.logprobs} exceeds max_logprobs = {self.config.max_logprobs}"
-                )
-            # Token ids are u32 in the scheduler; the model's vocabulary bounds them further.
-            limit = self.vocab_size if self.vocab_size is not None else 2**32
-            outside = [t for t in params.stop_token_ids or () if t >= limit]
-            if outside:
-                raise InvalidRequestError(f"stop_token_ids holds {outside[0]}, outside the vocabulary (size {limit})")
             stop_ids = list(params.stop_token_ids or [])
             eos = [] if params.ignore_eos else self.eos_token_ids
             request = Request(
@@ -270,6 +269,16 @@ class EngineCore:
     def steps_executed(self) -> int:
         """Executor steps finished so far; it only grows. /health's stall watchdog watches it."""
         return self.executor.step_times.count
+
+    def thread_stacks(self) -> list[ThreadStack]:
+        """The three threads with the Python stacks of the two Python ones, now."""
+        frames = sys._current_frames()
+        out = [ThreadStack(SCHED_THREAD_NAME, "scheduler", native=True)]
+        for role, thread in self.python_threads.items():
+            frame = frames.get(thread.ident) if thread.ident is not None and thread.is_alive() else None
+            stack = traceback.format_stack(frame) if frame is not None else None
+            out.append(ThreadStack(thread.name, role, native=False, native_id=thread.native_id, stack=stack))
+        return out
 
     @property
     def python_threads(self) -> dict[str, threading.Thread]:

@@ -39,8 +39,13 @@ class OutputLoop:
         sched: SchedulerThread,
         requests: RequestTable,
         executor_fatal: Callable[[], Optional[BaseException]],
+        after_event: Callable[[], None] = lambda: None,
     ) -> None:
         self.sched = sched
+        # Called once per event, after every sink got its outputs (and after the final
+        # fail-all): an engine core in its own process sends the step's outputs as one
+        # message then, rather than one message per request.
+        self.after_event = after_event
         self.requests = requests
         self.executor_fatal = executor_fatal
         self.clock = ThreadClock()
@@ -61,6 +66,7 @@ class OutputLoop:
                     event = self.sched.next_output(timeout=0.5)
                 if event is not None:
                     self._handle(event)
+                    self.after_event()
                 elif self.stopping.is_set():
                     self._fail_all(EngineDeadError("the engine was shut down"))
                     break
@@ -76,6 +82,7 @@ class OutputLoop:
             self.fatal = e
             self._fail_all(EngineDeadError(f"the output thread died: {e!r}"))
         finally:
+            self.after_event()  # what the fail-all delivered
             self.clock.stop()
 
     def _handle(self, event) -> None:

@@ -21,7 +21,8 @@ _ENGINE_SKIP = {"model"}
 _TYPES = {"int": int, "float": float, "str": str, "Optional[int]": int, "Optional[float]": float}
 
 
-def _engine_flags(parser: argparse.ArgumentParser) -> list[str]:
+def add_engine_flags(parser: argparse.ArgumentParser) -> list[str]:
+    """EngineConfig's fields as flags (shared with ``pyengine core``); returns their names."""
     group = parser.add_argument_group("engine arguments (EngineConfig)")
     names = []
     for f in dataclasses.fields(EngineConfig):
@@ -70,7 +71,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
                         help="on SIGTERM / SIGINT, seconds in-flight requests may still run before their "
                         "streams are ended with an error event (0: at once; a second signal also ends them)")
     add_limit_flags(parser)  # --max-body-bytes ... --enable-docs, defaults from ServerArgs
-    return parser, _engine_flags(parser)
+    return parser, add_engine_flags(parser)
 
 
 def parse(argv: list[str]) -> tuple[Optional[str], dict[str, Any], ServerArgs]:

@@ -1,0 +1,555 @@
+"""``MultiprocessEngine``: the ``EngineClient`` whose engine cores run in processes of their own.
+
+The front end (this object, in the server's process) tokenizes, sends each request to the
+core with the fewest requests outstanding, and streams back what the cores send: one
+``StepOutputs`` per engine step, read by one receiver thread and handed to each caller's
+event loop with one ``call_soon_threadsafe`` per loop and message. Figures (stats, thread
+stacks) are asked for over the link; health comes from each core's ``Status`` heartbeat
+and, for a core started here, from its process: a core that dies fails its requests in
+flight with ``EngineDeadError`` at once, and from then on the front end is dead
+(``health()``, new requests refused) until it is shut down.
+
+Sockets: the front end binds (ipc:// files in a private temporary folder, or tcp://), the
+cores connect; ``docs/multiprocess.md`` shows how to run cores on other hosts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Optional, Union
+
+import numpy as np
+import zmq
+
+from pyengine.config import EngineConfig
+from pyengine.engine_client import EngineClient
+from pyengine.errors import DuplicateRequestError, EngineDeadError, EngineError, InvalidRequestError
+from pyengine.multiprocess import wire
+from pyengine.multiprocess.core_main import DEFAULT_HEARTBEAT_TIMEOUT_S
+from pyengine.multiprocess.processes import CoreProcess, cpu_shares, device_env
+from pyengine.multiprocess.stats_merge import merge_stats
+from pyengine.multiprocess.streams import AnyOutput, RequestStream, deliver
+from pyengine.outputs import (
+    EmbeddingRequestOutput,
+    EngineHealth,
+    EngineStats,
+    OutputKind,
+    RequestOutput,
+    ThreadStack,
+)
+from pyengine.prompts import PromptType, normalize_prompt
+from pyengine.request_checks import checked_params
+from pyengine.sampling_params import PoolingParams, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL_S = 1.0
+QUERY_TIMEOUT_S = 10.0
+# Text longer than this is tokenized in a worker thread, not on the caller's event loop.
+LONG_TEXT_CHARS = 8192
+_POLL_MS = 100
+
+
+class _CoreState:
+    """What the front end knows of one core."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.process: Optional[CoreProcess] = None  # None for a core on another host
+        self.info: Optional[wire.CoreInfo] = None
+        self.outstanding = 0
+        self.steps = 0
+        self.num_unfinished = 0
+        self.reported_dead: Optional[str] = None  # the core's own word (a thread died)
+        self.dead: Optional[str] = None  # gone: its process exited, or it fell silent
+        self.last_status = time.monotonic()
+
+
+class MultiprocessEngine(EngineClient):
+    """``data_parallel_size`` engine cores in their own processes (see the module docstring).
+
+    - ``transport``: "ipc" (sockets in a private temporary folder) or "tcp" (``host`` and
+      ``input_port`` / ``output_port``; 0 picks free ports).
+    - ``local_cores``: how many cores to start here (default all); the others are started
+      on other hosts with ``pyengine core`` and connect to the tcp addresses.
+    - ``core_cpus``: the CPUs the local cores split among themselves (default: no pinning
+      for one core, this process's CPUs for several).
+    - ``start_timeout``: seconds to wait for every core's ``Ready``.
+    - ``heartbeat_timeout``: a core exits after this long without a word from here; a core
+      on another host is declared dead after this long without a ``Status``."""
+
+    def __init__(self, config: EngineConfig, *, transport: str = "ipc", host: str = "127.0.0.1",
+                 input_port: int = 0, output_port: int = 0, local_cores: Optional[int] = None,
+                 core_cpus: Optional[Sequence[int]] = None, start_timeout: float = 600.0,
+                 heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S) -> None:
+        if transport not in ("ipc", "tcp"):
+            raise EngineError(f"transport must be 'ipc' or 'tcp', got {transport!r}")
+        n = config.data_parallel_size
+        local = n if local_cores is None else local_cores
+        if not 0 <= local <= n or (transport == "ipc" and local != n):
+            raise EngineError(f"local_cores = {local_cores}: between 0 and data_parallel_size = {n}, and all of "
+                              "them with transport='ipc' (cores on other hosts need tcp)")
+        self.config = config
+        self.heartbeat_timeout = heartbeat_timeout
+        self._auto_ids = itertools.count()
+        self._query_ids = itertools.count()
+        self._lock = threading.Lock()  # streams, queries, core states
+        self._send_lock = threading.Lock()  # the ROUTER socket
+        self._streams: dict[str, RequestStream] = {}
+        self._queries: dict[int, tuple[threading.Event, list[wire.Reply]]] = {}
+        self._cores = [_CoreState(i) for i in range(n)]
+        self._closed = False
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._codec = wire.Codec(wire.ToCore)  # used under _send_lock
+        shares = cpu_shares(local, core_cpus) if local else []
+        for i in range(local):
+            device_env(config, i)  # a device setting that cannot work fails here, before any process starts
+        self.ipc_dir = tempfile.mkdtemp(prefix="pyengine-") if transport == "ipc" else None
+        self.context = zmq.Context()
+        try:
+            self._bind(transport, host, input_port, output_port)
+            for i in range(local):
+                self._cores[i].process = CoreProcess(config, i, self._local_address(self.input_address),
+                                                     self._local_address(self.output_address), shares[i],
+                                                     heartbeat_timeout, self.ipc_dir)
+            self._wait_ready(start_timeout)
+        except BaseException:
+            self._abandon()
+            raise
+        info = self._cores[0].info
+        assert info is not None
+        self.info = info
+        self._tokenizer = _tokenizer(info.tokenizer_json)
+        self._token_bytes: Optional[Sequence[bytes]] = None
+        self._start_threads()
+
+    # ---- start-up and the sockets ----
+
+    def _bind(self, transport: str, host: str, input_port: int, output_port: int) -> None:
+        self._commands = self.context.socket(zmq.ROUTER)
+        self._commands.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a core that is gone raises
+        self._commands.setsockopt(zmq.LINGER, 0)
+        self._outputs = self.context.socket(zmq.PULL)
+        self._outputs.setsockopt(zmq.LINGER, 0)
+        if transport == "ipc":
+            self._commands.bind(f"ipc://{self.ipc_dir}/input.sock")
+            self._outputs.bind(f"ipc://{self.ipc_dir}/output.sock")
+        else:
+            self._commands.bind(f"tcp://{host}:{input_port or '*'}")
+            self._outputs.bind(f"tcp://{host}:{output_port or '*'}")
+        self.input_address = self._commands.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.output_address = self._outputs.getsockopt(zmq.LAST_ENDPOINT).decode()
+
+    @staticmethod
+    def _local_address(address: str) -> str:
+        """Where a core on this host connects: a wildcard bind is reached on loopback."""
+        return address.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:").replace("tcp://[::]:", "tcp://[::1]:")
+
+    def _wait_ready(self, timeout: float) -> None:
+        """Every core's ``Ready``; a ``LoadFailed`` (or a core that exits first) raises its error."""
+        codec = wire.Codec(wire.Hello)
+        deadline = time.monotonic() + timeout
+        waiting = {c.index for c in self._cores}
+        exited_at: dict[int, float] = {}
+        while waiting:
+            if self._commands.poll(_POLL_MS):
+                frames = self._commands.recv_multipart(copy=False)
+                hello = codec.decode(frames[1:])
+                if isinstance(hello, wire.LoadFailed):
+                    raise wire.error_from_wire(hello.error_type, f"engine core {hello.engine_index} failed to "
+                                               f"load: {hello.message}")
+                if hello.engine_index not in waiting:
+                    raise EngineError(f"engine core {hello.engine_index} said ready twice, or is not one of the "
+                                      f"{len(self._cores)} cores (check --engine-index)")
+                self._cores[hello.engine_index].info = hello.info
+                waiting.discard(hello.engine_index)
+                continue
+            now = time.monotonic()
+            for core in self._cores:
+                if core.process is not None and core.index in waiting and core.process.exit_status() is not None:
+                    # Its LoadFailed, sent before it exited, may still be on its way.
+                    if now - exited_at.setdefault(core.index, now) > 1.0:
+                        raise EngineError(f"{core.process.describe_exit()} before it was ready (see its log above)")
+            if now > deadline:
+                raise EngineError(f"engine core(s) {sorted(waiting)} not ready within {timeout:.0f}s")
+
+    def _start_threads(self) -> None:
+        targets = [("pyengine-mp-recv", self._receive_forever), ("pyengine-mp-beat", self._heartbeat_forever)]
+        targets += [(f"pyengine-mp-wait{c.index}", lambda c=c: self._watch_process(c))
+                    for c in self._cores if c.process is not None]
+        for name, target in targets:
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _send(self, index: int, message: Any) -> None:
+        frames = [wire.core_identity(index)]
+        with self._send_lock:
+            frames += self._codec.encode(message)
+            self._commands.send_multipart(frames, copy=False)
+
+    # ---- the threads ----
+
+    def _receive_forever(self) -> None:
+        codec = wire.Codec(wire.ToFrontEnd)
+        poller = zmq.Poller()
+        poller.register(self._outputs, zmq.POLLIN)
+        while not self._stopping.is_set():
+            if not poller.poll(_POLL_MS):
+                continue
+            frames = self._outputs.recv_multipart(copy=False)
+            try:
+                message = codec.decode(frames)
+            except Exception:  # noqa: BLE001 - a malformed message is dropped, the link goes on
+                logger.exception("dropped a malformed message from an engine core")
+                continue
+            try:
+                self._dispatch(message)
+            except Exception:  # noqa: BLE001 - the receiver must outlive any one message
+                logger.exception("handling a message from engine core %s failed",
+                                 getattr(message, "engine_index", "?"))
+
+    def _dispatch(self, message: Any) -> None:
+        if isinstance(message, wire.StepOutputs):
+            self._step_outputs(message)
+        elif isinstance(message, wire.Status):
+            with self._lock:
+                core = self._cores[message.engine_index]
+                core.steps, core.num_unfinished = message.steps, message.num_unfinished
+                core.reported_dead, core.last_status = message.dead_reason, time.monotonic()
+        elif isinstance(message, wire.Reply):
+            with self._lock:
+                waiter = self._queries.get(message.query_id)
+            if waiter is not None:
+                waiter[1].append(message)
+                waiter[0].set()
+
+    def _step_outputs(self, message: wire.StepOutputs) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Union[AnyOutput, BaseException]]]] = {}
+        with self._lock:
+            for w in message.outputs:
+                stream = self._streams.get(w.request_id)
+                if stream is None:
+                    continue  # a request this front end already gave up on
+                if w.finished:
+                    self._forget(stream)
+                by_loop.setdefault(stream.loop, []).append((stream, stream.output(w)))
+            for f in message.failures:
+                stream = self._streams.get(f.request_id)
+                if stream is not None:
+                    self._forget(stream)
+                    by_loop.setdefault(stream.loop, []).append((stream, wire.error_from_wire(f.error_type,
+                                                                                             f.message)))
+        _hand_over(by_loop)
+
+    def _forget(self, stream: RequestStream) -> None:
+        """Unregisters a request (call with ``_lock`` held)."""
+        if self._streams.pop(stream.request_id, None) is stream:
+            self._cores[stream.engine_index].outstanding -= 1
+
+    def _heartbeat_forever(self) -> None:
+        while not self._stopping.wait(HEARTBEAT_INTERVAL_S):
+            for core in self._cores:
+                if core.dead is not None:
+                    continue
+                try:
+                    self._send(core.index, wire.Heartbeat())
+                except zmq.ZMQError as error:
+                    if core.process is None:  # a remote core's link is gone; a local one is watched
+                        self._core_died(core, f"engine core {core.index} is unreachable: {error}")
+                if core.process is None and time.monotonic() - core.last_status > self.heartbeat_timeout:
+                    self._core_died(core, f"engine core {core.index} sent no status for "
+                                          f"{self.heartbeat_timeout:.0f}s")
+
+    def _watch_process(self, core: _CoreState) -> None:
+        assert core.process is not None
+        core.process.wait()
+        if not self._closed:
+            self._core_died(core, core.process.describe_exit())
+
+    def _core_died(self, core: _CoreState, reason: str) -> None:
+        """Fails the core's requests in flight and its pending queries; the front end is
+        dead from now on."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Union[AnyOutput, BaseException]]]] = {}
+        with self._lock:
+            if core.dead is not None:
+                return
+            core.dead = reason
+            for stream in [s for s in self._streams.values() if s.engine_index == core.index]:
+                self._forget(stream)
+                by_loop.setdefault(stream.loop, []).append((stream, EngineDeadError(reason)))
+            waiters = list(self._queries.values())
+        logger.error("%s: %d request(s) in flight failed", reason, sum(len(v) for v in by_loop.values()))
+        _hand_over(by_loop)
+        for event, _ in waiters:
+            event.set()  # the asker sees the core dead
+
+    # ---- requests ----
+
+    async def generate(self, prompt: PromptType, sampling_params: Optional[SamplingParams] = None,
+                       request_id: Optional[str] = None, *, output_kind: OutputKind = "cumulative",
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+        async for out in self._stream(prompt, sampling_params or SamplingParams(), request_id, output_kind,
+                                      priority):
+            yield out  # type: ignore[misc]
+
+    async def embed(self, prompt: PromptType, pooling_params: Optional[PoolingParams] = None,
+                    request_id: Optional[str] = None) -> EmbeddingRequestOutput:
+        result = None
+        async for out in self._stream(prompt, pooling_params or PoolingParams(), request_id, "final", 0):
+            result = out
+        if not isinstance(result, EmbeddingRequestOutput):
+            raise EngineError("the engine core returned no embedding for this request")
+        return result
+
+    async def _stream(self, prompt: PromptType, params: Union[SamplingParams, PoolingParams],
+                      request_id: Optional[str], kind: OutputKind, priority: int) -> AsyncIterator[AnyOutput]:
+        self._check_alive()
+        rid = request_id if request_id is not None else f"mp-{next(self._auto_ids)}"
+        text, ids = await self._normalize(prompt)
+        params = checked_params(params, ids, self.vocab_size, self.max_logprobs)
+        pooling = isinstance(params, PoolingParams)
+        if not ids:
+            raise InvalidRequestError("prompt is empty: at least one token is needed")
+        stream = RequestStream(rid, 0, kind, text, ids, pooling)
+        with self._lock:
+            self._check_alive()
+            if rid in self._streams:
+                raise DuplicateRequestError(f"request id {rid!r} is still in use")
+            core = min(self._cores, key=lambda c: c.outstanding)  # the least loaded; the lowest index on ties
+            stream.engine_index = core.index
+            core.outstanding += 1
+            self._streams[rid] = stream
+        message = wire.AddRequest(rid, np.asarray(ids, dtype=np.int64), params, pooling, stream.wire_kind, priority)
+        try:
+            self._send(core.index, message)
+        except zmq.ZMQError as error:
+            with self._lock:
+                self._forget(stream)
+            raise EngineDeadError(f"engine core {core.index} is unreachable: {error}") from None
+        finished = False
+        try:
+            while not finished:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:  # cancelled, or the consumer stopped early
+                self._abort_now(rid)
+
+    async def _normalize(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
+        """(text, ids); a long text is tokenized in a worker thread (the event loop goes on)."""
+        text = prompt if isinstance(prompt, str) else prompt.get("prompt") if isinstance(prompt, dict) else None
+        if isinstance(text, str) and len(text) > LONG_TEXT_CHARS and not (
+                isinstance(prompt, dict) and "prompt_token_ids" in prompt):
+            return await asyncio.to_thread(normalize_prompt, prompt, self.tokenize)
+        return normalize_prompt(prompt, self.tokenize)
+
+    async def abort(self, request_id: str) -> None:
+        self._abort_now(request_id)
+
+    def _abort_now(self, request_id: str) -> None:
+        with self._lock:
+            stream = self._streams.get(request_id)
+        if stream is None or self._closed:
+            return
+        try:
+            self._send(stream.engine_index, wire.Abort([request_id]))
+        except zmq.ZMQError:
+            pass  # the core is gone: its requests were failed already
+
+    # ---- the model and its text ----
+
+    @property
+    def model_path(self) -> str:
+        return self.info.model_path
+
+    @property
+    def max_model_len(self) -> int:
+        return self.info.max_model_len
+
+    @property
+    def max_request_tokens(self) -> int:
+        return self.info.max_request_tokens
+
+    @property
+    def vocab_size(self) -> Optional[int]:
+        if self.info.vocab_size:
+            return self.info.vocab_size
+        return self._tokenizer.get_vocab_size() if self._tokenizer is not None else None
+
+    @property
+    def max_logprobs(self) -> int:
+        return self.info.max_logprobs
+
+    @property
+    def tokenizer_config(self) -> dict[str, Any]:
+        return dict(self.info.tokenizer_config)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def token_bytes(self) -> Optional[Sequence[bytes]]:
+        if self._token_bytes is None and self._tokenizer is not None:
+            from pyengine.text import DecodeTable
+
+            self._token_bytes = getattr(DecodeTable.from_tokenizer(self._tokenizer), "token_bytes", None)
+        return self._token_bytes
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if self._tokenizer is None:
+            raise InvalidRequestError("this checkpoint has no tokenizer.json: pass token ids instead of text")
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        if self._tokenizer is None:
+            return ""
+        return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    # ---- health, figures, lifetime ----
+
+    def _dead_reason(self) -> Optional[str]:
+        if self._closed:
+            return "the engine was shut down"
+        reasons = [c.dead or c.reported_dead for c in self._cores if (c.dead or c.reported_dead)]
+        return "; ".join(reasons) if reasons else None
+
+    def _check_alive(self) -> None:
+        reason = self._dead_reason()
+        if reason is not None:
+            raise EngineDeadError(reason)
+
+    def health(self) -> EngineHealth:
+        """Dead when any core is (its requests failed; the others' go on, but nothing new is
+        taken); steps and pending requests summed over the cores."""
+        with self._lock:
+            return EngineHealth(self._dead_reason(), sum(c.steps for c in self._cores),
+                                sum(c.num_unfinished for c in self._cores))
+
+    def engine_health(self) -> list[EngineHealth]:
+        with self._lock:
+            return [EngineHealth(c.dead or c.reported_dead, c.steps, c.num_unfinished) for c in self._cores]
+
+    def _ask(self, what: str) -> list[wire.Reply]:
+        """Every core's answer to ``what``; ``EngineDeadError`` when one cannot answer."""
+        self._check_alive()
+        query_id = next(self._query_ids)
+        event, replies = threading.Event(), []
+        with self._lock:
+            self._queries[query_id] = (event, replies)
+        try:
+            for core in self._cores:
+                self._send(core.index, wire.Query(query_id, what))
+            deadline = time.monotonic() + QUERY_TIMEOUT_S
+            while len(replies) < len(self._cores):
+                event.wait(max(0.0, deadline - time.monotonic()))
+                event.clear()
+                self._check_alive()
+                if time.monotonic() > deadline and len(replies) < len(self._cores):
+                    raise EngineError(f"engine cores did not answer {what!r} within {QUERY_TIMEOUT_S:.0f}s")
+        except zmq.ZMQError as error:
+            raise EngineDeadError(f"an engine core is unreachable: {error}") from None
+        finally:
+            with self._lock:
+                self._queries.pop(query_id, None)
+        for reply in replies:
+            if reply.error is not None:
+                raise EngineDeadError(f"engine core {reply.engine_index}: {reply.error}")
+        return sorted(replies, key=lambda r: r.engine_index)
+
+    def engine_stats(self) -> list[EngineStats]:
+        return [r.stats for r in self._ask("stats") if r.stats is not None]
+
+    def stats(self) -> EngineStats:
+        return merge_stats(self.engine_stats())
+
+    def thread_stacks(self) -> list[ThreadStack]:
+        return [stack for r in self._ask("stacks") for stack in (r.stacks or [])]
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Tells every core to stop, waits for them (killing one that does not exit within
+        ``timeout``) and reaps them; requests still running fail with ``EngineDeadError``;
+        the threads are joined and the ipc files removed."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + timeout
+        for core in self._cores:
+            if core.dead is None:
+                try:
+                    self._send(core.index, wire.Shutdown(timeout=max(0.1, timeout - 2.0)))
+                except zmq.ZMQError:
+                    pass  # already gone
+        for core in self._cores:
+            if core.process is not None:
+                core.process.stop(deadline - time.monotonic())
+        time.sleep(2 * _POLL_MS / 1000)  # the cores' last messages (failures of what ran) are read
+        self._stopping.set()
+        for thread in self._threads:
+            thread.join(timeout=2.0)
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Union[AnyOutput, BaseException]]]] = {}
+        with self._lock:
+            for stream in list(self._streams.values()):
+                self._forget(stream)
+                by_loop.setdefault(stream.loop, []).append((stream, EngineDeadError("the engine was shut down")))
+        _hand_over(by_loop)
+        self._close_sockets()
+
+    def _abandon(self) -> None:
+        """Start-up failed: kill and reap what was started, close and remove everything."""
+        self._closed = True
+        for core in self._cores:
+            if core.process is not None:
+                core.process.popen.kill()
+                core.process.popen.wait(10.0)
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        for name in ("_commands", "_outputs"):
+            socket = getattr(self, name, None)
+            if socket is not None:
+                socket.close(linger=0)
+        self.context.term()
+        if self.ipc_dir is not None:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+    def __enter__(self) -> MultiprocessEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    async def __aenter__(self) -> MultiprocessEngine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def _hand_over(by_loop: dict[asyncio.AbstractEventLoop, list[Any]]) -> None:
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(deliver, items)
+        except RuntimeError:
+            pass  # the caller's loop is closed: nobody is listening any more
+
+
+def _tokenizer(tokenizer_json: Optional[str]) -> Any:
+    if tokenizer_json is None:
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(tokenizer_json)

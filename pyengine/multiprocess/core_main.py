@@ -1,0 +1,94 @@
+"""``pyengine core``: an engine-core process, started by a front end on this host or by
+hand on another one (``docs/multiprocess.md``).
+
+The front end starts its local cores with ``--config-json`` (its already validated
+``EngineConfig``) and ``--parent-pid``; a core on another host takes the model and the
+engine arguments as ``pyengine serve`` does, and ``--input`` / ``--output`` naming the
+front end's tcp:// addresses. ``--cpus`` pins the process (and its torch threads) to a
+share of the CPUs, before torch is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Any, Optional
+
+DEFAULT_HEARTBEAT_TIMEOUT_S = 10.0
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
+    from pyengine.server.cli import add_engine_flags
+
+    parser = argparse.ArgumentParser(prog="pyengine core",
+                                     description="an engine-core process serving a front end over zmq")
+    parser.add_argument("model", nargs="?", default=None, help="checkpoint folder or hub id (as `pyengine serve`)")
+    parser.add_argument("--input", required=True, metavar="ADDRESS",
+                        help="the front end's command address (tcp://HOST:PORT or ipc://PATH)")
+    parser.add_argument("--output", required=True, metavar="ADDRESS", help="the front end's output address")
+    parser.add_argument("--engine-index", type=int, default=0, help="this core's index among the front end's cores")
+    parser.add_argument("--heartbeat-timeout", type=float, default=DEFAULT_HEARTBEAT_TIMEOUT_S,
+                        help="exit after this many seconds without a word from the front end")
+    parser.add_argument("--cpus", default=None, help="pin to these CPUs (comma-separated ids)")
+    parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--ipc-dir", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--config-json", default=None, help=argparse.SUPPRESS)
+    return parser, add_engine_flags(parser)
+
+
+def pin_cpus(cpus: list[int]) -> None:
+    """This process (threads started later included) on ``cpus``, and torch's intra-op
+    pool sized to them: set before torch is imported, so its OpenMP team starts right."""
+    os.sched_setaffinity(0, cpus)
+    os.environ["OMP_NUM_THREADS"] = str(len(cpus))
+
+
+def config_from(ns: argparse.Namespace, engine_names: list[str]) -> Any:
+    from pyengine.config import EngineConfig
+
+    if ns.config_json is not None:
+        fields = json.loads(ns.config_json)
+        return EngineConfig(**{**fields, "data_parallel_size": 1})
+    kwargs = {name: getattr(ns, name) for name in engine_names if getattr(ns, name) is not None}
+    kwargs["data_parallel_size"] = 1  # the front end's setting; this process is one core
+    return EngineConfig.from_kwargs(ns.model, **kwargs)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser, engine_names = build_parser()
+    ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if ns.cpus:
+        pin_cpus([int(c) for c in ns.cpus.split(",")])
+    logging.basicConfig(level=logging.WARNING, format=f"engine core {ns.engine_index}: %(levelname)s %(message)s")
+    from pyengine.engine.thread_names import name_current_thread
+
+    name_current_thread(f"pyengine-core{ns.engine_index}")
+    if ns.cpus:
+        import torch
+
+        torch.set_num_threads(len(ns.cpus.split(",")))
+    from pyengine.multiprocess import wire
+    from pyengine.multiprocess.core_process import CoreLink, CoreProcess
+
+    try:
+        config = config_from(ns, engine_names)
+    except Exception as error:  # noqa: BLE001 - an argument error is a load failure the front end reports
+        import zmq
+
+        context = zmq.Context()
+        link = CoreLink(context, ns.input, ns.output, ns.engine_index)
+        link.hello(wire.LoadFailed(ns.engine_index, *wire.error_to_wire(error)))
+        link.close()
+        context.term()
+        print(f"pyengine core: {error}", file=sys.stderr)
+        return 2
+    core = CoreProcess(config, ns.input, ns.output, ns.engine_index, ns.parent_pid, ns.heartbeat_timeout,
+                       ns.ipc_dir)
+    return core.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

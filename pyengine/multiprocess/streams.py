@@ -1,0 +1,79 @@
+"""The front end's record of one request in flight on an engine core: where its outputs go
+(an asyncio queue on the caller's loop) and, for a caller who asked for cumulative
+outputs, what the deltas that crossed the link add up to."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Optional, Union
+
+from pyengine.multiprocess import wire
+from pyengine.outputs import (
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    OutputKind,
+    RequestMetrics,
+    RequestOutput,
+)
+
+AnyOutput = Union[RequestOutput, EmbeddingRequestOutput]
+
+
+class RequestStream:
+    """Built on the caller's loop; ``output`` runs on the link's receiver thread."""
+
+    def __init__(self, request_id: str, engine_index: int, kind: OutputKind, prompt: Optional[str],
+                 prompt_token_ids: list[int], pooling: bool) -> None:
+        self.request_id = request_id
+        self.engine_index = engine_index
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[Union[AnyOutput, BaseException]] = asyncio.Queue()
+        self.kind = kind
+        self.prompt = prompt
+        self.prompt_token_ids = prompt_token_ids
+        self.pooling = pooling
+        self._sofar: dict[int, CompletionOutput] = {}  # cumulative: each sample so far
+
+    @property
+    def wire_kind(self) -> str:
+        """What the core sends: deltas (a cumulative caller's are added up here, so the
+        link never carries a request's whole text again each step), or the final output."""
+        return "final" if self.kind == "final" else "delta"
+
+    def output(self, w: wire.WireOutput) -> AnyOutput:
+        metrics = RequestMetrics(*w.metrics) if w.metrics is not None else None
+        if self.pooling:
+            vector = w.embedding.tolist() if w.embedding is not None else []
+            return EmbeddingRequestOutput(self.request_id, self.prompt, self.prompt_token_ids,
+                                          EmbeddingOutput(vector), True, metrics)
+        if self.kind == "cumulative":
+            completions = [self._add(c) for c in w.completions]
+        else:
+            completions = [CompletionOutput(c.index, c.text, c.token_ids, c.cumulative_logprob, c.logprobs,
+                                            c.finish_reason, c.stop_reason) for c in w.completions]
+        assert metrics is not None
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions, w.finished, metrics,
+                             w.num_cached_tokens)
+
+    def _add(self, c: wire.WireCompletion) -> CompletionOutput:
+        acc = self._sofar.get(c.index)
+        if acc is None:
+            acc = self._sofar[c.index] = CompletionOutput(c.index, "", [], logprobs=[] if c.logprobs is not None
+                                                          else None)
+        acc.text += c.text
+        acc.token_ids.extend(c.token_ids)
+        if c.logprobs is not None and acc.logprobs is not None:
+            acc.logprobs.extend(c.logprobs)
+        acc.cumulative_logprob, acc.finish_reason, acc.stop_reason = c.cumulative_logprob, c.finish_reason, \
+            c.stop_reason
+        # A fresh object each time, as an in-process engine's cumulative outputs are.
+        return CompletionOutput(acc.index, acc.text, list(acc.token_ids), acc.cumulative_logprob,
+                                list(acc.logprobs) if acc.logprobs is not None else None, acc.finish_reason,
+                                acc.stop_reason)
+
+
+def deliver(items: list[tuple[RequestStream, Union[AnyOutput, BaseException]]]) -> None:
+    """Runs on one caller loop: every item of one message for that loop, in order."""
+    for stream, item in items:
+        stream.queue.put_nowait(item)

@@ -1,0 +1,274 @@
+"""``MultiprocessEngine``: the engine core in a process of its own, with real processes.
+
+Outputs equal transformers' greedy tokens and the in-process engine's outputs (text,
+logprobs, embeddings, every output kind); a bad request is refused at once; a core that
+fails to load reports its error; a core killed with SIGKILL fails every request in flight
+within seconds and the health says dead; a front end killed with SIGKILL takes its core
+with it within 5 s; nothing is left behind (ipc files, processes). Every wait is bounded
+and every child reaped."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from pyengine import AsyncEngine, SamplingParams
+from pyengine.errors import DuplicateRequestError, EngineDeadError, InvalidRequestError, ModelLoadError
+from pyengine.multiprocess import MultiprocessEngine
+from pyengine.testing.checkpoints import make_tiny_checkpoint
+
+PROMPTS = [[5, 6, 7, 8], [100, 200, 300], [9] * 20, [42, 17, 3, 250, 11, 8]]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("mp") / "qwen3", "qwen3", seed=5)
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoint):
+    eng = AsyncEngine(str(checkpoint), multiprocess=True, max_num_seqs=16, num_kv_blocks=128)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local(checkpoint):
+    eng = AsyncEngine(str(checkpoint), max_num_seqs=16, num_kv_blocks=128)
+    yield eng
+    eng.shutdown()
+
+
+async def _last(engine, prompt, params, kind="cumulative", rid=None):
+    outs = [o async for o in engine.generate(prompt, params, rid, output_kind=kind)]
+    return outs
+
+
+def _wait_until(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not reaped by its parent yet) counts as gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_greedy_tokens_equal_transformers(engine, checkpoint):
+    import transformers
+
+    assert isinstance(engine, MultiprocessEngine)
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+    async def run():
+        return await asyncio.gather(*[_last(engine, p, params) for p in PROMPTS])
+
+    for prompt, outs in zip(PROMPTS, asyncio.run(run())):
+        with torch.inference_mode():
+            ref = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt):]
+        # transformers stops at EOS, the engine (ignore_eos) goes on: equal up to there.
+        assert ref.numel() > 0 and outs[-1].outputs[0].token_ids[:ref.numel()] == ref.tolist()
+        assert outs[-1].prompt_token_ids == prompt and outs[-1].finished
+
+
+@pytest.mark.parametrize("kind", ["cumulative", "delta", "final"])
+def test_outputs_equal_the_in_process_engine(engine, local, kind):
+    params = SamplingParams(temperature=0.8, seed=11, n=2, max_tokens=10, logprobs=3, ignore_eos=True)
+    prompt = "The three threads of an inference engine"
+    mp = asyncio.run(_last(engine, prompt, params, kind))
+    ip = asyncio.run(_last(local, prompt, params, kind))
+    assert len(mp) == len(ip)
+    for a, b in zip(mp, ip):
+        assert a.prompt == b.prompt and a.prompt_token_ids == b.prompt_token_ids and a.finished == b.finished
+        for x, y in zip(a.outputs, b.outputs):
+            assert (x.index, x.text, x.token_ids, x.finish_reason) == (y.index, y.text, y.token_ids, y.finish_reason)
+            assert x.cumulative_logprob == pytest.approx(y.cumulative_logprob)
+            assert [sorted(d) for d in x.logprobs] == [sorted(d) for d in y.logprobs]
+
+
+def test_stop_strings_and_embeddings_equal_the_in_process_engine(engine, local):
+    params = SamplingParams(temperature=0.0, max_tokens=30, stop=[" the", "e"], include_stop_str_in_output=True)
+    mp = asyncio.run(_last(engine, "Hello there", params))[-1].outputs[0]
+    ip = asyncio.run(_last(local, "Hello there", params))[-1].outputs[0]
+    assert (mp.text, mp.token_ids, mp.finish_reason, mp.stop_reason) == \
+        (ip.text, ip.token_ids, ip.finish_reason, ip.stop_reason)
+    a = asyncio.run(engine.embed([5, 6, 7]))
+    b = asyncio.run(local.embed([5, 6, 7]))
+    assert a.outputs.embedding == b.outputs.embedding and a.prompt_token_ids == [5, 6, 7]
+
+
+def test_bad_requests_are_refused_at_once_and_harm_no_one(engine):
+    async def run():
+        with pytest.raises(InvalidRequestError, match="logprobs"):
+            await _last(engine, [1, 2], SamplingParams(logprobs=10_000))
+        with pytest.raises(InvalidRequestError, match="vocabulary"):
+            await _last(engine, [10**6], SamplingParams())
+        with pytest.raises(InvalidRequestError, match="max_model_len"):  # the core's scheduler refuses it
+            await _last(engine, [1] * 10, SamplingParams(max_tokens=10**7))
+        gen = engine.generate([1, 2, 3], SamplingParams(max_tokens=200, ignore_eos=True), "same")
+        first = await gen.__anext__()
+        with pytest.raises(DuplicateRequestError):
+            await _last(engine, [1, 2], SamplingParams(), rid="same")
+        await engine.abort("same")
+        outs = [first] + [o async for o in gen]
+        assert outs[-1].outputs[0].finish_reason == "abort"
+        return await _last(engine, [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True))
+
+    assert len(asyncio.run(run())[-1].outputs[0].token_ids) == 3
+    assert engine.health().alive
+
+
+def test_stats_stacks_and_health_cross_the_link(engine):
+    asyncio.run(_last(engine, [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True)))
+    stats = engine.stats()
+    assert stats.steps > 0 and stats.generated_tokens > 0 and "pyengine-exec" in stats.threads
+    assert [s.role for s in engine.thread_stacks()] == ["scheduler", "executor", "output"]
+    assert _wait_until(lambda: engine.health().steps >= stats.steps, 5.0)
+    assert len(engine.engine_health()) == 1 and len(engine.engine_stats()) == 1
+
+
+def test_a_core_that_fails_to_load_reports_its_error(tmp_path, monkeypatch):
+    import tempfile
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"architectures": ["NoSuchForCausalLM"], "model_type": "nope"}))
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))  # where the ipc folder goes
+    with pytest.raises(ModelLoadError, match="engine core 0 failed to load.*NoSuchForCausalLM"):
+        AsyncEngine(str(bad), multiprocess=True, start_timeout=60)
+    assert not list(private.iterdir())  # its ipc folder is gone
+
+
+def test_a_killed_core_fails_every_request_in_flight(checkpoint):
+    eng = MultiprocessEngine(_config(checkpoint))
+    ipc_dir = eng.ipc_dir
+    pid = eng.info.pid
+    try:
+        async def run():
+            params = SamplingParams(max_tokens=100_000 // 200, ignore_eos=True)
+            streams = [asyncio.ensure_future(_last(eng, [i + 1, 2, 3], params)) for i in range(16)]
+            while eng.health().steps < 2:
+                await asyncio.sleep(0.02)
+            os.kill(pid, signal.SIGKILL)
+            killed = time.monotonic()
+            results = await asyncio.wait_for(asyncio.gather(*streams, return_exceptions=True), 10)
+            return results, time.monotonic() - killed
+
+        results, took = asyncio.run(run())
+        assert all(isinstance(r, EngineDeadError) for r in results), results
+        assert "SIGKILL" in str(results[0]) and took < 5
+        assert not eng.health().alive and "SIGKILL" in eng.health().dead_reason
+        with pytest.raises(EngineDeadError):
+            asyncio.run(_last(eng, [1], SamplingParams()))
+        with pytest.raises(EngineDeadError):
+            eng.stats()
+    finally:
+        eng.shutdown()
+    assert not Path(ipc_dir).exists()
+
+
+FRONT_END = """
+import json, sys, time
+from pyengine.multiprocess import MultiprocessEngine
+from pyengine.config import EngineConfig
+eng = MultiprocessEngine(EngineConfig(model=sys.argv[1], num_kv_blocks=64, max_num_seqs=8))
+print(json.dumps({"pid": eng.info.pid, "ipc_dir": eng.ipc_dir}), flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_killed_front_end_takes_its_core_with_it(checkpoint):
+    front = subprocess.Popen([sys.executable, "-c", FRONT_END, str(checkpoint)], stdout=subprocess.PIPE, text=True)
+    core_pid = None
+    try:
+        line = front.stdout.readline()  # bounded: the front end times out its own start-up
+        started = json.loads(line)
+        core_pid, ipc_dir = started["pid"], started["ipc_dir"]
+        assert _pid_alive(core_pid) and Path(ipc_dir).exists()
+        front.kill()
+        front.wait(10)
+        assert _wait_until(lambda: not _pid_alive(core_pid), 5.0), "the core outlived its front end"
+        assert _wait_until(lambda: not Path(ipc_dir).exists(), 2.0), "the ipc files were left behind"
+    finally:
+        if front.poll() is None:
+            front.kill()
+            front.wait(10)
+        if core_pid is not None and _pid_alive(core_pid):
+            os.kill(core_pid, signal.SIGKILL)
+
+
+def test_a_core_on_another_host_over_tcp(checkpoint):
+    """A front end with no local core; the core started by hand (`pyengine core`), as on
+    another host, over loopback tcp. Its death is seen from its silence."""
+    eng_box: dict = {}
+    core = None
+    try:
+        import threading
+
+        cfg = _config(checkpoint)
+        from pyengine.multiprocess.client import MultiprocessEngine as MP
+
+        ports = _free_ports(2)
+        t = threading.Thread(target=lambda: eng_box.update(eng=MP(cfg, transport="tcp", input_port=ports[0],
+                                                                  output_port=ports[1], local_cores=0,
+                                                                  start_timeout=60, heartbeat_timeout=2.0)),
+                             daemon=True)
+        t.start()
+        core = subprocess.Popen([sys.executable, "-m", "pyengine", "core", str(checkpoint), "--num-kv-blocks", "64",
+                                 "--max-num-seqs", "8", "--input", f"tcp://127.0.0.1:{ports[0]}",
+                                 "--output", f"tcp://127.0.0.1:{ports[1]}", "--heartbeat-timeout", "3"])
+        t.join(90)
+        eng = eng_box["eng"]
+        outs = asyncio.run(_last(eng, [1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True)))
+        assert len(outs[-1].outputs[0].token_ids) == 5
+        core.send_signal(signal.SIGSTOP)  # silent, not gone: only the missing heartbeats tell
+        assert _wait_until(lambda: not eng.health().alive, 6.0)
+        assert "no status" in eng.health().dead_reason
+    finally:
+        if "eng" in eng_box:
+            eng_box["eng"].shutdown(timeout=2)
+        if core is not None:
+            core.kill()
+            core.wait(10)
+
+
+def _config(checkpoint):
+    from pyengine.config import EngineConfig
+
+    return EngineConfig(model=str(checkpoint), num_kv_blocks=64, max_num_seqs=8)
+
+
+def _free_ports(n: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
