@@ -39,6 +39,15 @@ def test_every_sampling_params_field_crosses_the_link():
     assert back == params
     for f in dataclasses.fields(SamplingParams):  # field by field, so a failure names it
         assert getattr(back, f.name) == getattr(params, f.name), f.name
+    from pyengine.structured_outputs import StructuredOutputsParams
+
+    for constraint in (StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "integer"}}},
+                                               disable_any_whitespace=True),
+                       StructuredOutputsParams(choice=["yes", "no"]), StructuredOutputsParams(regex="a+")):
+        nested = SamplingParams(structured_outputs=constraint)
+        got, _ = _cross(wire.AddRequest("s", np.arange(2), nested, False, "delta"))
+        back = wire.params_from_builtins(SamplingParams, got.params)
+        assert back == nested and isinstance(back.structured_outputs, StructuredOutputsParams)
     pooling = PoolingParams(pooling_type="mean", normalize=False)
     got, _ = _cross(wire.AddRequest("e", np.arange(3), pooling, True, "final"))
     assert wire.params_from_builtins(PoolingParams, got.params) == pooling
