@@ -59,6 +59,29 @@ class ChatTemplate:
                 from error
 
 
+def template_tool_calls(tool_calls: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant turn's tool calls as templates expect them: each call's ``arguments``
+    (JSON text in OpenAI's API) parsed into a dict, as vLLM and transformers pass them (the
+    Qwen and Llama templates write ``arguments | tojson``, which would quote text twice).
+    ``where`` names the calls in errors (``messages[2].tool_calls``)."""
+    if not isinstance(tool_calls, (list, tuple)):
+        raise InvalidRequestError(f"{where} must be a list of tool calls")
+    out = []
+    for j, call in enumerate(tool_calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise InvalidRequestError(f"{where}[{j}] must be a tool call "
+                                      "({'type': 'function', 'function': {'name': ..., 'arguments': ...}})")
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError as error:
+                raise InvalidRequestError(f"{where}[{j}].function.arguments is not valid JSON: {error}") from None
+        out.append({**call, "function": {**function, "arguments": arguments}})
+    return out
+
+
 def _tojson(value: Any, ensure_ascii: bool = False, indent: Optional[int] = None,
             separators: Optional[tuple[str, str]] = None, sort_keys: bool = False) -> str:
     """JSON as templates expect it (as transformers renders them): text kept as it is, not

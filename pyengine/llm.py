@@ -321,7 +321,10 @@ def _conversations(messages: Any) -> list[Conversation]:
 
 def _chat_messages(conversation: Any, keep_parts: bool, index: int, count: int) -> list[dict[str, Any]]:
     """The conversation as the template sees it: plain dicts, text content (a list of text
-    parts joined with newlines unless ``keep_parts``)."""
+    parts joined with newlines unless ``keep_parts``), tool calls' JSON-text arguments
+    parsed (as the server passes them: ``template_tool_calls``)."""
+    from pyengine.chat_template import template_tool_calls
+
     where = "messages" if count == 1 else f"messages[{index}]"
     if isinstance(conversation, (str, bytes, Mapping)) or not isinstance(conversation, Sequence):
         raise InvalidRequestError(f"{where} must be a list of {{'role', 'content'}} dicts, "
@@ -343,6 +346,8 @@ def _chat_messages(conversation: Any, keep_parts: bool, index: int, count: int) 
             message["content"] = parts if keep_parts else "\n".join(p["text"] for p in parts)
         elif content is not None and not isinstance(content, str):
             raise InvalidRequestError(f"{where}[{i}].content must be a string or a list of text parts")
+        if message.get("tool_calls"):
+            message["tool_calls"] = template_tool_calls(message["tool_calls"], f"{where}[{i}].tool_calls")
         out.append(message)
     return out
 

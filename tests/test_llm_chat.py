@@ -202,3 +202,40 @@ def test_default_sampling_params_use_generation_config_defaults_when_the_loader_
     assert llm.get_default_sampling_params() == SamplingParams(temperature=0.6, top_p=0.95, top_k=20, max_tokens=64)
     llm.config = SimpleNamespace(generation_config="vllm")  # vLLM's "ignore the checkpoint's defaults"
     assert llm.get_default_sampling_params() == SamplingParams()
+
+
+# A template that writes an assistant turn's tool calls and a tool turn's call id.
+CALLS_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function.name }} {{ c.function.arguments | tojson }}"
+    "</tool_call>{% endfor %}{{ m['content'] or '' }}"
+    "{% if m.tool_call_id is defined %} ({{ m.tool_call_id }}){% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CALL_HISTORY = [
+    {"role": "user", "content": "Weather?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+]
+
+
+def test_tool_turns_reach_the_template_with_their_arguments_parsed(llm, reference):
+    out = llm.chat(CALL_HISTORY, GREEDY, use_tqdm=False, chat_template=CALLS_TEMPLATE, tools=TOOLS)
+    # transformers gets the arguments as a dict (what templates expect, and vLLM passes).
+    expected = json.loads(json.dumps(CALL_HISTORY))
+    expected[1]["tool_calls"][0]["function"]["arguments"] = {"city": "Paris"}
+    assert out[0].prompt_token_ids == hf_ids(reference, expected, chat_template=CALLS_TEMPLATE, tools=TOOLS,
+                                             add_generation_prompt=True)
+    assert '<tool_call>get_weather {"city": "Paris"}</tool_call>' in out[0].prompt
+    assert "(call_1)" in out[0].prompt
+
+
+def test_tool_calls_with_arguments_that_are_not_json_are_refused(llm):
+    bad = json.loads(json.dumps(CALL_HISTORY))
+    bad[1]["tool_calls"][0]["function"]["arguments"] = "{city"
+    with pytest.raises(InvalidRequestError, match=r"messages\[1\]\.tool_calls\[0\]\.function\.arguments"):
+        llm.chat(bad, GREEDY, use_tqdm=False, chat_template=CALLS_TEMPLATE)
+    bad[1]["tool_calls"] = [{"type": "function"}]
+    with pytest.raises(InvalidRequestError, match=r"messages\[1\]\.tool_calls\[0\]"):
+        llm.chat(bad, GREEDY, use_tqdm=False, chat_template=CALLS_TEMPLATE)

@@ -103,11 +103,13 @@ def test_two_constraints_at_once_are_refused(client):
     assert error.code == "conflicting_constraints"
 
 
-def test_tools_are_refused_naming_the_field(client):
+def test_tools_the_server_cannot_serve_are_refused_naming_tool_choice(client):
+    # Without --enable-auto-tool-choice, "auto" (the default with tools) is refused; "required"
+    # and a named function need constrained generation.
     for choice in (None, "auto", "required", {"type": "function", "function": {"name": "get_weather"}}):
         kwargs = {} if choice is None else {"tool_choice": choice}
         refused(lambda kwargs=kwargs: client.chat.completions.create(model="m", messages=USER, max_tokens=4,
-                                                                     tools=TOOLS, **kwargs), "tools")
+                                                                     tools=TOOLS, **kwargs), "tool_choice")
 
 
 def test_tool_choice_without_tools_is_refused(client):

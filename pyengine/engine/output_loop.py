@@ -146,6 +146,9 @@ class OutputLoop:
         tokens = event.token_ids.tolist()
         self.generated_tokens += len(tokens)
         index_of = result.logprob_rows() if result is not None else None
+        # The sequences a token (EOS, stop_token_ids) ends in this step, and that token.
+        stopped_by = dict(zip(event.finished_seq_ids.tolist(), event.stop_token_ids.tolist())) \
+            if event.finished_seq_ids.size else {}
         for seq, token in zip(seq_ids, tokens):
             entry = self.requests.seq(seq)
             if entry is None:
@@ -158,7 +161,7 @@ class OutputLoop:
                 logprobs = None
                 if index_of is not None and sample.logprobs is not None and seq in index_of:
                     logprobs = _logprob_dict(result.logprobs, index_of[seq], token)
-                stop = state.add_token(sample, token, logprobs)
+                stop = state.add_token(sample, token, logprobs, stops=stopped_by.get(seq) == token)
                 if stop is not None:
                     state.finish_sample(sample, "stop", stop)
                     self.sched.finish(seq, "stop")

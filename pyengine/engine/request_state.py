@@ -96,8 +96,16 @@ class RequestState:
     def finished(self) -> bool:
         return self.unfinished == 0
 
-    def add_token(self, sample: SampleState, token: int, logprobs: Optional[dict[int, float]]) -> Optional[str]:
-        """Appends a sampled token; returns the stop string it completed, if any."""
+    @property
+    def _keeps_stop_text(self) -> bool:
+        return isinstance(self.params, SamplingParams) and self.params.include_stop_str_in_output
+
+    def add_token(self, sample: SampleState, token: int, logprobs: Optional[dict[int, float]],
+                  stops: bool = False) -> Optional[str]:
+        """Appends a sampled token; returns the stop string it completed, if any. ``stops``:
+        the token ended the sequence (EOS or a stop token id); as in vLLM its text is left
+        out of the output (kept with ``include_stop_str_in_output``), so that with
+        ``skip_special_tokens=False`` an answer does not end in ``<|im_end|>``."""
         now = time.time()
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = now
@@ -106,7 +114,7 @@ class RequestState:
         if logprobs is not None and sample.logprobs is not None:
             sample.logprobs.append(logprobs)
             sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + logprobs.get(token, 0.0)
-        if sample.stream is None:
+        if sample.stream is None or (stops and not self._keeps_stop_text):
             return None
         delta = sample.stream.add((token,))
         if delta.text:
@@ -121,7 +129,10 @@ class RequestState:
         if sample.stream is not None:
             sample.text += sample.stream.finish()
         elif isinstance(self.params, SamplingParams) and self.params.detokenize:
-            sample.text = self._decode_text(sample.token_ids, self.params.skip_special_tokens)
+            # A stop token's own text is left out, as add_token leaves it out of a stream.
+            ids = sample.token_ids[:-1] if isinstance(stop_reason, int) and not self._keeps_stop_text \
+                else sample.token_ids
+            sample.text = self._decode_text(ids, self.params.skip_special_tokens)
         self.unfinished -= 1
         if self.unfinished == 0:
             self.metrics.finished_time = time.time()

@@ -52,6 +52,13 @@ class ServerArgs:
       (each one is an engine request). The default is OpenAI's limit on embedding inputs.
     - ``enable_docs``: serve ``/docs``, ``/redoc``, ``/openapi.json`` (off: they describe
       the server to anyone; on, they sit behind the API key like ``/v1/*``).
+
+    Tool calling (``tools.py``; vLLM's flags):
+
+    - ``tool_call_parser``: the format tool calls are parsed from (a name of
+      ``pyengine.server.tool_parsers.TOOL_PARSERS``: ``hermes``, ``llama3_json``).
+    - ``enable_auto_tool_choice``: serve ``tool_choice="auto"`` (needs ``tool_call_parser``);
+      without it a request that offers tools with ``auto`` (the default) is a 400.
     """
 
     model_name: str = "pyengine"
@@ -76,6 +83,8 @@ class ServerArgs:
     max_concurrent_requests: int = 1024
     max_prompts_per_request: int = 2048
     enable_docs: bool = False
+    tool_call_parser: Optional[str] = None
+    enable_auto_tool_choice: bool = False
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -104,6 +113,18 @@ class ServerArgs:
                                      f"got {self.uvicorn_log_level!r}")
         if self.log_format not in ("console", "json"):
             raise InvalidConfigError(f"log_format must be 'console' or 'json', got {self.log_format!r}")
+        _check_tool_args(self)
+
+
+def _check_tool_args(args: ServerArgs) -> None:
+    from pyengine.server.tool_parsers import TOOL_PARSERS
+
+    if args.tool_call_parser is not None and args.tool_call_parser not in TOOL_PARSERS:
+        raise InvalidConfigError(f"tool_call_parser must be one of {', '.join(TOOL_PARSERS)}, "
+                                 f"got {args.tool_call_parser!r}")
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise InvalidConfigError("enable_auto_tool_choice needs tool_call_parser (--tool-call-parser): the format "
+                                 "to parse tool calls from")
 
 
 # (field, help) of the flags ``add_limit_flags`` adds; type and default come from ServerArgs.
@@ -134,3 +155,20 @@ def add_limit_flags(parser: argparse.ArgumentParser) -> None:
 def limit_kwargs(namespace: argparse.Namespace) -> dict[str, Any]:
     """The parsed limit flags, as ``ServerArgs`` keyword arguments."""
     return {name: getattr(namespace, name) for name, _ in LIMIT_FLAGS}
+
+
+def add_tool_flags(parser: argparse.ArgumentParser) -> None:
+    """``--tool-call-parser NAME`` and ``--enable-auto-tool-choice``, as vLLM spells them."""
+    from pyengine.server.tool_parsers import TOOL_PARSERS
+
+    group = parser.add_argument_group("tool calling")
+    group.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS), default=None,
+                       help="the format tool calls are parsed from (hermes: Hermes / Qwen <tool_call> tags; "
+                       "llama3_json: Llama 3 JSON)")
+    group.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help='serve tool_choice="auto": tool calls parsed out of the text (needs --tool-call-parser)')
+
+
+def tool_kwargs(namespace: argparse.Namespace) -> dict[str, Any]:
+    return {"tool_call_parser": namespace.tool_call_parser,
+            "enable_auto_tool_choice": namespace.enable_auto_tool_choice}

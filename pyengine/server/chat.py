@@ -1,5 +1,6 @@
 """``POST /v1/chat/completions``: messages rendered with the checkpoint's chat template,
-then generated like a completion; streamed as role / content deltas or returned whole.
+then generated like a completion; streamed as role / content / tool-call deltas or
+returned whole. Tools: ``tools.py``.
 
 Roles are OpenAI's; special tokens a client types stay text (``chat_text.py``); without
 ``max_tokens`` a chat may generate up to what one request can hold, not a 400."""
@@ -25,14 +26,21 @@ from pyengine.server.protocol import (
     ChatLogprobToken,
     ChatLogprobTop,
     ChatMessage,
-    ChatResponseMessage,
     ChatStreamChoice,
 )
 from pyengine.server.respond import Generation, wants_usage
 from pyengine.server.sampling import check_length, default_max_tokens, sampling_params
 from pyengine.server.structured import refuse_constraints
 from pyengine.server.tokens import TokenText
-from pyengine.server.tools import refuse_tools
+from pyengine.server.tools import (
+    StreamedToolCalls,
+    ToolPlan,
+    check_history,
+    template_calls,
+    tool_finish_reason,
+    tool_plan,
+    whole_message,
+)
 
 router = APIRouter()
 
@@ -74,9 +82,11 @@ def check_messages(messages: list[ChatMessage]) -> None:
 
 
 def render_prompt(ctx: ServerContext, messages: list[ChatMessage], add_generation_prompt: bool,
-                  template_kwargs: Optional[dict[str, Any]] = None, add_special_tokens: bool = False) -> list[int]:
+                  template_kwargs: Optional[dict[str, Any]] = None, add_special_tokens: bool = False,
+                  tools: Optional[list[dict[str, Any]]] = None) -> list[int]:
     """The chat's prompt token ids (a 400 when there is no chat template). Only the
-    template's own special tokens become control tokens (``chat_text.py``)."""
+    template's own special tokens become control tokens (``chat_text.py``). ``tools``
+    reach the template as ``tools`` (None: no tools, as transformers passes it)."""
     if ctx.chat_template is None:
         raise bad_request("this model has no chat template (no chat_template.jinja or chat_template in "
                           "tokenizer_config.json); start the server with --chat-template, or use "
@@ -84,11 +94,23 @@ def render_prompt(ctx: ServerContext, messages: list[ChatMessage], add_generatio
     if ctx.chat_tokenizer is None:
         raise bad_request("this model has no tokenizer; use /v1/completions with token ids", "messages")
     escapes = ctx.chat_tokenizer.session()
-    rendered = [{"role": m.role, "content": escapes.escape(m.text()),
-                 **({"name": escapes.escape(m.name)} if m.name else {})}
-                for m in messages]
-    text = ctx.chat_template.render(rendered, add_generation_prompt, escapes.escape(template_kwargs))
+    rendered = [_template_message(m, i) for i, m in enumerate(messages)]
+    extra = {"tools": tools, **(template_kwargs or {})}  # as vLLM merges them: the client's kwargs win
+    text = ctx.chat_template.render(escapes.escape(rendered), add_generation_prompt, escapes.escape(extra))
     return escapes.encode(text, add_special_tokens)
+
+
+def _template_message(message: ChatMessage, i: int) -> dict[str, Any]:
+    """A message as templates read it (transformers' keys): role, text content, and
+    ``name``, ``tool_calls`` (arguments parsed), ``tool_call_id`` when given."""
+    out: dict[str, Any] = {"role": message.role, "content": message.text()}
+    if message.name:
+        out["name"] = message.name
+    if message.tool_calls:
+        out["tool_calls"] = template_calls(message, i)
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -97,7 +119,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     ctx.check_model(body.model)
     ctx.check_alive()
     check_messages(body.messages)
-    refuse_tools(body)
+    check_history(body.messages)
+    plan = tool_plan(body, ctx.args.tool_call_parser, ctx.args.enable_auto_tool_choice)
     refuse_constraints(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs = true", "top_logprobs")
@@ -109,44 +132,62 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     # max_tokens default needs the prompt's length.
     params = sampling_params(ctx, body, max_tokens=max_tokens, logprobs=top if body.logprobs else None,
                              renames=renames)
+    if plan.keeps_special_tokens:
+        params.skip_special_tokens = False  # the tool-call tags may be special tokens (as vLLM does)
     prompt_ids = render_prompt(ctx, body.messages, body.add_generation_prompt, body.chat_template_kwargs,
-                               body.add_special_tokens)
+                               body.add_special_tokens, plan.tools)
     check_length(ctx, len(prompt_ids), max_tokens, "messages", tokens_param)
     if params.max_tokens is None:
         params.max_tokens = default_max_tokens(ctx, [len(prompt_ids)])
     run = await Generation.start(ctx, request, [prompt_ids], params, ctx.new_id("chatcmpl"))
     if body.stream:
-        return _stream(ctx, body, run, top)
+        return _stream(ctx, body, run, top, plan)
     gone = await run.collect()
     if gone is not None:
         return gone
-    choices = [
-        ChatChoice(
-            index=c.index, message=ChatResponseMessage(content=c.text),
+    choices = []
+    for c in run.tracker.choices:
+        message, finish_reason = whole_message(plan, c.text, c.finish_reason)
+        choices.append(ChatChoice(
+            index=c.index, message=message,
             logprobs=chat_logprobs(ctx.token_text, c.token_ids, c.logprobs, top) if body.logprobs else None,
-            finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+            finish_reason=finish_reason, stop_reason=c.stop_reason,
             token_ids=c.token_ids if body.return_token_ids else None,
-        )
-        for c in run.tracker.choices
-    ]
+        ))
     response = ChatCompletionResponse(id=run.gen.request_id, model=ctx.args.model_name, choices=choices,
                                       usage=run.tracker.usage(),
                                       prompt_token_ids=prompt_ids if body.return_token_ids else None)
     return JSONResponse(response.model_dump())
 
 
-def _stream(ctx: ServerContext, body: ChatCompletionRequest, run: Generation, top: int) -> StreamingResponse:
-    """Role chunks first (one per choice), then content deltas."""
+def _stream(ctx: ServerContext, body: ChatCompletionRequest, run: Generation, top: int,
+            plan: ToolPlan) -> StreamingResponse:
+    """Role chunks first (one per choice), then content deltas; with a tool-call parser,
+    content and tool-call deltas as the parser finds them (a delta that brings neither,
+    no finish, no logprobs and no token ids is not sent)."""
+    parsers = {c.index: StreamedToolCalls(stream) for c in run.tracker.choices
+               if (stream := plan.stream()) is not None}
 
-    def choice(index: int, delta: ChatDelta, d: Optional[ChoiceDelta] = None) -> ChatStreamChoice:
+    def choice(index: int, delta: ChatDelta, d: Optional[ChoiceDelta] = None,
+               finish_reason: Optional[str] = None) -> ChatStreamChoice:
         return ChatStreamChoice(
             index=index, delta=delta,
             logprobs=chat_logprobs(ctx.token_text, d.token_ids, d.logprobs, top) if d and body.logprobs else None,
-            finish_reason=d.finish_reason if d else None,
+            finish_reason=finish_reason,
             stop_reason=d.choice.stop_reason if d and d.finish_reason else None,
             token_ids=d.token_ids if d and body.return_token_ids else None,
         )
 
+    def delta(d: ChoiceDelta) -> Optional[ChatStreamChoice]:
+        parser = parsers.get(d.choice.index)
+        if parser is None:
+            return choice(d.choice.index, ChatDelta(content=d.text), d, d.finish_reason)
+        content, calls = parser.delta(d.text, d.finish_reason is not None)
+        if content is None and calls is None and d.finish_reason is None \
+                and not (body.logprobs or body.return_token_ids):
+            return None
+        return choice(d.choice.index, ChatDelta(content=content, tool_calls=calls), d,
+                      tool_finish_reason(parser.called, d.finish_reason))
+
     head = (choice(c.index, ChatDelta(role="assistant", content="")) for c in run.tracker.choices)
-    return run.stream(ChatCompletionChunk, head, lambda d: choice(d.choice.index, ChatDelta(content=d.text), d),
-                      usage=wants_usage(body))
+    return run.stream(ChatCompletionChunk, head, delta, usage=wants_usage(body))

@@ -14,7 +14,14 @@ import time
 from typing import Any, Optional
 
 from pyengine.config import EngineConfig
-from pyengine.server.args import UVICORN_LOG_LEVELS, ServerArgs, add_limit_flags, limit_kwargs
+from pyengine.server.args import (
+    UVICORN_LOG_LEVELS,
+    ServerArgs,
+    add_limit_flags,
+    add_tool_flags,
+    limit_kwargs,
+    tool_kwargs,
+)
 from pyengine.server.template_choice import load_chat_template
 
 _ENGINE_SKIP = {"model"}
@@ -71,6 +78,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
                         help="on SIGTERM / SIGINT, seconds in-flight requests may still run before their "
                         "streams are ended with an error event (0: at once; a second signal also ends them)")
     add_limit_flags(parser)  # --max-body-bytes ... --enable-docs, defaults from ServerArgs
+    add_tool_flags(parser)  # --tool-call-parser, --enable-auto-tool-choice
     return parser, add_engine_flags(parser)
 
 
@@ -86,7 +94,8 @@ def parse(argv: list[str]) -> tuple[Optional[str], dict[str, Any], ServerArgs]:
                       uvicorn_log_level=ns.uvicorn_log_level, host=ns.host, port=ns.port, api_key=ns.api_key, max_n=ns.max_n,
                       stall_timeout=ns.stall_timeout, watchdog_interval=ns.watchdog_interval,
                       stats_interval=ns.stats_interval, log_format=ns.log_format, log_level=ns.log_level,
-                      log_requests=not ns.no_log_requests, drain_timeout=ns.drain_timeout, **limit_kwargs(ns))
+                      log_requests=not ns.no_log_requests, drain_timeout=ns.drain_timeout, **limit_kwargs(ns),
+                      **tool_kwargs(ns))
     return ns.model, engine_kwargs, args
 
 

@@ -136,10 +136,25 @@ class ContentPart(_Request):
     text: Optional[Text] = None
 
 
+class FunctionCallIn(_Request):
+    name: Text
+    arguments: Text  # JSON text, as OpenAI sends it (the template gets it parsed)
+
+
+class ToolCallIn(_Request):
+    """A tool call of an earlier assistant turn, sent back in the history."""
+
+    id: Optional[Text] = None
+    type: Text = "function"
+    function: FunctionCallIn
+
+
 class ChatMessage(_Request):
     role: Text  # checked against the known roles by the handler, which names messages[i].role
     content: Union[Text, list[ContentPart], None] = None
     name: Optional[Text] = None
+    tool_calls: Optional[list[ToolCallIn]] = None  # an assistant turn's calls
+    tool_call_id: Optional[Text] = None  # a tool turn: the call it answers
 
     def text(self) -> str:
         if self.content is None:
@@ -202,6 +217,7 @@ class TokenizeRequest(_Request):
     model: Optional[str] = None
     prompt: Optional[Text] = None
     messages: Optional[list[ChatMessage]] = None
+    tools: Optional[list[ChatTool]] = None  # rendered by the chat template, as for a chat
     add_generation_prompt: bool = True
     add_special_tokens: Optional[bool] = None
     chat_template_kwargs: Annotated[Optional[dict[str, Any]], AfterValidator(_utf8)] = None
@@ -274,9 +290,44 @@ class ChatLogprobs(BaseModel):
     content: Optional[list[ChatLogprobToken]] = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatResponseMessage(BaseModel):
     role: str = "assistant"
     content: Optional[str] = None
+    tool_calls: Optional[list[ToolCall]] = None
+
+
+class _Sparse(BaseModel):
+    """Serialized with only the fields it carries (a stream delta names what changed)."""
+
+    @model_serializer(mode="wrap")
+    def _without_nulls(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class FunctionCallDelta(_Sparse):
+    name: Optional[str] = None
+    arguments: Optional[str] = None
+
+
+class ToolCallDelta(_Sparse):
+    """A piece of tool call ``index``: its first piece carries ``id``, ``type`` and the
+    function's name; later ones carry arguments text."""
+
+    index: int
+    id: Optional[str] = None
+    type: Optional[Literal["function"]] = None
+    function: Optional[FunctionCallDelta] = None
 
 
 class ChatChoice(BaseModel):
@@ -298,14 +349,12 @@ class ChatCompletionResponse(BaseModel):
     prompt_token_ids: Optional[list[int]] = None
 
 
-class ChatDelta(BaseModel):
+class ChatDelta(_Sparse):
+    """Only what the delta carries (OpenAI sends ``role`` in the first chunk only)."""
+
     role: Optional[str] = None
     content: Optional[str] = None
-
-    @model_serializer(mode="wrap")
-    def _without_nulls(self, handler: Any) -> dict[str, Any]:
-        """Only what the delta carries (OpenAI sends ``role`` in the first chunk only)."""
-        return {k: v for k, v in handler(self).items() if v is not None}
+    tool_calls: Optional[list[ToolCallDelta]] = None
 
 
 class ChatStreamChoice(BaseModel):

@@ -69,15 +69,16 @@ class Generation:
             self.gen.close()
         return None
 
-    def stream(self, chunk_type: ChunkType, head: Iterable[BaseModel], delta: Callable[[ChoiceDelta], BaseModel],
-               usage: bool) -> StreamingResponse:
+    def stream(self, chunk_type: ChunkType, head: Iterable[BaseModel],
+               delta: Callable[[ChoiceDelta], Optional[BaseModel]], usage: bool) -> StreamingResponse:
         """An SSE response: one chunk per choice in ``head`` (iterated once the stream
-        runs), then one per ``delta`` as outputs come, then the usage chunk (if ``usage``)
-        and ``[DONE]``. A failure mid-stream is an error event, then ``[DONE]``."""
+        runs), then one per ``delta`` as outputs come (None: nothing to send for that
+        one), then the usage chunk (if ``usage``) and ``[DONE]``. A failure mid-stream is
+        an error event, then ``[DONE]``."""
         return sse_response(self._events(chunk_type, head, delta, usage))
 
     async def _events(self, chunk_type: ChunkType, head: Iterable[BaseModel],
-                      delta: Callable[[ChoiceDelta], BaseModel], usage: bool) -> AsyncIterator[bytes]:
+                      delta: Callable[[ChoiceDelta], Optional[BaseModel]], usage: bool) -> AsyncIterator[bytes]:
         created = int(time.time())
         request_id, model = self.gen.request_id, self.ctx.args.model_name
         try:
@@ -85,7 +86,9 @@ class Generation:
                 yield event(chunk_type(id=request_id, created=created, model=model, choices=[choice]))
             async for index, out in self.gen.outputs():
                 for d in self.tracker.apply(index, out):
-                    yield event(chunk_type(id=request_id, created=created, model=model, choices=[delta(d)]))
+                    choice = delta(d)
+                    if choice is not None:
+                        yield event(chunk_type(id=request_id, created=created, model=model, choices=[choice]))
             if usage:
                 yield event(chunk_type(id=request_id, created=created, model=model, choices=[],
                                        usage=self.tracker.usage()))

@@ -15,6 +15,7 @@ from pyengine.server.chat import check_messages, render_prompt
 from pyengine.server.context import Context
 from pyengine.server.errors import bad_request
 from pyengine.server.protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+from pyengine.server.tools import check_history
 
 router = APIRouter()
 
@@ -29,8 +30,10 @@ async def tokenize(body: TokenizeRequest, ctx: Context) -> TokenizeResponse:
         if not body.messages:
             raise bad_request("messages must hold at least one message", "messages")
         check_messages(body.messages)
+        check_history(body.messages)
+        tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
         tokens = render_prompt(ctx, body.messages, body.add_generation_prompt, body.chat_template_kwargs,
-                               bool(body.add_special_tokens))
+                               bool(body.add_special_tokens), tools)
     else:
         assert body.prompt is not None
         add_special = True if body.add_special_tokens is None else body.add_special_tokens

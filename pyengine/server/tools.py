@@ -1,33 +1,171 @@
-"""What a chat request says about tools: ``tools``, ``tool_choice`` and OpenAI's
-deprecated ``functions`` / ``function_call``.
+"""Tool calling in chat: what a request says about tools, and tool calls in its answer.
 
-Until tool calling is served, any request that offers tools is a 400 naming the field:
-answering it with free text and no ``tool_calls`` would look like a model that chose not
-to call, which a client cannot tell from a dropped feature. ``tool_choice="none"`` (or no
-``tool_choice``) without tools asks for nothing and passes.
+- ``tools`` reach the chat template (``tools=``), as in transformers and vLLM; the
+  history may hold assistant turns with ``tool_calls`` and ``tool`` turns answering them.
+- ``tool_choice="auto"`` (the default when tools are given) parses tool calls out of the
+  generated text with the server's ``--tool-call-parser``; vLLM asks for
+  ``--enable-auto-tool-choice`` too, and so do we: without it such a request is a 400
+  rather than tools the model sees but calls nobody reads.
+- ``tool_choice="none"``: the tools are rendered, the text is not parsed (vLLM's way).
+- ``tool_choice="required"`` or a named function needs a grammar over the model's
+  tool-call format: until the engine constrains generation, a 400 naming ``tool_choice``.
+- OpenAI's deprecated ``functions`` / ``function_call`` are 400s naming them.
+
+A response with tool calls says ``finish_reason="tool_calls"`` (when the model stopped on
+its own; a call cut by ``max_tokens`` stays ``length``). Call ids are ``call_`` and 24 hex
+digits, fresh per call.
 """
 
 from __future__ import annotations
 
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from pyengine.chat_template import template_tool_calls
+from pyengine.errors import InvalidRequestError
 from pyengine.server.errors import bad_request
-from pyengine.server.protocol import ChatCompletionRequest
+from pyengine.server.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    ChatResponseMessage,
+    FunctionCall,
+    FunctionCallDelta,
+    ToolCall,
+    ToolCallDelta,
+)
+from pyengine.server.tool_parsers import (
+    TOOL_PARSERS,
+    ParseStep,
+    ToolCallStream,
+    parse_whole,
+    tool_call_stream,
+)
 
 
-def check_tool_fields(body: ChatCompletionRequest) -> None:
-    """400s naming the field, in the order a client would fix them."""
+@dataclass(frozen=True)
+class ToolPlan:
+    """How one chat request uses tools: what the template gets, and which parser (if
+    any) reads the answer."""
+
+    tools: Optional[list[dict[str, Any]]] = None
+    parser: Optional[str] = None
+    max_calls: Optional[int] = None  # 1 with parallel_tool_calls=false
+
+    def stream(self) -> Optional[ToolCallStream]:
+        """A parser for one choice, or None when answers are not parsed."""
+        return tool_call_stream(self.parser, self.max_calls) if self.parser is not None else None
+
+    @property
+    def keeps_special_tokens(self) -> bool:
+        """The parser's format may be written in special tokens, which the text must keep."""
+        return self.parser is not None and TOOL_PARSERS[self.parser].keeps_special_tokens
+
+
+def tool_plan(body: ChatCompletionRequest, parser: Optional[str], auto_enabled: bool) -> ToolPlan:
+    """The request's tool plan; 400s name the field (in the order a client would fix them)."""
     if body.functions is not None:
         raise bad_request("functions is OpenAI's deprecated spelling of tools and is not supported; use tools",
                           "functions", "unsupported_parameter")
     if body.function_call is not None:
         raise bad_request("function_call is OpenAI's deprecated spelling of tool_choice and is not supported; "
                           "use tool_choice", "function_call", "unsupported_parameter")
-    if not body.tools and body.tool_choice not in (None, "none"):
-        raise bad_request("tool_choice needs tools: with no tools there is nothing to call", "tool_choice")
+    if not body.tools:
+        if body.tool_choice not in (None, "none"):
+            raise bad_request("tool_choice needs tools: with no tools there is nothing to call", "tool_choice")
+        return ToolPlan()
+    for i, tool in enumerate(body.tools):
+        if tool.type != "function":
+            raise bad_request(f"tools[{i}].type must be 'function'; got {tool.type!r}", f"tools[{i}].type",
+                              "invalid_value")
+    tools = [tool.model_dump(exclude_none=True) for tool in body.tools]
+    choice = body.tool_choice if body.tool_choice is not None else "auto"
+    if choice == "none":
+        return ToolPlan(tools)
+    if choice == "auto":
+        if not auto_enabled or parser is None:
+            raise bad_request('tool_choice "auto" (the default when tools are given) needs the server started '
+                              "with --enable-auto-tool-choice and --tool-call-parser; send tool_choice \"none\" "
+                              "to have the tools shown to the model without parsing its answer", "tool_choice",
+                              "unsupported_parameter")
+        return ToolPlan(tools, parser, 1 if body.parallel_tool_calls is False else None)
+    if not isinstance(choice, str):
+        names = [tool.function.name for tool in body.tools]
+        if choice.function.name not in names:
+            raise bad_request(f"tool_choice names the function {choice.function.name!r}, which is not among the "
+                              f"tools ({', '.join(names)})", "tool_choice.function.name", "invalid_value")
+    what = '"required"' if choice == "required" else "a named function"
+    raise bad_request(f"tool_choice {what} is not supported by this server yet: it needs generation constrained "
+                      "to the tool-call format", "tool_choice", "unsupported_parameter")
 
 
-def refuse_tools(body: ChatCompletionRequest) -> None:
-    """A 400 naming ``tools`` / ``tool_choice`` while this server cannot honour them."""
-    check_tool_fields(body)
-    if body.tools:
-        raise bad_request("tools is not supported by this server yet: the tools would not reach the model and "
-                          "no tool call would be returned", "tools", "unsupported_parameter")
+def check_history(messages: list[ChatMessage]) -> None:
+    """``tool_calls`` belong to assistant turns, with JSON arguments."""
+    for i, message in enumerate(messages):
+        if message.tool_calls is not None and message.role != "assistant":
+            raise bad_request(f"messages[{i}].tool_calls is only allowed on an assistant message (role is "
+                              f"{message.role!r})", f"messages[{i}].tool_calls")
+        if message.tool_calls:
+            template_calls(message, i)
+
+
+def template_calls(message: ChatMessage, i: int) -> list[dict[str, Any]]:
+    """``message``'s tool calls as the template gets them (arguments parsed)."""
+    where = f"messages[{i}].tool_calls"
+    try:
+        return template_tool_calls([c.model_dump(exclude_none=True) for c in message.tool_calls or ()], where)
+    except InvalidRequestError as error:
+        param = str(error).split(" ", 1)[0]
+        raise bad_request(str(error), param if param.startswith(where) else where) from None
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def tool_finish_reason(has_calls: bool, reason: Optional[str]) -> Optional[str]:
+    """``tool_calls`` when the model called and stopped on its own."""
+    return "tool_calls" if has_calls and reason == "stop" else reason
+
+
+def whole_message(plan: ToolPlan, text: str, reason: Optional[str]) -> tuple[ChatResponseMessage, Optional[str]]:
+    """The assistant message of a whole response, and its finish reason."""
+    stream = plan.stream()
+    if stream is None:
+        return ChatResponseMessage(content=text), reason
+    parsed = parse_whole(stream, text)
+    calls = [ToolCall(id=new_call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
+             for c in parsed.calls]
+    return ChatResponseMessage(content=parsed.content, tool_calls=calls or None), tool_finish_reason(bool(calls), reason)
+
+
+@dataclass
+class StreamedToolCalls:
+    """One choice's stream: text deltas in, content and tool-call deltas out."""
+
+    stream: ToolCallStream
+    ids: dict[int, str] = field(default_factory=dict)
+
+    def delta(self, text: str, finished: bool) -> tuple[Optional[str], Optional[list[ToolCallDelta]]]:
+        step = self.stream.feed(text)
+        if finished:
+            step += self.stream.finish()
+        return (step.content or None), self._tool_deltas(step)
+
+    @property
+    def called(self) -> bool:
+        return bool(self.stream.calls)
+
+    def _tool_deltas(self, step: ParseStep) -> Optional[list[ToolCallDelta]]:
+        out = []
+        for chunk in step.calls:
+            if chunk.name is not None:
+                self.ids[chunk.index] = new_call_id()
+                out.append(ToolCallDelta(index=chunk.index, id=self.ids[chunk.index], type="function",
+                                         function=FunctionCallDelta(name=chunk.name, arguments=chunk.arguments)))
+            elif out and out[-1].index == chunk.index and out[-1].function is not None:
+                function = out[-1].function
+                function.arguments = (function.arguments or "") + chunk.arguments
+            else:
+                out.append(ToolCallDelta(index=chunk.index, function=FunctionCallDelta(arguments=chunk.arguments)))
+        return out or None

@@ -34,6 +34,7 @@ class SleepRunner:
         max_model_len: int = 4096,
         tokenizer_folder: Optional[Path] = None,
         max_rows: int = 4096,
+        eos_token_ids: tuple[int, ...] = (),
     ) -> None:
         from tokenizers import Tokenizer
 
@@ -41,7 +42,7 @@ class SleepRunner:
 
         folder = tokenizer_folder or default_tiny_model()
         tokenizer = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
-        self.loaded = _Loaded(tokenizer)
+        self.loaded = _Loaded(tokenizer, eos_token_ids)  # no EOS by default: every request runs to max_tokens
         self.step_seconds = step_seconds
         self.num_kv_blocks = num_kv_blocks
         self.max_model_len = max_model_len
