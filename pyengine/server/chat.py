@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pyengine.outputs import LOGPROB_FLOOR
 from pyengine.server.choices import ChoiceDelta
 from pyengine.server.context import Context, ServerContext
-from pyengine.server.errors import bad_request
+from pyengine.server.errors import APIError, bad_request
 from pyengine.server.protocol import (
     ChatChoice,
     ChatCompletionChunk,
@@ -30,7 +30,7 @@ from pyengine.server.protocol import (
 )
 from pyengine.server.respond import Generation, wants_usage
 from pyengine.server.sampling import check_length, default_max_tokens, sampling_params
-from pyengine.server.structured import refuse_constraints
+from pyengine.server.structured import name_constraint_error, structured_outputs_params
 from pyengine.server.tokens import TokenText
 from pyengine.server.tools import (
     StreamedToolCalls,
@@ -121,7 +121,12 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     check_messages(body.messages)
     check_history(body.messages)
     plan = tool_plan(body, ctx.args.tool_call_parser, ctx.args.enable_auto_tool_choice)
-    refuse_constraints(body)
+    constraint, constraint_param = structured_outputs_params(body)
+    if plan.grammar is not None:
+        if constraint_param is not None:
+            raise bad_request(f"tool_choice {body.tool_choice!r} constrains the answer to tool calls, so "
+                              f"{constraint_param} cannot constrain it too", constraint_param, "conflicting_constraints")
+        constraint, constraint_param = plan.structured_outputs(), "tool_choice"
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs = true", "top_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -131,7 +136,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     # Field checks first (cheap, and a bad field is the clearer error); the real
     # max_tokens default needs the prompt's length.
     params = sampling_params(ctx, body, max_tokens=max_tokens, logprobs=top if body.logprobs else None,
-                             renames=renames)
+                             renames=renames, structured_outputs=constraint)
     if plan.keeps_special_tokens:
         params.skip_special_tokens = False  # the tool-call tags may be special tokens (as vLLM does)
     prompt_ids = render_prompt(ctx, body.messages, body.add_generation_prompt, body.chat_template_kwargs,
@@ -139,7 +144,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     check_length(ctx, len(prompt_ids), max_tokens, "messages", tokens_param)
     if params.max_tokens is None:
         params.max_tokens = default_max_tokens(ctx, [len(prompt_ids)])
-    run = await Generation.start(ctx, request, [prompt_ids], params, ctx.new_id("chatcmpl"))
+    try:
+        run = await Generation.start(ctx, request, [prompt_ids], params, ctx.new_id("chatcmpl"))
+    except APIError as error:  # a schema, regex or grammar the engine cannot compile: named as sent
+        raise name_constraint_error(error, constraint_param) from None
     if body.stream:
         return _stream(ctx, body, run, top, plan)
     gone = await run.collect()

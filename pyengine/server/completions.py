@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from pyengine.server.choices import ChoiceDelta
 from pyengine.server.context import Context, ServerContext
-from pyengine.server.errors import bad_request
+from pyengine.server.errors import APIError, bad_request
 from pyengine.server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -18,7 +18,7 @@ from pyengine.server.protocol import (
 )
 from pyengine.server.respond import Generation, wants_usage
 from pyengine.server.sampling import check_length, default_max_tokens, sampling_params, tokenize_prompts
-from pyengine.server.structured import refuse_constraints
+from pyengine.server.structured import name_constraint_error, structured_outputs_params
 from pyengine.server.tokens import TokenText
 
 router = APIRouter()
@@ -50,15 +50,19 @@ async def create_completion(body: CompletionRequest, request: Request,
         raise bad_request("suffix is not supported", "suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise bad_request("best_of is not supported (it must equal n)", "best_of")
-    refuse_constraints(body)
-    params = sampling_params(ctx, body, max_tokens=body.max_tokens, logprobs=body.logprobs)  # field checks first
+    constraint, constraint_param = structured_outputs_params(body)
+    params = sampling_params(ctx, body, max_tokens=body.max_tokens, logprobs=body.logprobs,  # field checks first
+                             structured_outputs=constraint)
     prompts = tokenize_prompts(ctx, body.prompt, "prompt")
     for _, ids in prompts:
         check_length(ctx, len(ids), body.max_tokens, "prompt")
     if params.max_tokens is None:  # null: what the longest prompt leaves (not the engine's guess)
         params.max_tokens = default_max_tokens(ctx, [len(ids) for _, ids in prompts])
     prompt_ids = [ids for _, ids in prompts]
-    run = await Generation.start(ctx, request, prompt_ids, params, ctx.new_id("cmpl"))
+    try:
+        run = await Generation.start(ctx, request, prompt_ids, params, ctx.new_id("cmpl"))
+    except APIError as error:  # a schema, regex or grammar the engine cannot compile: named as sent
+        raise name_constraint_error(error, constraint_param) from None
     echoes = [(text if text is not None else ctx.token_text.decode(ids)) if body.echo else "" for text, ids in prompts]
     if body.stream:
         return _stream(ctx, body, run, echoes, prompt_ids)

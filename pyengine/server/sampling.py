@@ -10,15 +10,18 @@ from pyengine.sampling_params import SamplingParams
 from pyengine.server.context import ServerContext
 from pyengine.server.errors import bad_request, from_value_error
 from pyengine.server.protocol import SamplingFields
+from pyengine.structured_outputs import StructuredOutputsParams
 
 _OPTIONAL_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                     "frequency_penalty", "seed", "stop", "stop_token_ids")
 
 
 def sampling_params(ctx: ServerContext, req: SamplingFields, *, max_tokens: Optional[int],
-                    logprobs: Optional[int], renames: Optional[dict[str, str]] = None) -> SamplingParams:
+                    logprobs: Optional[int], renames: Optional[dict[str, str]] = None,
+                    structured_outputs: Optional[StructuredOutputsParams] = None) -> SamplingParams:
     """The engine's parameters for ``req``; ``renames`` maps SamplingParams' field names to
-    the request's (chat: ``logprobs`` -> ``top_logprobs``)."""
+    the request's (chat: ``logprobs`` -> ``top_logprobs``). ``structured_outputs``: the
+    request's constraint (``structured.py``, ``tools.py``)."""
     renames = renames or {}
     if req.n > ctx.args.max_n:
         raise bad_request(f"n must be <= {ctx.args.max_n}, got {req.n}", "n")
@@ -35,7 +38,8 @@ def sampling_params(ctx: ServerContext, req: SamplingFields, *, max_tokens: Opti
         return SamplingParams(
             n=req.n, max_tokens=max_tokens, min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
             include_stop_str_in_output=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens, logprobs=logprobs, **kwargs,
+            skip_special_tokens=req.skip_special_tokens, logprobs=logprobs, structured_outputs=structured_outputs,
+            **kwargs,
         )
     except (ValueError, OverflowError) as error:  # OverflowError: an int no engine field holds
         raise from_value_error(ValueError(str(error)), renames) from None

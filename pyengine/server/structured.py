@@ -1,27 +1,35 @@
-"""The output constraint a request asks for, whichever of its spellings it uses.
+"""The output constraint a request asks for, whichever of its spellings it uses, as the
+engine's ``StructuredOutputsParams``.
 
 A client constrains a generation with OpenAI's ``response_format`` (``json_object``,
 ``json_schema``), vLLM's ``structured_outputs`` extra-body object, or vLLM's older
-``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar`` fields.
-``requested_constraint`` finds the one a request gives (two at once is a 400: which one
-should win is not the server's guess) and names the field it came from, so that every
-refusal names what the client sent.
+``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar`` fields (with
+``guided_whitespace_pattern``; ``guided_decoding_backend`` names a backend and changes
+nothing: there is one, llguidance). ``requested_constraint`` finds the one a request
+gives (two at once is a 400: which one should win is not the server's guess) and names
+the field it came from, so that every refusal names what the client sent: a malformed
+constraint here, a schema, regex or grammar the engine cannot compile when the request
+is added (``name_constraint_error``), both before anything is queued.
 
-Until the engine honours constraints, ``refuse_constraints`` answers every one with a 400
-naming its field: a constraint silently dropped would hand a client free text it takes
-for validated output.
+``json_schema`` with ``strict: true`` closes every object schema that does not say
+otherwise (``disable_additional_properties``), as OpenAI's strict mode reads a schema.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from pyengine.server.errors import bad_request
+from pyengine.errors import InvalidRequestError
+from pyengine.server.errors import APIError, bad_request
 from pyengine.server.protocol import SamplingFields
+from pyengine.structured_outputs import StructuredOutputsParams
 
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
 _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+# How the engine names a constraint in its messages ("structured_outputs.json is not ...").
+_ENGINE_NAME = re.compile(r"structured_outputs(\.[a-z_]+)?")
 
 
 @dataclass(frozen=True)
@@ -48,14 +56,40 @@ def requested_constraint(body: SamplingFields) -> Optional[Constraint]:
     return found[0] if found else None
 
 
-def refuse_constraints(body: SamplingFields) -> None:
-    """A 400 naming the constraint field ``body`` uses: this server does not constrain
-    generation yet, and answering free text would pass for a constrained answer."""
+def structured_outputs_params(body: SamplingFields) -> tuple[Optional[StructuredOutputsParams], Optional[str]]:
+    """The engine's constraint for ``body`` and the request field it came from (for
+    errors), or (None, None). A malformed constraint is a 400 naming its field."""
     constraint = requested_constraint(body)
-    if constraint is not None:
-        raise bad_request(f"{constraint.param} is not supported by this server yet: it cannot constrain "
-                          "generation, and ignoring the constraint would return unconstrained text",
+    if constraint is None:
+        return None, None
+    if constraint.kind == "structural_tag":
+        raise bad_request("structured_outputs.structural_tag is not supported; use json, regex, choice or grammar",
                           constraint.param, "unsupported_parameter")
+    options: dict[str, Any] = {}
+    so = body.structured_outputs
+    if so is not None:
+        options = {"disable_any_whitespace": so.disable_any_whitespace,
+                   "disable_additional_properties": so.disable_additional_properties,
+                   "whitespace_pattern": so.whitespace_pattern}
+    elif constraint.param.startswith("guided_") and body.guided_whitespace_pattern is not None:
+        options = {"whitespace_pattern": body.guided_whitespace_pattern}
+    elif constraint.param == "response_format" and body.response_format is not None \
+            and body.response_format.json_schema is not None and body.response_format.json_schema.strict:
+        options = {"disable_additional_properties": True}
+    try:
+        return StructuredOutputsParams(**{constraint.kind: constraint.value}, **options), constraint.param
+    except InvalidRequestError as error:
+        raise name_constraint_error(bad_request(str(error)), constraint.param) from None
+
+
+def name_constraint_error(error: APIError, param: Optional[str]) -> APIError:
+    """``error`` (a 400 about ``structured_outputs``, from its checks or the engine's
+    compiler) named by the field the client used: ``param``. Other errors pass."""
+    if param is None or error.status != 400 or "structured_outputs" not in error.message:
+        return error
+    message = _ENGINE_NAME.sub(param, error.message, count=1) if not param.startswith("structured_outputs") \
+        else error.message
+    return bad_request(message, param, error.code)
 
 
 def _from_response_format(body: SamplingFields) -> Optional[Constraint]:

@@ -7,8 +7,11 @@
   ``--enable-auto-tool-choice`` too, and so do we: without it such a request is a 400
   rather than tools the model sees but calls nobody reads.
 - ``tool_choice="none"``: the tools are rendered, the text is not parsed (vLLM's way).
-- ``tool_choice="required"`` or a named function needs a grammar over the model's
-  tool-call format: until the engine constrains generation, a 400 naming ``tool_choice``.
+- ``tool_choice="required"`` or a named function constrains generation with a grammar
+  over the model's own tool-call format (the parser's ``forced_grammar``; why not vLLM's
+  JSON array: ``tool_parsers/forced.py``); the answer is then parsed like any other.
+  ``--tool-call-parser`` names that format, so it is needed (not
+  ``--enable-auto-tool-choice``).
 - OpenAI's deprecated ``functions`` / ``function_call`` are 400s naming them.
 
 A response with tool calls says ``finish_reason="tool_calls"`` (when the model stopped on
@@ -41,6 +44,7 @@ from pyengine.server.tool_parsers import (
     parse_whole,
     tool_call_stream,
 )
+from pyengine.structured_outputs import StructuredOutputsParams
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,11 @@ class ToolPlan:
     tools: Optional[list[dict[str, Any]]] = None
     parser: Optional[str] = None
     max_calls: Optional[int] = None  # 1 with parallel_tool_calls=false
+    grammar: Optional[str] = None  # tool_choice "required" / named: generation constrained to calls
+
+    def structured_outputs(self) -> Optional[StructuredOutputsParams]:
+        """The constraint that forces the calls, if the request forces them."""
+        return StructuredOutputsParams(grammar=self.grammar) if self.grammar is not None else None
 
     def stream(self) -> Optional[ToolCallStream]:
         """A parser for one choice, or None when answers are not parsed."""
@@ -89,14 +98,26 @@ def tool_plan(body: ChatCompletionRequest, parser: Optional[str], auto_enabled: 
                               "to have the tools shown to the model without parsing its answer", "tool_choice",
                               "unsupported_parameter")
         return ToolPlan(tools, parser, 1 if body.parallel_tool_calls is False else None)
-    if not isinstance(choice, str):
-        names = [tool.function.name for tool in body.tools]
-        if choice.function.name not in names:
+    if parser is None:
+        raise bad_request(f"tool_choice {_spell(choice)} needs the server started with --tool-call-parser: "
+                          "generation is constrained to the model's own tool-call format", "tool_choice",
+                          "unsupported_parameter")
+    functions = [tool["function"] for tool in tools]
+    if isinstance(choice, str):  # "required": one call or more (one with parallel_tool_calls=false)
+        many = body.parallel_tool_calls is not False
+    else:
+        functions = [f for f in functions if f["name"] == choice.function.name]
+        if not functions:
+            names = ", ".join(tool.function.name for tool in body.tools)
             raise bad_request(f"tool_choice names the function {choice.function.name!r}, which is not among the "
-                              f"tools ({', '.join(names)})", "tool_choice.function.name", "invalid_value")
-    what = '"required"' if choice == "required" else "a named function"
-    raise bad_request(f"tool_choice {what} is not supported by this server yet: it needs generation constrained "
-                      "to the tool-call format", "tool_choice", "unsupported_parameter")
+                              f"tools ({names})", "tool_choice.function.name", "invalid_value")
+        many = False
+    grammar = TOOL_PARSERS[parser].forced_grammar(functions, many)
+    return ToolPlan(tools, parser, None if many else 1, grammar)
+
+
+def _spell(choice: object) -> str:
+    return '"required"' if choice == "required" else "naming a function"
 
 
 def check_history(messages: list[ChatMessage]) -> None:

@@ -12,8 +12,9 @@ content; a stretch that holds any other text is content as written.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 from pyengine.server.tool_parsers.json_scan import CallBody
 
@@ -91,6 +92,12 @@ class ToolCallStream(ABC):
         self.max_calls = max_calls
         self.bodies: list[CallBody] = []
         self.outside = OutsideText()
+
+    @classmethod
+    @abstractmethod
+    def forced_grammar(cls, functions: Sequence[dict[str, Any]], many: bool) -> str:
+        """A Lark grammar (llguidance's dialect) whose every sentence is one call
+        (``many``: one or more) of ``functions`` in this format (``forced.py``)."""
 
     @abstractmethod
     def feed(self, text: str) -> ParseStep:

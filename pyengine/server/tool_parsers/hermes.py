@@ -11,9 +11,12 @@ its arguments as they are generated; a call still open when the text ends (cut b
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional
+import json
+from collections.abc import Sequence
+from typing import Any, ClassVar, Optional
 
 from pyengine.server.tool_parsers.base import ParseStep, ToolCallStream
+from pyengine.server.tool_parsers.forced import call_schema, calls_grammar, lark_literal
 from pyengine.server.tool_parsers.json_scan import CallBody
 
 OPEN = "<tool_call>"
@@ -37,6 +40,14 @@ class HermesToolCallStream(ToolCallStream):
         super().__init__(max_calls)
         self._pending = ""
         self._body: Optional[CallBody] = None
+
+    @classmethod
+    def forced_grammar(cls, functions: Sequence[dict[str, Any]], many: bool) -> str:
+        """``<tool_call>\n{json}\n</tool_call>``, calls separated by a newline (as Qwen
+        writes them)."""
+        schema = json.dumps(call_schema(functions, "arguments"), ensure_ascii=False)
+        call = f"call: {lark_literal(OPEN + chr(10))} body {lark_literal(chr(10) + CLOSE)}\nbody: %json {schema}\n"
+        return calls_grammar(call, "\n", many)
 
     def feed(self, text: str) -> ParseStep:
         self._pending += text

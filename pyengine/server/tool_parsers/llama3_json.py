@@ -10,9 +10,12 @@ text); streamed, it is passed on as content."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional
+import json
+from collections.abc import Sequence
+from typing import Any, ClassVar, Optional
 
 from pyengine.server.tool_parsers.base import ParseStep, ToolCallStream
+from pyengine.server.tool_parsers.forced import call_schema, calls_grammar
 from pyengine.server.tool_parsers.hermes import held_prefix
 from pyengine.server.tool_parsers.json_scan import CallBody, JsonValueScanner
 
@@ -29,6 +32,12 @@ class Llama3JsonToolCallStream(ToolCallStream):
         self._body: Optional[CallBody] = None
         self._object: Optional[JsonValueScanner] = None
         self.trailing_text = False  # text that is neither a call nor a separator followed the calls
+
+    @classmethod
+    def forced_grammar(cls, functions: Sequence[dict[str, Any]], many: bool) -> str:
+        """``{"name": ..., "parameters": ...}``, calls separated by ``; ``."""
+        schema = json.dumps(call_schema(functions, "parameters"), ensure_ascii=False)
+        return calls_grammar(f"call: %json {schema}\n", "; ", many)
 
     def feed(self, text: str) -> ParseStep:
         self._pending += text

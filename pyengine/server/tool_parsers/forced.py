@@ -1,0 +1,45 @@
+"""Grammars that force tool calls (``tool_choice="required"`` or a named function) in a
+parser's own format, in llguidance's Lark dialect with the calls embedded as JSON schemas
+(``%json {...}``).
+
+Why the model's own format and not vLLM's JSON array (vLLM constrains a forced call to
+``[{"name": ..., "parameters": ...}]`` whatever the model): a model writes best the format
+it was trained on, the answer then reads like its other calls (a history that holds it
+renders as the template expects), and one parser reads forced and free calls alike. The
+JSON of a call is one schema: ``anyOf`` over the tools, each an object whose ``name`` is
+that tool's (``const``) and whose arguments follow that tool's ``parameters``; ``name``
+is listed first, so that the call streams in the order the parser reports it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+
+def call_schema(functions: Sequence[dict[str, Any]], arguments_key: str) -> dict[str, Any]:
+    """The JSON schema of one call of any of ``functions`` (``{"name", "parameters"}``
+    dicts, OpenAI's function objects)."""
+    options = []
+    for function in functions:
+        parameters = function.get("parameters") or {"type": "object"}
+        options.append({
+            "type": "object",
+            "properties": {"name": {"const": function["name"]}, arguments_key: parameters},
+            "required": ["name", arguments_key],
+            "additionalProperties": False,
+        })
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def lark_literal(text: str) -> str:
+    """``text`` as a Lark string literal."""
+    return json.dumps(text)
+
+
+def calls_grammar(call: str, separator: str, many: bool) -> str:
+    """``start`` is one ``call`` rule, or one or more separated by ``separator``."""
+    if many:
+        return f"start: call ({lark_literal(separator)} call)*\n{call}"
+    return f"start: call\n{call}"
