@@ -105,5 +105,9 @@ def test_forced_tool_choice_needs_a_parser_and_a_known_name():
         tool_plan(chat(tools=TOOLS, tool_choice="required"), None, False)
     assert info.value.param == "tool_choice" and "--tool-call-parser" in info.value.message
     with pytest.raises(APIError) as info:
-        tool_plan(chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}), "hermes", False)
+        tool_plan(chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}), None, False)
     assert info.value.param == "tool_choice.function.name"
+    with pytest.raises(APIError) as info:
+        tool_plan(chat(tools=TOOLS, tool_choice={"type": "retrieval", "function": {"name": "get_time"}}), "hermes",
+                  False)
+    assert info.value.param == "tool_choice.type"

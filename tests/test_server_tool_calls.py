@@ -255,6 +255,14 @@ def test_malformed_tool_requests_are_400s_naming_the_field(hermes):
             "tools")
 
 
+def test_a_forced_tool_choice_with_another_constraint_is_a_conflict(hermes):
+    error = refused(lambda: hermes.chat.completions.create(model="m", messages=USER, max_tokens=4, tools=TOOLS,
+                                                           tool_choice="required",
+                                                           response_format={"type": "json_object"}),
+                    "response_format")
+    assert error.code == "conflicting_constraints"
+
+
 def test_auto_needs_the_servers_flag():
     with serving(HERMES_ANSWER, auto=False) as client:
         error = refused(lambda: client.chat.completions.create(model="m", messages=USER, tools=TOOLS, max_tokens=4),

@@ -124,8 +124,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     constraint, constraint_param = structured_outputs_params(body)
     if plan.grammar is not None:
         if constraint_param is not None:
-            raise bad_request(f"tool_choice {body.tool_choice!r} constrains the answer to tool calls, so "
-                              f"{constraint_param} cannot constrain it too", constraint_param, "conflicting_constraints")
+            raise bad_request(f"a forced tool_choice constrains the answer to tool calls, so {constraint_param} "
+                              "cannot constrain it too", constraint_param, "conflicting_constraints")
         constraint, constraint_param = plan.structured_outputs(), "tool_choice"
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs = true", "top_logprobs")

@@ -98,6 +98,14 @@ def tool_plan(body: ChatCompletionRequest, parser: Optional[str], auto_enabled: 
                               "to have the tools shown to the model without parsing its answer", "tool_choice",
                               "unsupported_parameter")
         return ToolPlan(tools, parser, 1 if body.parallel_tool_calls is False else None)
+    if not isinstance(choice, str):
+        if choice.type != "function":
+            raise bad_request(f"tool_choice.type must be 'function'; got {choice.type!r}", "tool_choice.type",
+                              "invalid_value")
+        names = [tool.function.name for tool in body.tools]
+        if choice.function.name not in names:
+            raise bad_request(f"tool_choice names the function {choice.function.name!r}, which is not among the "
+                              f"tools ({', '.join(names)})", "tool_choice.function.name", "invalid_value")
     if parser is None:
         raise bad_request(f"tool_choice {_spell(choice)} needs the server started with --tool-call-parser: "
                           "generation is constrained to the model's own tool-call format", "tool_choice",
@@ -106,11 +114,7 @@ def tool_plan(body: ChatCompletionRequest, parser: Optional[str], auto_enabled: 
     if isinstance(choice, str):  # "required": one call or more (one with parallel_tool_calls=false)
         many = body.parallel_tool_calls is not False
     else:
-        functions = [f for f in functions if f["name"] == choice.function.name]
-        if not functions:
-            names = ", ".join(tool.function.name for tool in body.tools)
-            raise bad_request(f"tool_choice names the function {choice.function.name!r}, which is not among the "
-                              f"tools ({names})", "tool_choice.function.name", "invalid_value")
+        functions = [f for f in functions if f["name"] == choice.function.name][:1]
         many = False
     grammar = TOOL_PARSERS[parser].forced_grammar(functions, many)
     return ToolPlan(tools, parser, None if many else 1, grammar)
