@@ -18,7 +18,10 @@ import numpy.typing as npt
 from typing_extensions import Self
 
 __all__ = [
+    "CompiledConstraint",
     "FINISH_REASONS",
+    "GrammarCompiler",
+    "GrammarMaskTicket",
     "OutputEvent",
     "PLACEHOLDER_TOKEN",
     "Request",
@@ -34,11 +37,11 @@ __version__: Final[str]
 #: Input token id meaning "the token this row sampled in the previous step".
 PLACEHOLDER_TOKEN: Final[int]
 #: Names of finish-reason codes, indexed by ``OutputEvent.finish_reasons``.
-FINISH_REASONS: Final[tuple[str, str, str, str, str]]
+FINISH_REASONS: Final[tuple[str, str, str, str, str, str]]
 #: OS-level name of the scheduler thread (``ps -T``, ``/proc/PID/task/*/comm``).
 THREAD_NAME: Final[str]
 
-_FinishReason: TypeAlias = Literal["stop", "length", "abort", "pooled", "error"]
+_FinishReason: TypeAlias = Literal["stop", "length", "abort", "pooled", "error", "dead_end"]
 
 @final
 class SchedulerConfig:
@@ -111,9 +114,12 @@ class Request:
         n: int = 1,
         cache_salt: str | None = None,
         sample_params: list[object] | None = None,
+        constraint: CompiledConstraint | None = None,
     ) -> Self:
         """``sample_params``: none, or one object per sample (its sampling or pooling
-        parameters), handed to the executor in ``StepPlan.new_params``."""
+        parameters), handed to the executor in ``StepPlan.new_params``. ``constraint``:
+        a compiled grammar every sample's output must match (each sample its own
+        matcher)."""
     @property
     def request_id(self) -> str: ...
     @property
@@ -128,6 +134,9 @@ class Request:
     def pooling(self) -> bool: ...
     @property
     def priority(self) -> int: ...
+    @property
+    def constrained(self) -> bool:
+        """Whether a grammar constrains its output."""
 
 @final
 class StepPlan:
@@ -201,6 +210,12 @@ class StepPlan:
     @property
     def freed_rows(self) -> npt.NDArray[np.int32]:
         """[F] rows released since the previous plan."""
+    @property
+    def mask_sample_indices(self) -> npt.NDArray[np.int32]:
+        """[M] indices into the S samples whose logits a grammar constrains."""
+    @property
+    def grammar_mask(self) -> GrammarMaskTicket | None:
+        """Where to take this step's ``[M, words]`` mask just before sampling (None when M is 0)."""
     @property
     def num_seqs(self) -> int: ...
     @property
@@ -317,3 +332,58 @@ cls, config: SchedulerConfig) -> Self: ...
         """Stops and joins the thread, also with work in flight."""
     def _inject_panic(self) -> None:
         """Test hook: makes the scheduler thread panic."""
+
+@final
+class GrammarCompiler:
+    """The vocabulary, sent to Rust once per engine, and a cache of compiled constraints
+    (llguidance). Thread-safe; compiling releases the GIL."""
+
+    def __new__(
+        cls,
+        token_bytes: list[bytes],
+        special_token_ids: list[int],
+        eos_token_ids: list[int],
+        vocab_size: int,
+        cache_capacity: int = 256,
+    ) -> Self:
+        """``token_bytes[i]``: token i's bytes; ``special_token_ids`` are never produced as
+        text; ``eos_token_ids`` end an output where the grammar may end; ``vocab_size``: the
+        logits' width. Raises ``InvalidConfigError`` for inconsistent inputs."""
+    def compile(
+        self,
+        kind: Literal["json", "json_object", "regex", "choice", "grammar"],
+        text: str,
+        *,
+        disable_any_whitespace: bool = False,
+        disable_additional_properties: bool = False,
+        whitespace_pattern: str | None = None,
+    ) -> CompiledConstraint:
+        """Compiles (or finds in the cache) a constraint; ``choice`` takes a JSON list of
+        strings, ``grammar`` llguidance's Lark. Raises ``InvalidRequestError`` naming what
+        is wrong."""
+    @property
+    def vocab_size(self) -> int: ...
+    def stats(self) -> dict[str, int | float]:
+        """compiled, cache_hits, failed, compile_seconds, cached_grammars."""
+
+@final
+class CompiledConstraint:
+    """A compiled grammar; pass it to ``Request(constraint=...)``."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def cached(self) -> bool:
+        """Served from the compile cache."""
+    @property
+    def compile_seconds(self) -> float:
+        """Time the ``compile`` call took."""
+
+@final
+class GrammarMaskTicket:
+    """The executor's end of one step's grammar mask (``StepPlan.grammar_mask``)."""
+
+    def take(self, timeout: float = 30.0) -> tuple[npt.NDArray[np.uint32], float]:
+        """Waits (GIL released) for ``(bits, compute_seconds)``: ``bits`` uint32 ``[M, words]``,
+        bit ``t % 32`` of word ``t / 32`` allowing token t. Raises ``StepResultError`` if it
+        does not come within ``timeout`` seconds, ``EngineDeadError`` if the scheduler stopped."""

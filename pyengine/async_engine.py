@@ -112,6 +112,9 @@ class AsyncEngine(EngineClient):
                       request_id: Optional[str], kind: OutputKind, priority: int) -> AsyncIterator[AnyOutput]:
         rid = request_id if request_id is not None else f"async-{next(self._auto_ids)}"
         text, token_ids = normalize_prompt(prompt, self.engine.tokenize)
+        if isinstance(params, SamplingParams) and params.structured_outputs is not None:
+            # Compiled in a worker thread (the GIL released): the event loop keeps serving.
+            await asyncio.get_running_loop().run_in_executor(None, self.engine.compile_structured_outputs, params)
         sink = _LoopSink(asyncio.get_running_loop())
         self.engine.add_request(rid, text, token_ids, params, sink, kind=kind, priority=priority)
         finished = False

@@ -27,7 +27,7 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: Optional[float] = None
     logprobs: Optional[SampleLogprobs] = None
-    finish_reason: Optional[str] = None  # "stop", "length", "abort", "error"
+    finish_reason: Optional[str] = None  # "stop", "length", "abort", "error", "dead_end" (grammar)
     stop_reason: Union[int, str, None] = None  # the stop string or stop token id that ended it
 
     def finished(self) -> bool:

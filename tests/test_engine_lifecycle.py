@@ -259,11 +259,3 @@ def test_a_failure_outside_per_request_work_fails_every_request_the_event_names(
     monkeypatch.undo()
     assert_idle(llm)
 
-
-def test_structured_outputs_are_refused_until_the_engine_enforces_them(llm):
-    from pyengine import InvalidRequestError, StructuredOutputsParams
-
-    params = SamplingParams(max_tokens=5, structured_outputs=StructuredOutputsParams(regex="[a-z]+"))
-    with pytest.raises(InvalidRequestError, match="structured_outputs is not supported yet"):
-        llm.generate([[5, 6, 7]], params, use_tqdm=False)
-    assert_idle(llm)

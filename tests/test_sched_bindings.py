@@ -142,6 +142,6 @@ def test_a_rust_panic_is_a_python_exception_not_a_crash(tmp_path):
 
 def test_version_and_public_surface():
     assert pyengine.__version__.count(".") == 2
-    assert set(pyengine.FINISH_REASONS) == {"stop", "length", "abort", "pooled", "error"}
+    assert set(pyengine.FINISH_REASONS) == {"stop", "length", "abort", "pooled", "error", "dead_end"}
     for name in pyengine.__all__:
         assert hasattr(pyengine, name), name

@@ -25,6 +25,7 @@ from pyengine._sched import THREAD_NAME as SCHED_THREAD_NAME
 from pyengine._sched import Request, SchedulerThread
 from pyengine.config import EngineConfig
 from pyengine.engine.executor_loop import EXEC_THREAD_NAME, ExecutorLoop
+from pyengine.engine.grammar import ConstraintCompiler
 from pyengine.engine.output_loop import OUTPUT_THREAD_NAME, OutputLoop
 from pyengine.engine.request_state import OutputKind, OutputSink, RequestState
 from pyengine.engine.request_table import RequestTable
@@ -73,6 +74,8 @@ class EngineCore:
         self.max_request_tokens = min(self.max_model_len, self.runner.num_kv_blocks * config.block_size)
         model_config = getattr(self.runner.loaded, "config", None)
         self.vocab_size: Optional[int] = getattr(model_config, "vocab_size", None)
+        # The vocabulary goes to Rust once, for structured outputs (docs/structured_outputs.md).
+        self.constraints = ConstraintCompiler.for_engine(self.decode_table, self.eos_token_ids, self.vocab_size)
         self.sched = SchedulerThread(config.scheduler_config(self.runner.num_kv_blocks, self.max_model_len))
         self.requests = RequestTable()
         self.executor = ExecutorLoop(self.runner, self.sched, lambda: len(self.requests) > 0)
@@ -126,11 +129,15 @@ class EngineCore:
         params = checked_params(params, prompt_token_ids, self.vocab_size, self.config.max_logprobs)
         pooling = isinstance(params, PoolingParams)
         if isinstance(params, SamplingParams):
+            constraint = None
             if params.structured_outputs is not None:
-                raise InvalidRequestError(
-                    "structured_outputs is not supported yet by this engine: the request is refused "
-                    "rather than generated unconstrained"
-                )
+                if params.min_tokens:
+                    # Masking the end below min_tokens could leave a grammar no token at all.
+                    raise InvalidRequestError(
+                        "min_tokens cannot be combined with structured_outputs: the constraint decides where "
+                        "the output ends"
+                    )
+                constraint = self.constraints.compile(params.structured_outputs)
             max_tokens = params.max_tokens
             room = self.max_request_tokens - len(prompt_token_ids)
             if max_tokens is None:
@@ -143,7 +150,7 @@ class EngineCore:
                 request_id, prompt_token_ids, max_tokens=max_tokens, min_tokens=min(params.min_tokens, max_tokens),
                 eos_token_ids=eos, ignore_eos=params.ignore_eos, stop_token_ids=stop_ids,
                 priority=priority, n=params.n,
-                sample_params=[sample_params(params, i) for i in range(params.n)],
+                sample_params=[sample_params(params, i) for i in range(params.n)], constraint=constraint,
             )
         else:
             request = Request(
@@ -163,6 +170,13 @@ class EngineCore:
                 raise DuplicateRequestError(f"request id {request_id!r} is still in use")
             state.number_samples(self.sched.add_request(request))
             self.requests.add(state)
+
+    def compile_structured_outputs(self, params: SamplingParams) -> None:
+        """Compiles the request's constraint into the cache (``InvalidRequestError`` when it
+        is invalid), so that ``add_request`` finds it there: ``AsyncEngine`` calls this in a
+        worker thread, keeping compilation off the event loop."""
+        if params.structured_outputs is not None:
+            self.constraints.compile(params.structured_outputs)
 
     def _text_stream(self, prompt_token_ids: list[int], params: SamplingParams) -> TextStream:
         return TextStream.from_sampling_params(self.decode_table, prompt_token_ids, params)

@@ -2,8 +2,8 @@
 
 Flow of :meth:`ModelRunner.execute`: apply the plan's row changes to the persistent batch
 -> build input tensors (placeholders filled from ``last_sampled`` on the device) -> model
-forward over the paged KV cache -> logits of ``logits_indices`` only -> sampler ->
-remember the samples -> pool the embedding sequences.
+forward over the paged KV cache -> logits of ``logits_indices`` only -> grammar masks of
+constrained samples -> sampler -> remember the samples -> pool the embedding sequences.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pyengine.errors import InvalidConfigError
 from pyengine.executor.attention.metadata import StepAttentionLayout
 from pyengine.executor.attention.selector import select_attention_backend
 from pyengine.executor.config import ExecutorConfig
+from pyengine.executor.grammar_mask import GrammarMaskApplier
 from pyengine.executor.kv_cache import KVCacheShape, PagedKVCache
 from pyengine.executor.memory_profile import decide_num_blocks
 from pyengine.executor.persistent_batch import PersistentBatch
@@ -77,6 +78,7 @@ class ModelRunner:
         )
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(self.batch.sampling, self.generator)
+        self.grammar_masks = GrammarMaskApplier(self.device)
 
     @classmethod
     def from_pretrained(
@@ -121,6 +123,8 @@ class ModelRunner:
         if len(plan.logits_indices):
             logits_indices = _to_device(plan.logits_indices, torch.int64, device)
             logits = self.model.compute_logits(hidden.index_select(0, logits_indices))
+            if plan.grammar_mask is not None:  # structured outputs: computed while the forward ran
+                self.grammar_masks.apply(plan, logits)
             sample_rows = _to_device(plan.sample_rows, torch.int64, device)
             result = sample_isolated(
                 self.sampler, logits, plan.sample_rows, positions[logits_indices] + 1, self.batch.history,

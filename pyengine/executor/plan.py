@@ -9,8 +9,8 @@ list of names: tests check these classes, the stub and the contract document aga
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol
 
 import numpy as np
 
@@ -42,11 +42,16 @@ class StepPlanLike(Protocol):
     new_token_ids: np.ndarray
     new_params: list[Any]
     freed_rows: np.ndarray
+    mask_sample_indices: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    grammar_mask: Optional[Any] = None
+    mask_sample_indices: np.ndarray
+    grammar_mask: Optional[Any]
 
 
 @dataclass
 class StepPlan:
-    """A plan built in Python (same fields, dtypes and meaning as the scheduler's)."""
+    """A plan built in Python (same fields, dtypes and meaning as the scheduler's; no
+    grammar masks unless given)."""
 
     step_id: int
     rows: np.ndarray
@@ -69,3 +74,5 @@ class StepPlan:
     new_token_ids: np.ndarray
     new_params: list[Any]
     freed_rows: np.ndarray
+    mask_sample_indices: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    grammar_mask: Optional[Any] = None

@@ -14,6 +14,7 @@ use pyo3::types::PyList;
 use pyengine_sched::plan::{OutputEvent, StepPlan};
 
 use crate::attachment::{detach_object, object_list};
+use crate::grammar::PyGrammarMaskTicket;
 
 type Arr<T> = Py<PyArray1<T>>;
 
@@ -61,6 +62,8 @@ data_class! {
         new_token_ids: Arr<i64>,
         new_params: Py<PyList>,
         freed_rows: Arr<i32>,
+        mask_sample_indices: Arr<i32>,
+        grammar_mask: Option<Py<PyGrammarMaskTicket>>,
         num_seqs: usize,
         num_tokens: usize,
         num_samples: usize,
@@ -92,6 +95,8 @@ impl PyStepPlan {
             new_token_ids,
             new_attachments,
             freed_rows,
+            mask_sample_indices,
+            grammar_mask,
         } = p;
         if new_token_offsets.is_empty() {
             new_token_offsets.push(0);
@@ -118,6 +123,10 @@ impl PyStepPlan {
             new_token_ids: arr(py, new_token_ids),
             new_params: object_list(py, &new_attachments)?,
             freed_rows: arr(py, freed_rows),
+            mask_sample_indices: arr(py, mask_sample_indices),
+            grammar_mask: grammar_mask
+                .map(|ticket| Py::new(py, PyGrammarMaskTicket { ticket }))
+                .transpose()?,
             num_seqs,
             num_tokens,
             num_samples,

@@ -7,6 +7,7 @@ use std::convert::Infallible;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
+use pyengine_grammar::GrammarError;
 use pyengine_kernels::KernelError;
 use pyengine_sched::error::SchedError;
 
@@ -42,6 +43,19 @@ impl NativeError for SchedError {
             SchedError::Unknown { .. } => "UnknownRequestError",
             SchedError::BadStepResult(_) => "StepResultError",
             SchedError::Closed(_) => "EngineDeadError",
+        }
+    }
+
+    fn message(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl NativeError for GrammarError {
+    fn class_name(&self) -> &'static str {
+        match self {
+            GrammarError::InvalidConstraint { .. } => "InvalidRequestError",
+            GrammarError::InvalidVocabulary(_) => "InvalidConfigError",
         }
     }
 

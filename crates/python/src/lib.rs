@@ -14,6 +14,7 @@ mod attachment;
 mod config;
 mod errors;
 mod gil;
+mod grammar;
 mod kernels;
 mod request;
 mod scheduler;
@@ -59,6 +60,9 @@ fn add_sched(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<arrays::PyOutputEvent>()?;
     m.add_class::<scheduler::PyScheduler>()?;
     m.add_class::<thread::PySchedulerThread>()?;
+    m.add_class::<grammar::PyGrammarCompiler>()?;
+    m.add_class::<grammar::PyCompiledConstraint>()?;
+    m.add_class::<grammar::PyGrammarMaskTicket>()?;
     Ok(())
 }
 

@@ -7,6 +7,7 @@ use pyengine_sched::Attachment;
 
 use crate::attachment::attach;
 use crate::errors::invalid_request;
+use crate::grammar::PyCompiledConstraint;
 
 #[pyclass(name = "Request", module = "pyengine._sched", frozen)]
 pub struct PyRequest {
@@ -59,6 +60,7 @@ impl PyRequest {
         n = 1,
         cache_salt = None,
         sample_params = None,
+        constraint = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -75,6 +77,7 @@ impl PyRequest {
         n: i64,
         cache_salt: Option<String>,
         sample_params: Option<Vec<Bound<'_, PyAny>>>,
+        constraint: Option<PyRef<'_, PyCompiledConstraint>>,
     ) -> PyResult<Self> {
         let non_negative = |name: &str, v: i64| {
             usize::try_from(v)
@@ -92,6 +95,7 @@ impl PyRequest {
             n: non_negative("n", n)?,
             cache_salt,
             sample_attachments: sample_attachments(py, &request_id, sample_params)?,
+            constraint: constraint.map(|c| c.handle.clone()),
             request_id,
         };
         Ok(PyRequest { spec })
@@ -124,6 +128,11 @@ impl PyRequest {
     #[getter]
     fn priority(&self) -> i64 {
         self.spec.priority
+    }
+    /// Whether a grammar constrains its output.
+    #[getter]
+    fn constrained(&self) -> bool {
+        self.spec.constraint.is_some()
     }
 
     fn __repr__(&self) -> String {

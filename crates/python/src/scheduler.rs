@@ -63,6 +63,10 @@ pub fn snapshot_dict<'py>(py: Python<'py>, s: &SchedulerSnapshot) -> PyResult<Bo
     d.set_item("decode_tokens_scheduled", c.decode_tokens_scheduled)?;
     d.set_item("generated_tokens", c.generated_tokens)?;
     d.set_item("discarded_tokens", c.discarded_tokens)?;
+    d.set_item("mask_steps", c.mask_steps)?;
+    d.set_item("masks_computed", c.masks_computed)?;
+    d.set_item("mask_seconds", c.mask_ns as f64 * 1e-9)?;
+    d.set_item("grammar_dead_ends", c.dead_ends)?;
     Ok(d)
 }
 
@@ -82,20 +86,35 @@ impl PyScheduler {
 
     /// Plans the next step (GIL released), or None.
     fn schedule(&self, py: Python<'_>) -> PyResult<Option<PyStepPlan>> {
-        let plan = call(py, || Ok::<_, Infallible>(self.lock().schedule()))?;
+        let plan = call(py, || {
+            let mut s = self.lock();
+            let plan = s.schedule();
+            s.send_front_mask();
+            Ok::<_, Infallible>(plan)
+        })?;
         plan.map(|p| PyStepPlan::new(py, p)).transpose()
     }
 
     /// Applies the oldest in-flight step's sampled tokens (GIL released).
     fn apply_result(&self, py: Python<'_>, step_id: u64, sampled: &Bound<'_, PyAny>) -> PyResult<()> {
         let sampled = sampled_tokens(sampled)?;
-        call(py, || self.lock().apply_result(step_id, &sampled))
+        call(py, || {
+            let mut s = self.lock();
+            s.apply_result(step_id, &sampled)?;
+            s.send_front_mask();
+            Ok::<_, pyengine_sched::SchedError>(())
+        })
     }
 
     /// Ends every sequence of a step the executor could not run, with reason "error"
     /// (GIL released).
     fn fail_step(&self, py: Python<'_>, step_id: u64) -> PyResult<()> {
-        call(py, || self.lock().fail_step(step_id))
+        call(py, || {
+            let mut s = self.lock();
+            s.fail_step(step_id)?;
+            s.send_front_mask();
+            Ok::<_, pyengine_sched::SchedError>(())
+        })
     }
 
     /// What happened since the last call: accepted tokens and ended sequences.

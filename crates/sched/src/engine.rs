@@ -368,7 +368,11 @@ impl Worker {
         s.plan_ns_max.fetch_max(ns, Ordering::Relaxed);
         // Never blocks in practice: plans in the channel are in flight, and in-flight
         // steps are fewer than the channel's capacity when we get here.
-        Some(self.send_or_stop(&self.plan_tx.clone(), plan))
+        let flow = self.send_or_stop(&self.plan_tx.clone(), plan);
+        // With no step before it in flight, its grammar mask is computed now, while its
+        // forward pass runs.
+        self.scheduler.send_front_mask();
+        Some(flow)
     }
 
     fn handle(&mut self, cmd: Command) -> Flow {
@@ -400,6 +404,8 @@ impl Worker {
                 if let Err(e) = self.scheduler.apply_result(step_id, &sampled) {
                     panic!("{e}");
                 }
+                // The next step's forward pass is running now: its mask is wanted first.
+                self.scheduler.send_front_mask();
                 self.forget_ended();
                 self.flush_step_output(step_id, attachment)
             }
@@ -410,6 +416,7 @@ impl Worker {
                 if let Err(e) = self.scheduler.fail_step(step_id) {
                     panic!("{e}");
                 }
+                self.scheduler.send_front_mask();
                 self.forget_ended();
                 self.flush_step_output(step_id, attachment)
             }

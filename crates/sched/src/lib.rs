@@ -1,7 +1,8 @@
 //! pyengine's scheduler core.
 //!
 //! A pure Rust crate: the paged KV [`block_pool`], the continuous-batching [`scheduler`],
-//! the [`plan`] it emits and the [`engine`] thread that runs it. It knows nothing of
+//! the [`plan`] it emits and the [`engine`] thread that runs it, and the [`constraint`]
+//! interface through which it drives grammar matchers (implemented in `crates/grammar`). It knows nothing of
 //! Python or of the model: the bindings (`crates/python`, the Python module
 //! `pyengine._sched`) only convert and call through, and the executor's CPU kernels live
 //! in their own crate (`crates/kernels`).
@@ -10,6 +11,7 @@ pub mod attachment;
 pub mod block_hash;
 pub mod block_pool;
 pub mod config;
+pub mod constraint;
 pub mod engine;
 pub mod error;
 mod lru;
@@ -21,6 +23,9 @@ pub mod sim;
 pub use attachment::Attachment;
 pub use block_pool::{BlockId, BlockPool, PoolUsage, PrefixCacheStats};
 pub use config::{Policy, SchedulerConfig};
+pub use constraint::{
+    Advance, Constraint, ConstraintHandle, ConstraintState, GrammarMask, MaskTicket, MaskWait,
+};
 pub use engine::{EngineHandle, SchedulerThreadStats};
 pub use error::{SchedError, SchedResult};
 pub use plan::{FinishReason, OutputEvent, StepPlan, FINISH_REASONS, PLACEHOLDER_TOKEN};

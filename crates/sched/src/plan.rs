@@ -4,6 +4,7 @@
 //! the fields fit together.
 
 use crate::attachment::Attachment;
+use crate::constraint::MaskTicket;
 
 /// Input token id meaning "the token this row sampled in the previous step"; the executor
 /// fills it from the sampled-token tensor it still holds on the device.
@@ -54,6 +55,11 @@ pub struct StepPlan {
     pub new_attachments: Vec<Option<Attachment>>,
     /// `[F]` rows released since the previous plan.
     pub freed_rows: Vec<i32>,
+    /// `[M]` indices into the `S` samples whose logits a grammar constrains, in order.
+    pub mask_sample_indices: Vec<i32>,
+    /// Where the executor takes this step's mask (`[M, words]` bits) just before sampling;
+    /// None when `M` is 0.
+    pub grammar_mask: Option<MaskTicket>,
 }
 
 impl StepPlan {
@@ -84,10 +90,13 @@ pub enum FinishReason {
     Pooled = 3,
     /// The step that computed it failed in the executor.
     Error = 4,
+    /// Its grammar allows no further token (nor the end): the sequence ends before
+    /// sampling an invalid token.
+    DeadEnd = 5,
 }
 
 /// Names of [`FinishReason`] by code, as exported to Python.
-pub const FINISH_REASONS: [&str; 5] = ["stop", "length", "abort", "pooled", "error"];
+pub const FINISH_REASONS: [&str; 6] = ["stop", "length", "abort", "pooled", "error", "dead_end"];
 
 impl FinishReason {
     pub fn name(self) -> &'static str {
@@ -101,6 +110,7 @@ impl FinishReason {
             "abort" => FinishReason::Abort,
             "pooled" => FinishReason::Pooled,
             "error" => FinishReason::Error,
+            "dead_end" => FinishReason::DeadEnd,
             _ => return None,
         })
     }

@@ -7,6 +7,7 @@ use crate::attachment::Attachment;
 use crate::block_hash::{extend_block_hashes, BlockHash};
 use crate::block_pool::BlockId;
 use crate::config::SchedulerConfig;
+use crate::constraint::{ConstraintHandle, Matcher};
 use crate::error::{SchedError, SchedResult};
 use crate::plan::FinishReason;
 
@@ -39,6 +40,9 @@ pub struct RequestSpec {
     /// What the executor needs of each sample (its sampling or pooling parameters): empty,
     /// or one per sample. Handed over in the plan that (re)admits the sample.
     pub sample_attachments: Vec<Attachment>,
+    /// A compiled grammar every sample's output must match (each sample gets its own
+    /// matcher).
+    pub constraint: Option<ConstraintHandle>,
 }
 
 impl RequestSpec {
@@ -60,6 +64,9 @@ impl RequestSpec {
                 self.sample_attachments.len(),
                 self.n
             )));
+        }
+        if self.pooling && self.constraint.is_some() {
+            return Err(err("a pooling request samples nothing: it takes no output constraint".into()));
         }
         if self.n > config.max_num_seqs {
             return Err(err(format!("n = {} exceeds max_num_seqs = {}", self.n, config.max_num_seqs)));
@@ -161,6 +168,8 @@ pub struct Sequence {
     /// instead of the two vectors' heap memory.
     pub last_token: u32,
     pub tail_block: BlockId,
+    /// It has a matcher: each of its samples needs a grammar mask.
+    pub constrained: bool,
     pub id: SeqId,
     // ---- hot: written by every accepted token ----
     /// The known tokens but the staged ones.
@@ -192,6 +201,9 @@ pub struct Sequence {
     pub fork_source: Option<SeqIndex>,
     /// The request's data for this sample, handed to the executor with each admission.
     pub attachment: Option<Attachment>,
+    /// Its grammar matcher, advanced by every accepted token (kept across preemption,
+    /// dropped when the sequence ends).
+    pub matcher: Option<Matcher>,
 }
 
 /// `Sequence::row` of a sequence that holds no row.
@@ -258,6 +270,7 @@ impl Sequence {
             row: NO_ROW,
             last_token: *prompt.last().expect("validated non-empty"),
             tail_block: 0,
+            constrained: false,
             id,
             tokens: prompt.to_vec(),
             staged: [0; STAGED_TOKENS],
@@ -276,6 +289,7 @@ impl Sequence {
             kv_failed: false,
             fork_source: None,
             attachment: None,
+            matcher: None,
         }
     }
 

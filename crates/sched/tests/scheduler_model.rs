@@ -380,6 +380,7 @@ impl Model {
             // Each sample's attachment is the id it will get, so every plan that admits it
             // (again after a preemption) can be checked to carry its own.
             sample_attachments: (0..g.n as u64).map(|i| Attachment::new(self.next_seq + i)).collect(),
+            constraint: None,
         }
     }
 

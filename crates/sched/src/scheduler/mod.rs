@@ -14,6 +14,7 @@
 //! requests are not admitted in a step that preempted, so a victim is not re-admitted
 //! only to be preempted again in the same breath.
 
+mod masks;
 mod queues;
 mod schedule;
 mod update;
@@ -24,6 +25,7 @@ use std::sync::Arc;
 use crate::block_hash::BlockHash;
 use crate::block_pool::{BlockId, BlockPool, PoolUsage, PrefixCacheStats};
 use crate::config::{Policy, SchedulerConfig};
+use crate::constraint::{GrammarMask, Matcher};
 use crate::error::{SchedError, SchedResult};
 use crate::plan::{FinishReason, OutputEvent};
 use crate::request::{
@@ -54,6 +56,12 @@ struct InflightStep {
     num_flushed: usize,
     /// First samples whose prompt completes in this step (their siblings may start).
     unpark: Vec<SeqIndex>,
+    /// The constrained samples, in `mask_sample_indices` order.
+    masked: Vec<SeqIndex>,
+    /// Words per mask row (the widest of their constraints).
+    mask_words: usize,
+    /// Where their mask goes, until it is sent (`masks.rs`).
+    mask_tx: Option<crossbeam_channel::Sender<GrammarMask>>,
 }
 
 /// The samples of one request, for abort and for id reuse.
@@ -79,6 +87,13 @@ pub struct SchedulerCounters {
     pub generated_tokens: u64,
     /// Sampled tokens dropped because their sequence had already finished.
     pub discarded_tokens: u64,
+    /// Steps whose grammar masks the scheduler computed, and the masks (sequences) in them.
+    pub mask_steps: u64,
+    pub masks_computed: u64,
+    /// Total time spent computing masks, in nanoseconds.
+    pub mask_ns: u64,
+    /// Constrained sequences ended because their grammar allowed no token.
+    pub dead_ends: u64,
 }
 
 /// A snapshot for stats and tests.
@@ -211,6 +226,8 @@ impl Scheduler {
             );
             seq.fork_source = first_seq_index;
             seq.attachment = spec.sample_attachments.get(index).cloned();
+            seq.matcher = spec.constraint.as_ref().map(Matcher::start);
+            seq.constrained = seq.matcher.is_some();
             if index == 0 && self.config.enable_prefix_caching {
                 seq.update_hashes(self.config.block_size);
             }
@@ -428,6 +445,7 @@ impl Scheduler {
         self.release_row(seq_index);
         let seq = self.seq_mut(seq_index);
         seq.state = SeqState::Finished;
+        seq.matcher = None;
         let (id, req, first_of_group) = (seq.id, seq.request_id.clone(), seq.sample_index == 0);
         let ev = &mut self.output;
         let seq = self.seqs[seq_index as usize].as_ref().unwrap();
@@ -516,3 +534,6 @@ impl Scheduler {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod mask_tests;

@@ -2,6 +2,7 @@
 //! then waiting ones, within the token budget, the sequence cap and the free blocks.
 
 use crate::block_pool::BlockId;
+use crate::constraint::MaskTicket;
 use crate::plan::{StepPlan, PLACEHOLDER_TOKEN};
 use crate::request::{SeqIndex, SeqState};
 
@@ -46,6 +47,11 @@ impl Scheduler {
         }
         self.next_step_id += 1;
         plan.freed_rows = std::mem::take(&mut self.freed_rows);
+        if !step.masked.is_empty() {
+            let (tx, ticket) = MaskTicket::new();
+            step.mask_tx = Some(tx);
+            plan.grammar_mask = Some(ticket);
+        }
         let unpark = std::mem::take(&mut step.unpark);
         for seq_index in unpark {
             self.unpark_siblings(seq_index);
@@ -294,6 +300,11 @@ impl Scheduler {
             plan.logits_indices.push(plan.input_ids.len() as i64 - 1);
             plan.sample_rows.push(row);
             seq.pending_samples += 1;
+            if seq.constrained {
+                plan.mask_sample_indices.push(step.sampled.len() as i32);
+                step.masked.push(seq_index);
+                step.mask_words = step.mask_words.max(seq.matcher.as_ref().map_or(1, |m| m.mask_words));
+            }
             step.sampled.push(seq_index);
         }
         // (The index, in the block table's cache line, is only read at the end of a prompt.)

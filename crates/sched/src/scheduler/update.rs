@@ -2,6 +2,7 @@
 //! them, and sequences that ended are freed once no in-flight step references them.
 
 use crate::block_pool::BlockId;
+use crate::constraint::Advance;
 use crate::error::{SchedError, SchedResult};
 use crate::plan::FinishReason;
 use crate::request::{SeqIndex, SeqState};
@@ -30,10 +31,35 @@ impl Scheduler {
                     // Planned before its sequence was seen to finish: the extra token is dropped.
                     self.counters.discarded_tokens += 1;
                 } else {
+                    let mut complete = None;
+                    // (`constrained` is in the hot bytes: unconstrained sequences never read
+                    // the matcher's.)
+                    let matcher = if seq.constrained { seq.matcher.as_mut() } else { None };
+                    if let Some(matcher) = matcher {
+                        match matcher.state.advance(token) {
+                            Ok(Advance::Continue) => {}
+                            Ok(Advance::Complete { eos }) => complete = Some(eos),
+                            Err(_) => {
+                                // Not allowed by its grammar (its mask was not applied): the
+                                // token is never emitted.
+                                self.counters.dead_ends += 1;
+                                self.counters.discarded_tokens += 1;
+                                self.end_sequence(seq_index, FinishReason::DeadEnd, None);
+                                continue;
+                            }
+                        }
+                    }
+                    let seq = self.seqs[seq_index as usize].as_mut().expect("live sequence");
                     seq.push_token(token);
                     self.output.seq_ids.push(seq.id);
                     self.output.token_ids.push(i64::from(token));
                     self.counters.generated_tokens += 1;
+                    if let Some(eos) = complete {
+                        // The grammar is complete: "stop", even at max_tokens. Ended by an
+                        // end-of-sequence token, that token is the stop token (not text).
+                        self.end_sequence(seq_index, FinishReason::Stop, eos.then_some(token));
+                        continue;
+                    }
                     let maybe_stop = self.stop_filter.may_contain(token);
                     if let Some((reason, stop_token)) = seq.check_stop(token, maybe_stop, &self.config) {
                         self.end_sequence(seq_index, reason, stop_token);
@@ -44,6 +70,7 @@ impl Scheduler {
                 self.end_sequence(seq_index, FinishReason::Pooled, None);
                 continue;
             }
+            let seq = self.seq(seq_index).expect("live sequence");
             if seq.state == SeqState::Finished && seq.inflight_steps == 0 {
                 self.release_if_idle(seq_index);
             }
