@@ -6,7 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pyengine import FINISH_REASONS, InvalidConfigError, InvalidRequestError, Request, Scheduler, SchedulerConfig
+from pyengine import (
+    FINISH_REASONS,
+    InvalidConfigError,
+    InvalidRequestError,
+    Request,
+    Scheduler,
+    SchedulerConfig,
+)
 from pyengine._sched import GrammarCompiler
 
 # ids: 0 "a", 1 "b", 2 "c", 3 "ab", 4 EOS; logits width 40 (ids 5..39 have no bytes).
