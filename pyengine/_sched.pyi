@@ -361,6 +361,16 @@ class GrammarCompiler:
         """Compiles (or finds in the cache) a constraint; ``choice`` takes a JSON list of
         strings, ``grammar`` llguidance's Lark. Raises ``InvalidRequestError`` naming what
         is wrong."""
+    def is_cached(
+        self,
+        kind: Literal["json", "json_object", "regex", "choice", "grammar"],
+        text: str,
+        *,
+        disable_any_whitespace: bool = False,
+        disable_additional_properties: bool = False,
+        whitespace_pattern: str | None = None,
+    ) -> bool:
+        """Whether ``compile`` with these arguments would be a cache hit (compiles nothing)."""
     @property
     def vocab_size(self) -> int: ...
     def stats(self) -> dict[str, int | float]:

@@ -113,8 +113,7 @@ class AsyncEngine(EngineClient):
         rid = request_id if request_id is not None else f"async-{next(self._auto_ids)}"
         text, token_ids = normalize_prompt(prompt, self.engine.tokenize)
         if isinstance(params, SamplingParams) and params.structured_outputs is not None:
-            # Compiled in a worker thread (the GIL released): the event loop keeps serving.
-            await asyncio.get_running_loop().run_in_executor(None, self.engine.compile_structured_outputs, params)
+            await self.prepare(params)
         sink = _LoopSink(asyncio.get_running_loop())
         self.engine.add_request(rid, text, token_ids, params, sink, kind=kind, priority=priority)
         finished = False
@@ -129,6 +128,18 @@ class AsyncEngine(EngineClient):
         finally:
             if not finished:  # cancelled, or the consumer stopped early
                 self.engine.abort(rid)
+
+    async def prepare(self, sampling_params: SamplingParams) -> None:
+        """Compiles the request's constraint in a worker thread (the GIL released), so the
+        event loop never compiles; ``add_request`` then finds it in the cache. Returns at
+        once, without leaving the loop, when it is cached already."""
+        so = sampling_params.structured_outputs
+        if so is None:
+            return
+        so.validate()
+        if not self.engine.constraints.is_cached(so):
+            await asyncio.get_running_loop().run_in_executor(None, self.engine.compile_structured_outputs,
+                                                             sampling_params)
 
     async def abort(self, request_id: str) -> None:
         """Aborts a request; its stream ends with ``finish_reason == "abort"``."""

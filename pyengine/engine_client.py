@@ -50,6 +50,14 @@ class EngineClient(ABC):
         """Streams one request's outputs (an async generator). Raises the engine's error if
         the request is refused or fails; leaving the iteration early aborts the request."""
 
+    async def prepare(self, sampling_params: SamplingParams) -> None:
+        """Does the work a request with these parameters needs before it is added (compiling
+        its structured-outputs constraint), off the event loop; raises the error adding it
+        would raise (``InvalidRequestError`` for a bad constraint). After it, ``generate``
+        reaches the engine without waiting. Optional: ``generate`` does it too. The default
+        does nothing (an engine in another process compiles there, off this loop)."""
+        return None
+
     @abstractmethod
     async def embed(self, prompt: PromptType, pooling_params: Optional[PoolingParams] = None,
                     request_id: Optional[str] = None) -> EmbeddingRequestOutput:

@@ -90,10 +90,10 @@ def test_unconstrained_requests_in_the_same_batch_are_untouched(llm):
 @pytest.mark.parametrize(
     "so, message",
     [
-        (StructuredOutputsParams(regex="(ab"), "invalid regex"),
-        (StructuredOutputsParams(json={"type": "strin"}), "invalid json"),
-        (StructuredOutputsParams(json={"type": "string", "minLength": 5, "maxLength": 2}), "invalid json"),
-        (StructuredOutputsParams(grammar="start: undefined_rule"), "invalid grammar"),
+        (StructuredOutputsParams(regex="(ab"), "structured_outputs.regex is invalid"),
+        (StructuredOutputsParams(json={"type": "strin"}), "structured_outputs.json is invalid"),
+        (StructuredOutputsParams(json={"type": "string", "minLength": 5, "maxLength": 2}), "structured_outputs.json is invalid"),
+        (StructuredOutputsParams(grammar="start: undefined_rule"), "structured_outputs.grammar is invalid"),
         (StructuredOutputsParams(regex="a", whitespace_pattern="("), None),
     ],
 )
@@ -119,7 +119,7 @@ def test_schema_references_resolve_locally(llm):
     for c in run(llm, StructuredOutputsParams(json=schema, disable_any_whitespace=True), prompts=PROMPTS[:2]):
         assert c.finish_reason == "stop" and json.loads(c.text)["f"] in (True, False)
     remote = {"type": "object", "properties": {"x": {"$ref": "https://example.com/schema.json"}}}
-    with pytest.raises(InvalidRequestError, match="invalid json"):
+    with pytest.raises(InvalidRequestError, match="structured_outputs.json is invalid"):
         llm.generate(PROMPTS[:1], SamplingParams(structured_outputs=StructuredOutputsParams(json=remote)),
                      use_tqdm=False)
 
@@ -165,7 +165,7 @@ def test_async_engine_compiles_off_the_event_loop(checkpoint):
         loop_thread = threading.current_thread()
         outs = [o async for o in engine.generate(
             "hi", SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(choice=["a", "b"])))]
-        with pytest.raises(InvalidRequestError, match="invalid regex"):
+        with pytest.raises(InvalidRequestError, match="structured_outputs.regex is invalid"):
             async for _ in engine.generate("hi", SamplingParams(structured_outputs=StructuredOutputsParams(regex="("))):
                 pass
         return loop_thread, outs[-1]

@@ -36,10 +36,11 @@ class ConstraintCompiler:
         cls, decode_table: Optional[DecodeTable], eos_token_ids: list[int], vocab_size: Optional[int]
     ) -> ConstraintCompiler:
         if decode_table is None or decode_table.token_bytes is None:
-            return cls(None, "structured outputs need the checkpoint's tokenizer with a byte-level "
-                             "or byte-fallback decoder (token bytes)")
+            return cls(None, "structured_outputs cannot be enforced with this checkpoint: it needs a tokenizer "
+                             "with a byte-level or byte-fallback decoder (token bytes)")
         if not eos_token_ids:
-            return cls(None, "structured outputs need an end-of-sequence token, and this checkpoint declares none")
+            return cls(None, "structured_outputs cannot be enforced with this checkpoint: it declares no "
+                             "end-of-sequence token")
         with_special = decode_table.token_bytes
         without_special = decode_table.token_bytes_skipping_special or with_special
         special = [i for i, (a, b) in enumerate(zip(with_special, without_special)) if a and not b]
@@ -51,16 +52,36 @@ class ConstraintCompiler:
     def native(self) -> Optional[GrammarCompiler]:
         return self._compiler
 
-    def compile(self, params: StructuredOutputsParams) -> CompiledConstraint:
-        """The compiled constraint (cached); ``InvalidRequestError`` when it is invalid or
-        this engine cannot enforce constraints."""
+    def is_cached(self, params: StructuredOutputsParams) -> bool:
+        """Whether ``compile(params)`` would be a cache hit (or cannot compile at all: then
+        it fails at once); nothing is compiled."""
         if self._compiler is None:
-            raise InvalidRequestError(self.unavailable or "structured outputs are unavailable")
-        params.validate()
-        return self._compiler.compile(
+            return True
+        return self._compiler.is_cached(
             params.kind,
             params.spec_text(),
             disable_any_whitespace=params.disable_any_whitespace,
             disable_additional_properties=params.disable_additional_properties,
             whitespace_pattern=params.whitespace_pattern,
         )
+
+    def compile(self, params: StructuredOutputsParams) -> CompiledConstraint:
+        """The compiled constraint (cached); ``InvalidRequestError`` when it is invalid or
+        this engine cannot enforce constraints."""
+        if self._compiler is None:
+            raise InvalidRequestError(self.unavailable or "structured outputs are unavailable")
+        params.validate()
+        kind = params.kind
+        try:
+            return self._compiler.compile(
+                kind,
+                params.spec_text(),
+                disable_any_whitespace=params.disable_any_whitespace,
+                disable_additional_properties=params.disable_additional_properties,
+                whitespace_pattern=params.whitespace_pattern,
+            )
+        except InvalidRequestError as error:
+            # Named by the field, as every structured_outputs refusal is (the server
+            # renames it to the field the client sent).
+            reason = str(error).removeprefix(f"invalid {kind}: ")
+            raise InvalidRequestError(f"structured_outputs.{kind} is invalid: {reason}") from None

@@ -50,6 +50,7 @@ class GenerationSet:
     async def start(self, request: Optional[Request] = None) -> None:
         """Submits every prompt; raises the engine's error if one is refused (and aborts
         the others). With ``request``, a client disconnect aborts the set."""
+        await self.engine.prepare(self.params)  # a constraint compiled off the loop, before any pump
         for i, ids in enumerate(self.prompts):
             self._tasks.append(asyncio.ensure_future(self._pump(i, ids)))
         await asyncio.sleep(0)  # each pump runs up to its first wait: add_request has run

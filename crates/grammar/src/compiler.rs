@@ -110,6 +110,11 @@ impl GrammarCompiler {
         Ok(Compiled { grammar, cached: false, seconds })
     }
 
+    /// The compiled grammar of `spec` if it is cached (nothing is compiled).
+    pub fn cached(&self, spec: &ConstraintSpec) -> Option<Arc<CompiledGrammar>> {
+        self.lock().entries.get(spec).map(|(g, _)| g.clone())
+    }
+
     fn compile_uncached(&self, spec: &ConstraintSpec) -> Result<CompiledGrammar, GrammarError> {
         let invalid = |reason: String| GrammarError::InvalidConstraint { kind: spec.kind.name(), reason };
         let grammar = spec.to_grammar()?;

@@ -142,7 +142,9 @@ fn bad_specs_are_refused_naming_the_kind_and_the_problem() {
 fn the_same_spec_is_compiled_once_and_the_cache_is_bounded() {
     let c = compiler();
     let s = spec(ConstraintKind::Regex, "[a-z]{1,4}");
+    assert!(c.cached(&s).is_none());
     let first = c.compile(&s).unwrap();
+    assert!(Arc::ptr_eq(&c.cached(&s).unwrap(), &first.grammar));
     let again = c.compile(&s).unwrap();
     assert!(!first.cached && again.cached);
     assert!(Arc::ptr_eq(&first.grammar, &again.grammar));

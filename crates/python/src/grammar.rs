@@ -71,27 +71,33 @@ impl PyGrammarCompiler {
         disable_additional_properties: bool,
         whitespace_pattern: Option<String>,
     ) -> PyResult<PyCompiledConstraint> {
-        let Some(parsed) = ConstraintKind::parse(kind) else {
-            return Err(GrammarError::InvalidConstraint {
-                kind: "constraint",
-                reason: format!(
-                    "unknown kind {kind:?}: expected json, json_object, regex, choice or grammar"
-                ),
-            }
-            .into_py_err(py));
-        };
-        let spec = ConstraintSpec {
-            kind: parsed,
-            text,
-            json: JsonOptions { disable_any_whitespace, disable_additional_properties, whitespace_pattern },
-        };
+        let spec =
+            spec(py, kind, text, disable_any_whitespace, disable_additional_properties, whitespace_pattern)?;
         let compiled = call(py, || self.inner.compile(&spec))?;
         Ok(PyCompiledConstraint {
             handle: ConstraintHandle(compiled.grammar),
-            kind: parsed.name(),
+            kind: spec.kind.name(),
             cached: compiled.cached,
             compile_seconds: compiled.seconds,
         })
+    }
+
+    /// Whether `compile` with these arguments would be served from the cache (nothing is
+    /// compiled).
+    #[pyo3(signature = (kind, text, *, disable_any_whitespace = false, disable_additional_properties = false,
+                        whitespace_pattern = None))]
+    fn is_cached(
+        &self,
+        py: Python<'_>,
+        kind: &str,
+        text: String,
+        disable_any_whitespace: bool,
+        disable_additional_properties: bool,
+        whitespace_pattern: Option<String>,
+    ) -> PyResult<bool> {
+        let spec =
+            spec(py, kind, text, disable_any_whitespace, disable_additional_properties, whitespace_pattern)?;
+        Ok(self.inner.cached(&spec).is_some())
     }
 
     #[getter]
@@ -110,6 +116,28 @@ impl PyGrammarCompiler {
         d.set_item("cached_grammars", s.cached_grammars)?;
         Ok(d)
     }
+}
+
+fn spec(
+    py: Python<'_>,
+    kind: &str,
+    text: String,
+    disable_any_whitespace: bool,
+    disable_additional_properties: bool,
+    whitespace_pattern: Option<String>,
+) -> PyResult<ConstraintSpec> {
+    let Some(kind) = ConstraintKind::parse(kind) else {
+        return Err(GrammarError::InvalidConstraint {
+            kind: "constraint",
+            reason: format!("unknown kind {kind:?}: expected json, json_object, regex, choice or grammar"),
+        }
+        .into_py_err(py));
+    };
+    Ok(ConstraintSpec {
+        kind,
+        text,
+        json: JsonOptions { disable_any_whitespace, disable_additional_properties, whitespace_pattern },
+    })
 }
 
 #[pymethods]
