@@ -5,6 +5,8 @@ client, as a user would; a synthetic engine keeps it fast."""
 
 from __future__ import annotations
 
+import asyncio
+
 import openai
 import pytest
 
@@ -145,3 +147,39 @@ def test_what_asks_for_nothing_is_served(client, engine):
     # Nothing refused above reached the engine: no request is left behind.
     stats = engine.stats()
     assert stats.num_running == 0 and stats.num_waiting == 0
+
+
+class SlowToRefuse(AsyncEngine):
+    """Refuses a constrained request only after a wait, as an engine that compiles the
+    constraint elsewhere (in another process: ``prepare`` does nothing here) does."""
+
+    async def prepare(self, sampling_params):
+        return None
+
+    async def generate(self, prompt, sampling_params=None, request_id=None, **kwargs):
+        if sampling_params is not None and sampling_params.structured_outputs is not None:
+            await asyncio.sleep(0.05)
+        async for out in super().generate(prompt, sampling_params, request_id, **kwargs):
+            yield out
+
+
+def test_a_refusal_that_comes_late_is_still_a_400_for_a_stream():
+    engine = SlowToRefuse.from_engine_core(EngineCore(EngineConfig(max_num_seqs=8), runner=SleepRunner(0.0)))
+    args = ServerArgs(model_name="m", chat_template=TEMPLATE, stats_interval=0, log_requests=False)
+    try:
+        with LiveServer(engine, args) as server:
+            with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", timeout=30, max_retries=0) as client:
+                for stream in (True, False):
+                    refused(lambda stream=stream: client.chat.completions.create(
+                        model="m", messages=USER, max_tokens=4, stream=stream,
+                        extra_body={"structured_outputs": {"regex": "(unclosed"}}), "structured_outputs.regex")
+                    refused(lambda stream=stream: client.completions.create(
+                        model="m", prompt=["a", "b"], max_tokens=4, stream=stream,
+                        extra_body={"guided_regex": "(unclosed"}), "guided_regex")
+                # Unconstrained requests are not held back.
+                out = client.chat.completions.create(model="m", messages=USER, max_tokens=2, stream=True)
+                assert sum(1 for _ in out) >= 2
+        stats = engine.stats()
+        assert stats.num_running == 0 and stats.num_waiting == 0
+    finally:
+        engine.shutdown()

@@ -49,22 +49,32 @@ class GenerationSet:
 
     async def start(self, request: Optional[Request] = None) -> None:
         """Submits every prompt; raises the engine's error if one is refused (and aborts
-        the others). With ``request``, a client disconnect aborts the set."""
+        the others). With ``request``, a client disconnect aborts the set.
+
+        Most refusals happen in ``add_request``, which a pump reaches before its first
+        wait. A constrained request's constraint is compiled first: ``engine.prepare``
+        does that here, off the event loop, and raises its refusal. An engine that
+        compiles elsewhere (another process: ``prepare`` does nothing) refuses later, so
+        for a constrained request each pump's first output or error is awaited too: an
+        invalid schema is a 400, never a 200 stream that ends in an error."""
         await self.engine.prepare(self.params)  # a constraint compiled off the loop, before any pump
         for i, ids in enumerate(self.prompts):
             self._tasks.append(asyncio.ensure_future(self._pump(i, ids)))
+        if request is not None:
+            self._watcher = asyncio.ensure_future(self._watch(request))
         await asyncio.sleep(0)  # each pump runs up to its first wait: add_request has run
         early: list[_Item] = []
-        while not self._queue.empty():
-            early.append(self._queue.get_nowait())
-        for item in early:
+        heard: set[int] = set()
+        while not self._queue.empty() or (self.params.structured_outputs is not None
+                                          and len(heard) < len(self.prompts)):
+            item = await self._queue.get()
+            early.append(item)
             if isinstance(item, BaseException):
                 self.close()
                 raise item
+            heard.add(item[0])
         for item in early:
             self._queue.put_nowait(item)
-        if request is not None:
-            self._watcher = asyncio.ensure_future(self._watch(request))
 
     async def _pump(self, index: int, prompt_token_ids: list[int]) -> None:
         try:

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from pyengine.sampling_params import SamplingParams
 from pyengine.server.choices import ChoiceDelta, ChoiceTracker
 from pyengine.server.context import ServerContext
-from pyengine.server.errors import to_api_error
+from pyengine.server.errors import APIError, to_api_error
 from pyengine.server.generation import ClientDisconnected, GenerationSet
 from pyengine.server.protocol import SamplingFields
 from pyengine.server.sse import DONE, error_event, event, sse_response
@@ -50,6 +50,9 @@ class Generation:
         gen = GenerationSet(ctx.engine, prompts, params, request_id)
         try:
             await gen.start(request)
+        except ClientDisconnected:  # while a constrained request was compiled: nobody reads this
+            ctx.metrics.disconnects.labels(ctx.args.model_name).inc()
+            raise APIError(499, "the client disconnected") from None
         except Exception as error:  # noqa: BLE001 - refused by the engine: an error response
             raise to_api_error(error) from None
         return cls(ctx, gen, ChoiceTracker(ctx, request_id, [len(ids) for ids in prompts], params.n))
