@@ -58,15 +58,18 @@ def test_every_spelling_maps_to_the_engines_constraint(fields, expected, param):
 
 
 def test_engine_errors_are_named_by_the_field_the_client_sent():
-    engine = bad_request("structured_outputs.json: invalid JSON schema: 'type' must be a string")
-    named = name_constraint_error(engine, "response_format")
-    assert named.param == "response_format" and named.message.startswith("response_format: invalid JSON schema")
-    assert name_constraint_error(engine, "structured_outputs.json").message == engine.message
-    assert name_constraint_error(engine, "tool_choice").message.startswith("tool_choice: invalid")
-    other = bad_request("prompt is too long", "messages")
-    assert name_constraint_error(other, "guided_json") is other
+    compiler = bad_request("invalid regex: unclosed group")
+    named = name_constraint_error(compiler, "guided_regex")
+    assert (named.param, named.message) == ("guided_regex", "guided_regex: invalid regex: unclosed group")
+    checks = bad_request("structured_outputs.json is not valid JSON: Expecting value")
+    named = name_constraint_error(checks, "response_format")
+    assert (named.param, named.message) == ("response_format", "response_format is not valid JSON: Expecting value")
+    assert name_constraint_error(checks, "structured_outputs.json").message == checks.message
+    named_already = bad_request("max_tokens must be >= 1", "max_tokens")
+    assert name_constraint_error(named_already, "guided_json") is named_already
     server = APIError(500, "internal server error (reference x)")
     assert name_constraint_error(server, "guided_json") is server
+    assert name_constraint_error(compiler, None) is compiler
 
 
 @pytest.mark.parametrize("parser", sorted(TOOL_PARSERS))
@@ -91,7 +94,8 @@ def test_the_forced_grammar_embeds_each_tools_schema_under_the_formats_key():
     hermes = TOOL_PARSERS["hermes"].forced_grammar([{"name": "f", "parameters": SCHEMA}], many=False)
     body = json.loads(hermes.split("%json ", 1)[1])
     assert body == {"type": "object", "properties": {"name": {"const": "f"}, "arguments": SCHEMA},
-                    "required": ["name", "arguments"], "additionalProperties": False}
+                    "required": ["name", "arguments"], "additionalProperties": False,
+                    "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}
     assert '"<tool_call>\\n" body "\\n</tool_call>"' in hermes
     llama = TOOL_PARSERS["llama3_json"].forced_grammar([{"name": "f"}, {"name": "g", "parameters": SCHEMA}], True)
     schema = json.loads(llama.split("%json ", 1)[1])

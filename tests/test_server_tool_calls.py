@@ -281,3 +281,86 @@ def test_tool_flags_as_vllm_spells_them():
         parse(["--enable-auto-tool-choice"])
     with pytest.raises(SystemExit):
         parse(["--tool-call-parser", "nonsense"])
+
+
+# ---- forced calls (tool_choice "required" / a named function) on a real, random-weight model ----
+
+FORCED_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                         "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"],
+        "additionalProperties": False}}},
+]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in FORCED_TOOLS}
+
+
+@pytest.fixture(scope="module", params=["hermes", "llama3_json"])
+def forced(request, tmp_path_factory):
+    from pyengine.testing.checkpoints import make_tiny_checkpoint
+
+    path = make_tiny_checkpoint(tmp_path_factory.mktemp("ckpt"))
+    engine = AsyncEngine(path, max_num_seqs=16, max_model_len=2048)  # the tools' JSON makes long prompts
+    args = ServerArgs(model_name="m", chat_template=TEMPLATE, stats_interval=0, log_requests=False,
+                      tool_call_parser=request.param)
+    try:
+        with LiveServer(engine, args) as server:
+            with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", timeout=60, max_retries=0) as client:
+                yield client
+    finally:
+        engine.shutdown()
+
+
+def assert_valid_calls(calls, names=None):
+    import jsonschema
+
+    assert calls
+    for call in calls:
+        assert call.id.startswith("call_") and call.type == "function"
+        assert call.function.name in (names or SCHEMAS)
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_required_forces_one_valid_call(forced):
+    out = forced.chat.completions.create(model="m", messages=USER, tools=FORCED_TOOLS, tool_choice="required",
+                                         parallel_tool_calls=False, max_tokens=200, n=3, temperature=1.0, seed=1)
+    for choice in out.choices:
+        assert choice.finish_reason == "tool_calls", choice
+        assert len(choice.message.tool_calls) == 1
+        assert_valid_calls(choice.message.tool_calls)
+
+
+def test_required_allows_several_calls(forced):
+    out = forced.chat.completions.create(model="m", messages=USER, tools=FORCED_TOOLS, tool_choice="required",
+                                         max_tokens=300, n=3, temperature=1.0, seed=2)
+    assert any(choice.finish_reason == "tool_calls" for choice in out.choices)
+    for choice in out.choices:
+        if choice.finish_reason == "length":  # a random model may chain calls until max_tokens
+            assert choice.message.tool_calls is None
+            continue
+        assert choice.finish_reason == "tool_calls"
+        assert_valid_calls(choice.message.tool_calls)
+
+
+def test_a_named_function_is_called_once(forced):
+    named = {"type": "function", "function": {"name": "get_time"}}
+    out = forced.chat.completions.create(model="m", messages=USER, tools=FORCED_TOOLS, tool_choice=named,
+                                         max_tokens=200, n=2, temperature=1.0, seed=3)
+    for choice in out.choices:
+        assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+        assert_valid_calls(choice.message.tool_calls, ["get_time"])
+    with forced.chat.completions.stream(model="m", messages=USER, tools=FORCED_TOOLS, max_tokens=200,
+                                        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                        temperature=1.0, seed=4) as stream:
+        final = stream.get_final_completion()
+    assert final.choices[0].finish_reason == "tool_calls"
+    assert_valid_calls(final.choices[0].message.tool_calls, ["get_weather"])
+
+
+def test_a_tool_schema_that_does_not_compile_is_a_400_naming_tools(forced):
+    bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "nothing"}}}]
+    with pytest.raises(openai.BadRequestError) as info:
+        forced.chat.completions.create(model="m", messages=USER, tools=bad, tool_choice="required", max_tokens=20)
+    assert info.value.param == "tools" and info.value.body["message"].startswith("tools: ")

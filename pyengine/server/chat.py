@@ -126,7 +126,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
         if constraint_param is not None:
             raise bad_request(f"a forced tool_choice constrains the answer to tool calls, so {constraint_param} "
                               "cannot constrain it too", constraint_param, "conflicting_constraints")
-        constraint, constraint_param = plan.structured_outputs(), "tool_choice"
+        # The grammar is ours; only the tools' parameter schemas can make it fail to compile.
+        constraint, constraint_param = plan.structured_outputs(), "tools"
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs = true", "top_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens

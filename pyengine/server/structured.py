@@ -83,12 +83,18 @@ def structured_outputs_params(body: SamplingFields) -> tuple[Optional[Structured
 
 
 def name_constraint_error(error: APIError, param: Optional[str]) -> APIError:
-    """``error`` (a 400 about ``structured_outputs``, from its checks or the engine's
-    compiler) named by the field the client used: ``param``. Other errors pass."""
-    if param is None or error.status != 400 or "structured_outputs" not in error.message:
+    """``error``, raised while a constrained request was added, named by the field the
+    client used (``param``) when the engine named none: its compiler says
+    ``invalid regex: ...``, its checks ``structured_outputs.json ...``. Errors that
+    already name a field (``max_tokens``), and all but 400s, pass unchanged."""
+    if param is None or error.status != 400 or error.param is not None:
         return error
-    message = _ENGINE_NAME.sub(param, error.message, count=1) if not param.startswith("structured_outputs") \
-        else error.message
+    message = error.message
+    if _ENGINE_NAME.match(message):
+        message = _ENGINE_NAME.sub(param, message, count=1) if not param.startswith("structured_outputs") \
+            else message
+    else:
+        message = f"{param}: {message}"
     return bad_request(message, param, error.code)
 
 

@@ -8,7 +8,8 @@ it was trained on, the answer then reads like its other calls (a history that ho
 renders as the template expects), and one parser reads forced and free calls alike. The
 JSON of a call is one schema: ``anyOf`` over the tools, each an object whose ``name`` is
 that tool's (``const``) and whose arguments follow that tool's ``parameters``; ``name``
-is listed first, so that the call streams in the order the parser reports it.
+is listed first, so that the call streams in the order the parser reports it. The JSON
+is written as templates write it (``, `` and ``: ``, no other whitespace).
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from typing import Any
+
+# llguidance's JSON options: the separators of json.dumps / jinja's tojson (how templates
+# write calls into prompts, so how models learned to write them), and no other whitespace
+# (free whitespace lets a weak model pad a call until max_tokens).
+_AS_TEMPLATES_WRITE_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def call_schema(functions: Sequence[dict[str, Any]], arguments_key: str) -> dict[str, Any]:
@@ -30,7 +36,8 @@ def call_schema(functions: Sequence[dict[str, Any]], arguments_key: str) -> dict
             "required": ["name", arguments_key],
             "additionalProperties": False,
         })
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    schema = options[0] if len(options) == 1 else {"anyOf": options}
+    return {"x-guidance": _AS_TEMPLATES_WRITE_JSON, **schema}
 
 
 def lark_literal(text: str) -> str:

@@ -1,7 +1,13 @@
-"""A constraint or tool field the server does not honour is a 400 naming it, never a 200
-with free text (issue 14: "Until this lands, any constraint field the server does not
-honour must be rejected with 400, never ignored"). Spoken through the official openai
-client, as a user would; a synthetic engine keeps it fast."""
+"""Constraint and tool fields the server cannot honour are 400s naming the field, never a
+200 with free text (issue 14: "any constraint field the server does not honour must be
+rejected with 400, never ignored"). Spoken through the official openai client.
+
+The engine here is synthetic and declares no EOS token, so it cannot enforce constraints
+(``docs/structured_outputs.md``): every constraint, in every spelling, must come back as a
+400 naming the field the client used, including when the engine refuses only after a
+wait (compiling off the event loop). Malformed and conflicting constraints, tool fields
+without the server flags they need, and deprecated fields are refused the same way.
+Constraints honoured end to end: ``test_server_structured_outputs.py``."""
 
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 
 @pytest.fixture(scope="module")
 def engine():
+    # No EOS token: constraints cannot be enforced (and are refused by the engine).
     engine = AsyncEngine.from_engine_core(EngineCore(EngineConfig(max_num_seqs=8), runner=SleepRunner(0.0)))
     yield engine
     engine.shutdown()
@@ -66,12 +73,12 @@ CONSTRAINTS = [
 
 
 @pytest.mark.parametrize("kwargs, param", CONSTRAINTS)
-def test_chat_constraints_are_refused_naming_the_field(client, kwargs, param):
+def test_chat_constraints_an_engine_cannot_enforce_are_refused_naming_the_field(client, kwargs, param):
     refused(lambda: client.chat.completions.create(model="m", messages=USER, max_tokens=4, **kwargs), param)
 
 
 @pytest.mark.parametrize("kwargs, param", CONSTRAINTS[2:])
-def test_completion_constraints_are_refused_naming_the_field(client, kwargs, param):
+def test_completion_constraints_an_engine_cannot_enforce_are_refused_naming_the_field(client, kwargs, param):
     refused(lambda: client.completions.create(model="m", prompt="Hello", max_tokens=4, **kwargs), param)
 
 
