@@ -158,15 +158,15 @@ def test_a_constrained_request_cut_by_max_tokens_is_length(client):
 
 
 @pytest.mark.parametrize("extra, param, what", [
-    ({"structured_outputs": {"json": {"type": 5}}}, "structured_outputs.json", "invalid json"),
+    ({"structured_outputs": {"json": {"type": 5}}}, "structured_outputs.json", "type must be a string"),
     ({"guided_json": {"type": "object", "properties": {"a": {"$ref": "http://example.com/x"}}}}, "guided_json",
      "$ref"),
     ({"structured_outputs": {"regex": "(unclosed"}}, "structured_outputs.regex", "unclosed group"),
     ({"guided_regex": "[z-a]"}, "guided_regex", "invalid regex"),
     ({"structured_outputs": {"grammar": "start: nope"}}, "structured_outputs.grammar", "unknown name"),
-    ({"guided_grammar": "start: ("}, "guided_grammar", "invalid grammar"),
+    ({"guided_grammar": "start: ("}, "guided_grammar", "Expected token ')'"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nothing"}}}},
-     "response_format", "invalid json"),
+     "response_format", "Invalid type: nothing"),
 ])
 def test_invalid_constraints_are_400s_naming_the_field(client, engine, extra, param, what):
     for stream in (False, True):
