@@ -363,4 +363,4 @@ def test_a_tool_schema_that_does_not_compile_is_a_400_naming_tools(forced):
     bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "nothing"}}}]
     with pytest.raises(openai.BadRequestError) as info:
         forced.chat.completions.create(model="m", messages=USER, tools=bad, tool_choice="required", max_tokens=20)
-    assert info.value.param == "tools" and info.value.body["message"].startswith("tools: ")
+    assert info.value.param == "tools" and info.value.body["message"].startswith("tools ")
