@@ -96,3 +96,16 @@ def test_special_tokens_are_never_spelled_as_text():
     plan = s.schedule()
     bits, _ = plan.grammar_mask.take(1.0)
     assert allowed(bits, 0) == [0], "only '<': the special token <x> is not the text <x>"
+
+
+def test_a_mask_that_does_not_come_is_a_bounded_wait_and_a_typed_error():
+    from pyengine import StepResultError
+
+    s = Scheduler(SchedulerConfig(16, block_size=4, max_model_len=64, pipeline_depth=2))
+    s.add_request(Request("r", [0], max_tokens=5, constraint=compiler().compile("regex", "a+")))
+    first, second = s.schedule(), s.schedule()
+    assert first.grammar_mask.take(1.0)[0].shape == (1, 2)
+    with pytest.raises(StepResultError, match="did not arrive within 0.05 s"):
+        second.grammar_mask.take(0.05)  # step 0 has not reported: its mask cannot exist yet
+    s.apply_result(first.step_id, np.array([0], dtype=np.int64))
+    assert allowed(second.grammar_mask.take(1.0)[0], 0) == [0, EOS]

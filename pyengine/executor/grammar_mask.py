@@ -3,7 +3,7 @@
 The scheduler thread computes the allowed-token bitmask of every constrained sample
 (packed: bit ``t % 32`` of word ``t / 32``) while the step's forward pass runs. Just
 before sampling the executor takes it (a bounded wait, GIL released), unpacks it on the
-device (words -> shifts -> bools) and sets the disallowed logits of those rows to
+device (bytes -> shifts -> bools) and sets the disallowed logits of those rows to
 ``-inf``. No Python loop over sequences; rows without a grammar are not touched.
 
 It also records, per step, how long the scheduler spent computing the mask and how long
@@ -29,7 +29,7 @@ class GrammarMaskApplier:
 
     def __init__(self, device: torch.device, window: int = 4096) -> None:
         self.device = device
-        self._shifts = torch.arange(32, dtype=torch.int32, device=device)
+        self._shifts = torch.arange(8, dtype=torch.uint8, device=device)
         self._compute: deque[float] = deque(maxlen=window)
         self._wait: deque[float] = deque(maxlen=window)
         self._apply: deque[float] = deque(maxlen=window)
@@ -53,8 +53,10 @@ class GrammarMaskApplier:
     def unpack(self, bits: np.ndarray, vocab_size: int) -> torch.Tensor:
         """``[M, words]`` uint32 -> ``[M, vocab_size]`` bool on the device (tokens past the
         mask's width are disallowed)."""
-        words = torch.from_numpy(np.ascontiguousarray(bits).view(np.int32)).to(self.device)
-        allowed = ((words.unsqueeze(-1) >> self._shifts) & 1).bool().reshape(words.shape[0], -1)
+        # Words are little-endian: token t is bit t % 8 of byte t // 8. Bytes keep the
+        # unpacked temporary at one byte per token.
+        data = torch.from_numpy(np.ascontiguousarray(bits, dtype="<u4").view(np.uint8)).to(self.device)
+        allowed = ((data.unsqueeze(-1) >> self._shifts) & 1).bool().reshape(data.shape[0], -1)
         width = allowed.shape[1]
         if width >= vocab_size:
             return allowed[:, :vocab_size]
@@ -63,7 +65,8 @@ class GrammarMaskApplier:
     def summary(self) -> dict[str, float]:
         """Per-step mask figures over the window: compute p50/p99 (scheduler thread), the
         executor's wait p50/p99 and apply p50 (ms), and the share of compute time hidden
-        behind the forward pass (1 - waited / computed)."""
+        behind the forward pass (1 - waited / computed), and the executor's total apply
+        and wait seconds."""
         compute, wait, apply = sorted(self._compute), sorted(self._wait), sorted(self._apply)
         if not compute:
             return {"steps": 0}
@@ -77,6 +80,8 @@ class GrammarMaskApplier:
             "wait_ms_p99": 1e3 * _quantile(wait, 0.99),
             "apply_ms_p50": 1e3 * _quantile(apply, 0.5),
             "hidden_fraction": 1.0 - exposed / total if total > 0 else 1.0,
+            "apply_s_total": sum(apply),
+            "wait_s_total": sum(wait),
         }
 
 

@@ -1,0 +1,59 @@
+"""The executor's half of grammar masks: packed words unpacked on the device exactly as
+numpy's unpackbits reads them, only the constrained rows masked, a bounded wait."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pyengine.executor.grammar_mask import GrammarMaskApplier
+
+
+class _Ticket:
+    def __init__(self, bits: np.ndarray) -> None:
+        self.bits = bits
+
+    def take(self, timeout: float):
+        return self.bits, 0.001
+
+
+class _Plan:
+    def __init__(self, bits: np.ndarray, indices: list[int]) -> None:
+        self.grammar_mask = _Ticket(bits)
+        self.mask_sample_indices = np.array(indices, dtype=np.int32)
+
+
+def reference_allowed(bits: np.ndarray, vocab: int) -> np.ndarray:
+    as_bytes = bits.astype("<u4").view(np.uint8).reshape(bits.shape[0], -1)
+    unpacked = np.unpackbits(as_bytes, axis=1, bitorder="little").astype(bool)
+    out = np.zeros((bits.shape[0], vocab), dtype=bool)
+    width = min(vocab, unpacked.shape[1])
+    out[:, :width] = unpacked[:, :width]
+    return out
+
+
+@pytest.mark.parametrize("vocab", [100, 128, 200])
+def test_unpack_matches_numpy(vocab):
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 2**32, size=(5, 4), dtype=np.uint64).astype(np.uint32)  # 128 token ids
+    got = GrammarMaskApplier(torch.device("cpu")).unpack(bits, vocab)
+    assert got.dtype == torch.bool and got.shape == (5, vocab)
+    assert np.array_equal(got.numpy(), reference_allowed(bits, vocab))
+
+
+def test_only_the_constrained_rows_are_masked():
+    logits = torch.randn(4, 64)
+    original = logits.clone()
+    bits = np.zeros((2, 2), dtype=np.uint32)
+    bits[0, 0] = 0b1010  # row 1 of the step: tokens 1 and 3
+    bits[1, 1] = 1 << 31  # row 3 of the step: token 63
+    applier = GrammarMaskApplier(torch.device("cpu"))
+    out = applier.apply(_Plan(bits, [1, 3]), logits)
+    assert out is logits
+    assert torch.equal(logits[0], original[0]) and torch.equal(logits[2], original[2])
+    assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == [1, 3]
+    assert torch.isfinite(logits[3]).nonzero().flatten().tolist() == [63]
+    assert torch.equal(logits[1, [1, 3]], original[1, [1, 3]])
+    summary = applier.summary()
+    assert summary["steps"] == 1 and 0.0 <= summary["hidden_fraction"] <= 1.0
