@@ -77,7 +77,7 @@ def check_choice(i: int, text: str, calls: dict[int, list[str]], reason: str) ->
     elif kind == 1:
         assert reason == "stop" and re.fullmatch(REGEX, text), text
     else:
-        assert reason == "tool_calls" and len(calls) == 1, (text, calls)
+        assert reason == "stop" and len(calls) == 1, (text, calls)  # a named function: "stop", as OpenAI
         name, arguments = calls[0][0], "".join(calls[0][1:])
         assert name == "lookup"
         jsonschema.validate(json.loads(arguments), TOOL["function"]["parameters"])

@@ -37,7 +37,6 @@ from pyengine.server.tools import (
     ToolPlan,
     check_history,
     template_calls,
-    tool_finish_reason,
     tool_plan,
     whole_message,
 )
@@ -196,7 +195,7 @@ def _stream(ctx: ServerContext, body: ChatCompletionRequest, run: Generation, to
                 and not (body.logprobs or body.return_token_ids):
             return None
         return choice(d.choice.index, ChatDelta(content=content, tool_calls=calls), d,
-                      tool_finish_reason(parser.called, d.finish_reason))
+                      plan.finish_reason(parser.called, d.finish_reason))
 
     head = (choice(c.index, ChatDelta(role="assistant", content="")) for c in run.tracker.choices)
     return run.stream(ChatCompletionChunk, head, delta, usage=wants_usage(body))

@@ -15,7 +15,8 @@
 - OpenAI's deprecated ``functions`` / ``function_call`` are 400s naming them.
 
 A response with tool calls says ``finish_reason="tool_calls"`` (when the model stopped on
-its own; a call cut by ``max_tokens`` stays ``length``). Call ids are ``call_`` and 24 hex
+its own; a call cut by ``max_tokens`` stays ``length``), except for a named function:
+``stop``, as OpenAI and vLLM answer it. Call ids are ``call_`` and 24 hex
 digits, fresh per call.
 """
 
@@ -56,6 +57,12 @@ class ToolPlan:
     parser: Optional[str] = None
     max_calls: Optional[int] = None  # 1 with parallel_tool_calls=false
     grammar: Optional[str] = None  # tool_choice "required" / named: generation constrained to calls
+    named: bool = False  # tool_choice names the function
+
+    def finish_reason(self, has_calls: bool, reason: Optional[str]) -> Optional[str]:
+        """``tool_calls`` when the model called and stopped on its own; ``stop`` when the
+        client named the function, as OpenAI (and vLLM) answer a forced call."""
+        return "tool_calls" if has_calls and reason == "stop" and not self.named else reason
 
     def structured_outputs(self) -> Optional[StructuredOutputsParams]:
         """The constraint that forces the calls, if the request forces them."""
@@ -117,7 +124,7 @@ def tool_plan(body: ChatCompletionRequest, parser: Optional[str], auto_enabled: 
         functions = [f for f in functions if f["name"] == choice.function.name][:1]
         many = False
     grammar = TOOL_PARSERS[parser].forced_grammar(functions, many)
-    return ToolPlan(tools, parser, None if many else 1, grammar)
+    return ToolPlan(tools, parser, None if many else 1, grammar, named=not isinstance(choice, str))
 
 
 def _spell(choice: object) -> str:
@@ -148,11 +155,6 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def tool_finish_reason(has_calls: bool, reason: Optional[str]) -> Optional[str]:
-    """``tool_calls`` when the model called and stopped on its own."""
-    return "tool_calls" if has_calls and reason == "stop" else reason
-
-
 def whole_message(plan: ToolPlan, text: str, reason: Optional[str]) -> tuple[ChatResponseMessage, Optional[str]]:
     """The assistant message of a whole response, and its finish reason."""
     stream = plan.stream()
@@ -161,7 +163,7 @@ def whole_message(plan: ToolPlan, text: str, reason: Optional[str]) -> tuple[Cha
     parsed = parse_whole(stream, text)
     calls = [ToolCall(id=new_call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
              for c in parsed.calls]
-    return ChatResponseMessage(content=parsed.content, tool_calls=calls or None), tool_finish_reason(bool(calls), reason)
+    return ChatResponseMessage(content=parsed.content, tool_calls=calls or None), plan.finish_reason(bool(calls), reason)
 
 
 @dataclass
