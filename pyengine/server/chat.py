@@ -40,6 +40,7 @@ from pyengine.server.tools import (
     tool_plan,
     whole_message,
 )
+from pyengine.structured_outputs import StructuredOutputsParams
 
 router = APIRouter()
 
@@ -112,6 +113,21 @@ def _template_message(message: ChatMessage, i: int) -> dict[str, Any]:
     return out
 
 
+def _constraint(body: ChatCompletionRequest, plan: ToolPlan) -> tuple[Optional[StructuredOutputsParams],
+                                                                     Optional[str]]:
+    """The request's output constraint and the field errors about it name: its
+    ``response_format`` / ``structured_outputs`` / ``guided_*``, or the grammar of a
+    forced ``tool_choice`` (a 400 when both are given)."""
+    constraint, param = structured_outputs_params(body)
+    if plan.grammar is None:
+        return constraint, param
+    if param is not None:
+        raise bad_request(f"a forced tool_choice constrains the answer to tool calls, so {param} cannot "
+                          "constrain it too", param, "conflicting_constraints")
+    # The grammar is ours; only the tools' parameter schemas can make it fail to compile.
+    return plan.structured_outputs(), "tools"
+
+
 @router.post("/v1/chat/completions", response_model=None)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                                  ctx: Context) -> Union[Response, JSONResponse]:
@@ -120,13 +136,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     check_messages(body.messages)
     check_history(body.messages)
     plan = tool_plan(body, ctx.args.tool_call_parser, ctx.args.enable_auto_tool_choice)
-    constraint, constraint_param = structured_outputs_params(body)
-    if plan.grammar is not None:
-        if constraint_param is not None:
-            raise bad_request(f"a forced tool_choice constrains the answer to tool calls, so {constraint_param} "
-                              "cannot constrain it too", constraint_param, "conflicting_constraints")
-        # The grammar is ours; only the tools' parameter schemas can make it fail to compile.
-        constraint, constraint_param = plan.structured_outputs(), "tools"
+    constraint, constraint_param = _constraint(body, plan)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs = true", "top_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
