@@ -156,3 +156,17 @@ def test_llama3_text_that_does_not_start_with_a_call_is_content():
 def test_llama3_malformed_calls_leave_the_text_as_it_is(text):
     parsed = parse_whole(tool_call_stream("llama3_json"), text)
     assert parsed.calls == [] and parsed.content == text
+
+
+def test_the_parsing_benchmark_runs():
+    """``benches/tool_parsers.py`` cannot rot: one quick run, every parser measured."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benches" / "tool_parsers.py"
+    done = subprocess.run([sys.executable, str(bench), "--json", "--repeats", "1"], capture_output=True, text=True,
+                          timeout=120, check=True)
+    results = json.loads(done.stdout)
+    assert set(results) == set(TOOL_PARSERS)
+    assert all(r["pieces"] > 1000 and r["us_per_piece"] > 0 for r in results.values())
