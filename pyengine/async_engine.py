@@ -21,6 +21,7 @@ from pyengine.engine_client import EngineClient
 from pyengine.outputs import EmbeddingRequestOutput, EngineHealth, EngineStats, RequestOutput, ThreadStack
 from pyengine.prompts import PromptType, normalize_prompt
 from pyengine.sampling_params import PoolingParams, SamplingParams
+from pyengine.text.encode import encode_ids
 
 # ``MultiprocessEngine``'s own options, which ``AsyncEngine(..., multiprocess=True)`` passes on.
 LINK_OPTIONS = ("transport", "host", "input_port", "output_port", "local_cores", "core_cpus", "start_timeout",
@@ -187,7 +188,7 @@ class AsyncEngine(EngineClient):
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if add_special_tokens or self.engine.tokenizer is None:
             return self.engine.tokenize(text)  # the engine's own (and its error without a tokenizer)
-        return list(self.engine.tokenizer.encode(text, add_special_tokens=False).ids)
+        return encode_ids(self.engine.tokenizer, text, add_special_tokens=False)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.engine.decode(token_ids, skip_special_tokens)

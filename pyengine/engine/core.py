@@ -35,6 +35,7 @@ from pyengine.outputs import EngineStats, ThreadStack
 from pyengine.request_checks import checked_params
 from pyengine.sampling_params import PoolingParams, SamplingParams, sample_params
 from pyengine.text import DecodeTable, TextStream
+from pyengine.text.encode import encode_ids
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class EngineCore:
     def tokenize(self, text: str) -> list[int]:
         if self.tokenizer is None:
             raise InvalidRequestError("this checkpoint has no tokenizer.json: pass token ids instead of text")
-        return list(self.tokenizer.encode(text).ids)
+        return encode_ids(self.tokenizer, text)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         if self.tokenizer is None:

@@ -47,13 +47,12 @@ from pyengine.outputs import (
 from pyengine.prompts import PromptType, normalize_prompt
 from pyengine.request_checks import checked_params
 from pyengine.sampling_params import PoolingParams, SamplingParams
+from pyengine.text.encode import LONG_TEXT_CHARS, encode_ids
 
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_S = 1.0
 QUERY_TIMEOUT_S = 10.0
-# Text longer than this is tokenized in a worker thread, not on the caller's event loop.
-LONG_TEXT_CHARS = 8192
 _POLL_MS = 100
 
 
@@ -412,7 +411,7 @@ class MultiprocessEngine(EngineClient):
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if self._tokenizer is None:
             raise InvalidRequestError("this checkpoint has no tokenizer.json: pass token ids instead of text")
-        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+        return encode_ids(self._tokenizer, text, add_special_tokens)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         if self._tokenizer is None:

@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from typing import Any, Optional
 
@@ -87,6 +88,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     core = CoreProcess(config, ns.input, ns.output, ns.engine_index, ns.parent_pid, ns.heartbeat_timeout,
                        ns.ipc_dir)
+    # SIGTERM / SIGINT: the shutdown a front end would ask for (requests in flight fail,
+    # threads joined), not a traceback from wherever the main thread was.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: core.stop_requested.set())
     return core.run()
 
 

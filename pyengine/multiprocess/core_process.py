@@ -175,6 +175,7 @@ class CoreProcess:
         self.link = CoreLink(self.context, input_address, output_address, engine_index)
         self.outbox = Outbox(self.link)
         self.engine: Any = None
+        self.stop_requested = threading.Event()  # a signal's way of asking for ``Shutdown``
 
     def run(self) -> int:
         """Loads, serves, shuts down: the process's exit status (1 when loading failed)."""
@@ -183,7 +184,10 @@ class CoreProcess:
 
             self.engine = EngineCore(self.config, after_event=self.outbox.flush)
         except BaseException as error:  # noqa: BLE001 - reported to the front end, which exits with it
-            logger.exception("engine core %d failed to load", self.engine_index)
+            if not isinstance(error, EngineError):  # a bug: its traceback is what a report needs
+                logger.exception("engine core %d failed to load", self.engine_index)
+            elif self.parent_pid is None:  # a core started by hand: its own terminal says why too
+                logger.error("engine core %d failed to load: %s", self.engine_index, error)
             self.link.hello(wire.LoadFailed(self.engine_index, *wire.error_to_wire(error)))
             self.link.close()
             self.context.term()
@@ -220,6 +224,8 @@ class CoreProcess:
                 logger.error("engine core %d: no word from the front end for %.1fs; exiting", self.engine_index,
                              now - last_heard)
                 return True
+            if self.stop_requested.is_set():
+                return False
             if now >= next_status:
                 self.link.send(self._status())
                 next_status = now + STATUS_INTERVAL_S

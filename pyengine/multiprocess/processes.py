@@ -86,7 +86,9 @@ class CoreProcess:
         if ipc_dir:
             cmd += ["--ipc-dir", ipc_dir]
         env = {**os.environ, **device_env(config, index)}
-        self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env)
+        # A session of its own: a terminal's Ctrl-C reaches the front end only, which drains
+        # its requests and then stops the cores (a core would otherwise die mid-stream).
+        self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         self.pid = self.popen.pid
 
     def exit_status(self) -> Optional[int]:

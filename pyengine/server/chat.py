@@ -16,6 +16,7 @@ from pyengine.outputs import LOGPROB_FLOOR
 from pyengine.server.choices import ChoiceDelta
 from pyengine.server.context import Context, ServerContext
 from pyengine.server.errors import APIError, bad_request
+from pyengine.server.offload import off_the_loop_if_long, text_size
 from pyengine.server.protocol import (
     ChatChoice,
     ChatCompletionChunk,
@@ -149,8 +150,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                              renames=renames, structured_outputs=constraint)
     if plan.keeps_special_tokens:
         params.skip_special_tokens = False  # the tool-call tags may be special tokens (as vLLM does)
-    prompt_ids = render_prompt(ctx, body.messages, body.add_generation_prompt, body.chat_template_kwargs,
-                               body.add_special_tokens, plan.tools)
+    prompt_ids = await off_the_loop_if_long(text_size(body.messages), render_prompt, ctx, body.messages,
+                                            body.add_generation_prompt, body.chat_template_kwargs,
+                                            body.add_special_tokens, plan.tools)
     check_length(ctx, len(prompt_ids), max_tokens, "messages", tokens_param)
     if params.max_tokens is None:
         params.max_tokens = default_max_tokens(ctx, [len(prompt_ids)])

@@ -22,6 +22,7 @@ import secrets
 from typing import Any
 
 from pyengine.server.errors import bad_request
+from pyengine.text.encode import encode
 
 
 class ChatTokenizer:
@@ -85,7 +86,7 @@ class ChatEscapes:
         for i, piece in enumerate(pieces):
             if i % 2 == 0:
                 if piece:
-                    encodings.append(self.owner.tokenizer.encode(piece, add_special_tokens=False))
+                    encodings.append(encode(self.owner.tokenizer, piece, add_special_tokens=False))
             else:
                 encodings.append(self.owner._literal.encode(self.typed[int(piece)], add_special_tokens=False))
         if add_special_tokens:

@@ -79,11 +79,44 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
                         "streams are ended with an error event (0: at once; a second signal also ends them)")
     add_limit_flags(parser)  # --max-body-bytes ... --enable-docs, defaults from ServerArgs
     add_tool_flags(parser)  # --tool-call-parser, --enable-auto-tool-choice
+    _add_process_flags(parser)
     return parser, add_engine_flags(parser)
+
+
+def _add_process_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--multiprocess", action=argparse.BooleanOptionalAction, default=True,
+                        help="run the engine core(s) in processes of their own, the HTTP front end in this one "
+                        "(the default); --no-multiprocess keeps the engine in the server's process")
+    group = parser.add_argument_group("engine-core processes (docs/multiprocess.md)")
+    group.add_argument("--engine-transport", choices=("ipc", "tcp"), default="ipc",
+                       help="ipc:// sockets in a private temporary folder, or tcp:// (cores on other hosts)")
+    group.add_argument("--engine-host", default="127.0.0.1", help="the address the tcp:// sockets listen on")
+    group.add_argument("--engine-input-port", type=int, default=0, help="tcp:// command port (0: a free one)")
+    group.add_argument("--engine-output-port", type=int, default=0, help="tcp:// output port (0: a free one)")
+    group.add_argument("--local-engine-cores", type=int, default=None, metavar="N",
+                       help="cores started here (default: all of --data-parallel-size); the rest run "
+                       "`pyengine core` on other hosts")
+    group.add_argument("--engine-core-cpus", default=None, metavar="LIST",
+                       help="CPU ids (e.g. 0,1) the local cores split among them (default: no pinning for one "
+                       "core, this process's CPUs for several)")
+    group.add_argument("--engine-start-timeout", type=float, default=600.0,
+                       help="seconds to wait for every engine core to load (default: %(default)s)")
+
+
+def link_options(ns: argparse.Namespace) -> dict[str, Any]:
+    """``MultiprocessEngine``'s options from the parsed flags."""
+    cpus = [int(c) for c in ns.engine_core_cpus.split(",")] if ns.engine_core_cpus else None
+    return {"transport": ns.engine_transport, "host": ns.engine_host, "input_port": ns.engine_input_port,
+            "output_port": ns.engine_output_port, "local_cores": ns.local_engine_cores, "core_cpus": cpus,
+            "start_timeout": ns.engine_start_timeout}
 
 
 def parse(argv: list[str]) -> tuple[Optional[str], dict[str, Any], ServerArgs]:
     """(model, engine kwargs, server args) from the command line."""
+    return _parse(argv)[:3]
+
+
+def _parse(argv: list[str]) -> tuple[Optional[str], dict[str, Any], ServerArgs, argparse.Namespace]:
     parser, engine_names = build_parser()
     ns = parser.parse_args(argv)
     engine_kwargs = {name: getattr(ns, name) for name in engine_names if getattr(ns, name) is not None}
@@ -96,7 +129,7 @@ def parse(argv: list[str]) -> tuple[Optional[str], dict[str, Any], ServerArgs]:
                       stats_interval=ns.stats_interval, log_format=ns.log_format, log_level=ns.log_level,
                       log_requests=not ns.no_log_requests, drain_timeout=ns.drain_timeout, **limit_kwargs(ns),
                       **tool_kwargs(ns))
-    return ns.model, engine_kwargs, args
+    return ns.model, engine_kwargs, args, ns
 
 
 def uvicorn_log_level(args: ServerArgs) -> str:
@@ -108,8 +141,9 @@ def main(argv: list[str]) -> int:
     """Builds the engine, serves until SIGTERM / SIGINT, drains (``pyengine.server.drain``),
     then shuts the engine down and flushes the logs: exit status 0."""
     try:
-        model, engine_kwargs, args = parse(argv)
+        model, engine_kwargs, args, ns = _parse(argv)
         config = EngineConfig.from_kwargs(model, **engine_kwargs)
+        link = link_options(ns) if ns.multiprocess else {}
     except ValueError as error:
         print(f"pyengine serve: {error}", file=sys.stderr)
         return 2
@@ -124,7 +158,9 @@ def main(argv: list[str]) -> int:
     listener = configure_logging(args.log_format, args.log_level)
     logger = get_logger(model=args.model_name)
     try:
-        engine = AsyncEngine.from_config(config)
+        # The engine core(s) in their own processes (multiprocess, the default): their
+        # start-up or load failure raises here, and the command exits with its message.
+        engine = AsyncEngine.from_config(config, multiprocess=ns.multiprocess, **link)
         # From here on a late signal (during the cleanup below, after uvicorn has put
         # these handlers back) must not interrupt the engine's shutdown half-way.
         previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}

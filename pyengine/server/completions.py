@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pyengine.server.choices import ChoiceDelta
 from pyengine.server.context import Context, ServerContext
 from pyengine.server.errors import APIError, bad_request
+from pyengine.server.offload import off_the_loop_if_long, text_size
 from pyengine.server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -53,7 +54,7 @@ async def create_completion(body: CompletionRequest, request: Request,
     constraint, constraint_param = structured_outputs_params(body)
     params = sampling_params(ctx, body, max_tokens=body.max_tokens, logprobs=body.logprobs,  # field checks first
                              structured_outputs=constraint)
-    prompts = tokenize_prompts(ctx, body.prompt, "prompt")
+    prompts = await off_the_loop_if_long(text_size(body.prompt), tokenize_prompts, ctx, body.prompt, "prompt")
     for _, ids in prompts:
         check_length(ctx, len(ids), body.max_tokens, "prompt")
     if params.max_tokens is None:  # null: what the longest prompt leaves (not the engine's guess)

@@ -13,6 +13,7 @@ from pyengine.outputs import EmbeddingRequestOutput
 from pyengine.sampling_params import PoolingParams
 from pyengine.server.context import Context
 from pyengine.server.errors import bad_request, to_api_error
+from pyengine.server.offload import off_the_loop_if_long, text_size
 from pyengine.server.protocol import EmbeddingData, EmbeddingRequest, EmbeddingResponse, UsageInfo
 from pyengine.server.sampling import check_length, tokenize_prompts
 
@@ -31,7 +32,7 @@ async def create_embedding(body: EmbeddingRequest, ctx: Context) -> JSONResponse
     ctx.check_alive()
     if body.dimensions is not None:
         raise bad_request("dimensions is not supported (the full pooled vector is returned)", "dimensions")
-    prompts = tokenize_prompts(ctx, body.input, "input")
+    prompts = await off_the_loop_if_long(text_size(body.input), tokenize_prompts, ctx, body.input, "input")
     for _, ids in prompts:
         check_length(ctx, len(ids), None, "input")
     request_id = ctx.new_id("embd")

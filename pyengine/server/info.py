@@ -47,9 +47,14 @@ async def version() -> dict[str, str]:
 @router.get("/ping")  # vLLM's (SageMaker's) name for the same check, GET or POST
 @router.post("/ping")
 async def health(ctx: Context) -> JSONResponse:
-    """200 while the engine is alive and making progress, else 503 with the reason."""
+    """200 while the engine is alive and making progress, else 503 with the reason. With
+    several engine cores, 503 as soon as one is dead; ``engines`` lists each one."""
     verdict = ctx.monitor.check()
-    return JSONResponse(verdict.body(), status_code=200 if verdict.ok else 503)
+    body = verdict.body()
+    body["engines"] = [{"engine": i, "alive": h.alive, "steps": h.steps, "pending_requests": h.num_unfinished,
+                        **({"reason": h.dead_reason} if h.dead_reason is not None else {})}
+                       for i, h in enumerate(ctx.engine.engine_health())]
+    return JSONResponse(body, status_code=200 if verdict.ok else 503)
 
 
 @router.get("/metrics")

@@ -2,7 +2,8 @@
 
 Two sources, both in one per-app ``CollectorRegistry`` (no global registry):
 
-- ``EngineCollector`` reads ``EngineStats`` at scrape time: running / waiting requests,
+- ``EngineCollector`` reads each engine core's ``EngineStats`` at scrape time (an
+  ``engine`` label tells the cores apart): running / waiting requests,
   KV usage, token and preemption counters, prefix-cache queries and hits, per-thread
   busy / idle seconds, step time, queue depths and pipeline bubbles.
 - ``ServerMetrics`` observes each finished request on the asyncio side: TTFT,
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Optional
+from typing import Callable, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -21,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from pyengine.engine_client import EngineClient
 from pyengine.errors import EngineError
-from pyengine.outputs import RequestMetrics, RequestOutput
+from pyengine.outputs import EngineStats, RequestMetrics, RequestOutput
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -34,7 +35,8 @@ _REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.
 
 
 class EngineCollector(Collector):
-    """Engine-wide figures, read from ``EngineClient.stats()`` when scraped."""
+    """Engine figures, read from ``EngineClient.engine_stats()`` when scraped: one series
+    per engine core, labelled ``engine`` ("0", "1", ... with data parallelism)."""
 
     def __init__(self, engine: EngineClient, model_name: str) -> None:
         self.engine = engine
@@ -42,59 +44,60 @@ class EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         try:
-            s = self.engine.stats()
+            parts = self.engine.engine_stats()
         except EngineError:
             return  # a dead engine has no figures; /health says why
         m = self.model_name
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(f"pyengine:{name}", doc, labels=["model_name"])
-            g.add_metric([m], value)
-            return g
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(f"pyengine:{name}", doc, labels=["model_name"])
-            c.add_metric([m], value)
-            return c
-
-        yield gauge("num_requests_running", "Requests in the running batch.", s.num_running)
-        yield gauge("num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting)
-        yield gauge("num_requests_preempted_waiting", "Preempted requests waiting to resume.",
-                    s.num_preempted_waiting)
-        yield gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", s.kv_usage)
-        yield gauge("kv_cache_blocks_total", "KV-cache blocks in the pool.", s.kv_blocks_total)
-        yield counter("prompt_tokens", "Prompt tokens of finished requests.", s.prompt_tokens)
-        yield counter("generation_tokens", "Generated tokens.", s.generated_tokens)
-        yield counter("num_preemptions", "Preemptions (by recompute).", s.preemptions)
-        yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                      s.scheduler.get("prefix_cache_queried_tokens", 0))
-        yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-                      s.scheduler.get("prefix_cache_hit_tokens", 0))
-        yield counter("engine_steps", "Steps the executor ran.", s.steps)
-        yield gauge("step_time_mean_seconds", "Mean executor step time over the last 2048 steps.",
-                    s.step_time_mean_ms / 1e3)
-        yield gauge("step_time_p99_seconds", "p99 executor step time over the last 2048 steps.",
-                    s.step_time_p99_ms / 1e3)
-        yield gauge("plan_time_mean_seconds", "Mean scheduler planning time per step.",
-                    s.scheduler.get("plan_us_mean", 0.0) / 1e6)
-        yield counter("pipeline_bubble_seconds", "Executor time waiting for a plan while requests were live.",
-                      s.pipeline_bubble_s)
-        yield counter("pipeline_bubbles", "Executor waits for a plan while requests were live.",
-                      s.pipeline_bubbles)
+        for kind, name, doc, value in _SERIES:
+            family_type = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
+            family = family_type(f"pyengine:{name}", doc, labels=["model_name", "engine"])
+            for index, s in enumerate(parts):
+                family.add_metric([m, str(index)], value(s))
+            yield family
         busy = CounterMetricFamily("pyengine:thread_busy_seconds", "Busy seconds of each engine thread.",
-                                   labels=["model_name", "thread"])
+                                   labels=["model_name", "engine", "thread"])
         idle = CounterMetricFamily("pyengine:thread_idle_seconds", "Seconds each engine thread waited for work.",
-                                   labels=["model_name", "thread"])
-        for thread, t in s.threads.items():
-            busy.add_metric([m, thread], t["busy_s"])
-            idle.add_metric([m, thread], t["idle_s"])
+                                   labels=["model_name", "engine", "thread"])
+        depth = GaugeMetricFamily("pyengine:queue_depth", "Items queued between the engine threads.",
+                                  labels=["model_name", "engine", "queue"])
+        for index, s in enumerate(parts):
+            for thread, t in s.threads.items():
+                busy.add_metric([m, str(index), thread], t["busy_s"])
+                idle.add_metric([m, str(index), thread], t["idle_s"])
+            for queue, n in s.queue_depths.items():
+                depth.add_metric([m, str(index), queue], n)
         yield busy
         yield idle
-        depth = GaugeMetricFamily("pyengine:queue_depth", "Items queued between the engine threads.",
-                                  labels=["model_name", "queue"])
-        for queue, n in s.queue_depths.items():
-            depth.add_metric([m, queue], n)
         yield depth
+
+
+# (kind, name, help, value) of each per-engine series.
+_SERIES: tuple[tuple[str, str, str, Callable[[EngineStats], float]], ...] = (
+    ("gauge", "num_requests_running", "Requests in the running batch.", lambda s: s.num_running),
+    ("gauge", "num_requests_waiting", "Requests waiting to be scheduled.", lambda s: s.num_waiting),
+    ("gauge", "num_requests_preempted_waiting", "Preempted requests waiting to resume.",
+     lambda s: s.num_preempted_waiting),
+    ("gauge", "kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", lambda s: s.kv_usage),
+    ("gauge", "kv_cache_blocks_total", "KV-cache blocks in the pool.", lambda s: s.kv_blocks_total),
+    ("counter", "prompt_tokens", "Prompt tokens of finished requests.", lambda s: s.prompt_tokens),
+    ("counter", "generation_tokens", "Generated tokens.", lambda s: s.generated_tokens),
+    ("counter", "num_preemptions", "Preemptions (by recompute).", lambda s: s.preemptions),
+    ("counter", "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+     lambda s: s.scheduler.get("prefix_cache_queried_tokens", 0)),
+    ("counter", "prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+     lambda s: s.scheduler.get("prefix_cache_hit_tokens", 0)),
+    ("counter", "engine_steps", "Steps the executor ran.", lambda s: s.steps),
+    ("gauge", "step_time_mean_seconds", "Mean executor step time over the last 2048 steps.",
+     lambda s: s.step_time_mean_ms / 1e3),
+    ("gauge", "step_time_p99_seconds", "p99 executor step time over the last 2048 steps.",
+     lambda s: s.step_time_p99_ms / 1e3),
+    ("gauge", "plan_time_mean_seconds", "Mean scheduler planning time per step.",
+     lambda s: s.scheduler.get("plan_us_mean", 0.0) / 1e6),
+    ("counter", "pipeline_bubble_seconds", "Executor time waiting for a plan while requests were live.",
+     lambda s: s.pipeline_bubble_s),
+    ("counter", "pipeline_bubbles", "Executor waits for a plan while requests were live.",
+     lambda s: s.pipeline_bubbles),
+)
 
 
 class InterTokenTimer:

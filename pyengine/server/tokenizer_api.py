@@ -14,6 +14,7 @@ from fastapi import APIRouter
 from pyengine.server.chat import check_messages, render_prompt
 from pyengine.server.context import Context
 from pyengine.server.errors import bad_request
+from pyengine.server.offload import off_the_loop_if_long, text_size
 from pyengine.server.protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from pyengine.server.tools import check_history
 
@@ -32,12 +33,13 @@ async def tokenize(body: TokenizeRequest, ctx: Context) -> TokenizeResponse:
         check_messages(body.messages)
         check_history(body.messages)
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
-        tokens = render_prompt(ctx, body.messages, body.add_generation_prompt, body.chat_template_kwargs,
-                               bool(body.add_special_tokens), tools)
+        tokens = await off_the_loop_if_long(text_size(body.messages), render_prompt, ctx, body.messages,
+                                            body.add_generation_prompt, body.chat_template_kwargs,
+                                            bool(body.add_special_tokens), tools)
     else:
         assert body.prompt is not None
         add_special = True if body.add_special_tokens is None else body.add_special_tokens
-        tokens = ctx.engine.tokenize(body.prompt, add_special_tokens=add_special)
+        tokens = await off_the_loop_if_long(len(body.prompt), ctx.engine.tokenize, body.prompt, add_special)
     strs = None
     if body.return_token_strs and ctx.engine.tokenizer is not None:
         strs = [ctx.engine.tokenizer.id_to_token(t) or "" for t in tokens]
