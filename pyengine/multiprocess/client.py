@@ -29,6 +29,7 @@ import numpy as np
 import zmq
 
 from pyengine.config import EngineConfig
+from pyengine.engine.grammar import ConstraintCompiler
 from pyengine.engine_client import EngineClient
 from pyengine.errors import DuplicateRequestError, EngineDeadError, EngineError, InvalidRequestError
 from pyengine.multiprocess import wire
@@ -47,6 +48,7 @@ from pyengine.outputs import (
 from pyengine.prompts import PromptType, normalize_prompt
 from pyengine.request_checks import checked_params
 from pyengine.sampling_params import PoolingParams, SamplingParams
+from pyengine.text import DecodeTable
 from pyengine.text.encode import LONG_TEXT_CHARS, encode_ids
 
 logger = logging.getLogger(__name__)
@@ -128,6 +130,7 @@ class MultiprocessEngine(EngineClient):
         self.info = info
         self._tokenizer = _tokenizer(info.tokenizer_json)
         self._token_bytes: Optional[Sequence[bytes]] = None
+        self._compiler: Optional[ConstraintCompiler] = None
         self._start_threads()
 
     # ---- start-up and the sockets ----
@@ -315,6 +318,10 @@ class MultiprocessEngine(EngineClient):
         rid = request_id if request_id is not None else f"mp-{next(self._auto_ids)}"
         text, ids = await self._normalize(prompt)
         params = checked_params(params, ids, self.vocab_size, self.max_logprobs)
+        if isinstance(params, SamplingParams) and params.structured_outputs is not None:
+            # Compiled here too (a worker thread, the GIL released), so that a bad schema or
+            # grammar is refused now, as in-process, not one round trip later mid-stream.
+            await asyncio.to_thread(self._constraints().compile, params.structured_outputs)
         pooling = isinstance(params, PoolingParams)
         if not ids:
             raise InvalidRequestError("prompt is empty: at least one token is needed")
@@ -403,10 +410,15 @@ class MultiprocessEngine(EngineClient):
     @property
     def token_bytes(self) -> Optional[Sequence[bytes]]:
         if self._token_bytes is None and self._tokenizer is not None:
-            from pyengine.text import DecodeTable
-
             self._token_bytes = getattr(DecodeTable.from_tokenizer(self._tokenizer), "token_bytes", None)
         return self._token_bytes
+
+    def _constraints(self) -> ConstraintCompiler:
+        with self._lock:
+            if self._compiler is None:
+                table = DecodeTable.from_tokenizer(self._tokenizer) if self._tokenizer is not None else None
+                self._compiler = ConstraintCompiler.for_engine(table, list(self.info.eos_token_ids), self.vocab_size)
+            return self._compiler
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if self._tokenizer is None:
@@ -417,6 +429,11 @@ class MultiprocessEngine(EngineClient):
         if self._tokenizer is None:
             return ""
         return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    @property
+    def core_pids(self) -> list[Optional[int]]:
+        """Each core's process id (None for a core on another host)."""
+        return [c.process.pid if c.process is not None else None for c in self._cores]
 
     # ---- health, figures, lifetime ----
 

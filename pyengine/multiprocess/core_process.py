@@ -158,6 +158,7 @@ def core_info(engine: Any, pid: int) -> wire.CoreInfo:
         tokenizer_json=tokenizer.to_str() if tokenizer is not None else None,
         tokenizer_config=engine.tokenizer_config,
         pid=pid,
+        eos_token_ids=[int(t) for t in engine.eos_token_ids],
     )
 
 

@@ -83,6 +83,7 @@ class CoreInfo(msgspec.Struct, array_like=True):
     tokenizer_json: Optional[str]  # tokenizers' own serialisation: the front end needs no files
     tokenizer_config: dict[str, Any]
     pid: int
+    eos_token_ids: list[int] = []
 
 
 class Ready(msgspec.Struct, tag=True, array_like=True):

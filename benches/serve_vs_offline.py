@@ -1,0 +1,213 @@
+"""One workload, offline and through the server: how much of the engine's throughput
+serving over HTTP keeps (issue 12's bar: server / offline >= 0.95).
+
+Model: the bench checkpoint of ``throughput.py`` (Qwen3-shaped, hidden 256, 4 layers,
+vocab 4096, float32, CPU). Workload: ``--num-prompts`` random prompts of
+``--input-len`` tokens, ``--output-len`` tokens each (``ignore_eos``), at most
+``--max-concurrency`` in flight. Runs, each a fresh process:
+
+- ``offline``: ``LLM.generate`` pinned to ``--core-cpus``.
+- ``mp``: ``pyengine serve`` (engine core in its own process, the default) with the
+  engine core on ``--core-cpus`` and the front end plus this load generator on
+  ``--client-cpus``.
+- ``inprocess``: ``pyengine serve --no-multiprocess`` pinned to ``--core-cpus`` (front end
+  and engine share it), the load generator on ``--client-cpus``: the layout before.
+- ``dp1`` / ``dp2``: one engine core on both CPUs against two cores with one CPU each
+  (``--data-parallel-size 2``), front end and load generator unpinned.
+
+Printed per run: output tokens/s, the ratio to offline, TTFT / TPOT / ITL (client side,
+as ``serve.py``), and the executor's pipeline bubbles as a fraction of its wall time
+during the run (from ``/metrics``; summed over the cores for dp2).
+
+    python benches/serve_vs_offline.py [--modes offline,mp,inprocess,dp1,dp2] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+
+BENCHES = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCHES))
+import serve  # noqa: E402 - the load generator and report of benches/serve.py
+
+MODEL = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)  # throughput.py's
+ENGINE_ARGS = ["--dtype", "float32", "--max-model-len", "1024"]
+
+
+def _cpus(text: str) -> list[int]:
+    return [int(c) for c in text.split(",")]
+
+
+def offline_child(args: argparse.Namespace) -> None:
+    """In its own process, pinned before torch starts: ``LLM.generate`` over the workload."""
+    os.sched_setaffinity(0, _cpus(args.core_cpus))
+    from pyengine import LLM, SamplingParams
+
+    prompts = _prompts(args)
+    with LLM(args.model_dir, dtype="float32", max_num_seqs=args.max_concurrency, max_model_len=1024) as llm:
+        llm.generate([prompts[0]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+        before = llm.stats()
+        params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        after = llm.stats()
+    produced = sum(len(o.outputs[0].token_ids) for o in outs)
+    exec_wall = sum(after.threads["pyengine-exec"].values()) - sum(before.threads["pyengine-exec"].values())
+    print(json.dumps({"output_throughput": produced / elapsed, "duration_s": elapsed,
+                      "bubble_fraction": (after.pipeline_bubble_s - before.pipeline_bubble_s) / exec_wall}))
+
+
+def _prompts(args: argparse.Namespace) -> list[list[int]]:
+    import random
+
+    rng = random.Random(args.seed)
+    return [[rng.randrange(3, 4096) for _ in range(args.input_len)] for _ in range(args.num_prompts)]
+
+
+def run_offline(args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--offline-child", "--model-dir", args.model_dir,
+           *_workload_flags(args), "--core-cpus", args.core_cpus]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _workload_flags(args: argparse.Namespace) -> list[str]:
+    return ["--num-prompts", str(args.num_prompts), "--input-len", str(args.input_len), "--output-len",
+            str(args.output_len), "--max-concurrency", str(args.max_concurrency), "--seed", str(args.seed)]
+
+
+_SERIES = re.compile(r'^(pyengine:(?:pipeline_bubble_seconds|thread_busy_seconds|thread_idle_seconds))'
+                     r'(?:_total)?\{([^}]*)\} ([0-9.eE+-]+)$')
+
+
+def _exec_figures(url: str) -> tuple[float, float]:
+    """(bubble seconds, executor wall seconds) summed over the engine cores."""
+    bubbles = wall = 0.0
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        m = _SERIES.match(line)
+        if not m:
+            continue
+        name, labels, value = m.group(1), m.group(2), float(m.group(3))
+        if name == "pyengine:pipeline_bubble_seconds":
+            bubbles += value
+        elif 'thread="pyengine-exec"' in labels:
+            wall += value
+    return bubbles, wall
+
+
+def run_server(args: argparse.Namespace, serve_flags: list[str], front_cpus: Optional[list[int]],
+               client_cpus: Optional[list[int]]) -> dict[str, Any]:
+    port = serve._free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-c", serve._SERVE, "serve", args.model_dir, "--host", "127.0.0.1", "--port", str(port),
+           "--no-log-requests", "--stats-interval", "0", "--log-level", "warning",
+           "--max-num-seqs", str(args.max_concurrency), *ENGINE_ARGS, *serve_flags]
+    pin = (lambda: os.sched_setaffinity(0, front_cpus)) if front_cpus else None
+    proc = subprocess.Popen(cmd, preexec_fn=pin)  # noqa: PLW1509 - only sched_setaffinity, before exec
+    mine = os.sched_getaffinity(0)
+    try:
+        _wait_up(proc, url)
+        if client_cpus:
+            os.sched_setaffinity(0, client_cpus)
+        load = argparse.Namespace(num_prompts=args.num_prompts, request_rate=float("inf"),
+                                  max_concurrency=args.max_concurrency, input_len=args.input_len,
+                                  output_len=args.output_len, range_ratio=0.0, vocab=4096, min_token_id=3,
+                                  warmup=2, timeout=600.0, seed=args.seed, model=None)
+        bubbles0, wall0 = _exec_figures(url)
+        report = asyncio.run(serve.run(load, url))
+        bubbles1, wall1 = _exec_figures(url)
+        report["bubble_fraction"] = (bubbles1 - bubbles0) / (wall1 - wall0) if wall1 > wall0 else 0.0
+        return report
+    finally:
+        os.sched_setaffinity(0, mine)
+        proc.send_signal(2)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _wait_up(proc: subprocess.Popen, url: str, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("the server did not come up")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modes", default="offline,mp,inprocess,dp1,dp2")
+    parser.add_argument("--num-prompts", type=int, default=256)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--max-concurrency", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--core-cpus", default="0", help="the engine core's CPUs (default: %(default)s)")
+    parser.add_argument("--client-cpus", default="1", help="front end + load generator (default: %(default)s)")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--offline-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.offline_child:
+        offline_child(args)
+        return 0
+    core, client = _cpus(args.core_cpus), _cpus(args.client_cpus)
+    with tempfile.TemporaryDirectory() as tmp:
+        from pyengine.testing.checkpoints import make_tiny_checkpoint
+
+        args.model_dir = str(make_tiny_checkpoint(Path(tmp) / "model", "qwen3", vocab_size=4096, **MODEL))
+        runs: dict[str, dict[str, Any]] = {}
+        both = ",".join(map(str, core + client))
+        plans = {
+            "offline": lambda: run_offline(args),
+            "mp": lambda: run_server(args, ["--engine-core-cpus", args.core_cpus], client, client),
+            "inprocess": lambda: run_server(args, ["--no-multiprocess"], core, client),
+            "dp1": lambda: run_server(args, ["--engine-core-cpus", both], None, None),
+            "dp2": lambda: run_server(args, ["--data-parallel-size", "2", "--engine-core-cpus", both], None, None),
+        }
+        for mode in args.modes.split(","):
+            runs[mode] = plans[mode]()
+            print(f"{mode}: {runs[mode]['output_throughput']:.1f} tok/s", file=sys.stderr, flush=True)
+    offline = runs.get("offline", {}).get("output_throughput")
+    for mode, r in runs.items():
+        if offline and mode != "offline":
+            r["ratio_to_offline"] = r["output_throughput"] / offline
+    if args.json:
+        print(json.dumps(runs))
+        return 0
+    for mode, r in runs.items():
+        line = f"{mode:<10} {r['output_throughput']:8.1f} tok/s"
+        if "ratio_to_offline" in r:
+            line += f"  ratio {r['ratio_to_offline']:.3f}"
+        line += f"  bubbles {100 * r['bubble_fraction']:.2f}% of exec wall"
+        if "mean_ttft_ms" in r:
+            line += (f"  TTFT {r['mean_ttft_ms']:.0f}/{r['p99_ttft_ms']:.0f} ms  TPOT {r['mean_tpot_ms']:.2f} ms"
+                     f"  ITL {r['mean_itl_ms']:.2f}/{r['p99_itl_ms']:.2f} ms  failed {r['failed']}")
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
