@@ -139,6 +139,19 @@ def test_bad_requests_are_refused_at_once_and_harm_no_one(engine):
     assert engine.health().alive
 
 
+def test_structured_outputs_cross_and_bad_ones_are_refused_at_once(engine, local):
+    from pyengine.structured_outputs import StructuredOutputsParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=20,
+                            structured_outputs=StructuredOutputsParams(choice=["alpha", "beta gamma"]))
+    mp = asyncio.run(_last(engine, "Pick one:", params))[-1].outputs[0]
+    ip = asyncio.run(_last(local, "Pick one:", params))[-1].outputs[0]
+    assert mp.text in ("alpha", "beta gamma") and (mp.text, mp.token_ids) == (ip.text, ip.token_ids)
+    bad = SamplingParams(structured_outputs=StructuredOutputsParams(regex="(unclosed"))
+    with pytest.raises(InvalidRequestError):
+        asyncio.run(_last(engine, "x", bad))
+
+
 def test_stats_stacks_and_health_cross_the_link(engine):
     asyncio.run(_last(engine, [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True)))
     stats = engine.stats()

@@ -131,6 +131,7 @@ class MultiprocessEngine(EngineClient):
         self._tokenizer = _tokenizer(info.tokenizer_json)
         self._token_bytes: Optional[Sequence[bytes]] = None
         self._compiler: Optional[ConstraintCompiler] = None
+        self._compiler_lock = threading.Lock()
         self._start_threads()
 
     # ---- start-up and the sockets ----
@@ -321,7 +322,7 @@ class MultiprocessEngine(EngineClient):
         if isinstance(params, SamplingParams) and params.structured_outputs is not None:
             # Compiled here too (a worker thread, the GIL released), so that a bad schema or
             # grammar is refused now, as in-process, not one round trip later mid-stream.
-            await asyncio.to_thread(self._constraints().compile, params.structured_outputs)
+            await asyncio.to_thread(self._compile, params.structured_outputs)
         pooling = isinstance(params, PoolingParams)
         if not ids:
             raise InvalidRequestError("prompt is empty: at least one token is needed")
@@ -413,12 +414,13 @@ class MultiprocessEngine(EngineClient):
             self._token_bytes = getattr(DecodeTable.from_tokenizer(self._tokenizer), "token_bytes", None)
         return self._token_bytes
 
-    def _constraints(self) -> ConstraintCompiler:
-        with self._lock:
+    def _compile(self, constraint: Any) -> None:
+        """Compiles ``constraint`` as the core will (``InvalidRequestError`` when it is bad)."""
+        with self._compiler_lock:
             if self._compiler is None:
                 table = DecodeTable.from_tokenizer(self._tokenizer) if self._tokenizer is not None else None
                 self._compiler = ConstraintCompiler.for_engine(table, list(self.info.eos_token_ids), self.vocab_size)
-            return self._compiler
+        self._compiler.compile(constraint)
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if self._tokenizer is None:
