@@ -319,10 +319,8 @@ class MultiprocessEngine(EngineClient):
         rid = request_id if request_id is not None else f"mp-{next(self._auto_ids)}"
         text, ids = await self._normalize(prompt)
         params = checked_params(params, ids, self.vocab_size, self.max_logprobs)
-        if isinstance(params, SamplingParams) and params.structured_outputs is not None:
-            # Compiled here too (a worker thread, the GIL released), so that a bad schema or
-            # grammar is refused now, as in-process, not one round trip later mid-stream.
-            await asyncio.to_thread(self._compile, params.structured_outputs)
+        if isinstance(params, SamplingParams):
+            await self.prepare(params)
         pooling = isinstance(params, PoolingParams)
         if not ids:
             raise InvalidRequestError("prompt is empty: at least one token is needed")
@@ -413,6 +411,20 @@ class MultiprocessEngine(EngineClient):
         if self._token_bytes is None and self._tokenizer is not None:
             self._token_bytes = getattr(DecodeTable.from_tokenizer(self._tokenizer), "token_bytes", None)
         return self._token_bytes
+
+    async def prepare(self, sampling_params: SamplingParams) -> None:
+        """Compiles the request's constraint here too (a worker thread, the GIL released;
+        at once when cached), so that a bad schema or grammar is refused before anything is
+        sent, as in-process, not one round trip later in the middle of a stream. The core
+        compiles it again for its scheduler."""
+        constraint = sampling_params.structured_outputs
+        if constraint is None:
+            return
+        constraint.validate()
+        compiler = self._compiler
+        if compiler is not None and compiler.native is not None and compiler.is_cached(constraint):
+            return
+        await asyncio.to_thread(self._compile, constraint)
 
     def _compile(self, constraint: Any) -> None:
         """Compiles ``constraint`` as the core will (``InvalidRequestError`` when it is bad)."""
