@@ -526,7 +526,7 @@ class MultiprocessEngine(EngineClient):
         for core in self._cores:
             if core.process is not None:
                 core.process.stop(deadline - time.monotonic())
-        time.sleep(2 * _POLL_MS / 1000)  # the cores' last messages (failures of what ran) are read
+        time.sleep(_POLL_MS / 1000)  # the cores' last messages (failures of what ran) are read
         self._stopping.set()
         for thread in self._threads:
             thread.join(timeout=2.0)

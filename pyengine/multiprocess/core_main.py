@@ -92,7 +92,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     # threads joined), not a traceback from wherever the main thread was.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: core.stop_requested.set())
-    return core.run()
+    code = core.run()
+    # Everything is joined, closed and sent: skip the interpreter's teardown of torch and
+    # friends (most of a second), which a front end waiting for its cores would wait out.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
