@@ -157,6 +157,20 @@ def test_limit_flags_round_trip_with_defaults_from_server_args():
     assert (args.max_body_bytes, args.header_timeout, args.enable_docs) == (100, 2.5, True)
 
 
+def _one_response(sock: socket.socket) -> bytes:
+    """One whole response (head and Content-Length body): under load its head and body
+    may arrive in separate reads, and the body must not be taken for the next response."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
 def test_a_body_arriving_after_an_early_response_is_not_counted_as_the_next_head():
     # A 404 is answered before its body is read; the body (larger than the head limit,
     # within the body limit) then arrives and the next request on the connection must be
@@ -169,7 +183,7 @@ def test_a_body_arriving_after_an_early_response_is_not_counted_as_the_next_head
                                                                            timeout=5) as sock:
             sock.sendall(b"POST /no-such-route HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                          b"content-length: 10000\r\n\r\n")
-            first = sock.recv(65536)
+            first = _one_response(sock)
             assert first.startswith(b"HTTP/1.1 404"), first
             sock.sendall(b" " * 10000)
             sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
