@@ -29,6 +29,7 @@ from pyengine.executor.row_isolation import sample_isolated
 from pyengine.executor.sampler import Sampler
 from pyengine.executor.step_output import StepOutput
 from pyengine.models.loader import LoadedModel, load_model
+from pyengine.models.parallel import ParallelContext
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class ModelRunner:
             config.max_num_seqs * self.max_blocks_per_seq,
             self._profile_forward,
         )
+        num_blocks = self.model.parallel.min_over_ranks(num_blocks)  # every rank must hold them
         self.kv_cache = PagedKVCache(self.kv_shape, num_blocks, self.device)
         logger.info(
             "KV cache: %d blocks of %d tokens (%.1f MiB), attention backend %s",
@@ -82,12 +84,14 @@ class ModelRunner:
 
     @classmethod
     def from_pretrained(
-        cls, path: Union[str, Path], config: Optional[ExecutorConfig] = None
+        cls, path: Union[str, Path], config: Optional[ExecutorConfig] = None, parallel: Optional[ParallelContext] = None
     ) -> "ModelRunner":
-        """Load the checkpoint folder ``path`` (or dummy weights) and build a runner."""
+        """Load the checkpoint folder ``path`` (or dummy weights) and build a runner
+        (``parallel``: this process's tensor-parallel rank; it loads only its shard)."""
         config = config if config is not None else ExecutorConfig()
         loaded = load_model(
-            path, dtype=config.dtype, device=config.device, load_format=config.load_format, seed=config.seed
+            path, dtype=config.dtype, device=config.device, load_format=config.load_format, seed=config.seed,
+            parallel=parallel,
         )
         return cls(loaded, config)
 

@@ -13,6 +13,7 @@ import json
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, Optional
 
 import torch
 from safetensors import safe_open
@@ -87,6 +88,42 @@ def iterate_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
                 raise _unreadable(path, "safetensors", error) from error
         else:
             yield from load_bin(path).items()
+
+
+def iterate_shards(
+    files: list[Path], wanted: dict[str, Optional[tuple[int, int, int]]]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, CPU tensor) for each tensor in ``wanted``, cut to ``(dim, start, size)`` (None:
+    the whole tensor). From safetensors only those rows are read (``get_slice``): a
+    tensor-parallel rank never reads the other ranks' shards. ``.bin`` files have no such
+    access: they are read whole (memory-mapped) and narrowed."""
+    for path in files:
+        if path.suffix != ".safetensors":
+            for name, tensor in load_bin(path).items():
+                if name in wanted:
+                    yield name, _narrow(tensor, wanted[name])
+            continue
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                for name in handle.keys():
+                    if name in wanted:
+                        yield name, _read_slice(handle, name, wanted[name])
+        except ModelLoadError:
+            raise
+        except Exception as error:  # safetensors raises its own SafetensorError
+            raise _unreadable(path, "safetensors", error) from error
+
+
+def _read_slice(handle: Any, name: str, cut: Optional[tuple[int, int, int]]) -> torch.Tensor:
+    if cut is None:
+        return handle.get_tensor(name)
+    dim, start, size = cut
+    index = (slice(None),) * dim + (slice(start, start + size),)
+    return handle.get_slice(name)[index]
+
+
+def _narrow(tensor: torch.Tensor, cut: Optional[tuple[int, int, int]]) -> torch.Tensor:
+    return tensor if cut is None else tensor.narrow(cut[0], cut[1], cut[2])
 
 
 def _file_shapes(path: Path) -> list[tuple[str, tuple[int, ...]]]:

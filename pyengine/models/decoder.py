@@ -21,6 +21,7 @@ from pyengine.models.config import DecoderConfig
 from pyengine.models.layers import AttentionOp, DecoderAttention, GatedMLP, RMSNorm, WeightTarget
 from pyengine.models.parallel import ParallelContext
 from pyengine.models.rope import RotaryEmbedding
+from pyengine.models.vocab_parallel import VocabParallelEmbedding, vocab_target, zero_vocab_padding
 
 
 class DecoderLayer(torch.nn.Module):
@@ -77,8 +78,8 @@ class DecoderForCausalLM(torch.nn.Module):
         parallel = parallel or ParallelContext()
         self.config = config
         self.parallel = parallel
-        # Embedding and LM head are replicated across tensor-parallel ranks for now.
-        self.embed_tokens = torch.nn.Embedding(config.vocab_size, config.hidden_size)
+        # Embedding and LM head: this rank's slice of the vocabulary (see vocab_parallel).
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel)
         self.layers = torch.nn.ModuleList(
             DecoderLayer(config, index, parallel) for index in range(config.num_hidden_layers)
         )
@@ -87,14 +88,15 @@ class DecoderForCausalLM(torch.nn.Module):
         self.lm_head = (
             None
             if config.tie_word_embeddings
-            else torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            else torch.nn.Linear(config.hidden_size, parallel.vocab_rows(config.vocab_size), bias=False)
         )
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings)
         self.packed_head: torch.Tensor | None = None
 
     @property
     def output_embedding(self) -> torch.Tensor:
-        """The LM head matrix [vocab, hidden] (the input embedding when tied)."""
+        """The LM head matrix [vocab, hidden] (the input embedding when tied); at tensor
+        parallel size > 1, this rank's rows of it."""
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     @property
@@ -118,10 +120,23 @@ class DecoderForCausalLM(torch.nn.Module):
         return self.norm(hidden) if residual is None else self.norm.add_and_norm(hidden, residual)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits [N, vocab] for the given hidden states [N, hidden]."""
+        """Float32 logits [N, vocab] for the given hidden states [N, hidden] (gathered
+        from every rank at tensor parallel size > 1: a collective, all ranks call it)."""
+        return self.parallel.all_gather_vocab(self.local_logits(hidden), self.config.vocab_size)
+
+    def local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of this rank's vocabulary slice [N, vocab_rows] (padding columns
+        past the vocabulary's end are zeros; every column at world size 1)."""
         if self.packed_head is not None:
             return cpu_linear.linear(hidden, self.packed_head)
         return F.linear(hidden, self.output_embedding).float()
+
+    def zero_padding(self) -> None:
+        """Zero the vocabulary padding rows of the embedding and LM head (last rank only
+        has any), so that weights loaded or filled leave nothing undefined."""
+        zero_vocab_padding(self.embed_tokens.weight, self.config.vocab_size, self.parallel)
+        if self.lm_head is not None:
+            zero_vocab_padding(self.lm_head.weight, self.config.vocab_size, self.parallel)
 
     def pack_for_cpu(self) -> None:
         """Run every matmul through oneDNN with packed weights (see ``cpu_linear``).
@@ -141,16 +156,12 @@ class DecoderForCausalLM(torch.nn.Module):
 
     def weight_targets(self) -> dict[str, WeightTarget]:
         """Every checkpoint tensor the model needs, by Hugging Face name."""
-        targets = {
-            "model.embed_tokens.weight": WeightTarget(
-                self.embed_tokens.weight, tuple(self.embed_tokens.weight.shape)
-            )
-        }
+        targets = dict(self.embed_tokens.weight_targets("model.embed_tokens.weight"))
         for index, layer in enumerate(self.layers):
             targets.update(layer.weight_targets(f"model.layers.{index}"))
         targets.update(self.norm.weight_targets("model.norm.weight"))
         if self.lm_head is not None:
-            targets["lm_head.weight"] = WeightTarget(self.lm_head.weight, tuple(self.lm_head.weight.shape))
+            targets["lm_head.weight"] = vocab_target(self.lm_head.weight, self.config.vocab_size, self.parallel)
         return targets
 
     def is_ignorable_checkpoint_tensor(self, name: str) -> bool:

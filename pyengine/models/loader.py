@@ -20,7 +20,7 @@ import torch
 from pyengine.errors import InvalidConfigError
 from pyengine.executor.config import normalize_dtype
 from pyengine.models.architectures import build_model
-from pyengine.models.checkpoint import checkpoint_files, checkpoint_shapes, iterate_tensors
+from pyengine.models.checkpoint import checkpoint_files, checkpoint_shapes, iterate_shards
 from pyengine.models.config import DecoderConfig, parse_decoder_config
 from pyengine.models.decoder import DecoderForCausalLM
 from pyengine.models.errors import ModelLoadError, WeightMismatchError
@@ -103,6 +103,7 @@ def load_model(
     model = instantiate_model(config, torch_dtype, device, parallel)
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
+        model.zero_padding()
     else:
         load_checkpoint_weights(model, folder, allow_bin=load_format == "auto")
     model.eval().requires_grad_(False)
@@ -162,17 +163,23 @@ def load_checkpoint_weights(model: DecoderForCausalLM, folder: Path, *, allow_bi
     )
     if missing or unexpected or wrong_shapes:
         raise WeightMismatchError(missing, unexpected, wrong_shapes)
+    wanted = {name: _cut(dest) for name, dest in targets.items()}
     with torch.no_grad():
-        for name, tensor in iterate_tensors(files):
-            dest = targets.get(name)
-            if dest is not None:
-                _copy_into_target(dest, tensor, model.parallel)
+        model.zero_padding()
+        for name, tensor in iterate_shards(files, wanted):
+            _copy_into_target(targets[name], tensor)
 
 
-def _copy_into_target(dest: WeightTarget, tensor: torch.Tensor, parallel: ParallelContext) -> None:
-    if dest.shard_dim is not None and parallel.world_size > 1:
-        size = tensor.shape[dest.shard_dim] // parallel.world_size
-        tensor = tensor.narrow(dest.shard_dim, parallel.rank * size, size)
+def _cut(dest: WeightTarget) -> Optional[tuple[int, int, int]]:
+    """(dim, start, size) of the checkpoint tensor this rank reads; None: all of it."""
+    if dest.shard_dim is None or dest.shard is None:
+        return None
+    if dest.shard.start == 0 and dest.shard.size == dest.shard.full:
+        return None
+    return dest.shard_dim, dest.shard.start, dest.shard.size
+
+
+def _copy_into_target(dest: WeightTarget, tensor: torch.Tensor) -> None:
     target = dest.parameter.data
     if dest.row_offset is not None:
         target = target.narrow(0, dest.row_offset, tensor.shape[0])

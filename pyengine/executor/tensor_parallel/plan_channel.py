@@ -1,0 +1,169 @@
+"""The step plan, broadcast once per step from rank 0 to the other ranks of one host.
+
+What a worker rank needs to run the forward pass is a handful of integer arrays: the
+input ids (placeholders already filled by rank 0, which knows the tokens it sampled),
+positions, KV slots, the rows and their query / sequence lengths, the sampled positions
+and the block-table writes. Rank 0 writes them into one shared-memory segment
+(``multiprocessing.shared_memory``) at fixed offsets sized for the largest possible plan,
+then writes one byte into each worker's pipe. A worker wakes on its pipe, reads the
+header and takes numpy views of the arrays: nothing is pickled or copied beyond the
+one write.
+
+The same segment holds one status slot per rank: a worker whose step failed writes its
+error there before the step's last collective, so rank 0 reads it once that collective
+is through (see ``collective_step``).
+
+Reuse is safe without locks: rank 0 writes plan N+1 only after step N's last
+collective, which every worker reaches only after it is done with plan N's arrays.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+from dataclasses import dataclass
+from multiprocessing import resource_tracker, shared_memory
+from typing import Optional
+
+import numpy as np
+
+# Header: sequence number, step id, then the length of each array below.
+_HEADER = ("sequence", "step_id", "tokens", "rows", "logits", "block_writes")
+_ARRAYS = (
+    # name, length field, extra elements
+    ("input_ids", "tokens", 0),
+    ("positions", "tokens", 0),
+    ("slot_mapping", "tokens", 0),
+    ("rows", "rows", 0),
+    ("num_scheduled_tokens", "rows", 0),
+    ("seq_lens", "rows", 0),
+    ("query_start_loc", "rows", 1),
+    ("logits_indices", "logits", 0),
+    ("block_table_rows", "block_writes", 0),
+    ("block_table_cols", "block_writes", 0),
+    ("block_table_ids", "block_writes", 0),
+)
+STATUS_BYTES = 4096
+EXIT_BYTE = b"x"
+STEP_BYTE = b"s"
+
+
+@dataclass(frozen=True)
+class PlanCapacity:
+    """The largest plan a step can carry (from the engine's limits)."""
+
+    max_tokens: int
+    max_rows: int
+    max_block_writes: int
+
+    def lengths(self) -> dict[str, int]:
+        return {"tokens": self.max_tokens, "rows": self.max_rows,
+                "logits": self.max_tokens, "block_writes": self.max_block_writes}
+
+
+class ForwardPlan:
+    """A worker's view of one step's plan: attributes named as in ``StepPlanLike``
+    (int64 numpy views into the shared segment, valid until the step's last collective)."""
+
+    step_id: int
+    input_ids: np.ndarray
+    positions: np.ndarray
+    slot_mapping: np.ndarray
+    rows: np.ndarray
+    num_scheduled_tokens: np.ndarray
+    seq_lens: np.ndarray
+    query_start_loc: np.ndarray
+    logits_indices: np.ndarray
+    block_table_rows: np.ndarray
+    block_table_cols: np.ndarray
+    block_table_ids: np.ndarray
+
+
+class PlanSegment:
+    """The shared segment's layout: header, arrays, status slots (one per rank)."""
+
+    def __init__(self, capacity: PlanCapacity, world_size: int, name: Optional[str] = None) -> None:
+        self.capacity = capacity
+        self.world_size = world_size
+        lengths = capacity.lengths()
+        self._offsets: dict[str, int] = {}
+        offset = 8 * len(_HEADER)
+        for array, length_field, extra in _ARRAYS:
+            self._offsets[array] = offset
+            offset += 8 * (lengths[length_field] + extra)
+        self._status_offset = offset
+        size = offset + world_size * STATUS_BYTES
+        self.shm = shared_memory.SharedMemory(name=name, create=name is None, size=size if name is None else 0)
+        self.owner = name is None
+        if not self.owner:
+            # Python < 3.13 registers an attached segment with this process's resource
+            # tracker, which would unlink it when the worker exits: rank 0 owns it.
+            resource_tracker.unregister(self.shm._name, "shared_memory")  # type: ignore[attr-defined]
+        self.header = np.ndarray(len(_HEADER), dtype=np.int64, buffer=self.shm.buf)
+        self._full = {
+            array: np.ndarray(lengths[field] + extra, dtype=np.int64, buffer=self.shm.buf, offset=self._offsets[array])
+            for array, field, extra in _ARRAYS
+        }
+
+    @property
+    def name(self) -> str:
+        return self.shm.name
+
+    def write(self, plan: object, input_ids: np.ndarray) -> None:
+        """Rank 0: the plan's arrays (``input_ids`` with placeholders filled) into the segment."""
+        sizes = {"tokens": len(input_ids), "rows": len(plan.rows),  # type: ignore[attr-defined]
+                 "logits": len(plan.logits_indices), "block_writes": len(plan.block_table_rows)}  # type: ignore[attr-defined]
+        for array, field, extra in _ARRAYS:
+            source = input_ids if array == "input_ids" else getattr(plan, array)
+            self._full[array][: sizes[field] + extra] = source
+        self.header[1:] = (plan.step_id, *(sizes[f] for f in _HEADER[2:]))  # type: ignore[attr-defined]
+        self.header[0] += 1
+
+    def read(self) -> ForwardPlan:
+        """A worker: views of the plan last written."""
+        plan = ForwardPlan()
+        sizes = dict(zip(_HEADER, self.header.tolist()))
+        plan.step_id = sizes["step_id"]
+        for array, field, extra in _ARRAYS:
+            setattr(plan, array, self._full[array][: sizes[field] + extra])
+        return plan
+
+    def write_status(self, rank: int, message: str) -> None:
+        data = message.encode("utf-8", "replace")[: STATUS_BYTES - 8]
+        slot = self._status_offset + rank * STATUS_BYTES
+        np.ndarray(1, dtype=np.int64, buffer=self.shm.buf, offset=slot)[0] = len(data)
+        self.shm.buf[slot + 8 : slot + 8 + len(data)] = data
+
+    def read_status(self, rank: int) -> str:
+        slot = self._status_offset + rank * STATUS_BYTES
+        length = int(np.ndarray(1, dtype=np.int64, buffer=self.shm.buf, offset=slot)[0])
+        return bytes(self.shm.buf[slot + 8 : slot + 8 + length]).decode("utf-8", "replace")
+
+    def close(self) -> None:
+        """Drop the views and unmap; the creator also removes the segment."""
+        self.header = np.zeros(0, dtype=np.int64)
+        self._full = {}
+        self.shm.close()
+        if self.owner:
+            try:
+                self.shm.unlink()
+            except FileNotFoundError:
+                pass
+
+
+class StepSignal:
+    """Rank 0 -> one worker: a byte per step on a pipe (``STEP_BYTE``; ``EXIT_BYTE`` to
+    stop). A closed pipe (rank 0 gone) reads as exit, so a worker never outlives it."""
+
+    def __init__(self, read_fd: int) -> None:
+        self.read_fd = read_fd
+
+    def wait(self, timeout: float) -> Optional[bytes]:
+        """The next byte; b"" when rank 0 closed the pipe; None on timeout."""
+        ready, _, _ = select.select([self.read_fd], [], [], timeout)
+        if not ready:
+            return None
+        try:
+            return os.read(self.read_fd, 1)
+        except OSError:
+            return b""

@@ -1,0 +1,99 @@
+"""Tensor-parallel ranks in child processes, for tests: each rank runs the same hand-made
+plans through its own ``ModelRunner`` (holding its shard) and rank 0 saves the logits.
+
+``run_ranks`` starts ``world_size`` processes (``python -m pyengine.testing.tp_ranks``)
+that meet through a TCP store on a free loopback port, waits for them with a deadline
+and kills whatever is left in any case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_ranks(checkpoint: Path, out: Path, world_size: int, prompts: list[list[int]], steps: int,
+              timeout: float = 120.0) -> list[str]:
+    """Runs the ranks to completion; returns each rank's stderr. Raises on a failed rank."""
+    port = free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    prompt_arg = ";".join(",".join(map(str, p)) for p in prompts)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "pyengine.testing.tp_ranks", str(checkpoint), str(out), str(rank),
+             str(world_size), str(port), prompt_arg, str(steps)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        for rank in range(world_size)
+    ]
+    deadline = time.monotonic() + timeout
+    errors = []
+    try:
+        for proc in procs:
+            _, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            errors.append(err)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+    failed = [(rank, proc.returncode) for rank, proc in enumerate(procs) if proc.returncode != 0]
+    if failed:
+        raise RuntimeError(f"ranks failed {failed}: {errors}")
+    return errors
+
+
+def generate_on_rank(checkpoint: str, out: str, rank: int, world_size: int, port: int, prompts: list[list[int]],
+              steps: int) -> None:
+    import torch
+
+    from pyengine.executor.config import ExecutorConfig
+    from pyengine.executor.model_runner import ModelRunner
+    from pyengine.executor.tensor_parallel.rendezvous import Rendezvous, join_group, leave_group
+    from pyengine.models.parallel import ParallelContext
+    from pyengine.sampling_params import SamplingParams
+    from pyengine.testing.hand_plan import HandPlanner
+
+    torch.set_num_threads(1)
+    store = None
+    if world_size > 1:
+        store = join_group(Rendezvous("127.0.0.1", port, rank, world_size, rank, "gloo", timeout_s=60.0))
+    try:
+        config = ExecutorConfig(max_num_seqs=8, max_model_len=256, num_kv_blocks=64)
+        runner = ModelRunner.from_pretrained(checkpoint, config, ParallelContext(rank, world_size))
+        planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=8, scatter_blocks=True)
+        for prompt in prompts:
+            planner.add(prompt, SamplingParams(temperature=0.0))
+        logits = []
+        for _ in range(steps):
+            plan = planner.next_plan(max_chunk=16)
+            result = runner.execute(plan, return_logits=True)
+            planner.record(plan, result.sampled_token_ids)
+            if result.logits is not None:
+                logits.append(result.logits.numpy())
+        if rank == 0:
+            np.save(out, np.concatenate(logits))
+    finally:
+        leave_group(store, rank, world_size)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    for name in ("checkpoint", "out", "rank", "world_size", "port", "prompts", "steps"):
+        parser.add_argument(name)
+    args = parser.parse_args()
+    generate_on_rank(args.checkpoint, args.out, int(args.rank), int(args.world_size), int(args.port),
+              [[int(t) for t in p.split(",")] for p in args.prompts.split(";")], int(args.steps))
