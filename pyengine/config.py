@@ -48,6 +48,9 @@ class EngineConfig:
     - ``data_parallel_size``: engine cores, one process each, behind one multi-process
       front end (``AsyncEngine(..., multiprocess=True)``, ``pyengine serve``); on CPU each
       gets its share of the CPUs, on CUDA its own device. An in-process engine takes 1.
+    - ``tensor_parallel_size``: ranks the model is split over (1: no split). Above 1 the
+      engine starts N-1 worker processes on this host, each holding a weight shard (see
+      docs/tensor_parallel.md).
 
     Arguments vLLM takes, accepted here with the same meaning (or none, said so):
 
@@ -100,6 +103,7 @@ class EngineConfig:
     runner: str = "auto"
     generation_config: str = "auto"
     data_parallel_size: int = 1
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, requirement: str) -> None:
@@ -112,6 +116,8 @@ class EngineConfig:
         need(self.pipeline_depth in (1, 2), "pipeline_depth", "must be 1 or 2")
         need(isinstance(self.data_parallel_size, int) and self.data_parallel_size >= 1, "data_parallel_size",
              "must be an integer >= 1")
+        need(isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
+             "tensor_parallel_size", "must be an integer >= 1")
         need(self.scheduling_policy in ("fcfs", "priority"), "scheduling_policy", "must be 'fcfs' or 'priority'")
         need(self.task in TASKS, "task", "must be 'auto', 'generate' or 'embed'")
         need(self.runner in RUNNERS, "runner", "must be 'auto', 'generate' or 'pooling'")

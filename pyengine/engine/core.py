@@ -40,6 +40,16 @@ from pyengine.text.encode import encode_ids
 logger = logging.getLogger(__name__)
 
 
+def _load_runner(path: Path, config: EngineConfig) -> ModelRunner:
+    """The model runner: in this thread at tensor-parallel size 1, else rank 0 of a group
+    whose other ranks are worker processes started here."""
+    if config.tensor_parallel_size == 1:
+        return ModelRunner.from_pretrained(path, config.executor_config())
+    from pyengine.executor.tensor_parallel.runner import start
+
+    return start(path, config.executor_config(), config.tensor_parallel_size)
+
+
 def resolve_model_path(config: EngineConfig) -> Path:
     if config.model is not None:
         return Path(config.model)
@@ -64,7 +74,7 @@ class EngineCore:
             )
         self.config = config
         self.model_path = resolve_model_path(config) if runner is None else Path("<synthetic>")
-        self.runner = runner or ModelRunner.from_pretrained(self.model_path, config.executor_config())
+        self.runner = runner or _load_runner(self.model_path, config)
         self.tokenizer = self.runner.loaded.tokenizer
         # Token id -> bytes, built once and shared by every sequence's text stream.
         self.decode_table = DecodeTable.from_tokenizer(self.tokenizer) if self.tokenizer is not None else None
@@ -209,7 +219,8 @@ class EngineCore:
             return f"the executor thread died: {self.executor.fatal!r}"
         if self.output.fatal is not None:
             return f"the output thread died: {self.output.fatal!r}"
-        return None
+        runner_dead = getattr(self.runner, "dead_reason", None)  # tensor-parallel workers
+        return runner_dead() if runner_dead is not None else None
 
     @property
     def is_alive(self) -> bool:
@@ -270,6 +281,9 @@ class EngineCore:
             for t in (self._exec_thread, self._output_thread):
                 t.join(timeout=max(0.0, deadline - time.monotonic()))
         stuck = [t.name for t in (self._exec_thread, self._output_thread) if t.is_alive()]
+        close_runner = getattr(self.runner, "close", None)  # tensor-parallel workers: stopped and reaped
+        if close_runner is not None:
+            close_runner(timeout=max(1.0, deadline - time.monotonic()))
         if stuck:
             raise EngineDeadError(f"threads did not stop within {timeout}s: {', '.join(stuck)}")
 

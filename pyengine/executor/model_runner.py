@@ -120,13 +120,12 @@ class ModelRunner:
         input_ids = self._input_ids(plan, rows)
         positions = _to_device(plan.positions, torch.int64, device)
         layout = self._layout(plan, rows)
-        hidden = self.model(input_ids, positions, self.attention_backend.bind(self.kv_cache, layout))
+        logits_indices = _to_device(plan.logits_indices, torch.int64, device)
+        hidden, logits = self._forward(input_ids, positions, layout, logits_indices)
         output = StepOutput(
             plan.step_id, np.zeros(0, dtype=np.int64), hidden_states=hidden if return_hidden else None
         )
         if len(plan.logits_indices):
-            logits_indices = _to_device(plan.logits_indices, torch.int64, device)
-            logits = self.model.compute_logits(hidden.index_select(0, logits_indices))
             if plan.grammar_mask is not None:  # structured outputs: computed while the forward ran
                 self.grammar_masks.apply(plan, logits)
             sample_rows = _to_device(plan.sample_rows, torch.int64, device)
@@ -145,6 +144,17 @@ class ModelRunner:
             output.pooled_seq_ids = self.batch.seq_ids[plan.rows[plan.pool_indices]]
         output.row_errors = self.batch.take_row_errors()
         return output
+
+    def _forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, layout: StepAttentionLayout,
+        logits_indices: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hidden states of every token and float32 logits of ``logits_indices`` (the
+        tensor-parallel rank 0 runs this with its collectives, see ``tensor_parallel``)."""
+        hidden = self.model(input_ids, positions, self.attention_backend.bind(self.kv_cache, layout))
+        if logits_indices.numel() == 0:
+            return hidden, hidden.new_zeros(0, self.model.config.vocab_size, dtype=torch.float32)
+        return hidden, self.model.compute_logits(hidden.index_select(0, logits_indices))
 
     def _row_failed(self, row: int, message: str) -> None:
         self.batch.row_errors[int(self.batch.seq_ids[row])] = message

@@ -76,3 +76,42 @@ class FaultySink:
     def fail(self, error: BaseException) -> None:
         self.error = error
         self.done.set()
+
+
+# ---- tensor-parallel workers (named by import path in ``tensor_parallel.runner.start``) ----
+
+#: A prompt token that makes tensor-parallel rank 1 fail the step that carries it.
+POISON_TOKEN = 497
+
+
+def fail_rank1_load(stage: str, rank: int, step: Any = None) -> Any:
+    """Rank 1 cannot load its shard."""
+    if stage == "load" and rank == 1:
+        raise OSError("injected: rank 1 cannot read its shard")
+    return step
+
+
+def fail_rank1_on_poison(stage: str, rank: int, step: Any = None) -> Any:
+    """Rank 1's step raises (before its forward pass) when the plan holds ``POISON_TOKEN``."""
+    if stage != "step" or rank != 1:
+        return step
+
+    def run(plan: Any) -> None:
+        if len(plan.input_ids) and (plan.input_ids == POISON_TOKEN).any():
+            def fail() -> Any:
+                raise RuntimeError("injected fault on rank 1")
+            return _run_failing(step, plan, fail)
+        return step(plan)
+
+    return run
+
+
+def _run_failing(step: Any, plan: Any, fail: Any) -> None:
+    """Runs the worker's step with its forward pass replaced by ``fail``."""
+    owner = step.__self__
+    forward = owner.forward
+    owner.forward = lambda plan: fail()
+    try:
+        step(plan)
+    finally:
+        owner.forward = forward

@@ -1,0 +1,350 @@
+"""Rank 0 of a tensor-parallel group: the executor thread's runner, and the workers' parent.
+
+Rank 0 lives in the engine's ``pyengine-exec`` thread: it is a :class:`ModelRunner` (the
+persistent batch, the sampler, the row isolation of tensor-parallel size 1, unchanged)
+whose forward pass also broadcasts the plan and joins the collectives. Keeping it there
+saves a process hop per step (the plan is already in this thread, and the sampled ids
+go straight back to the scheduler) and keeps one sampler, so sampling is done once, on
+the full logits, exactly as at size 1. Ranks 1..N-1 are worker processes
+(``worker``), started and reaped here.
+
+Per step (``execute``): fill the plan's placeholders from the tokens sampled last step
+(known here, on the host) -> write the plan into shared memory and wake every worker ->
+the forward pass on every rank -> the vocabulary slices of the logits and every rank's
+status gathered here -> sample. A rank whose step raised fails the step (its requests
+end with the error naming the rank) and the engine goes on; a worker that died makes the
+engine dead (``dead_reason``, and the failed collective) with its rank in the message.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import numpy as np
+import torch
+
+from pyengine.errors import EngineDeadError, ModelLoadError
+from pyengine.executor.attention.metadata import StepAttentionLayout
+from pyengine.executor.config import ExecutorConfig
+from pyengine.executor.model_runner import ModelRunner
+from pyengine.executor.plan import StepPlanLike
+from pyengine.executor.step_output import StepOutput
+from pyengine.executor.tensor_parallel.collective_step import gather_logits, run_forward
+from pyengine.executor.tensor_parallel.plan_channel import (
+    EXIT_BYTE,
+    STEP_BYTE,
+    PlanCapacity,
+    PlanSegment,
+)
+from pyengine.executor.tensor_parallel.rendezvous import (
+    DEFAULT_TIMEOUT_S,
+    Rendezvous,
+    backend_for,
+    host_store,
+    join_group,
+    leave_group,
+)
+from pyengine.models.architectures import check_tensor_parallel
+from pyengine.models.loader import LoadedModel, load_model, read_model_config
+from pyengine.models.parallel import CollectiveError, ParallelContext
+
+logger = logging.getLogger(__name__)
+
+
+class RankStepError(RuntimeError):
+    """A step failed on one or more ranks (the step's requests end with this error)."""
+
+
+class WorkerProcess:
+    """One worker rank: its process and the two pipes to it."""
+
+    def __init__(self, rank: int, process: subprocess.Popen, signal_fd: int, reply_fd: int) -> None:
+        self.rank = rank
+        self.process = process
+        self.signal_fd = signal_fd
+        self.reply = os.fdopen(reply_fd, "r")
+        self._buffer = ""
+
+    def send(self, byte: bytes) -> None:
+        try:
+            os.write(self.signal_fd, byte)
+        except OSError:  # the worker is gone: dead_reason reports it
+            pass
+
+    def receive(self, deadline: float) -> dict[str, Any]:
+        """The worker's next start-up message; an error message when it dies or times out."""
+        while True:
+            if "\n" in self._buffer:
+                line, self._buffer = self._buffer.split("\n", 1)
+                return json.loads(line)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return {"stage": "error", "error": "did not answer in time"}
+            ready, _, _ = select.select([self.reply], [], [], min(remaining, 0.5))
+            if ready:
+                chunk = os.read(self.reply.fileno(), 65536).decode()
+                if not chunk:
+                    code = self.process.wait(timeout=10)
+                    return {"stage": "error", "error": f"the process exited with code {code}"}
+                self._buffer += chunk
+
+    def exit_code(self) -> Optional[int]:
+        return self.process.poll()
+
+    def stop(self, timeout: float) -> None:
+        """Asks the worker to exit, then kills it if it does not, and reaps it."""
+        self.send(EXIT_BYTE)
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        for close in (lambda: os.close(self.signal_fd), self.reply.close):
+            try:
+                close()
+            except OSError:
+                pass
+
+
+class TensorParallelRunner(ModelRunner):
+    """Rank 0's runner (see the module docstring); build it with :func:`start`."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        config: ExecutorConfig,
+        workers: list[WorkerProcess],
+        segment: PlanSegment,
+        store: Any,
+    ) -> None:
+        self.workers = workers
+        self.segment = segment
+        self.store = store
+        self._collectives_done = True
+        super().__init__(loaded, config)
+        self.host_last_sampled = np.zeros(config.max_num_seqs, dtype=np.int64)
+        self.broadcast_seconds = 0.0
+        self.steps = 0
+        self._closed = False
+
+    @property
+    def world_size(self) -> int:
+        return self.model.parallel.world_size
+
+    def execute(self, plan: StepPlanLike, **kwargs: Any) -> StepOutput:
+        t0 = time.perf_counter()
+        self.segment.write(plan, self._filled_input_ids(plan))
+        for worker in self.workers:
+            worker.send(STEP_BYTE)
+        self.broadcast_seconds += time.perf_counter() - t0
+        self.steps += 1
+        self._collectives_done = len(plan.input_ids) == 0
+        try:
+            output = super().execute(plan, **kwargs)
+        except CollectiveError as error:
+            raise self._dead_error(error) from error
+        except Exception as error:
+            if not self._collectives_done:  # failed before its forward: still owe the collectives
+                self._fail_collectives(plan, error)
+            raise
+        if len(plan.sample_rows):
+            self.host_last_sampled[plan.sample_rows] = output.sampled_token_ids
+        return output
+
+    def _filled_input_ids(self, plan: StepPlanLike) -> np.ndarray:
+        """The plan's input ids with each placeholder replaced by its row's last sample."""
+        ids = plan.input_ids
+        holes = np.flatnonzero(ids < 0)
+        if not holes.size:
+            return ids
+        owners = np.searchsorted(plan.query_start_loc, holes, side="right") - 1
+        ids = ids.copy()
+        ids[holes] = self.host_last_sampled[plan.rows[owners]]
+        return ids
+
+    def _forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, layout: StepAttentionLayout,
+        logits_indices: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        model = self.model
+
+        def forward() -> tuple[torch.Tensor, torch.Tensor]:
+            hidden = model(input_ids, positions, self.attention_backend.bind(self.kv_cache, layout))
+            return hidden, model.local_logits(hidden.index_select(0, logits_indices))
+
+        hidden, error, local = run_forward(
+            model, forward, len(input_ids), len(logits_indices), self.device, self.loaded.dtype
+        )
+        gathered = gather_logits(model, local, error is not None)
+        self._collectives_done = True
+        failed = [rank for rank in gathered.failed_ranks if rank != 0]
+        if error is not None or failed:
+            reasons = [f"rank 0: {type(error).__name__}: {error}"] if error is not None else []
+            reasons += [f"rank {rank}: {self.segment.read_status(rank)}" for rank in failed]
+            raise RankStepError("; ".join(reasons)) from error
+        assert hidden is not None and gathered.logits is not None
+        return hidden, gathered.logits
+
+    def _fail_collectives(self, plan: StepPlanLike, error: BaseException) -> None:
+        """This rank's step failed before its forward pass: join the step's collectives
+        with zeros (and a failed status), so the workers finish the step too."""
+
+        def raise_it() -> tuple[torch.Tensor, torch.Tensor]:
+            raise error
+
+        _, _, local = run_forward(
+            self.model, raise_it, len(plan.input_ids), len(plan.logits_indices), self.device, self.loaded.dtype
+        )
+        try:
+            gather_logits(self.model, local, True)
+        except CollectiveError as collective:
+            raise self._dead_error(collective) from collective
+        self._collectives_done = True
+
+    # ---- liveness and shutdown ----
+
+    def dead_reason(self) -> Optional[str]:
+        """Why the group can no longer run a step (a worker exited), or None."""
+        for worker in self.workers:
+            code = worker.exit_code()
+            if code is not None and not self._closed:
+                return f"tensor-parallel worker rank {worker.rank} (pid {worker.process.pid}) exited with code {code}"
+        return None
+
+    def _dead_error(self, error: BaseException) -> EngineDeadError:
+        deadline = time.monotonic() + 5.0
+        reason = self.dead_reason()
+        while reason is None and time.monotonic() < deadline:  # the peer's exit may lag its socket
+            time.sleep(0.05)
+            reason = self.dead_reason()
+        return EngineDeadError(reason or f"tensor-parallel collective failed: {error}")
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stops and reaps every worker, leaves the group, removes the shared segment."""
+        if self._closed:
+            return
+        clean = self.dead_reason() is None
+        self._closed = True
+        for worker in self.workers:
+            worker.stop(timeout)
+        if clean:
+            leave_group(self.store, 0, self.world_size, timeout_s=timeout)
+        elif torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        self.segment.close()
+
+    def stats(self) -> dict[str, float]:
+        """Mean plan-broadcast time per step (seconds)."""
+        return {"broadcast_s_per_step": self.broadcast_seconds / max(1, self.steps), "steps": float(self.steps)}
+
+
+def plan_capacity(config: ExecutorConfig, max_model_len: int) -> PlanCapacity:
+    blocks_per_seq = -(-max_model_len // config.block_size)
+    return PlanCapacity(
+        max_tokens=config.max_num_batched_tokens,
+        max_rows=config.max_num_seqs,
+        max_block_writes=config.max_num_seqs * blocks_per_seq,
+    )
+
+
+def start(
+    path: Union[str, Path],
+    config: ExecutorConfig,
+    world_size: int,
+    *,
+    threads_per_rank: Optional[int] = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    step_wrapper: Optional[str] = None,
+) -> TensorParallelRunner:
+    """Starts workers 1..N-1 on this host, joins them as rank 0 and loads every shard.
+
+    A model whose sizes do not split ``world_size`` ways is refused before any process
+    starts; a rank that cannot load its shard stops start-up with that rank's error; every
+    started process is reaped whatever fails. ``step_wrapper`` ("module:function") wraps
+    the workers' load and step, for fault-injection tests only.
+    """
+    model_config = read_model_config(path)
+    check_tensor_parallel(model_config, world_size)
+    max_model_len = config.max_model_len or model_config.max_position_embeddings
+    threads = threads_per_rank or max(1, torch.get_num_threads() // world_size)
+    store = host_store("127.0.0.1", 0, world_size, timeout_s)
+    rendezvous = Rendezvous("127.0.0.1", store.port, 0, world_size, 0, backend_for(config.device), timeout_s)
+    capacity = plan_capacity(config, max_model_len)
+    segment = PlanSegment(capacity, world_size)
+    workers: list[WorkerProcess] = []
+    runner: Optional[TensorParallelRunner] = None
+    try:
+        for rank in range(1, world_size):
+            workers.append(_spawn(rank, rendezvous, config, capacity, segment.name, path, threads, step_wrapper))
+        deadline = time.monotonic() + timeout_s
+        _expect(workers, "hello", deadline)
+        torch.set_num_threads(threads)
+        join_group(rendezvous, store)
+        parallel = ParallelContext(0, world_size)
+        try:
+            loaded = load_model(path, dtype=config.dtype, device=rendezvous.device(config.device),
+                                load_format=config.load_format, parallel=parallel, seed=config.seed)
+        except Exception as error:
+            raise ModelLoadError(f"tensor-parallel rank 0 could not load its shard: {error}") from error
+        _expect(workers, "loaded", time.monotonic() + timeout_s)
+        for worker in workers:
+            worker.send(STEP_BYTE)
+        runner = TensorParallelRunner(loaded, config, workers, segment, store)
+        _expect(workers, "ready", time.monotonic() + timeout_s)
+        logger.info("tensor parallel: %d ranks, %d thread(s) each, %s", world_size, threads, rendezvous.backend)
+        return runner
+    except BaseException:
+        for worker in workers:
+            worker.stop(timeout=5.0)
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        segment.close()
+        raise
+
+
+def _expect(workers: list[WorkerProcess], stage: str, deadline: float) -> None:
+    for worker in workers:
+        message = worker.receive(deadline)
+        if message.get("stage") != stage:
+            error = message.get("error", message)
+            raise ModelLoadError(f"tensor-parallel rank {worker.rank} failed to start ({stage}): {error}")
+
+
+def _spawn(
+    rank: int, rendezvous: Rendezvous, config: ExecutorConfig, capacity: PlanCapacity, segment: str,
+    path: Union[str, Path], threads: int, step_wrapper: Optional[str],
+) -> WorkerProcess:
+    signal_read, signal_write = os.pipe()
+    reply_read, reply_write = os.pipe()
+    spec = {
+        "rank": rank,
+        "world_size": rendezvous.world_size,
+        "threads": threads,
+        "signal_fd": signal_read,
+        "reply_fd": reply_write,
+        "rendezvous": {**asdict(rendezvous), "rank": rank, "local_rank": rank},
+        "executor_config": asdict(config),
+        "capacity": asdict(capacity),
+        "segment": segment,
+        "model": str(path),
+        "step_wrapper": step_wrapper,
+    }
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pyengine.executor.tensor_parallel.worker", json.dumps(spec)],
+            pass_fds=(signal_read, reply_write), env=env, stdin=subprocess.DEVNULL,
+        )
+    finally:
+        os.close(signal_read)
+        os.close(reply_write)
+    return WorkerProcess(rank, process, signal_write, reply_read)

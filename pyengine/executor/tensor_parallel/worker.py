@@ -1,0 +1,174 @@
+"""A tensor-parallel worker process (ranks 1..N-1): ``python -m
+pyengine.executor.tensor_parallel.worker SPEC_JSON``.
+
+Start-up, each stage reported to rank 0 as one JSON line on the reply pipe: ``hello``
+(about to join the group) -> join the process group -> load this rank's shard
+(``loaded``, or ``error`` with the exception, and exit) -> wait for rank 0's go (every
+rank loaded) -> build the runner (the KV cache size is agreed over the ranks) ->
+``ready``. Then, per step: wake on the step pipe, read the plan from shared memory, apply
+its block-table writes, run the forward pass and join the logits gather (see
+``collective_step``). The worker samples nothing: rank 0 does, once, and fills the next
+plan's placeholders itself. A closed step pipe (rank 0 gone) or the exit byte ends the
+process; a failed collective (a peer gone) too.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import sys
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+from pyengine.executor.config import ExecutorConfig
+from pyengine.executor.model_runner import ModelRunner
+from pyengine.executor.tensor_parallel.collective_step import gather_logits, run_forward
+from pyengine.executor.tensor_parallel.plan_channel import (
+    EXIT_BYTE,
+    ForwardPlan,
+    PlanCapacity,
+    PlanSegment,
+    StepSignal,
+)
+from pyengine.executor.tensor_parallel.rendezvous import Rendezvous, join_group, leave_group
+from pyengine.models.loader import load_model
+from pyengine.models.parallel import CollectiveError, ParallelContext
+
+logger = logging.getLogger(__name__)
+
+#: A worker waits this long for rank 0's go after loading (rank 0 loads its own shard meanwhile).
+GO_TIMEOUT_S = 600.0
+
+
+class WorkerStep:
+    """Runs one plan on this rank's shard (no sampling)."""
+
+    def __init__(self, runner: ModelRunner, segment: PlanSegment, rank: int) -> None:
+        self.runner = runner
+        self.model = runner.model
+        self.segment = segment
+        self.rank = rank
+
+    def run(self, plan: ForwardPlan) -> None:
+        num_tokens = len(plan.input_ids)
+        if num_tokens == 0:
+            self._write_block_table(plan)
+            return
+
+        def forward() -> tuple[torch.Tensor, torch.Tensor]:
+            self._write_block_table(plan)
+            return self.forward(plan)
+
+        runner = self.runner
+        _, error, local = run_forward(
+            self.model, forward, num_tokens, len(plan.logits_indices), runner.device, runner.loaded.dtype
+        )
+        if error is not None:
+            logger.error("rank %d: step %d failed: %r", self.rank, plan.step_id, error)
+            self.segment.write_status(self.rank, f"{type(error).__name__}: {error}")
+        gather_logits(self.model, local, error is not None)
+
+    def forward(self, plan: ForwardPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        runner = self.runner
+        device = runner.device
+        rows = torch.from_numpy(plan.rows).to(device)
+        input_ids = torch.from_numpy(plan.input_ids).to(device)
+        positions = torch.from_numpy(plan.positions).to(device)
+        layout = runner._layout(plan, rows)  # type: ignore[arg-type]
+        hidden = self.model(input_ids, positions, runner.attention_backend.bind(runner.kv_cache, layout))
+        indices = torch.from_numpy(plan.logits_indices).to(device)
+        return hidden, self.model.local_logits(hidden.index_select(0, indices))
+
+    def _write_block_table(self, plan: ForwardPlan) -> None:
+        if len(plan.block_table_rows):
+            device = self.runner.device
+            table = self.runner.batch.block_table
+            rows = torch.from_numpy(plan.block_table_rows).to(device)
+            cols = torch.from_numpy(plan.block_table_cols).to(device)
+            table[rows, cols] = torch.from_numpy(plan.block_table_ids.astype(np.int32)).to(device)
+
+
+def _send(reply: Any, **message: Any) -> None:
+    reply.write(json.dumps(message) + "\n")
+    reply.flush()
+
+
+def _hook(spec: dict[str, Any]) -> Optional[Callable[..., Any]]:
+    """A fault-injection wrapper named by import path (tests only; None in production)."""
+    path = spec.get("step_wrapper")
+    if not path:
+        return None
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def main(spec: dict[str, Any]) -> int:
+    rank, world_size = spec["rank"], spec["world_size"]
+    torch.set_num_threads(spec["threads"])
+    reply = os.fdopen(spec["reply_fd"], "w")
+    signal = StepSignal(spec["signal_fd"])
+    rendezvous = Rendezvous(**spec["rendezvous"])
+    config = ExecutorConfig(**spec["executor_config"])
+    wrapper = _hook(spec)
+    _send(reply, stage="hello")
+    store = join_group(rendezvous)
+    parallel = ParallelContext(rank, world_size)
+    clean_exit = False
+    try:
+        try:
+            if wrapper is not None:
+                wrapper("load", rank)
+            loaded = load_model(
+                spec["model"], dtype=config.dtype, device=rendezvous.device(config.device),
+                load_format=config.load_format, parallel=parallel, seed=config.seed,
+            )
+        except Exception as error:  # noqa: BLE001 - reported to rank 0, which stops start-up
+            _send(reply, stage="error", error=f"{type(error).__name__}: {error}")
+            return 1
+        _send(reply, stage="loaded")
+        if signal.wait(GO_TIMEOUT_S) in (None, b"", EXIT_BYTE):
+            return 0
+        device_config = _with_device(config, rendezvous.device(config.device))
+        runner = ModelRunner(loaded, device_config)
+        segment = PlanSegment(PlanCapacity(**spec["capacity"]), world_size, name=spec["segment"])
+        step = WorkerStep(runner, segment, rank)
+        run = step.run if wrapper is None else wrapper("step", rank, step.run)
+        _send(reply, stage="ready")
+        clean_exit = _serve(signal, segment, run)
+        segment.close()
+        return 0
+    except CollectiveError as error:
+        logger.error("rank %d stops: %s", rank, error)
+        return 1
+    finally:
+        if clean_exit:
+            leave_group(store, rank, world_size)
+
+
+def _serve(signal: StepSignal, segment: PlanSegment, run: Callable[[ForwardPlan], None]) -> bool:
+    """Steps until told to exit (True) or until rank 0 is gone (False)."""
+    with torch.inference_mode():
+        while True:
+            byte = signal.wait(1.0)
+            if byte is None:
+                continue
+            if byte == EXIT_BYTE:
+                return True
+            if byte == b"":
+                return False
+            run(segment.read())
+
+
+def _with_device(config: ExecutorConfig, device: str) -> ExecutorConfig:
+    import dataclasses
+
+    return dataclasses.replace(config, device=device)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sys.exit(main(json.loads(sys.argv[1])))
