@@ -28,10 +28,13 @@ def _generate(argv: list[str]) -> int:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--pipeline-depth", type=int, default=2)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="split the model over N ranks (N-1 worker processes on this host)")
     args = parser.parse_args(argv)
     from pyengine import LLM, SamplingParams
 
-    with LLM(args.model, device=args.device, pipeline_depth=args.pipeline_depth) as llm:
+    with LLM(args.model, device=args.device, pipeline_depth=args.pipeline_depth,
+             tensor_parallel_size=args.tensor_parallel_size) as llm:
         outs = llm.generate(args.prompt or _DEMO_PROMPTS,
                             SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=0))
         for out in outs:

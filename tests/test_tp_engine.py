@@ -1,0 +1,183 @@
+"""The engine at tensor-parallel size 2 (rank 0 in the executor thread, one gloo worker
+process) gives the tokens of size 1: greedy on every architecture, seeded sampling and
+logprobs, prefix caching, preemption and n > 1; and its failures are those of size 1."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from pyengine import LLM, SamplingParams
+from pyengine.config import EngineConfig
+from pyengine.engine.core import EngineCore
+from pyengine.errors import EngineDeadError, InvalidConfigError, ModelLoadError
+from pyengine.executor.tensor_parallel.runner import start
+from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.faults import POISON_TOKEN, FaultySink
+
+# Greedy parity variants: GQA split, a single KV head (replicated), q/k/v bias with tied
+# embeddings, q/k norm with an explicit head_dim.
+VARIANTS = {
+    "llama": ("llama", {}),
+    "mistral_one_kv_head": ("mistral", {}),
+    "qwen2_bias_tied": ("qwen2", dict(num_attention_heads=4, num_key_value_heads=2)),
+    "qwen3": ("qwen3", {}),
+}
+ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=256)
+NEAR_TIE = 1e-3
+
+
+def prompts(seed: int, count: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    shared = rng.integers(3, 400, 24).tolist()
+    return [(shared if i % 2 else []) + rng.integers(3, 400, int(rng.integers(2, 30))).tolist() for i in range(count)]
+
+
+def run(path, tp: int, batch, params, **engine) -> tuple[list, dict]:
+    with LLM(str(path), tensor_parallel_size=tp, **{**ENGINE, **engine}) as llm:
+        outs = llm.generate(batch, params, use_tqdm=False)
+        stats = llm.stats()
+    return [o.outputs for o in outs], stats
+
+
+def assert_same_tokens(one, two):
+    """Token for token, except that from a near-tie on (top two logprobs of size 1 closer
+    than NEAR_TIE) the rest of that sequence may differ."""
+    for a, b in zip(one, two):
+        for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)):
+            if x != y:
+                top = sorted(a.logprobs[i].values(), reverse=True)
+                assert top[0] - top[1] < NEAR_TIE, f"position {i}: {a.token_ids} vs {b.token_ids}"
+                break
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_greedy_tokens_at_two_ranks_equal_one(variant, tmp_path):
+    arch, overrides = VARIANTS[variant]
+    path = make_tiny_checkpoint(tmp_path / variant, arch, seed=3, **overrides)
+    batch = prompts(1, 6)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
+    one, _ = run(path, 1, batch, params)
+    two, _ = run(path, 2, batch, params)
+    assert_same_tokens([o[0] for o in one], [o[0] for o in two])
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tp") / "qwen3", "qwen3", seed=5)
+
+
+def test_seeded_sampling_logprobs_prefix_cache_preemption_and_n(qwen3):
+    """One engine per size, small enough a KV pool to preempt, shared prefixes, n = 2."""
+    batch = prompts(2, 8)
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=11, n=2, max_tokens=16, ignore_eos=True, logprobs=3)
+    engine = dict(num_kv_blocks=12, max_num_seqs=6)
+    one, stats_one = run(qwen3, 1, batch, params, **engine)
+    two, stats_two = run(qwen3, 2, batch, params, **engine)
+    assert stats_two.preemptions > 0 and stats_two.prefix_cache_hit_rate > 0
+    for samples_one, samples_two in zip(one, two):
+        assert len(samples_two) == 2
+        for a, b in zip(samples_one, samples_two):
+            assert a.token_ids == b.token_ids
+            for lp_a, lp_b in zip(a.logprobs, b.logprobs):
+                assert lp_a.keys() == lp_b.keys()
+                np.testing.assert_allclose(list(lp_b.values()), list(lp_a.values()), atol=1e-4)
+
+
+def test_sizes_that_do_not_split_are_refused_before_any_process(tmp_path):
+    path = make_tiny_checkpoint(tmp_path / "llama", "llama")  # 4 heads, intermediate 128
+    children_before = _children()
+    with pytest.raises(InvalidConfigError, match="num_attention_heads"):
+        LLM(str(path), tensor_parallel_size=3)
+    assert _children() == children_before
+    with pytest.raises(InvalidConfigError, match="tensor_parallel_size"):
+        EngineConfig(model=str(path), tensor_parallel_size=0)
+
+
+def test_a_rank_that_cannot_load_its_shard_stops_start_up(qwen3):
+    config = EngineConfig(model=str(qwen3), tensor_parallel_size=2, **ENGINE)
+    before = _children()
+    with pytest.raises(ModelLoadError, match="rank 1.*injected: rank 1 cannot read its shard"):
+        start(qwen3, config.executor_config(), 2, step_wrapper="pyengine.testing.faults:fail_rank1_load")
+    assert _workers() == set()
+
+
+def _workers() -> set[int]:
+    """Live tensor-parallel worker processes started by this test process."""
+    found = set()
+    for pid in _children():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                if b"tensor_parallel.worker" in cmdline.read():
+                    found.add(pid)
+        except OSError:
+            pass
+    return found
+
+
+def _engine(path, wrapper=None) -> EngineCore:
+    config = EngineConfig(model=str(path), tensor_parallel_size=2, **ENGINE)
+    return EngineCore(config, runner=start(path, config.executor_config(), 2, step_wrapper=wrapper))
+
+
+def _submit(core, request_id, prompt, max_tokens=8) -> FaultySink:
+    sink = FaultySink(fail_on=0)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    core.add_request(request_id, None, prompt, params, sink)
+    return sink
+
+
+def test_a_step_that_fails_on_one_rank_fails_its_requests_and_the_engine_goes_on(qwen3):
+    core = _engine(qwen3, "pyengine.testing.faults:fail_rank1_on_poison")
+    try:
+        poisoned = _submit(core, "poisoned", [5, POISON_TOKEN, 7])
+        assert poisoned.done.wait(60)
+        failed = poisoned.error or poisoned.outputs[-1]
+        assert "rank 1" in str(getattr(failed, "error", failed)) or "rank 1" in repr(failed)
+        healthy = _submit(core, "healthy", [5, 6, 7])
+        assert healthy.done.wait(60) and healthy.error is None
+        assert len(healthy.outputs[-1].outputs[0].token_ids) == 8
+        assert core.is_alive
+    finally:
+        core.shutdown()
+    assert _workers() == set()
+
+
+def test_a_worker_that_dies_makes_the_engine_dead_naming_its_rank(qwen3):
+    core = _engine(qwen3)
+    try:
+        running = _submit(core, "long", [5, 6, 7], max_tokens=200)
+        time.sleep(0.5)
+        worker = core.runner.workers[0]
+        os.kill(worker.process.pid, 9)
+        assert running.done.wait(20), "the caller was left waiting"
+        deadline = time.monotonic() + 10
+        while core.is_alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not core.is_alive
+        assert "rank 1" in core.dead_reason()
+        with pytest.raises(EngineDeadError, match="rank 1"):
+            _submit(core, "after", [5, 6])
+    finally:
+        core.shutdown()
+    assert _workers() == set()
+
+
+def _children() -> set[int]:
+    """Live child processes of this test process (zombies reaped are gone)."""
+    me = os.getpid()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:
+            found.add(int(entry))
+    return found
