@@ -99,7 +99,6 @@ def test_sizes_that_do_not_split_are_refused_before_any_process(tmp_path):
 
 def test_a_rank_that_cannot_load_its_shard_stops_start_up(qwen3):
     config = EngineConfig(model=str(qwen3), tensor_parallel_size=2, **ENGINE)
-    before = _children()
     with pytest.raises(ModelLoadError, match="rank 1.*injected: rank 1 cannot read its shard"):
         start(qwen3, config.executor_config(), 2, step_wrapper="pyengine.testing.faults:fail_rank1_load")
     assert _workers() == set()
