@@ -32,7 +32,7 @@ from typing import Any, Optional, Union
 import numpy as np
 import torch
 
-from pyengine.errors import EngineDeadError, ModelLoadError
+from pyengine.errors import EngineDeadError, EngineError, ModelLoadError
 from pyengine.executor.attention.metadata import StepAttentionLayout
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
@@ -60,7 +60,7 @@ from pyengine.models.parallel import CollectiveError, ParallelContext
 logger = logging.getLogger(__name__)
 
 
-class RankStepError(RuntimeError):
+class RankStepError(EngineError, RuntimeError):
     """A step failed on one or more ranks (the step's requests end with this error)."""
 
 
@@ -135,6 +135,7 @@ class TensorParallelRunner(ModelRunner):
         self.broadcast_seconds = 0.0
         self.steps = 0
         self._closed = False
+        self.threads_before = torch.get_num_threads()
 
     @property
     def world_size(self) -> int:
@@ -241,6 +242,7 @@ class TensorParallelRunner(ModelRunner):
         elif torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
         self.segment.close()
+        torch.set_num_threads(self.threads_before)
 
     def stats(self) -> dict[str, float]:
         """Mean plan-broadcast time per step (seconds)."""
@@ -287,7 +289,8 @@ def start(
             workers.append(_spawn(rank, rendezvous, config, capacity, segment.name, path, threads, step_wrapper))
         deadline = time.monotonic() + timeout_s
         _expect(workers, "hello", deadline)
-        torch.set_num_threads(threads)
+        threads_before = torch.get_num_threads()
+        torch.set_num_threads(threads)  # this process is rank 0: one share of the cores, like each worker
         join_group(rendezvous, store)
         parallel = ParallelContext(0, world_size)
         try:
@@ -299,6 +302,7 @@ def start(
         for worker in workers:
             worker.send(STEP_BYTE)
         runner = TensorParallelRunner(loaded, config, workers, segment, store)
+        runner.threads_before = threads_before
         _expect(workers, "ready", time.monotonic() + timeout_s)
         logger.info("tensor parallel: %d ranks, %d thread(s) each, %s", world_size, threads, rendezvous.backend)
         return runner
