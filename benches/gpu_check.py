@@ -6,7 +6,11 @@
    CUDA-guarded pytest cases of tests/test_executor_attention.py.
 2. KV sizing: blocks reported after the profiling forward.
 3. Decode step time for a Qwen3-0.6B-shaped dummy model at batch 256 in bfloat16
-   (context 512), for each available attention backend.
+   (context 512), for each available attention backend; flash-attn at block size 16
+   (context gathered into a packed copy per layer) and at the CUDA default (256: the
+   paged cache read in place), with which path each took.
+4. Tensor parallelism: greedy tokens at tensor_parallel_size 2 (NCCL) equal size 1, when
+   the machine has two GPUs (skipped, and said so, with one).
 
 Usage: python benches/gpu_check.py [--json] [--skip-pytest]
        python benches/gpu_check.py --dry-run   # CPU, tiny sizes: checks the script itself
@@ -26,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pyengine.executor.attention.flash import import_flash_varlen
-from pyengine.executor.config import ExecutorConfig
+from pyengine.executor.attention.flash import FLASH_PAGED_BLOCK_MULTIPLE, import_flash_varlen
+from pyengine.executor.config import ExecutorConfig, default_block_size
 from pyengine.executor.model_runner import ModelRunner
 from pyengine.sampling_params import SamplingParams
 from pyengine.testing.checkpoints import make_tiny_checkpoint
@@ -124,12 +128,14 @@ def decode_timing(
     batch: int = 256,
     context: int = 512,
     steps: int = 20,
+    block_size: int = 16,
 ) -> dict:
     folder = workdir / "qwen3-0.6b-shape"
     folder.mkdir(exist_ok=True)
     (folder / "config.json").write_text(json.dumps(QWEN3_06B))
-    blocks_per_seq = -(-(context + steps + 8) // 16)
+    blocks_per_seq = -(-(context + steps + 8) // block_size)
     config = ExecutorConfig(
+        block_size=block_size,
         device=device,
         dtype=dtype,
         load_format="dummy",
@@ -139,7 +145,7 @@ def decode_timing(
         num_kv_blocks=batch * blocks_per_seq + 16,
     )
     runner = ModelRunner.from_pretrained(folder, config)
-    planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=batch, seed=1)
+    planner = HandPlanner(block_size=block_size, num_blocks=runner.num_kv_blocks, max_rows=batch, seed=1)
     rng = np.random.default_rng(0)
     for _ in range(batch):
         planner.add(
@@ -163,6 +169,9 @@ def decode_timing(
     step_ms = statistics.median(times[3:]) * 1e3
     result = {
         "backend": runner.attention_backend.name,
+        "block_size": block_size,
+        "paged_in_place": bool(getattr(runner.attention_backend, "supports_block_table", False))
+        and block_size % FLASH_PAGED_BLOCK_MULTIPLE == 0,
         "batch": batch,
         "context": context,
         "decode_step_ms": round(step_ms, 2),
@@ -198,6 +207,28 @@ def kv_sizing(workdir: Path) -> dict:
     return result
 
 
+def tensor_parallel(workdir: Path, device: str, size: int = 2) -> dict:
+    """Greedy tokens at ``size`` ranks equal one rank (the engine, tiny Qwen3 checkpoint)."""
+    from pyengine import LLM
+
+    if device == "cuda" and torch.cuda.device_count() < size:
+        return {"skipped": f"{torch.cuda.device_count()} GPU(s), tensor_parallel_size {size} needs {size}"}
+    folder = make_tiny_checkpoint(workdir / "tp-qwen3", "qwen3", seed=3)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 500, int(rng.integers(2, 40))).tolist() for _ in range(16)]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    tokens, seconds = {}, {}
+    for tp in (1, size):
+        with LLM(str(folder), device=device, dtype="float32", tensor_parallel_size=tp, max_model_len=256) as llm:
+            start = time.perf_counter()
+            tokens[tp] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+            seconds[tp] = round(time.perf_counter() - start, 3)
+    same = float(np.mean([a == b for a, b in zip(tokens[1], tokens[size])]))
+    result = {"tensor_parallel_size": size, "greedy_sequences_equal": same, "seconds": seconds}
+    print(result, flush=True)
+    return result
+
+
 def dry_run() -> None:
     """Exercise every code path of this script on CPU with tiny sizes."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -205,6 +236,8 @@ def dry_run() -> None:
         results = parity(workdir, "cpu")
         assert all(entry["sdpa_fp32_equals_transformers"] for entry in results.values()), results
         decode_timing(workdir, "sdpa", "cpu", "float32", batch=4, context=40, steps=3)
+        decode_timing(workdir, "sdpa", "cpu", "float32", batch=4, context=40, steps=3, block_size=256)
+        assert tensor_parallel(workdir, "cpu")["greedy_sequences_equal"] == 1.0
     print("dry run ok")
 
 
@@ -241,6 +274,11 @@ def main() -> None:
         report["parity"] = parity(workdir, "cuda")
         backends = ["sdpa"] + (["flash_attn"] if report["flash_attn"] else [])
         report["decode"] = [decode_timing(workdir, backend, "cuda", "bfloat16") for backend in backends]
+        if report["flash_attn"]:  # the CUDA default block size: flash-attn reads the paged cache in place
+            report["decode"].append(
+                decode_timing(workdir, "flash_attn", "cuda", "bfloat16", block_size=default_block_size("cuda"))
+            )
+        report["tensor_parallel"] = tensor_parallel(workdir, "cuda")
         report["kv_sizing"] = kv_sizing(workdir)
     if args.json:
         print(json.dumps(report))

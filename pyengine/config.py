@@ -15,7 +15,12 @@ from typing import Any, Literal, Optional, Union
 
 from pyengine._sched import SchedulerConfig
 from pyengine.errors import InvalidConfigError
-from pyengine.executor.config import ExecutorConfig, check_executor_settings, normalize_dtype
+from pyengine.executor.config import (
+    ExecutorConfig,
+    check_executor_settings,
+    default_block_size,
+    normalize_dtype,
+)
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 TASKS = ("auto", "generate", "embed")
@@ -37,6 +42,9 @@ class EngineConfig:
       vLLM's aliases "half" (float16) and "float" (float32), and torch dtypes
       (``torch.float16``), are stored as these canonical names.
     - ``device``: "cpu", "cuda", "cuda:N".
+    - ``block_size``: tokens per KV block, and the prefix cache's granularity; None (the
+      default) is 16 on the CPU and 256 on CUDA, the smallest block upstream flash-attn
+      reads in place through its block table.
     - ``kv_cache_bytes`` / ``num_kv_blocks``: the KV cache budget (default: 4 GiB on CPU, a
       fraction ``gpu_memory_utilization`` of the GPU), or an exact block count.
     - ``max_num_seqs``: running sequences at most; ``max_num_batched_tokens``: tokens per step.
@@ -78,7 +86,7 @@ class EngineConfig:
     model: Optional[Union[str, Path]] = None
     dtype: str = "auto"
     device: str = "cpu"
-    block_size: int = 16
+    block_size: Optional[int] = None
     kv_cache_bytes: Optional[int] = None
     num_kv_blocks: Optional[int] = None
     gpu_memory_utilization: float = 0.9
@@ -112,6 +120,8 @@ class EngineConfig:
 
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         check_executor_settings(self)
+        if self.block_size is None:  # the device's default (256 on CUDA: flash-attn reads it in place)
+            object.__setattr__(self, "block_size", default_block_size(self.device))
         need(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold", "must be >= 0")
         need(self.pipeline_depth in (1, 2), "pipeline_depth", "must be 1 or 2")
         need(isinstance(self.data_parallel_size, int) and self.data_parallel_size >= 1, "data_parallel_size",

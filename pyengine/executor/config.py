@@ -11,6 +11,18 @@ AttentionBackendName = Literal["auto", "sdpa", "flash_attn"]
 
 DEFAULT_CPU_KV_CACHE_BYTES = 4 * 1024**3
 
+#: KV block size (tokens) when none is given: on CUDA a multiple of 256, the smallest
+#: block upstream flash-attn reads in place through a block table (smaller blocks make
+#: every layer gather the whole context into a packed copy, see attention/flash.py); on
+#: the CPU 16, which the native decode kernel and a finer prefix cache prefer. The block
+#: is also the prefix cache's granularity: only full blocks are shared.
+DEFAULT_BLOCK_SIZE = {"cpu": 16, "cuda": 256}
+
+
+def default_block_size(device: str) -> int:
+    """The block size used when ``block_size`` is None, for ``device``."""
+    return DEFAULT_BLOCK_SIZE["cuda" if str(device).startswith("cuda") else "cpu"]
+
 #: Canonical dtype names, and the other spellings accepted for them (vLLM's ``half`` and
 #: ``float`` among them); torch dtypes (``torch.float16``) are accepted too.
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
@@ -38,6 +50,8 @@ class ExecutorConfig:
       ``gpu_memory_utilization`` of the device minus weights and the activation peak
       measured by a profiling forward, unless this is set.
     - ``num_kv_blocks``: force an exact number of blocks (tests), overriding the budget.
+    - ``block_size``: tokens per KV block; None: ``default_block_size(device)`` (256 on
+      CUDA, 16 on the CPU).
     - ``max_num_seqs``: rows of the persistent batch; ``max_model_len``: longest sequence
       (defaults to the model's ``max_position_embeddings``).
     - ``attention_backend``: "auto" picks flash-attn on CUDA when importable, else SDPA.
@@ -45,7 +59,7 @@ class ExecutorConfig:
 
     dtype: str = "auto"
     device: str = "cpu"
-    block_size: int = 16
+    block_size: Optional[int] = None
     max_num_seqs: int = 256
     max_model_len: Optional[int] = None
     max_num_batched_tokens: int = 8192
@@ -60,6 +74,8 @@ class ExecutorConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         check_executor_settings(self)
+        if self.block_size is None:
+            object.__setattr__(self, "block_size", default_block_size(self.device))
 
 
 # The executor's settings and what each must satisfy: checked here for an ExecutorConfig
@@ -69,7 +85,7 @@ EXECUTOR_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("dtype", lambda v: v in DTYPE_NAMES,
      "must be 'auto', 'float32', 'bfloat16' or 'float16' (or 'half', 'float', a torch dtype)"),
     ("device", lambda v: v == "cpu" or str(v).startswith("cuda"), "must be 'cpu' or 'cuda[:N]'"),
-    ("block_size", lambda v: v >= 1, "must be >= 1"),
+    ("block_size", lambda v: v is None or v >= 1, "must be >= 1"),
     ("max_num_seqs", lambda v: v >= 1, "must be >= 1"),
     ("max_model_len", lambda v: v is None or v >= 1, "must be >= 1"),
     ("max_num_batched_tokens", lambda v: v >= 1, "must be >= 1"),
