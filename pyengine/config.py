@@ -59,6 +59,10 @@ class EngineConfig:
     - ``tensor_parallel_size``: ranks the model is split over (1: no split). Above 1 the
       engine starts N-1 worker processes on this host, each holding a weight shard (see
       docs/tensor_parallel.md).
+    - ``distributed_executor_backend``: "mp" (the engine starts the workers on this host)
+      or "external_launcher" (every rank is started by torchrun or alike, possibly on
+      several hosts, and runs the same program: rank 0 becomes the engine, the others
+      serve it and exit with it; vLLM's name for the same).
 
     Arguments vLLM takes, accepted here with the same meaning (or none, said so):
 
@@ -112,6 +116,7 @@ class EngineConfig:
     generation_config: str = "auto"
     data_parallel_size: int = 1
     tensor_parallel_size: int = 1
+    distributed_executor_backend: str = "mp"
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, requirement: str) -> None:
@@ -128,6 +133,8 @@ class EngineConfig:
              "must be an integer >= 1")
         need(isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
              "tensor_parallel_size", "must be an integer >= 1")
+        need(self.distributed_executor_backend in ("mp", "external_launcher"), "distributed_executor_backend",
+             "must be 'mp' or 'external_launcher'")
         need(self.scheduling_policy in ("fcfs", "priority"), "scheduling_policy", "must be 'fcfs' or 'priority'")
         need(self.task in TASKS, "task", "must be 'auto', 'generate' or 'embed'")
         need(self.runner in RUNNERS, "runner", "must be 'auto', 'generate' or 'pooling'")

@@ -43,6 +43,10 @@ logger = logging.getLogger(__name__)
 def _load_runner(path: Path, config: EngineConfig) -> ModelRunner:
     """The model runner: in this thread at tensor-parallel size 1, else rank 0 of a group
     whose other ranks are worker processes started here."""
+    if config.distributed_executor_backend == "external_launcher":  # a non-zero rank never returns
+        from pyengine.executor.tensor_parallel.external import join_external
+
+        return join_external(path, config.executor_config(), config.tensor_parallel_size)
     if config.tensor_parallel_size == 1:
         return ModelRunner.from_pretrained(path, config.executor_config())
     from pyengine.executor.tensor_parallel.runner import start

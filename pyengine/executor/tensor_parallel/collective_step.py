@@ -3,12 +3,12 @@
 Every rank runs the same forward on its shard; the layers issue a fixed number of
 all-reduces per step (one for the embedding, one for o and one for down in each layer,
 all of shape [T, hidden]), then one gather brings the LM head's vocabulary slices to
-rank 0, with one extra element per rank: its status (0 ok, 1 failed).
+rank 0, each followed by that rank's status: a flag and a short error text
+(``encode_message``).
 
 A rank whose step raises (before or between collectives) does not leave the others
 waiting: it issues the all-reduces it still owes with zeros and joins the gather with
-status 1, its error text in its status slot (``PlanSegment``). Rank 0 then fails the step
-naming the rank, and every rank goes on with the next plan, as a failed step does at
+its error. Rank 0 then fails the step naming the rank, and every rank goes on with the next plan, as a failed step does at
 tensor-parallel size 1. (The KV entries written in a failed step belong to sequences
 that are failed with it.) An error *inside* a collective (a dead peer) is not a step
 failure: it propagates and the engine stops.
@@ -22,7 +22,10 @@ from typing import Callable, Optional
 import torch
 
 from pyengine.models.decoder import DecoderForCausalLM
-from pyengine.models.parallel import CollectiveError
+from pyengine.models.parallel import CollectiveError, ParallelContext
+
+#: Bytes of error text a rank's status carries (longer messages are cut).
+MESSAGE_BYTES = 512
 
 
 @dataclass
@@ -30,7 +33,23 @@ class GatheredStep:
     """Rank 0's view after the step's gather."""
 
     logits: Optional[torch.Tensor]  # [S, vocab] float32 (None on other ranks)
-    failed_ranks: list[int]
+    failures: dict[int, str]  # rank -> its error
+
+
+def encode_message(text: str, failed: bool) -> torch.Tensor:
+    """A status as float32 [2 + MESSAGE_BYTES]: flag, length, the UTF-8 bytes (exact in float32)."""
+    data = text.encode("utf-8", "replace")[:MESSAGE_BYTES]
+    status = torch.zeros(2 + MESSAGE_BYTES, dtype=torch.float32)
+    status[0] = 1.0 if failed else 0.0
+    status[1] = len(data)
+    if data:
+        status[2 : 2 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).float()
+    return status
+
+
+def decode_message(status: torch.Tensor) -> str:
+    length = int(status[1])
+    return bytes(status[2 : 2 + length].to(torch.uint8).tolist()).decode("utf-8", "replace")
 
 
 def all_reduces_per_step(model: DecoderForCausalLM) -> int:
@@ -65,22 +84,28 @@ def run_forward(
         return None, error, torch.zeros(num_logits, rows, device=device, dtype=torch.float32)
 
 
-def gather_logits(model: DecoderForCausalLM, local: torch.Tensor, failed: bool) -> GatheredStep:
+def gather_logits(model: DecoderForCausalLM, local: torch.Tensor, error: Optional[BaseException]) -> GatheredStep:
     """Gathers every rank's logits slice and status on rank 0 (a collective: all ranks)."""
     parallel = model.parallel
-    flat = torch.cat([local.reshape(-1), local.new_full((1,), 1.0 if failed else 0.0)])
+    text = f"{type(error).__name__}: {error}" if error is not None else ""
+    status = encode_message(text, error is not None).to(local.device)
+    flat = torch.cat([local.reshape(-1), status])
     if parallel.rank != 0:
-        try:
-            torch.distributed.gather(flat, None, dst=0, group=parallel.group)
-        except RuntimeError as error:
-            raise CollectiveError(f"gathering the logits failed on rank {parallel.rank}: {error}") from error
-        return GatheredStep(None, [])
+        _gather(flat, None, parallel)
+        return GatheredStep(None, {})
     parts = [torch.empty_like(flat) for _ in range(parallel.world_size)]
+    _gather(flat, parts, parallel)
+    width = status.numel()
+    failures = {
+        rank: decode_message(part[-width:].cpu()) for rank, part in enumerate(parts) if float(part[-width]) != 0.0
+    }
+    vocab = model.config.vocab_size
+    logits = torch.cat([part[:-width].view(local.shape) for part in parts], dim=-1)[:, :vocab]
+    return GatheredStep(logits, failures)
+
+
+def _gather(flat: torch.Tensor, parts: Optional[list[torch.Tensor]], parallel: ParallelContext) -> None:
     try:
         torch.distributed.gather(flat, parts, dst=0, group=parallel.group)
     except RuntimeError as error:
-        raise CollectiveError(f"gathering the logits failed: {error}") from error
-    failed_ranks = [rank for rank, part in enumerate(parts) if float(part[-1]) != 0.0]
-    vocab = model.config.vocab_size
-    logits = torch.cat([part[:-1].view(local.shape) for part in parts], dim=-1)[:, :vocab]
-    return GatheredStep(logits, failed_ranks)
+        raise CollectiveError(f"gathering the logits failed on rank {parallel.rank}: {error}") from error

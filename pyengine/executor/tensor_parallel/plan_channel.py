@@ -9,10 +9,6 @@ then writes one byte into each worker's pipe. A worker wakes on its pipe, reads 
 header and takes numpy views of the arrays: nothing is pickled or copied beyond the
 one write.
 
-The same segment holds one status slot per rank: a worker whose step failed writes its
-error there before the step's last collective, so rank 0 reads it once that collective
-is through (see ``collective_step``).
-
 Reuse is safe without locks: rank 0 writes plan N+1 only after step N's last
 collective, which every worker reaches only after it is done with plan N's arrays.
 """
@@ -23,13 +19,15 @@ import os
 import select
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
+from pyengine.models.parallel import CollectiveError
+
 # Header: sequence number, step id, then the length of each array below.
 _HEADER = ("sequence", "step_id", "tokens", "rows", "logits", "block_writes")
-_ARRAYS = (
+ARRAYS = (
     # name, length field, extra elements
     ("input_ids", "tokens", 0),
     ("positions", "tokens", 0),
@@ -43,7 +41,6 @@ _ARRAYS = (
     ("block_table_cols", "block_writes", 0),
     ("block_table_ids", "block_writes", 0),
 )
-STATUS_BYTES = 4096
 EXIT_BYTE = b"x"
 STEP_BYTE = b"s"
 
@@ -79,20 +76,24 @@ class ForwardPlan:
     block_table_ids: np.ndarray
 
 
-class PlanSegment:
-    """The shared segment's layout: header, arrays, status slots (one per rank)."""
+def plan_lengths(plan: Any, input_ids: np.ndarray) -> dict[str, int]:
+    """The length fields of ``plan`` (see ``ARRAYS``)."""
+    return {"tokens": len(input_ids), "rows": len(plan.rows), "logits": len(plan.logits_indices),
+            "block_writes": len(plan.block_table_rows)}
 
-    def __init__(self, capacity: PlanCapacity, world_size: int, name: Optional[str] = None) -> None:
+
+class PlanSegment:
+    """The shared segment's layout: a header, then the arrays at fixed offsets."""
+
+    def __init__(self, capacity: PlanCapacity, name: Optional[str] = None) -> None:
         self.capacity = capacity
-        self.world_size = world_size
         lengths = capacity.lengths()
         self._offsets: dict[str, int] = {}
         offset = 8 * len(_HEADER)
-        for array, length_field, extra in _ARRAYS:
+        for array, length_field, extra in ARRAYS:
             self._offsets[array] = offset
             offset += 8 * (lengths[length_field] + extra)
-        self._status_offset = offset
-        size = offset + world_size * STATUS_BYTES
+        size = offset
         self.shm = shared_memory.SharedMemory(name=name, create=name is None, size=size if name is None else 0)
         self.owner = name is None
         if not self.owner:
@@ -102,21 +103,20 @@ class PlanSegment:
         self.header = np.ndarray(len(_HEADER), dtype=np.int64, buffer=self.shm.buf)
         self._full = {
             array: np.ndarray(lengths[field] + extra, dtype=np.int64, buffer=self.shm.buf, offset=self._offsets[array])
-            for array, field, extra in _ARRAYS
+            for array, field, extra in ARRAYS
         }
 
     @property
     def name(self) -> str:
         return self.shm.name
 
-    def write(self, plan: object, input_ids: np.ndarray) -> None:
+    def write(self, plan: Any, input_ids: np.ndarray) -> None:
         """Rank 0: the plan's arrays (``input_ids`` with placeholders filled) into the segment."""
-        sizes = {"tokens": len(input_ids), "rows": len(plan.rows),  # type: ignore[attr-defined]
-                 "logits": len(plan.logits_indices), "block_writes": len(plan.block_table_rows)}  # type: ignore[attr-defined]
-        for array, field, extra in _ARRAYS:
+        sizes = plan_lengths(plan, input_ids)
+        for array, field, extra in ARRAYS:
             source = input_ids if array == "input_ids" else getattr(plan, array)
             self._full[array][: sizes[field] + extra] = source
-        self.header[1:] = (plan.step_id, *(sizes[f] for f in _HEADER[2:]))  # type: ignore[attr-defined]
+        self.header[1:] = (plan.step_id, *(sizes[f] for f in _HEADER[2:]))
         self.header[0] += 1
 
     def read(self) -> ForwardPlan:
@@ -124,20 +124,9 @@ class PlanSegment:
         plan = ForwardPlan()
         sizes = dict(zip(_HEADER, self.header.tolist()))
         plan.step_id = sizes["step_id"]
-        for array, field, extra in _ARRAYS:
+        for array, field, extra in ARRAYS:
             setattr(plan, array, self._full[array][: sizes[field] + extra])
         return plan
-
-    def write_status(self, rank: int, message: str) -> None:
-        data = message.encode("utf-8", "replace")[: STATUS_BYTES - 8]
-        slot = self._status_offset + rank * STATUS_BYTES
-        np.ndarray(1, dtype=np.int64, buffer=self.shm.buf, offset=slot)[0] = len(data)
-        self.shm.buf[slot + 8 : slot + 8 + len(data)] = data
-
-    def read_status(self, rank: int) -> str:
-        slot = self._status_offset + rank * STATUS_BYTES
-        length = int(np.ndarray(1, dtype=np.int64, buffer=self.shm.buf, offset=slot)[0])
-        return bytes(self.shm.buf[slot + 8 : slot + 8 + length]).decode("utf-8", "replace")
 
     def close(self) -> None:
         """Drop the views and unmap; the creator also removes the segment."""
@@ -149,6 +138,45 @@ class PlanSegment:
                 self.shm.unlink()
             except FileNotFoundError:
                 pass
+
+
+class SharedMemoryPlanSender:
+    """Rank 0's side: write the plan into the segment, then wake each worker (``wake``
+    writes one byte into that worker's pipe)."""
+
+    def __init__(self, segment: PlanSegment, wakes: list[Callable[[bytes], None]]) -> None:
+        self.segment = segment
+        self.wakes = wakes
+
+    def publish(self, plan: Any, input_ids: np.ndarray) -> None:
+        self.segment.write(plan, input_ids)
+        for wake in self.wakes:
+            wake(STEP_BYTE)
+
+    def close(self) -> None:
+        for wake in self.wakes:
+            wake(EXIT_BYTE)
+        self.segment.close()
+
+
+class SharedMemoryPlanReceiver:
+    """A worker's side: ``receive`` blocks until the next plan (None: told to exit).
+    A closed pipe (rank 0 gone) raises, so a worker never outlives it."""
+
+    def __init__(self, segment: PlanSegment, signal: "StepSignal") -> None:
+        self.segment = segment
+        self.signal = signal
+
+    def receive(self) -> Optional[ForwardPlan]:
+        while True:
+            byte = self.signal.wait(1.0)
+            if byte is None:
+                continue
+            if byte == EXIT_BYTE:
+                return None
+            if byte == b"":
+                raise CollectiveError("rank 0 closed the step pipe (the engine process is gone)")
+            return self.segment.read()
 
 
 class StepSignal:

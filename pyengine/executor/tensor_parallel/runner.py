@@ -44,6 +44,7 @@ from pyengine.executor.tensor_parallel.plan_channel import (
     STEP_BYTE,
     PlanCapacity,
     PlanSegment,
+    SharedMemoryPlanSender,
 )
 from pyengine.executor.tensor_parallel.rendezvous import (
     DEFAULT_TIMEOUT_S,
@@ -123,11 +124,11 @@ class TensorParallelRunner(ModelRunner):
         loaded: LoadedModel,
         config: ExecutorConfig,
         workers: list[WorkerProcess],
-        segment: PlanSegment,
+        channel: Any,
         store: Any,
     ) -> None:
-        self.workers = workers
-        self.segment = segment
+        self.workers = workers  # the local worker processes (none when launched from outside)
+        self.channel = channel  # SharedMemoryPlanSender or BroadcastPlanSender
         self.store = store
         self._collectives_done = True
         super().__init__(loaded, config)
@@ -143,9 +144,7 @@ class TensorParallelRunner(ModelRunner):
 
     def execute(self, plan: StepPlanLike, **kwargs: Any) -> StepOutput:
         t0 = time.perf_counter()
-        self.segment.write(plan, self._filled_input_ids(plan))
-        for worker in self.workers:
-            worker.send(STEP_BYTE)
+        self.channel.publish(plan, self._filled_input_ids(plan))
         self.broadcast_seconds += time.perf_counter() - t0
         self.steps += 1
         self._collectives_done = len(plan.input_ids) == 0
@@ -185,13 +184,11 @@ class TensorParallelRunner(ModelRunner):
         hidden, error, local = run_forward(
             model, forward, len(input_ids), len(logits_indices), self.device, self.loaded.dtype
         )
-        gathered = gather_logits(model, local, error is not None)
+        gathered = gather_logits(model, local, error)
         self._collectives_done = True
-        failed = [rank for rank in gathered.failed_ranks if rank != 0]
-        if error is not None or failed:
-            reasons = [f"rank 0: {type(error).__name__}: {error}"] if error is not None else []
-            reasons += [f"rank {rank}: {self.segment.read_status(rank)}" for rank in failed]
-            raise RankStepError("; ".join(reasons)) from error
+        if gathered.failures:
+            reasons = "; ".join(f"tensor-parallel rank {rank}: {text}" for rank, text in gathered.failures.items())
+            raise RankStepError(reasons) from error
         assert hidden is not None and gathered.logits is not None
         return hidden, gathered.logits
 
@@ -206,7 +203,7 @@ class TensorParallelRunner(ModelRunner):
             self.model, raise_it, len(plan.input_ids), len(plan.logits_indices), self.device, self.loaded.dtype
         )
         try:
-            gather_logits(self.model, local, True)
+            gather_logits(self.model, local, error)
         except CollectiveError as collective:
             raise self._dead_error(collective) from collective
         self._collectives_done = True
@@ -235,13 +232,16 @@ class TensorParallelRunner(ModelRunner):
             return
         clean = self.dead_reason() is None
         self._closed = True
+        try:
+            self.channel.close()  # the workers' exit
+        except CollectiveError:
+            clean = False
         for worker in self.workers:
             worker.stop(timeout)
         if clean:
             leave_group(self.store, 0, self.world_size, timeout_s=timeout)
         elif torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-        self.segment.close()
         torch.set_num_threads(self.threads_before)
 
     def stats(self) -> dict[str, float]:
@@ -281,7 +281,7 @@ def start(
     store = host_store("127.0.0.1", 0, world_size, timeout_s)
     rendezvous = Rendezvous("127.0.0.1", store.port, 0, world_size, 0, backend_for(config.device), timeout_s)
     capacity = plan_capacity(config, max_model_len)
-    segment = PlanSegment(capacity, world_size)
+    segment = PlanSegment(capacity)
     workers: list[WorkerProcess] = []
     runner: Optional[TensorParallelRunner] = None
     try:
@@ -301,7 +301,8 @@ def start(
         _expect(workers, "loaded", time.monotonic() + timeout_s)
         for worker in workers:
             worker.send(STEP_BYTE)
-        runner = TensorParallelRunner(loaded, config, workers, segment, store)
+        channel = SharedMemoryPlanSender(segment, [worker.send for worker in workers])
+        runner = TensorParallelRunner(loaded, config, workers, channel, store)
         runner.threads_before = threads_before
         _expect(workers, "ready", time.monotonic() + timeout_s)
         logger.info("tensor parallel: %d ranks, %d thread(s) each, %s", world_size, threads, rendezvous.backend)

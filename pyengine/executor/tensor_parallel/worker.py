@@ -32,6 +32,7 @@ from pyengine.executor.tensor_parallel.plan_channel import (
     ForwardPlan,
     PlanCapacity,
     PlanSegment,
+    SharedMemoryPlanReceiver,
     StepSignal,
 )
 from pyengine.executor.tensor_parallel.rendezvous import Rendezvous, join_group, leave_group
@@ -47,10 +48,9 @@ GO_TIMEOUT_S = 600.0
 class WorkerStep:
     """Runs one plan on this rank's shard (no sampling)."""
 
-    def __init__(self, runner: ModelRunner, segment: PlanSegment, rank: int) -> None:
+    def __init__(self, runner: ModelRunner, rank: int) -> None:
         self.runner = runner
         self.model = runner.model
-        self.segment = segment
         self.rank = rank
 
     def run(self, plan: ForwardPlan) -> None:
@@ -69,8 +69,7 @@ class WorkerStep:
         )
         if error is not None:
             logger.error("rank %d: step %d failed: %r", self.rank, plan.step_id, error)
-            self.segment.write_status(self.rank, f"{type(error).__name__}: {error}")
-        gather_logits(self.model, local, error is not None)
+        gather_logits(self.model, local, error)
 
     def forward(self, plan: ForwardPlan) -> tuple[torch.Tensor, torch.Tensor]:
         runner = self.runner
@@ -134,11 +133,12 @@ def main(spec: dict[str, Any]) -> int:
             return 0
         device_config = _with_device(config, rendezvous.device(config.device))
         runner = ModelRunner(loaded, device_config)
-        segment = PlanSegment(PlanCapacity(**spec["capacity"]), world_size, name=spec["segment"])
-        step = WorkerStep(runner, segment, rank)
+        segment = PlanSegment(PlanCapacity(**spec["capacity"]), name=spec["segment"])
+        step = WorkerStep(runner, rank)
         run = step.run if wrapper is None else wrapper("step", rank, step.run)
         _send(reply, stage="ready")
-        clean_exit = _serve(signal, segment, run)
+        serve_plans(SharedMemoryPlanReceiver(segment, signal).receive, run)
+        clean_exit = True
         segment.close()
         return 0
     except CollectiveError as error:
@@ -149,18 +149,14 @@ def main(spec: dict[str, Any]) -> int:
             leave_group(store, rank, world_size)
 
 
-def _serve(signal: StepSignal, segment: PlanSegment, run: Callable[[ForwardPlan], None]) -> bool:
-    """Steps until told to exit (True) or until rank 0 is gone (False)."""
+def serve_plans(receive: Callable[[], Optional[ForwardPlan]], run: Callable[[ForwardPlan], None]) -> None:
+    """Runs every plan ``receive`` gives until it gives None (told to exit)."""
     with torch.inference_mode():
         while True:
-            byte = signal.wait(1.0)
-            if byte is None:
-                continue
-            if byte == EXIT_BYTE:
-                return True
-            if byte == b"":
-                return False
-            run(segment.read())
+            plan = receive()
+            if plan is None:
+                return
+            run(plan)
 
 
 def _with_device(config: ExecutorConfig, device: str) -> ExecutorConfig:

@@ -1,0 +1,102 @@
+"""The step plan to ranks that may be on other hosts: two gloo broadcasts per step.
+
+Shared memory only reaches the ranks on rank 0's host. With ranks launched from outside
+(torchrun, ``distributed_executor_backend="external_launcher"``) rank 0 broadcasts each
+plan over a gloo group of its own: an 8-element header (sequence, step id, the array
+lengths, the kind: step or exit), then the arrays concatenated into one int64 buffer,
+laid out as in the shared segment (``plan_channel.ARRAYS``). The group is created with a
+long timeout: a worker waits in the header broadcast while the engine is idle, and a
+rank 0 that dies closes its connections, which ends that wait at once.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from pyengine.executor.tensor_parallel.plan_channel import ARRAYS, ForwardPlan, plan_lengths
+from pyengine.models.parallel import CollectiveError
+
+STEP, EXIT = 1, 2
+#: How long a worker may wait for the next plan (an idle engine sends none).
+IDLE_TIMEOUT = timedelta(days=30)
+
+
+def plan_group() -> Any:
+    """A gloo group for plans (a collective: every rank calls it, in the same order)."""
+    return torch.distributed.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+
+
+class BroadcastPlanSender:
+    """Rank 0's side."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+        self.sequence = 0
+        self._closed = False
+
+    def publish(self, plan: Any, input_ids: np.ndarray) -> None:
+        lengths = plan_lengths(plan, input_ids)
+        self.sequence += 1
+        header = torch.tensor(
+            [self.sequence, plan.step_id, lengths["tokens"], lengths["rows"], lengths["logits"],
+             lengths["block_writes"], STEP, 0], dtype=torch.int64,
+        )
+        parts = [np.asarray(input_ids if name == "input_ids" else getattr(plan, name), dtype=np.int64)
+                 for name, _, _ in ARRAYS]
+        payload = torch.from_numpy(np.concatenate(parts)) if parts else torch.zeros(0, dtype=torch.int64)
+        self._broadcast(header)
+        self._broadcast(payload)
+
+    def close(self) -> None:
+        """Tells every worker to exit and waits until each has heard it."""
+        if self._closed:
+            return
+        self._closed = True
+        self._broadcast(torch.tensor([self.sequence + 1, 0, 0, 0, 0, 0, EXIT, 0], dtype=torch.int64))
+        try:
+            torch.distributed.barrier(group=self.group)  # every worker has its exit: the group may go
+        except RuntimeError as error:
+            raise CollectiveError(f"waiting for the workers to exit failed: {error}") from error
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        try:
+            torch.distributed.broadcast(tensor, src=0, group=self.group)
+        except RuntimeError as error:
+            raise CollectiveError(f"broadcasting the plan failed: {error}") from error
+
+
+class BroadcastPlanReceiver:
+    """A worker's side: ``receive`` blocks until the next plan (None: exit)."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+        self.header = torch.zeros(8, dtype=torch.int64)
+
+    def receive(self) -> Optional[ForwardPlan]:
+        self._broadcast(self.header)
+        sequence, step_id, tokens, rows, logits, block_writes, kind, _ = self.header.tolist()
+        if kind == EXIT:
+            return None
+        lengths = {"tokens": tokens, "rows": rows, "logits": logits, "block_writes": block_writes}
+        total = sum(lengths[field] + extra for _, field, extra in ARRAYS)
+        payload = torch.empty(total, dtype=torch.int64)
+        self._broadcast(payload)
+        flat = payload.numpy()
+        plan = ForwardPlan()
+        plan.step_id = step_id
+        offset = 0
+        for name, field, extra in ARRAYS:
+            size = lengths[field] + extra
+            setattr(plan, name, flat[offset : offset + size])
+            offset += size
+        return plan
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        try:
+            torch.distributed.broadcast(tensor, src=0, group=self.group)
+        except RuntimeError as error:
+            raise CollectiveError(f"receiving the plan failed (rank 0 gone?): {error}") from error
