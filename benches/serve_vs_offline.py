@@ -67,8 +67,11 @@ def offline_child(args: argparse.Namespace) -> None:
         after = llm.stats()
     produced = sum(len(o.outputs[0].token_ids) for o in outs)
     exec_wall = sum(after.threads["pyengine-exec"].values()) - sum(before.threads["pyengine-exec"].values())
+    exec_busy = after.threads["pyengine-exec"]["busy_s"] - before.threads["pyengine-exec"]["busy_s"]
     print(json.dumps({"output_throughput": produced / elapsed, "duration_s": elapsed,
-                      "bubble_fraction": (after.pipeline_bubble_s - before.pipeline_bubble_s) / exec_wall}))
+                      "bubble_fraction": (after.pipeline_bubble_s - before.pipeline_bubble_s) / exec_wall,
+                      "exec_busy_fraction": exec_busy / exec_wall,
+                      "tokens_per_step": (after.generated_tokens - before.generated_tokens) / (after.steps - before.steps)}))
 
 
 def _prompts(args: argparse.Namespace) -> list[list[int]]:
@@ -90,13 +93,14 @@ def _workload_flags(args: argparse.Namespace) -> list[str]:
             str(args.output_len), "--max-concurrency", str(args.max_concurrency), "--seed", str(args.seed)]
 
 
-_SERIES = re.compile(r'^(pyengine:(?:pipeline_bubble_seconds|thread_busy_seconds|thread_idle_seconds))'
-                     r'(?:_total)?\{([^}]*)\} ([0-9.eE+-]+)$')
+_SERIES = re.compile(r'^(pyengine:(?:pipeline_bubble_seconds|thread_busy_seconds|thread_idle_seconds|engine_steps|'
+                     r'generation_tokens))(?:_total)?\{([^}]*)\} ([0-9.eE+-]+)$')
 
 
-def _exec_figures(url: str) -> tuple[float, float]:
-    """(bubble seconds, executor wall seconds) summed over the engine cores."""
-    bubbles = wall = 0.0
+def _exec_figures(url: str) -> tuple[float, float, float, float, float]:
+    """(bubble seconds, executor wall seconds, executor busy seconds, steps, generated
+    tokens) summed over the cores."""
+    bubbles = wall = busy = steps = tokens = 0.0
     for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
         m = _SERIES.match(line)
         if not m:
@@ -104,9 +108,15 @@ def _exec_figures(url: str) -> tuple[float, float]:
         name, labels, value = m.group(1), m.group(2), float(m.group(3))
         if name == "pyengine:pipeline_bubble_seconds":
             bubbles += value
+        elif name == "pyengine:engine_steps":
+            steps += value
+        elif name == "pyengine:generation_tokens":
+            tokens += value
         elif 'thread="pyengine-exec"' in labels:
             wall += value
-    return bubbles, wall
+            if name == "pyengine:thread_busy_seconds":
+                busy += value
+    return bubbles, wall, busy, steps, tokens
 
 
 def run_server(args: argparse.Namespace, serve_flags: list[str], front_cpus: Optional[list[int]],
@@ -127,10 +137,14 @@ def run_server(args: argparse.Namespace, serve_flags: list[str], front_cpus: Opt
                                   max_concurrency=args.max_concurrency, input_len=args.input_len,
                                   output_len=args.output_len, range_ratio=0.0, vocab=4096, min_token_id=3,
                                   warmup=2, timeout=600.0, seed=args.seed, model=None)
-        bubbles0, wall0 = _exec_figures(url)
+        bubbles0, wall0, busy0, steps0, tokens0 = _exec_figures(url)
         report = asyncio.run(serve.run(load, url))
-        bubbles1, wall1 = _exec_figures(url)
+        bubbles1, wall1, busy1, steps1, tokens1 = _exec_figures(url)
+        report["tokens_per_step"] = (tokens1 - tokens0) / (steps1 - steps0) if steps1 > steps0 else 0.0
         report["bubble_fraction"] = (bubbles1 - bubbles0) / (wall1 - wall0) if wall1 > wall0 else 0.0
+        # Low busy with few bubbles: the executor waited for requests (the front end or the
+        # load generator is the bottleneck), not for plans.
+        report["exec_busy_fraction"] = (busy1 - busy0) / (wall1 - wall0) if wall1 > wall0 else 0.0
         return report
     finally:
         os.sched_setaffinity(0, mine)
@@ -201,7 +215,7 @@ def main() -> int:
         line = f"{mode:<10} {r['output_throughput']:8.1f} tok/s"
         if "ratio_to_offline" in r:
             line += f"  ratio {r['ratio_to_offline']:.3f}"
-        line += f"  bubbles {100 * r['bubble_fraction']:.2f}% of exec wall"
+        line += f"  bubbles {100 * r['bubble_fraction']:.2f}% of exec wall, exec busy {r['exec_busy_fraction']:.2f}, {r['tokens_per_step']:.0f} tokens/step"
         if "mean_ttft_ms" in r:
             line += (f"  TTFT {r['mean_ttft_ms']:.0f}/{r['p99_ttft_ms']:.0f} ms  TPOT {r['mean_tpot_ms']:.2f} ms"
                      f"  ITL {r['mean_itl_ms']:.2f}/{r['p99_itl_ms']:.2f} ms  failed {r['failed']}")
