@@ -8,7 +8,7 @@ with the GIL released; a refused argument raises ``pyengine.errors.KernelError``
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["paged_decode_attention", "qk_norm_rope", "release_openmp_workers", "rms_norm"]
+__all__ = ["apply_token_bitmask", "paged_decode_attention", "qk_norm_rope", "release_openmp_workers", "rms_norm"]
 
 def paged_decode_attention(
     out: npt.NDArray[np.float32],
@@ -73,3 +73,13 @@ def release_openmp_workers() -> bool:
     engine calls this on the threads that load the model and add requests. Returns
     False when libgomp is not loaded or did not release (inside a parallel region).
     """
+
+def apply_token_bitmask(
+    logits: npt.NDArray[np.float32],
+    bits: npt.NDArray[np.uint32],
+    rows: npt.NDArray[np.int64],
+) -> None:
+    """Grammar masks in place: ``logits`` ``[S, vocab]``; for each ``rows[i]``, the tokens
+    whose bit in ``bits[i]`` (bit ``t % 32`` of word ``t / 32``) is clear become ``-inf``,
+    and so do tokens past the mask's width. C-contiguous arrays; the GIL is released.
+    Raises ``KernelError`` for inconsistent shapes or rows outside ``logits``."""

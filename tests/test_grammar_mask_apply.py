@@ -57,3 +57,28 @@ def test_only_the_constrained_rows_are_masked():
     assert torch.equal(logits[1, [1, 3]], original[1, [1, 3]])
     summary = applier.summary()
     assert summary["steps"] == 1 and 0.0 <= summary["hidden_fraction"] <= 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_native_kernel_and_the_tensor_path_agree_with_numpy(dtype):
+    """float32 on CPU goes through the native kernel, float64 through the tensor ops."""
+    rng = np.random.default_rng(1)
+    vocab = 150
+    bits = rng.integers(0, 2**32, size=(3, 4), dtype=np.uint64).astype(np.uint32)  # 128 ids wide
+    bits[1, 2] = 0xFFFFFFFF
+    logits = torch.randn(5, vocab, dtype=dtype)
+    original = logits.clone()
+    GrammarMaskApplier(torch.device("cpu")).apply(_Plan(bits, [4, 0, 2]), logits)
+    allowed = reference_allowed(bits, vocab)
+    expected = original.clone()
+    for i, row in enumerate([4, 0, 2]):
+        expected[row, ~torch.from_numpy(allowed[i])] = float("-inf")
+    assert torch.equal(logits, expected)
+
+
+def test_the_kernel_refuses_rows_outside_the_logits():
+    from pyengine import KernelError
+    from pyengine._kernels import apply_token_bitmask
+
+    with pytest.raises(KernelError, match="outside the 2 rows"):
+        apply_token_bitmask(np.zeros((2, 8), np.float32), np.zeros((1, 1), np.uint32), np.array([2]))

@@ -4,7 +4,8 @@ The scheduler thread computes the allowed-token bitmask of every constrained sam
 (packed: bit ``t % 32`` of word ``t / 32``) while the step's forward pass runs. Just
 before sampling the executor takes it (a bounded wait, GIL released), unpacks it on the
 device (bytes -> shifts -> bools) and sets the disallowed logits of those rows to
-``-inf``. No Python loop over sequences; rows without a grammar are not touched.
+``-inf`` (on CPU, float32 logits are masked in place by a native kernel, without the
+unpacked temporary). No Python loop over sequences; rows without a grammar are not touched.
 
 It also records, per step, how long the scheduler spent computing the mask and how long
 the executor waited for it: the part of the computation that was not hidden behind the
@@ -19,6 +20,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from pyengine._kernels import apply_token_bitmask
 
 #: How long the executor waits for a mask before failing the step (a scheduler stall).
 MASK_TIMEOUT_S = 30.0
@@ -40,10 +43,14 @@ class GrammarMaskApplier:
         t0 = time.perf_counter()
         bits, compute_s = plan.grammar_mask.take(MASK_TIMEOUT_S)
         t1 = time.perf_counter()
-        rows = torch.from_numpy(plan.mask_sample_indices.astype(np.int64)).to(self.device)
-        allowed = self.unpack(bits, logits.shape[-1])
-        masked = logits.index_select(0, rows).masked_fill_(~allowed, float("-inf"))
-        logits.index_copy_(0, rows, masked)
+        rows = plan.mask_sample_indices.astype(np.int64)
+        if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous():
+            apply_token_bitmask(logits.numpy(), np.ascontiguousarray(bits), rows)  # in place, one pass
+        else:
+            index = torch.from_numpy(rows).to(self.device)
+            allowed = self.unpack(bits, logits.shape[-1])
+            masked = logits.index_select(0, index).masked_fill_(~allowed, float("-inf"))
+            logits.index_copy_(0, index, masked)
         self._compute.append(compute_s)
         self._wait.append(t1 - t0)
         self._apply.append(time.perf_counter() - t1)

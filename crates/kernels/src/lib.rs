@@ -7,11 +7,13 @@
 //! [`norm`] holds the decoder's elementwise steps between matmuls (RMSNorm with the
 //! residual add, q/k norm with the rotary embedding), one pass each instead of a chain
 //! of operators. [`release_calling_thread_workers`] frees a thread's idle OpenMP team,
-//! which otherwise throttles the executor thread's team (see there).
+//! which otherwise throttles the executor thread's team (see there). [`token_mask`]
+//! applies grammar masks (structured outputs) to logits in place.
 
 pub mod norm;
 pub mod paged_decode;
 mod parallel;
+pub mod token_mask;
 mod vector;
 
 use thiserror::Error;
@@ -19,6 +21,7 @@ use thiserror::Error;
 pub use norm::{qk_norm_rope, rms_norm, Norm, QkHeads};
 pub use paged_decode::{paged_decode_attention, DecodeQueries, PagedKv};
 pub use parallel::release_calling_thread_workers;
+pub use token_mask::apply_token_bitmask;
 
 /// Why a kernel refused its arguments (checked before any work).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

@@ -175,3 +175,21 @@ pub fn qk_norm_rope(
 pub fn release_openmp_workers() -> bool {
     pyengine_kernels::release_calling_thread_workers()
 }
+
+/// Grammar masks applied in place: for each `rows[i]`, the logits whose bit in `bits[i]`
+/// is clear become `-inf`; see `crates/kernels/src/token_mask.rs`.
+#[pyfunction]
+pub fn apply_token_bitmask(
+    py: Python<'_>,
+    mut logits: PyReadwriteArray2<'_, f32>,
+    bits: PyReadonlyArray2<'_, u32>,
+    rows: PyReadonlyArray1<'_, i64>,
+) -> PyResult<()> {
+    check_disjoint(&[("logits", span(&**logits))], &[("bits", span(&*bits)), ("rows", span(&*rows))])?;
+    let vocab = logits.shape()[1];
+    let words = bits.shape()[1];
+    let bits = contiguous("bits", bits.as_slice())?;
+    let rows = contiguous("rows", rows.as_slice())?;
+    let logits = contiguous_mut("logits", logits.as_slice_mut())?;
+    call(py, || pyengine_kernels::apply_token_bitmask(logits, vocab, bits, words, rows))
+}

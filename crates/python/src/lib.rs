@@ -72,5 +72,6 @@ fn add_kernels(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernels::rms_norm, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::qk_norm_rope, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::release_openmp_workers, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::apply_token_bitmask, m)?)?;
     Ok(())
 }
