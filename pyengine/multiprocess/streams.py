@@ -42,7 +42,8 @@ class RequestStream:
         return "final" if self.kind == "final" else "delta"
 
     def output(self, w: wire.WireOutput) -> AnyOutput:
-        metrics = RequestMetrics(*w.metrics) if w.metrics is not None else None
+        # The core always sends a request's metrics; a peer that did not gets empty ones.
+        metrics = RequestMetrics(*w.metrics) if w.metrics is not None else RequestMetrics(arrival_time=0.0)
         if self.pooling:
             vector = w.embedding.tolist() if w.embedding is not None else []
             return EmbeddingRequestOutput(self.request_id, self.prompt, self.prompt_token_ids,
@@ -52,7 +53,6 @@ class RequestStream:
         else:
             completions = [CompletionOutput(c.index, c.text, c.token_ids, c.cumulative_logprob, c.logprobs,
                                             c.finish_reason, c.stop_reason) for c in w.completions]
-        assert metrics is not None
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions, w.finished, metrics,
                              w.num_cached_tokens)
 
