@@ -17,7 +17,9 @@ vocab 4096, float32, CPU). Workload: ``--num-prompts`` random prompts of
 
 Printed per run: output tokens/s, the ratio to offline, TTFT / TPOT / ITL (client side,
 as ``serve.py``), and the executor's pipeline bubbles as a fraction of its wall time
-during the run (from ``/metrics``; summed over the cores for dp2).
+during the run (from ``/metrics``; summed over the cores for dp2). On a shared machine the
+engine may get a different share of its CPU in each run: the CPU share it got, and
+tokens per CPU second of the engine's process(es) (its ratio to offline's), say how much.
 
     python benches/serve_vs_offline.py [--modes offline,mp,inprocess,dp1,dp2] [--json]
 """
@@ -61,9 +63,11 @@ def offline_child(args: argparse.Namespace) -> None:
         llm.generate([prompts[0]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
         before = llm.stats()
         params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+        cpu = time.process_time()
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - start
+        cpu = time.process_time() - cpu
         after = llm.stats()
     produced = sum(len(o.outputs[0].token_ids) for o in outs)
     exec_wall = sum(after.threads["pyengine-exec"].values()) - sum(before.threads["pyengine-exec"].values())
@@ -71,6 +75,7 @@ def offline_child(args: argparse.Namespace) -> None:
     print(json.dumps({"output_throughput": produced / elapsed, "duration_s": elapsed,
                       "bubble_fraction": (after.pipeline_bubble_s - before.pipeline_bubble_s) / exec_wall,
                       "exec_busy_fraction": exec_busy / exec_wall,
+                      "core_cpu_share": cpu / elapsed, "tokens_per_core_cpu_s": produced / cpu,
                       "tokens_per_step": (after.generated_tokens - before.generated_tokens) / (after.steps - before.steps)}))
 
 
@@ -119,6 +124,16 @@ def _exec_figures(url: str) -> tuple[float, float, float, float, float]:
     return bubbles, wall, busy, steps, tokens
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+
+
 def run_server(args: argparse.Namespace, serve_flags: list[str], front_cpus: Optional[list[int]],
                client_cpus: Optional[list[int]]) -> dict[str, Any]:
     port = serve._free_port()
@@ -137,9 +152,24 @@ def run_server(args: argparse.Namespace, serve_flags: list[str], front_cpus: Opt
                                   max_concurrency=args.max_concurrency, input_len=args.input_len,
                                   output_len=args.output_len, range_ratio=0.0, vocab=4096, min_token_id=3,
                                   warmup=2, timeout=600.0, seed=args.seed, model=None)
+        # The engine's CPU time: its core processes', or (in-process) the server's own.
+        cores = _children(proc.pid) or [proc.pid]
+        front = [proc.pid] if cores != [proc.pid] else []
         bubbles0, wall0, busy0, steps0, tokens0 = _exec_figures(url)
+        cpu0 = [_cpu_seconds(p) for p in cores + front] + [time.process_time()]
+        start = time.perf_counter()
         report = asyncio.run(serve.run(load, url))
+        elapsed = time.perf_counter() - start
+        cpu1 = [_cpu_seconds(p) for p in cores + front] + [time.process_time()]
         bubbles1, wall1, busy1, steps1, tokens1 = _exec_figures(url)
+        used = [b - a for a, b in zip(cpu0, cpu1)]
+        core_cpu = sum(used[:len(cores)])
+        # On a shared machine the engine may get much less than its CPUs: tokens per CPU
+        # second of the engine compares runs that got different shares.
+        report["core_cpu_share"] = core_cpu / elapsed / len(cores)
+        report["tokens_per_core_cpu_s"] = report["total_output_tokens"] / core_cpu if core_cpu else 0.0
+        report["front_end_cpu_s"] = sum(used[len(cores):-1])
+        report["client_cpu_s"] = used[-1]
         report["tokens_per_step"] = (tokens1 - tokens0) / (steps1 - steps0) if steps1 > steps0 else 0.0
         report["bubble_fraction"] = (bubbles1 - bubbles0) / (wall1 - wall0) if wall1 > wall0 else 0.0
         # Low busy with few bubbles: the executor waited for requests (the front end or the
@@ -205,16 +235,19 @@ def main() -> int:
             runs[mode] = plans[mode]()
             print(f"{mode}: {runs[mode]['output_throughput']:.1f} tok/s", file=sys.stderr, flush=True)
     offline = runs.get("offline", {}).get("output_throughput")
+    per_cpu = runs.get("offline", {}).get("tokens_per_core_cpu_s")
     for mode, r in runs.items():
         if offline and mode != "offline":
             r["ratio_to_offline"] = r["output_throughput"] / offline
+            r["ratio_per_core_cpu_s"] = r["tokens_per_core_cpu_s"] / per_cpu
     if args.json:
         print(json.dumps(runs))
         return 0
     for mode, r in runs.items():
         line = f"{mode:<10} {r['output_throughput']:8.1f} tok/s"
         if "ratio_to_offline" in r:
-            line += f"  ratio {r['ratio_to_offline']:.3f}"
+            line += f"  ratio {r['ratio_to_offline']:.3f} (per engine CPU second {r['ratio_per_core_cpu_s']:.3f})"
+        line += f"  engine CPU share {r['core_cpu_share']:.2f}"
         line += f"  bubbles {100 * r['bubble_fraction']:.2f}% of exec wall, exec busy {r['exec_busy_fraction']:.2f}, {r['tokens_per_step']:.0f} tokens/step"
         if "mean_ttft_ms" in r:
             line += (f"  TTFT {r['mean_ttft_ms']:.0f}/{r['p99_ttft_ms']:.0f} ms  TPOT {r['mean_tpot_ms']:.2f} ms"
