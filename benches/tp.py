@@ -6,8 +6,10 @@ Model: the bench-sized checkpoint of ``benches/throughput.py`` (Qwen3-shaped, hi
 prompts of 64-512 tokens, outputs of 64-256 tokens, greedy, ignore_eos.
 
 Prints output tokens/s at each size and their ratio, and per step at TP=2:
-- ``broadcast_us_per_step``: rank 0 writing the plan into shared memory and waking the
-  worker (measured inside the engine, every step);
+- ``broadcast_us_per_step``: rank 0 filling the placeholders, writing the plan into
+  shared memory and waking the worker (measured inside the engine, every step), wall
+  time, and ``broadcast_cpu_us_per_step`` the executor thread's CPU time for it (the wall
+  time also counts being descheduled when the host is busier than its cores);
 - ``all_reduce_us_per_step``: the step's all-reduces (1 + 2 x layers, each [tokens, hidden])
   timed alone between two gloo processes, at the workload's mean decode batch;
 - ``gather_us_per_step``: the logits gather (vocabulary slices plus status) timed alike.
@@ -49,7 +51,7 @@ def run_engine(folder: Path, tp: int, prompts, outputs, max_num_seqs: int) -> tu
         llm.generate([prompts[0]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)  # warm-up
         runner = llm.engine.runner
         if tp > 1:
-            runner.broadcast_seconds, runner.steps = 0.0, 0
+            runner.broadcast_seconds, runner.broadcast_cpu_seconds, runner.steps = 0.0, 0.0, 0
         params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in outputs]
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
@@ -58,6 +60,7 @@ def run_engine(folder: Path, tp: int, prompts, outputs, max_num_seqs: int) -> tu
         extra = {"steps": stats.steps, "step_ms_mean": round(stats.step_time_mean_ms, 2)}
         if tp > 1:
             extra["broadcast_us_per_step"] = round(runner.stats()["broadcast_s_per_step"] * 1e6, 1)
+            extra["broadcast_cpu_us_per_step"] = round(runner.stats()["broadcast_cpu_s_per_step"] * 1e6, 1)
     produced = sum(len(o.outputs[0].token_ids) for o in outs)
     assert produced == sum(outputs)
     return produced / elapsed, extra
@@ -137,13 +140,16 @@ def main() -> None:
     tps = {tp: statistics.median(r[0] for r in results) for tp, results in runs.items()}
     collectives = time_collectives(tokens=args.max_num_seqs)
     broadcast = statistics.median(r[1]["broadcast_us_per_step"] for r in runs[2])
+    broadcast_cpu = statistics.median(r[1]["broadcast_cpu_us_per_step"] for r in runs[2])
     result = {
         "tp1_tokens_per_s": round(tps[1], 1),
         "tp2_tokens_per_s": round(tps[2], 1),
         "ratio": round(tps[2] / tps[1], 3),
         "broadcast_us_per_step": broadcast,
+        "broadcast_cpu_us_per_step": broadcast_cpu,
         **{k: v for k, v in collectives.items()},
         "bars": {"ratio >= 0.8": tps[2] / tps[1] >= 0.8, "broadcast <= 100 us": broadcast <= 100},
+        "load_average_1min": round(os.getloadavg()[0], 2),
         "details": {f"tp{tp}": [{"tokens_per_s": round(r[0], 1), **r[1]} for r in results]
                     for tp, results in runs.items()},
         "workload": {"requests": args.num_requests, "output_tokens": int(np.sum(outputs)),
@@ -153,7 +159,8 @@ def main() -> None:
         print(json.dumps(result, indent=2))
     else:
         for key in ("tp1_tokens_per_s", "tp2_tokens_per_s", "ratio", "broadcast_us_per_step",
-                    "all_reduce_us_per_step", "gather_us_per_step"):
+                    "broadcast_cpu_us_per_step", "all_reduce_us_per_step", "gather_us_per_step",
+                    "load_average_1min"):
             print(f"{key:<24} {result[key]}")
         print(f"bars: {result['bars']}")
 

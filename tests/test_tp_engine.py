@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -36,11 +37,14 @@ def prompts(seed: int, count: int) -> list[list[int]]:
     return [(shared if i % 2 else []) + rng.integers(3, 400, int(rng.integers(2, 30))).tolist() for i in range(count)]
 
 
-def run(path, tp: int, batch, params, **engine) -> tuple[list, dict]:
+def run(path, tp: int, batch, params, embed=(), **engine) -> tuple[list, Any, list]:
+    """(outputs of each prompt, engine stats, embeddings of the ``embed`` prompts)."""
     with LLM(str(path), tensor_parallel_size=tp, **{**ENGINE, **engine}) as llm:
         outs = llm.generate(batch, params, use_tqdm=False)
         stats = llm.stats()
-    return [o.outputs for o in outs], stats
+        # Pooling requests run the same sharded forward; rank 0 pools the all-reduced states.
+        embeddings = [o.outputs.embedding for o in llm.embed(list(embed), use_tqdm=False)] if embed else []
+    return [o.outputs for o in outs], stats, embeddings
 
 
 def assert_same_tokens(one, two):
@@ -60,8 +64,8 @@ def test_greedy_tokens_at_two_ranks_equal_one(variant, tmp_path):
     path = make_tiny_checkpoint(tmp_path / variant, arch, seed=3, **overrides)
     batch = prompts(1, 6)
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
-    one, _ = run(path, 1, batch, params)
-    two, _ = run(path, 2, batch, params)
+    one, _, _ = run(path, 1, batch, params)
+    two, _, _ = run(path, 2, batch, params)
     assert_same_tokens([o[0] for o in one], [o[0] for o in two])
 
 
@@ -70,14 +74,17 @@ def qwen3(tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("tp") / "qwen3", "qwen3", seed=5)
 
 
-def test_seeded_sampling_logprobs_prefix_cache_preemption_and_n(qwen3):
-    """One engine per size, small enough a KV pool to preempt, shared prefixes, n = 2."""
+def test_seeded_sampling_logprobs_prefix_cache_preemption_n_and_embeddings(qwen3):
+    """One engine per size, small enough a KV pool to preempt, shared prefixes, n = 2; then
+    embeddings (pooled on rank 0 from the all-reduced hidden states)."""
     batch = prompts(2, 8)
     params = SamplingParams(temperature=0.8, top_p=0.9, seed=11, n=2, max_tokens=16, ignore_eos=True, logprobs=3)
     engine = dict(num_kv_blocks=12, max_num_seqs=6)
-    one, stats_one = run(qwen3, 1, batch, params, **engine)
-    two, stats_two = run(qwen3, 2, batch, params, **engine)
+    one, _, embeddings_one = run(qwen3, 1, batch, params, embed=batch[:3], **engine)
+    two, stats_two, embeddings_two = run(qwen3, 2, batch, params, embed=batch[:3], **engine)
     assert stats_two.preemptions > 0 and stats_two.prefix_cache_hit_rate > 0
+    assert len(embeddings_two) == 3
+    np.testing.assert_allclose(np.array(embeddings_two), np.array(embeddings_one), atol=1e-5)
     for samples_one, samples_two in zip(one, two):
         assert len(samples_two) == 2
         for a, b in zip(samples_one, samples_two):

@@ -15,6 +15,7 @@ collective, which every worker reaches only after it is done with plan N's array
 
 from __future__ import annotations
 
+import ctypes
 import os
 import select
 from dataclasses import dataclass
@@ -138,6 +139,31 @@ class PlanSegment:
                 self.shm.unlink()
             except FileNotFoundError:
                 pass
+
+
+class StepPipeWriter:
+    """Rank 0's end of a worker's step pipe. The byte is written by libc's ``write``
+    called *with the GIL held* (``ctypes.PyDLL``): ``os.write`` releases the GIL, and
+    getting it back from the output thread, busy with the previous step's event at that
+    very moment, can cost the executor thread up to a switch interval (5 ms). The pipe is
+    non-blocking, so a worker that stopped reading can never block the GIL holder."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        os.set_blocking(fd, False)
+        self._write = ctypes.PyDLL(None).write
+        self._write.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t)
+        self._write.restype = ctypes.c_ssize_t
+
+    def send(self, byte: bytes) -> bool:
+        """False when the byte could not be written (the worker is gone or not reading)."""
+        return self._write(self.fd, byte, 1) == 1
+
+    def close(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
 
 
 class SharedMemoryPlanSender:

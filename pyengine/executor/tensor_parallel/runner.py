@@ -45,6 +45,7 @@ from pyengine.executor.tensor_parallel.plan_channel import (
     PlanCapacity,
     PlanSegment,
     SharedMemoryPlanSender,
+    StepPipeWriter,
 )
 from pyengine.executor.tensor_parallel.rendezvous import (
     DEFAULT_TIMEOUT_S,
@@ -71,15 +72,12 @@ class WorkerProcess:
     def __init__(self, rank: int, process: subprocess.Popen, signal_fd: int, reply_fd: int) -> None:
         self.rank = rank
         self.process = process
-        self.signal_fd = signal_fd
+        self.signal = StepPipeWriter(signal_fd)
         self.reply = os.fdopen(reply_fd, "r")
         self._buffer = ""
 
     def send(self, byte: bytes) -> None:
-        try:
-            os.write(self.signal_fd, byte)
-        except OSError:  # the worker is gone: dead_reason reports it
-            pass
+        self.signal.send(byte)  # a worker that is gone: dead_reason reports it
 
     def receive(self, deadline: float) -> dict[str, Any]:
         """The worker's next start-up message; an error message when it dies or times out."""
@@ -109,11 +107,11 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=10)
-        for close in (lambda: os.close(self.signal_fd), self.reply.close):
-            try:
-                close()
-            except OSError:
-                pass
+        self.signal.close()
+        try:
+            self.reply.close()
+        except OSError:
+            pass
 
 
 class TensorParallelRunner(ModelRunner):
@@ -133,7 +131,10 @@ class TensorParallelRunner(ModelRunner):
         self._collectives_done = True
         super().__init__(loaded, config)
         self.host_last_sampled = np.zeros(config.max_num_seqs, dtype=np.int64)
+        # The plan broadcast's cost: wall time, and this thread's CPU time (the wall time
+        # includes being descheduled when the host has fewer free cores than ranks).
         self.broadcast_seconds = 0.0
+        self.broadcast_cpu_seconds = 0.0
         self.steps = 0
         self._closed = False
         self.threads_before = torch.get_num_threads()
@@ -143,9 +144,10 @@ class TensorParallelRunner(ModelRunner):
         return self.model.parallel.world_size
 
     def execute(self, plan: StepPlanLike, **kwargs: Any) -> StepOutput:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         self.channel.publish(plan, self._filled_input_ids(plan))
         self.broadcast_seconds += time.perf_counter() - t0
+        self.broadcast_cpu_seconds += time.thread_time() - cpu0
         self.steps += 1
         self._collectives_done = len(plan.input_ids) == 0
         try:
@@ -163,6 +165,8 @@ class TensorParallelRunner(ModelRunner):
     def _filled_input_ids(self, plan: StepPlanLike) -> np.ndarray:
         """The plan's input ids with each placeholder replaced by its row's last sample."""
         ids = plan.input_ids
+        if len(ids) == len(plan.rows) and len(ids) and ids.max() < 0:  # a pure decode step, all placeholders
+            return self.host_last_sampled[plan.rows]
         holes = np.flatnonzero(ids < 0)
         if not holes.size:
             return ids
@@ -245,8 +249,10 @@ class TensorParallelRunner(ModelRunner):
         torch.set_num_threads(self.threads_before)
 
     def stats(self) -> dict[str, float]:
-        """Mean plan-broadcast time per step (seconds)."""
-        return {"broadcast_s_per_step": self.broadcast_seconds / max(1, self.steps), "steps": float(self.steps)}
+        """Mean plan-broadcast time per step (seconds): wall and executor-thread CPU."""
+        steps = max(1, self.steps)
+        return {"broadcast_s_per_step": self.broadcast_seconds / steps,
+                "broadcast_cpu_s_per_step": self.broadcast_cpu_seconds / steps, "steps": float(self.steps)}
 
 
 def plan_capacity(config: ExecutorConfig, max_model_len: int) -> PlanCapacity:
