@@ -5,7 +5,8 @@ Model: the bench-sized checkpoint of ``benches/throughput.py`` (Qwen3-shaped, hi
 4 layers, 4 heads / 2 KV heads, vocab 4096, float32). Workload: ``--num-requests`` random
 prompts of 64-512 tokens, outputs of 64-256 tokens, greedy, ignore_eos.
 
-Prints output tokens/s at each size and their ratio, and per step at TP=2:
+Prints output tokens/s at each size and their ratio (and TP=1 on one thread, to tell the
+split from the threading), and per step at TP=2:
 - ``broadcast_us_per_step``: rank 0 filling the placeholders, writing the plan into
   shared memory and waking the worker (measured inside the engine, every step), wall
   time, and ``broadcast_cpu_us_per_step`` the executor thread's CPU time for it (the wall
@@ -44,8 +45,8 @@ from pyengine.testing.checkpoints import make_tiny_checkpoint  # noqa: E402
 from pyengine.testing.tp_ranks import free_port  # noqa: E402
 
 
-def run_engine(folder: Path, tp: int, prompts, outputs, max_num_seqs: int) -> tuple[float, dict]:
-    torch.set_num_threads(2)
+def run_engine(folder: Path, tp: int, prompts, outputs, max_num_seqs: int, threads: int = 2) -> tuple[float, dict]:
+    torch.set_num_threads(threads)
     with LLM(str(folder), dtype="float32", max_num_seqs=max_num_seqs, max_model_len=1024,
              tensor_parallel_size=tp) as llm:
         llm.generate([prompts[0]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)  # warm-up
@@ -134,9 +135,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = make_tiny_checkpoint(Path(tmp) / "model", "qwen3", vocab_size=4096, **MODEL)
         runs: dict[int, list] = {1: [], 2: []}
+        one_thread = []  # TP=1 on one core: how much of the ratio is the split, how much threading
         for _ in range(max(1, args.repeats)):
             for tp in (1, 2):
                 runs[tp].append(run_engine(folder, tp, prompts, outputs, args.max_num_seqs))
+            one_thread.append(run_engine(folder, 1, prompts, outputs, args.max_num_seqs, threads=1)[0])
     tps = {tp: statistics.median(r[0] for r in results) for tp, results in runs.items()}
     collectives = time_collectives(tokens=args.max_num_seqs)
     broadcast = statistics.median(r[1]["broadcast_us_per_step"] for r in runs[2])
@@ -145,6 +148,7 @@ def main() -> None:
         "tp1_tokens_per_s": round(tps[1], 1),
         "tp2_tokens_per_s": round(tps[2], 1),
         "ratio": round(tps[2] / tps[1], 3),
+        "tp1_one_thread_tokens_per_s": round(statistics.median(one_thread), 1),
         "broadcast_us_per_step": broadcast,
         "broadcast_cpu_us_per_step": broadcast_cpu,
         **{k: v for k, v in collectives.items()},
@@ -158,7 +162,8 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        for key in ("tp1_tokens_per_s", "tp2_tokens_per_s", "ratio", "broadcast_us_per_step",
+        for key in ("tp1_tokens_per_s", "tp2_tokens_per_s", "ratio", "tp1_one_thread_tokens_per_s",
+                    "broadcast_us_per_step",
                     "broadcast_cpu_us_per_step", "all_reduce_us_per_step", "gather_us_per_step",
                     "load_average_1min"):
             print(f"{key:<24} {result[key]}")
