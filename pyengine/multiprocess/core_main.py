@@ -72,19 +72,19 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         torch.set_num_threads(len(ns.cpus.split(",")))
     from pyengine.multiprocess import wire
-    from pyengine.multiprocess.core_process import CoreLink, CoreProcess
+    from pyengine.multiprocess.core_process import LOAD_FAILED_LINGER_MS, CoreLink, CoreProcess
 
     try:
         config = config_from(ns, engine_names)
     except Exception as error:  # noqa: BLE001 - an argument error is a load failure the front end reports
         import zmq
 
+        print(f"pyengine core: {error}", file=sys.stderr, flush=True)
         context = zmq.Context()
         link = CoreLink(context, ns.input, ns.output, ns.engine_index)
         link.hello(wire.LoadFailed(ns.engine_index, *wire.error_to_wire(error)))
-        link.close()
+        link.close(linger_ms=LOAD_FAILED_LINGER_MS)
         context.term()
-        print(f"pyengine core: {error}", file=sys.stderr)
         return 2
     core = CoreProcess(config, ns.input, ns.output, ns.engine_index, ns.parent_pid, ns.heartbeat_timeout,
                        ns.ipc_dir)

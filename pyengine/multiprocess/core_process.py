@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 STATUS_INTERVAL_S = 0.25  # how often the core reports its progress (its heartbeat)
 _POLL_MS = 100
+LOAD_FAILED_LINGER_MS = 2000  # how long a LoadFailed may take to leave before the core exits
 
 
 class CoreLink:
@@ -46,7 +47,7 @@ class CoreLink:
         self.engine_index = engine_index
         self.commands = context.socket(zmq.DEALER)
         self.commands.setsockopt(zmq.IDENTITY, wire.core_identity(engine_index))
-        self.commands.setsockopt(zmq.LINGER, 2000)  # a LoadFailed must reach the front end
+        self.commands.setsockopt(zmq.LINGER, 0)
         self.commands.connect(input_address)
         self.outputs = context.socket(zmq.PUSH)
         self.outputs.setsockopt(zmq.LINGER, 0)
@@ -84,9 +85,11 @@ class CoreLink:
             return None
         return self._codec.decode(self.commands.recv_multipart(copy=False))
 
-    def close(self) -> None:
-        self.commands.close(linger=0)
-        self.outputs.close(linger=0)
+    def close(self, linger_ms: int = 0) -> None:
+        """Closes both sockets; ``linger_ms`` > 0 lets what was queued (a ``LoadFailed``, sent
+        before the connection may even be up) go out for that long before ``term()``."""
+        self.commands.close(linger=linger_ms)
+        self.outputs.close(linger=linger_ms)
 
 
 class Outbox:
@@ -185,12 +188,14 @@ class CoreProcess:
 
             self.engine = EngineCore(self.config, after_event=self.outbox.flush)
         except BaseException as error:  # noqa: BLE001 - reported to the front end, which exits with it
-            if not isinstance(error, EngineError):  # a bug: its traceback is what a report needs
-                logger.exception("engine core %d failed to load", self.engine_index)
-            elif self.parent_pid is None:  # a core started by hand: its own terminal says why too
+            # Always on the core's stderr too: the LoadFailed can still be lost (a front end
+            # that died meanwhile), and a bug's traceback is what a report needs.
+            if isinstance(error, EngineError):
                 logger.error("engine core %d failed to load: %s", self.engine_index, error)
+            else:
+                logger.exception("engine core %d failed to load", self.engine_index)
             self.link.hello(wire.LoadFailed(self.engine_index, *wire.error_to_wire(error)))
-            self.link.close()
+            self.link.close(linger_ms=LOAD_FAILED_LINGER_MS)
             self.context.term()
             return 1
         self.link.hello(wire.Ready(self.engine_index, core_info(self.engine, os.getpid())))
@@ -205,7 +210,8 @@ class CoreProcess:
                 logger.exception("engine core %d: threads did not stop", self.engine_index)
             if not front_end_gone:
                 self.link.send(self._status())  # the last word: in-flight failures went before it
-            self.link.close()
+            # A live front end reads what is queued (the failures, the last Status) at once.
+            self.link.close(linger_ms=0 if front_end_gone else LOAD_FAILED_LINGER_MS)
             self.context.term()
             if front_end_gone:
                 remove_ipc_dir(self.ipc_dir)
