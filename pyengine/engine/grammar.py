@@ -16,7 +16,7 @@ import logging
 from typing import Optional
 
 from pyengine._sched import CompiledConstraint, GrammarCompiler
-from pyengine.errors import InvalidRequestError
+from pyengine.errors import InvalidConfigError, InvalidRequestError
 from pyengine.structured_outputs import StructuredOutputsParams
 from pyengine.text import DecodeTable
 
@@ -45,7 +45,14 @@ class ConstraintCompiler:
         without_special = decode_table.token_bytes_skipping_special or with_special
         special = [i for i, (a, b) in enumerate(zip(with_special, without_special)) if a and not b]
         size = max(vocab_size or 0, len(with_special))
-        compiler = GrammarCompiler(list(with_special), special, list(eos_token_ids), size)
+        try:
+            compiler = GrammarCompiler(list(with_special), special, list(eos_token_ids), size)
+        except InvalidConfigError as error:
+            # An engine that never sees a constraint must still start; constrained requests
+            # are refused with the reason.
+            logger.warning("structured outputs are unavailable for this model: %s", error)
+            return cls(None, f"structured_outputs cannot be enforced with this checkpoint: its grammar "
+                             f"vocabulary could not be built ({error})")
         return cls(compiler)
 
     @property

@@ -25,7 +25,7 @@ from pyengine.executor.memory_profile import decide_num_blocks
 from pyengine.executor.persistent_batch import PersistentBatch
 from pyengine.executor.plan import StepPlanLike
 from pyengine.executor.pooling import pool_hidden_states
-from pyengine.executor.row_isolation import sample_isolated
+from pyengine.executor.row_isolation import mask_isolated, sample_isolated
 from pyengine.executor.sampler import Sampler
 from pyengine.executor.step_output import StepOutput
 from pyengine.models.loader import LoadedModel, load_model
@@ -127,7 +127,10 @@ class ModelRunner:
         )
         if len(plan.logits_indices):
             if plan.grammar_mask is not None:  # structured outputs: computed while the forward ran
-                self.grammar_masks.apply(plan, logits)
+                mask_isolated(
+                    self.grammar_masks, plan, logits,
+                    lambda i, error: self._row_failed(int(plan.sample_rows[i]), f"its grammar mask failed: {error!r}"),
+                )
             sample_rows = _to_device(plan.sample_rows, torch.int64, device)
             result = sample_isolated(
                 self.sampler, logits, plan.sample_rows, positions[logits_indices] + 1, self.batch.history,

@@ -42,8 +42,6 @@ class StepPlanLike(Protocol):
     new_token_ids: np.ndarray
     new_params: list[Any]
     freed_rows: np.ndarray
-    mask_sample_indices: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
-    grammar_mask: Optional[Any] = None
     mask_sample_indices: np.ndarray
     grammar_mask: Optional[Any]
 

@@ -6,16 +6,21 @@ still raise are the guilty ones. Their sequences are reported as failed (with th
 and their rows get inert greedy parameters, so the requests sharing the step go on
 untouched and the next steps do not trip over the same row again. The batched path costs
 nothing extra; the row-by-row path runs only after a failure.
+
+A step's grammar mask is the same: when it cannot be taken or applied (a scheduler stall
+past the mask timeout, a dropped mask), the constrained rows are the guilty ones (their
+logits are unmasked, so their tokens must not count) and the other rows sample as usual.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
+from pyengine.executor.grammar_mask import GrammarMaskApplier
 from pyengine.executor.sampler import Sampler, SamplerOutput
 from pyengine.executor.step_output import LogprobsOutput
 from pyengine.sampling_params import SamplingParams
@@ -55,6 +60,18 @@ def sample_isolated(
         tokens.append(out.token_ids)
         logprobs.append(out.logprobs)
     return SamplerOutput(torch.cat(tokens), merge_logprobs(logprobs))
+
+
+def mask_isolated(applier: GrammarMaskApplier, plan: Any, logits: torch.Tensor, on_failure: OnRowFailure) -> None:
+    """``applier.apply(plan, logits)``; if it raises, every constrained sample (the plan's
+    ``mask_sample_indices``, positions in the step's sampled rows) is reported instead."""
+    try:
+        applier.apply(plan, logits)
+    except Exception as error:  # noqa: BLE001 - the constrained rows' requests get the error
+        logger.warning("the grammar mask of step %s failed (%r); failing its %d constrained rows",
+                       plan.step_id, error, len(plan.mask_sample_indices))
+        for i in plan.mask_sample_indices.tolist():
+            on_failure(int(i), error)
 
 
 def merge_logprobs(parts: list[Optional[LogprobsOutput]]) -> Optional[LogprobsOutput]:

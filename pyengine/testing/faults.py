@@ -2,7 +2,8 @@
 
 :class:`FaultyRunner` wraps the executor's runner: it fails a chosen step or stalls while
 ``hang`` is set, and otherwise calls through, so the executor loop itself carries no test
-hooks. :class:`FaultySink` is a request's sink that raises on a chosen delivery, which
+hooks; while ``fail_masks`` is set, every step's grammar mask fails to arrive (what a
+scheduler stall past the mask timeout looks like to the executor). :class:`FaultySink` is a request's sink that raises on a chosen delivery, which
 exercises the output thread's failure path.
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 import threading
 import time
 from typing import Any, Optional
+
+from pyengine.errors import StepResultError
 
 #: A hung runner gives up after this long, so a test that forgets to clear ``hang``
 #: cannot keep the engine's shutdown waiting forever.
@@ -23,6 +26,7 @@ class FaultyRunner:
     def __init__(self, runner: Any) -> None:
         self.runner = runner
         self.hang = threading.Event()
+        self.fail_masks = threading.Event()
         self._fail_in: Optional[int] = None
         self._lock = threading.Lock()
 
@@ -41,10 +45,30 @@ class FaultyRunner:
                 if self._fail_in <= 0:
                     self._fail_in = None
                     raise RuntimeError(f"injected failure in step {plan.step_id}")
+        if self.fail_masks.is_set() and getattr(plan, "grammar_mask", None) is not None:
+            plan = PlanWithLostMask(plan)
         return self.runner.execute(plan, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.runner, name)
+
+
+class LostMask:
+    """A grammar mask ticket whose mask never comes."""
+
+    def take(self, timeout: float = 30.0) -> Any:
+        raise StepResultError("injected: the grammar mask did not arrive in time")
+
+
+class PlanWithLostMask:
+    """``plan`` (read through) with a :class:`LostMask` for its grammar mask."""
+
+    def __init__(self, plan: Any) -> None:
+        self._plan = plan
+        self.grammar_mask = LostMask()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._plan, name)
 
 
 def install_faulty_runner(core: Any) -> FaultyRunner:
