@@ -133,6 +133,9 @@ class EngineConfig:
              "must be an integer >= 1")
         need(isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
              "tensor_parallel_size", "must be an integer >= 1")
+        need(not (str(self.device).startswith("cuda") and self.data_parallel_size > 1 and self.tensor_parallel_size > 1),
+             "data_parallel_size", "above 1 cannot be combined with tensor_parallel_size above 1 on CUDA yet "
+             "(every engine core's ranks would take the same devices)")
         need(self.distributed_executor_backend in ("mp", "external_launcher"), "distributed_executor_backend",
              "must be 'mp' or 'external_launcher'")
         need(self.scheduling_policy in ("fcfs", "priority"), "scheduling_policy", "must be 'fcfs' or 'priority'")

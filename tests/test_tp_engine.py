@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from pyengine import LLM, SamplingParams
 from pyengine.config import EngineConfig
@@ -50,12 +51,17 @@ def run(path, tp: int, batch, params, embed=(), **engine) -> tuple[list, Any, li
 def assert_same_tokens(one, two):
     """Token for token, except that from a near-tie on (top two logprobs of size 1 closer
     than NEAR_TIE) the rest of that sequence may differ."""
+    assert len(one) == len(two)
     for a, b in zip(one, two):
+        diverged = False
         for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)):
             if x != y:
                 top = sorted(a.logprobs[i].values(), reverse=True)
                 assert top[0] - top[1] < NEAR_TIE, f"position {i}: {a.token_ids} vs {b.token_ids}"
+                diverged = True
                 break
+        if not diverged:  # same tokens as far as both go: then both went as far
+            assert len(a.token_ids) == len(b.token_ids), f"{a.token_ids} vs {b.token_ids}"
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -104,11 +110,35 @@ def test_sizes_that_do_not_split_are_refused_before_any_process(tmp_path):
         EngineConfig(model=str(path), tensor_parallel_size=0)
 
 
-def test_a_rank_that_cannot_load_its_shard_stops_start_up(qwen3):
+@pytest.mark.parametrize("wrapper, message", [
+    ("fail_rank1_join", "rank 1.*injected: rank 1 has no device"),
+    ("fail_rank1_load", "rank 1.*injected: rank 1 cannot read its shard"),
+    ("fail_rank1_runner", "rank 1.*injected: rank 1 cannot allocate its KV cache"),
+])
+def test_a_rank_that_fails_to_start_stops_start_up_naming_it(qwen3, wrapper, message):
+    """Whatever stage rank 1 fails in, start-up stops with its error (soon, not after the
+    store's timeout), no worker is left and torch's thread count is restored."""
     config = EngineConfig(model=str(qwen3), tensor_parallel_size=2, **ENGINE)
-    with pytest.raises(ModelLoadError, match="rank 1.*injected: rank 1 cannot read its shard"):
-        start(qwen3, config.executor_config(), 2, step_wrapper="pyengine.testing.faults:fail_rank1_load")
+    threads = torch.get_num_threads()
+    t0 = time.monotonic()
+    with pytest.raises(ModelLoadError, match=message):
+        start(qwen3, config.executor_config(), 2, step_wrapper=f"pyengine.testing.faults:{wrapper}", timeout_s=60.0)
+    assert time.monotonic() - t0 < 50, "rank 0 waited for a timeout instead of the worker's report"
     assert _workers() == set()
+    assert torch.get_num_threads() == threads
+
+
+def test_an_engine_that_fails_after_loading_closes_its_tensor_parallel_runner(qwen3, monkeypatch):
+    threads = torch.get_num_threads()
+
+    def broken_scheduler(*args, **kwargs):
+        raise RuntimeError("injected: the scheduler cannot start")
+
+    monkeypatch.setattr("pyengine.engine.core.SchedulerThread", broken_scheduler)
+    with pytest.raises(RuntimeError, match="scheduler cannot start"):
+        LLM(str(qwen3), tensor_parallel_size=2, **ENGINE)
+    assert _workers() == set()
+    assert torch.get_num_threads() == threads
 
 
 def _workers() -> set[int]:
@@ -156,10 +186,16 @@ def test_a_worker_that_dies_makes_the_engine_dead_naming_its_rank(qwen3):
     core = _engine(qwen3)
     try:
         running = _submit(core, "long", [5, 6, 7], max_tokens=200)
-        time.sleep(0.5)
+        deadline = time.monotonic() + 30
+        while not running.outputs and time.monotonic() < deadline:  # it is streaming: in flight
+            time.sleep(0.01)
+        assert running.outputs and not running.done.is_set()
         worker = core.runner.workers[0]
         os.kill(worker.process.pid, 9)
         assert running.done.wait(20), "the caller was left waiting"
+        last = running.outputs[-1]
+        assert len(last.outputs[0].token_ids) < 200, "the request finished before the worker died"
+        assert "rank 1" in str(running.error or getattr(last, "error", None)), last
         deadline = time.monotonic() + 10
         while core.is_alive and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -79,24 +79,30 @@ class EngineCore:
         self.config = config
         self.model_path = resolve_model_path(config) if runner is None else Path("<synthetic>")
         self.runner = runner or _load_runner(self.model_path, config)
-        self.tokenizer = self.runner.loaded.tokenizer
-        # Token id -> bytes, built once and shared by every sequence's text stream.
-        self.decode_table = DecodeTable.from_tokenizer(self.tokenizer) if self.tokenizer is not None else None
-        self.eos_token_ids = list(self.runner.loaded.eos_token_ids)
-        self.max_model_len = self.runner.max_model_len
-        # What one request can hold: max_model_len, or the whole KV pool when that is
-        # smaller (the scheduler refuses a request needing more blocks than the pool has).
-        self.max_request_tokens = min(self.max_model_len, self.runner.num_kv_blocks * config.block_size)
-        model_config = getattr(self.runner.loaded, "config", None)
-        self.vocab_size: Optional[int] = getattr(model_config, "vocab_size", None)
-        # The vocabulary goes to Rust once, for structured outputs (docs/structured_outputs.md).
-        self.constraints = ConstraintCompiler.for_engine(self.decode_table, self.eos_token_ids, self.vocab_size)
-        self.sched = SchedulerThread(config.scheduler_config(self.runner.num_kv_blocks, self.max_model_len))
-        self.requests = RequestTable()
-        self.executor = ExecutorLoop(self.runner, self.sched, lambda: len(self.requests) > 0)
-        self.output = OutputLoop(self.sched, self.requests, lambda: self.executor.fatal, after_event)
-        self._exec_thread = threading.Thread(target=self.executor.run, name=EXEC_THREAD_NAME, daemon=True)
-        self._output_thread = threading.Thread(target=self.output.run, name=OUTPUT_THREAD_NAME, daemon=True)
+        try:  # whatever fails from here, the runner (tensor-parallel workers, shm) is closed
+            self.tokenizer = self.runner.loaded.tokenizer
+            # Token id -> bytes, built once and shared by every sequence's text stream.
+            self.decode_table = DecodeTable.from_tokenizer(self.tokenizer) if self.tokenizer is not None else None
+            self.eos_token_ids = list(self.runner.loaded.eos_token_ids)
+            self.max_model_len = self.runner.max_model_len
+            # What one request can hold: max_model_len, or the whole KV pool when that is
+            # smaller (the scheduler refuses a request needing more blocks than the pool has).
+            self.max_request_tokens = min(self.max_model_len, self.runner.num_kv_blocks * config.block_size)
+            model_config = getattr(self.runner.loaded, "config", None)
+            self.vocab_size: Optional[int] = getattr(model_config, "vocab_size", None)
+            # The vocabulary goes to Rust once, for structured outputs (docs/structured_outputs.md).
+            self.constraints = ConstraintCompiler.for_engine(self.decode_table, self.eos_token_ids, self.vocab_size)
+            self.sched = SchedulerThread(config.scheduler_config(self.runner.num_kv_blocks, self.max_model_len))
+            self.requests = RequestTable()
+            self.executor = ExecutorLoop(self.runner, self.sched, lambda: len(self.requests) > 0)
+            self.output = OutputLoop(self.sched, self.requests, lambda: self.executor.fatal, after_event)
+            self._exec_thread = threading.Thread(target=self.executor.run, name=EXEC_THREAD_NAME, daemon=True)
+            self._output_thread = threading.Thread(target=self.output.run, name=OUTPUT_THREAD_NAME, daemon=True)
+        except BaseException:
+            close_runner = getattr(self.runner, "close", None)
+            if close_runner is not None:
+                close_runner()
+            raise
         self._closed = False
         self._exec_thread.start()
         self._output_thread.start()

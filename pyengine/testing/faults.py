@@ -115,6 +115,20 @@ def fail_rank1_load(stage: str, rank: int, step: Any = None) -> Any:
     return step
 
 
+def fail_rank1_runner(stage: str, rank: int, step: Any = None) -> Any:
+    """Rank 1 cannot build its runner (after every rank loaded its shard)."""
+    if stage == "runner" and rank == 1:
+        raise MemoryError("injected: rank 1 cannot allocate its KV cache")
+    return step
+
+
+def fail_rank1_join(stage: str, rank: int, step: Any = None) -> Any:
+    """Rank 1 fails before joining the process group (e.g. its device is missing)."""
+    if stage == "join" and rank == 1:
+        raise RuntimeError("injected: rank 1 has no device")
+    return step
+
+
 def fail_rank1_on_poison(stage: str, rank: int, step: Any = None) -> Any:
     """Rank 1's step raises (before its forward pass) when the plan holds ``POISON_TOKEN``."""
     if stage != "step" or rank != 1:

@@ -58,7 +58,7 @@ def join_external(path: Union[str, Path], config: ExecutorConfig, world_size: in
     check_tensor_parallel(read_model_config(path), world_size)
     device = rendezvous.device(config.device)
     if device.startswith("cuda"):
-        torch.cuda.set_device(rendezvous.local_rank)
+        torch.cuda.set_device(device)
     torch.distributed.init_process_group(
         rendezvous.backend, init_method="env://", rank=rendezvous.rank, world_size=world_size,
         timeout=timedelta(seconds=DEFAULT_TIMEOUT_S),

@@ -1,7 +1,9 @@
 """How the ranks of a tensor-parallel group find each other: torch.distributed's TCP store.
 
 Rank 0 (the engine's executor) hosts the store; each rank connects to it with its rank
-and the world size, then joins the process group: gloo on CPU, NCCL on CUDA. On one
+and the world size, then joins the process group: gloo on CPU; on CUDA NCCL for device
+tensors and gloo for host tensors (``"cpu:gloo,cuda:nccl"``: a few collectives, such as
+agreeing on the KV cache size, run on host tensors, which an NCCL-only group refuses). On one
 host the engine picks a free loopback port itself. Across hosts the usual torchrun
 variables say where the store is (``MASTER_ADDR``, ``MASTER_PORT``) and who a process is
 (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``); they are read once, here, into a
@@ -32,16 +34,27 @@ class Rendezvous:
     rank: int
     world_size: int
     local_rank: int
-    backend: str  # "gloo" or "nccl"
+    backend: str  # "gloo", or "cpu:gloo,cuda:nccl" on CUDA (``backend_for``)
     timeout_s: float = DEFAULT_TIMEOUT_S
 
     def device(self, device: str) -> str:
-        """This rank's device: ``cuda:<local_rank>`` on CUDA, the CPU otherwise."""
-        return f"cuda:{self.local_rank}" if device.startswith("cuda") else "cpu"
+        """This rank's device: on CUDA the configured device's index plus ``local_rank``
+        (``cuda:1`` with two ranks: ``cuda:1`` and ``cuda:2``), the CPU otherwise."""
+        if not device.startswith("cuda"):
+            return "cpu"
+        return f"cuda:{cuda_base_index(device) + self.local_rank}"
+
+
+def cuda_base_index(device: str) -> int:
+    """The index of ``cuda[:N]`` (0 for plain ``cuda``)."""
+    _, _, index = device.partition(":")
+    return int(index) if index else 0
 
 
 def backend_for(device: str) -> str:
-    return "nccl" if device.startswith("cuda") else "gloo"
+    """The process-group backend for ``device``: gloo on the CPU; on CUDA NCCL for CUDA
+    tensors plus gloo for host tensors, so host-side collectives work there too."""
+    return "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
 
 
 def from_environment(environ: Mapping[str, str], device: str) -> Optional[Rendezvous]:
@@ -70,18 +83,19 @@ def host_store(addr: str, port: int, world_size: int, timeout_s: float) -> torch
 
 
 def join_group(
-    rendezvous: Rendezvous, store: Optional[torch.distributed.Store] = None
+    rendezvous: Rendezvous, store: Optional[torch.distributed.Store] = None, device: str = "cpu"
 ) -> torch.distributed.Store:
     """Joins the default process group (through ``store``, else the store at
-    ``master_addr:master_port``, which rank 0 hosts)."""
+    ``master_addr:master_port``, which rank 0 hosts); ``device``: this rank's device
+    (``Rendezvous.device``), made current on CUDA."""
     timeout = timedelta(seconds=rendezvous.timeout_s)
     if store is None:
         store = torch.distributed.TCPStore(
             rendezvous.master_addr, rendezvous.master_port, rendezvous.world_size,
             is_master=rendezvous.rank == 0, timeout=timeout,
         )
-    if rendezvous.backend == "nccl":
-        torch.cuda.set_device(rendezvous.local_rank)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
     torch.distributed.init_process_group(
         rendezvous.backend, store=store, rank=rendezvous.rank, world_size=rendezvous.world_size, timeout=timeout
     )

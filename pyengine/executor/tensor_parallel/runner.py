@@ -32,7 +32,7 @@ from typing import Any, Optional, Union
 import numpy as np
 import torch
 
-from pyengine.errors import EngineDeadError, EngineError, ModelLoadError
+from pyengine.errors import EngineDeadError, EngineError, InvalidConfigError, ModelLoadError
 from pyengine.executor.attention.metadata import StepAttentionLayout
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
@@ -51,6 +51,7 @@ from pyengine.executor.tensor_parallel.rendezvous import (
     DEFAULT_TIMEOUT_S,
     Rendezvous,
     backend_for,
+    cuda_base_index,
     host_store,
     join_group,
     leave_group,
@@ -282,6 +283,7 @@ def start(
     """
     model_config = read_model_config(path)
     check_tensor_parallel(model_config, world_size)
+    check_devices(config.device, world_size)
     max_model_len = config.max_model_len or model_config.max_position_embeddings
     threads = threads_per_rank or max(1, torch.get_num_threads() // world_size)
     store = host_store("127.0.0.1", 0, world_size, timeout_s)
@@ -289,15 +291,14 @@ def start(
     capacity = plan_capacity(config, max_model_len)
     segment = PlanSegment(capacity)
     workers: list[WorkerProcess] = []
-    runner: Optional[TensorParallelRunner] = None
+    threads_before = torch.get_num_threads()
     try:
         for rank in range(1, world_size):
             workers.append(_spawn(rank, rendezvous, config, capacity, segment.name, path, threads, step_wrapper))
         deadline = time.monotonic() + timeout_s
         _expect(workers, "hello", deadline)
-        threads_before = torch.get_num_threads()
         torch.set_num_threads(threads)  # this process is rank 0: one share of the cores, like each worker
-        join_group(rendezvous, store)
+        join_group(rendezvous, store, device=rendezvous.device(config.device))
         parallel = ParallelContext(0, world_size)
         try:
             loaded = load_model(path, dtype=config.dtype, device=rendezvous.device(config.device),
@@ -308,7 +309,13 @@ def start(
         for worker in workers:
             worker.send(STEP_BYTE)
         channel = SharedMemoryPlanSender(segment, [worker.send for worker in workers])
-        runner = TensorParallelRunner(loaded, config, workers, channel, store)
+        try:
+            runner = TensorParallelRunner(loaded, config, workers, channel, store)
+        except Exception as error:  # a worker that failed first explains a failed collective here
+            failure = _first_worker_failure(workers, time.monotonic() + 5.0)
+            if failure is not None:
+                raise failure from error
+            raise
         runner.threads_before = threads_before
         _expect(workers, "ready", time.monotonic() + timeout_s)
         logger.info("tensor parallel: %d ranks, %d thread(s) each, %s", world_size, threads, rendezvous.backend)
@@ -319,7 +326,34 @@ def start(
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
         segment.close()
+        torch.set_num_threads(threads_before)
         raise
+
+
+def check_devices(device: str, world_size: int, count: Optional[int] = None) -> None:
+    """On CUDA, ranks 0..N-1 take devices ``base .. base + N - 1`` (``cuda:1`` with two
+    ranks: 1 and 2): refuses before any process starts when there are not that many
+    (``count``: the visible devices, ``torch.cuda.device_count()`` by default)."""
+    if not device.startswith("cuda"):
+        return
+    count = torch.cuda.device_count() if count is None else count
+    base = cuda_base_index(device)
+    if base + world_size > count:
+        raise InvalidConfigError(
+            f"tensor_parallel_size {world_size} from {device} needs devices {base}..{base + world_size - 1}, "
+            f"but {count} CUDA device(s) are visible"
+        )
+
+
+def _first_worker_failure(workers: list[WorkerProcess], deadline: float) -> Optional[ModelLoadError]:
+    """The start-up error a worker reported (or its exit) before ``deadline``, if any."""
+    for worker in workers:
+        message = worker.receive(deadline)
+        if message.get("stage") == "error" and message.get("error") != "did not answer in time":
+            return ModelLoadError(
+                f"tensor-parallel rank {worker.rank} failed to start (runner): {message.get('error')}"
+            )
+    return None
 
 
 def _expect(workers: list[WorkerProcess], stage: str, deadline: float) -> None:
@@ -354,6 +388,7 @@ def _spawn(
         process = subprocess.Popen(
             [sys.executable, "-m", "pyengine.executor.tensor_parallel.worker", json.dumps(spec)],
             pass_fds=(signal_read, reply_write), env=env, stdin=subprocess.DEVNULL,
+            start_new_session=True,  # out of the terminal's process group: Ctrl-C reaches rank 0 only
         )
     finally:
         os.close(signal_read)

@@ -9,7 +9,10 @@ rank loaded) -> build the runner (the KV cache size is agreed over the ranks) ->
 its block-table writes, run the forward pass and join the logits gather (see
 ``collective_step``). The worker samples nothing: rank 0 does, once, and fills the next
 plan's placeholders itself. A closed step pipe (rank 0 gone) or the exit byte ends the
-process; a failed collective (a peer gone) too.
+process; a failed collective (a peer gone) too. SIGINT and SIGTERM are ignored (the
+process also runs in a session of its own): rank 0 alone decides when a worker stops.
+Every start-up failure (joining the group, loading, building the runner) is reported
+with this rank before the process exits.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
 from typing import Any, Callable, Optional
 
@@ -107,14 +111,28 @@ def _hook(spec: dict[str, Any]) -> Optional[Callable[..., Any]]:
 
 def main(spec: dict[str, Any]) -> int:
     rank, world_size = spec["rank"], spec["world_size"]
+    ignore_stop_signals()
     torch.set_num_threads(spec["threads"])
     reply = os.fdopen(spec["reply_fd"], "w")
-    signal = StepSignal(spec["signal_fd"])
+    steps = StepSignal(spec["signal_fd"])
     rendezvous = Rendezvous(**spec["rendezvous"])
     config = ExecutorConfig(**spec["executor_config"])
+    device = rendezvous.device(config.device)
     wrapper = _hook(spec)
+    try:  # everything that can fail before joining: rank 0 hears it instead of waiting in the join
+        if wrapper is not None:
+            wrapper("join", rank)
+        if device.startswith("cuda"):
+            torch.cuda.set_device(device)
+    except Exception as error:  # noqa: BLE001 - reported to rank 0, which stops start-up
+        _send(reply, stage="error", error=f"preparing {device}: {type(error).__name__}: {error}")
+        return 1
     _send(reply, stage="hello")
-    store = join_group(rendezvous)
+    try:
+        store = join_group(rendezvous, device=device)
+    except Exception as error:  # noqa: BLE001 - reported to rank 0, which stops start-up
+        _send(reply, stage="error", error=f"joining the process group: {type(error).__name__}: {error}")
+        return 1
     parallel = ParallelContext(rank, world_size)
     clean_exit = False
     try:
@@ -122,22 +140,27 @@ def main(spec: dict[str, Any]) -> int:
             if wrapper is not None:
                 wrapper("load", rank)
             loaded = load_model(
-                spec["model"], dtype=config.dtype, device=rendezvous.device(config.device),
+                spec["model"], dtype=config.dtype, device=device,
                 load_format=config.load_format, parallel=parallel, seed=config.seed,
             )
         except Exception as error:  # noqa: BLE001 - reported to rank 0, which stops start-up
             _send(reply, stage="error", error=f"{type(error).__name__}: {error}")
             return 1
         _send(reply, stage="loaded")
-        if signal.wait(GO_TIMEOUT_S) in (None, b"", EXIT_BYTE):
+        if steps.wait(GO_TIMEOUT_S) in (None, b"", EXIT_BYTE):
             return 0
-        device_config = _with_device(config, rendezvous.device(config.device))
-        runner = ModelRunner(loaded, device_config)
-        segment = PlanSegment(PlanCapacity(**spec["capacity"]), name=spec["segment"])
+        try:
+            if wrapper is not None:
+                wrapper("runner", rank)
+            runner = ModelRunner(loaded, _with_device(config, device))
+            segment = PlanSegment(PlanCapacity(**spec["capacity"]), name=spec["segment"])
+        except Exception as error:  # noqa: BLE001 - reported to rank 0, which stops start-up
+            _send(reply, stage="error", error=f"{type(error).__name__}: {error}")
+            return 1
         step = WorkerStep(runner, rank)
         run = step.run if wrapper is None else wrapper("step", rank, step.run)
         _send(reply, stage="ready")
-        serve_plans(SharedMemoryPlanReceiver(segment, signal).receive, run)
+        serve_plans(SharedMemoryPlanReceiver(segment, steps).receive, run)
         clean_exit = True
         segment.close()
         return 0
@@ -147,6 +170,14 @@ def main(spec: dict[str, Any]) -> int:
     finally:
         if clean_exit:
             leave_group(store, rank, world_size)
+
+
+def ignore_stop_signals() -> None:
+    """A worker outlives Ctrl-C and a SIGTERM sent to the whole process group or cgroup:
+    rank 0 decides when it stops (the exit byte, or its step pipe closing when rank 0's
+    process is gone), so that the engine's drain can still run steps."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def serve_plans(receive: Callable[[], Optional[ForwardPlan]], run: Callable[[ForwardPlan], None]) -> None:
