@@ -4,6 +4,10 @@ Choice ``i`` of prompt ``p`` is choice ``p * n + i`` of the response (OpenAI's o
 Each ``apply`` returns what is new per choice (for a stream chunk) and keeps the totals
 (for a full response and for usage). When an engine request finishes, the tracker
 records its metrics and writes its one log line.
+
+Finish reasons are OpenAI's: the engine's ``dead_end`` (a grammar that allows no further
+token) is not one, so a client sees ``finish_reason="stop"`` with ``stop_reason="dead_end"``
+(the server metrics keep the engine's reason).
 """
 
 from __future__ import annotations
@@ -41,6 +45,18 @@ class ChoiceDelta:
     text_offset: int  # where ``text`` starts in the choice's text
 
 
+#: Engine finish reasons OpenAI clients do not know: reported as "stop", with the engine's
+#: reason in ``stop_reason``.
+REPORTED_AS_STOP = frozenset({"dead_end"})
+
+
+def openai_finish(reason: Optional[str], stop_reason: Union[int, str, None]) -> tuple[Optional[str], Union[int, str, None]]:
+    """The ``(finish_reason, stop_reason)`` a client sees for the engine's pair."""
+    if reason in REPORTED_AS_STOP:
+        return "stop", reason
+    return reason, stop_reason
+
+
 class ChoiceTracker:
     def __init__(self, ctx: ServerContext, request_id: str, prompt_lens: list[int], n: int) -> None:
         self.ctx = ctx
@@ -65,8 +81,11 @@ class ChoiceTracker:
             lps = list(sample.logprobs or [])
             choice.logprobs.extend(lps)
             if sample.finish_reason is not None:
-                choice.finish_reason, choice.stop_reason = sample.finish_reason, sample.stop_reason
-            deltas.append(ChoiceDelta(choice, sample.text, list(sample.token_ids), lps, sample.finish_reason, offset))
+                choice.finish_reason, choice.stop_reason = openai_finish(sample.finish_reason, sample.stop_reason)
+            deltas.append(ChoiceDelta(
+                choice, sample.text, list(sample.token_ids), lps,
+                choice.finish_reason if sample.finish_reason is not None else None, offset,
+            ))
         self._timers[prompt_index].tick(new_tokens)
         if out.finished:
             self._finished(prompt_index, out)
