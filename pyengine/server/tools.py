@@ -181,7 +181,10 @@ class StreamedToolCalls:
 
     @property
     def called(self) -> bool:
-        return bool(self.stream.calls)
+        """Whether the choice is tool calls, by the whole response's rule (valid calls only):
+        at the finish, a call that turned out malformed (its deltas already sent) makes
+        ``finish_reason`` "stop", as the whole response says."""
+        return self.stream.has_valid_calls
 
     def _tool_deltas(self, step: ParseStep) -> Optional[list[ToolCallDelta]]:
         out = []

@@ -117,6 +117,13 @@ class ToolCallStream(ABC):
         """Every call opened is complete and well-formed JSON."""
         return all(b.valid for b in self.bodies)
 
+    @property
+    def has_valid_calls(self) -> bool:
+        """Whether the answer (once finished) is tool calls: some were reported and all are
+        well-formed. The one rule of a whole response's ``tool_calls`` and of both
+        responses' ``finish_reason``."""
+        return bool(self.calls) and self.valid
+
     # ---- for subclasses ----
 
     def _open_call(self) -> CallBody:
@@ -137,7 +144,6 @@ def parse_whole(stream: ToolCallStream, text: str) -> ParsedMessage:
     answer is the text itself with no tool calls (nothing half-parsed is passed on)."""
     step = stream.feed(text)
     step += stream.finish()
-    calls = stream.calls
-    if not calls or not stream.valid:
+    if not stream.has_valid_calls:
         return ParsedMessage(text, [])
-    return ParsedMessage(step.content or None, [ParsedCall(b.name or "", b.arguments) for b in calls])
+    return ParsedMessage(step.content or None, [ParsedCall(b.name or "", b.arguments) for b in stream.calls])
