@@ -276,7 +276,7 @@ def main() -> None:
         report["decode"] = [decode_timing(workdir, backend, "cuda", "bfloat16") for backend in backends]
         if report["flash_attn"]:  # the CUDA default block size: flash-attn reads the paged cache in place
             report["decode"].append(
-                decode_timing(workdir, "flash_attn", "cuda", "bfloat16", block_size=default_block_size("cuda"))
+                decode_timing(workdir, "flash_attn", "cuda", "bfloat16", block_size=default_block_size("cuda", "flash_attn"))
             )
         report["tensor_parallel"] = tensor_parallel(workdir, "cuda")
         report["kv_sizing"] = kv_sizing(workdir)

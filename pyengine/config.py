@@ -43,8 +43,9 @@ class EngineConfig:
       (``torch.float16``), are stored as these canonical names.
     - ``device``: "cpu", "cuda", "cuda:N".
     - ``block_size``: tokens per KV block, and the prefix cache's granularity; None (the
-      default) is 16 on the CPU and 256 on CUDA, the smallest block upstream flash-attn
-      reads in place through its block table.
+      default) is 256 when flash-attn runs the attention (CUDA, with flash-attn installed
+      or forced, and a half-precision dtype), the smallest block upstream flash-attn reads
+      in place through its block table; else 16 (the CPU, SDPA on CUDA).
     - ``kv_cache_bytes`` / ``num_kv_blocks``: the KV cache budget (default: 4 GiB on CPU, a
       fraction ``gpu_memory_utilization`` of the GPU), or an exact block count.
     - ``max_num_seqs``: running sequences at most; ``max_num_batched_tokens``: tokens per step.
@@ -125,8 +126,10 @@ class EngineConfig:
 
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         check_executor_settings(self)
-        if self.block_size is None:  # the device's default (256 on CUDA: flash-attn reads it in place)
-            object.__setattr__(self, "block_size", default_block_size(self.device))
+        if self.block_size is None:  # 256 where flash-attn runs (it reads that in place), else 16
+            object.__setattr__(
+                self, "block_size", default_block_size(self.device, self.attention_backend, self.dtype)
+            )
         need(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold", "must be >= 0")
         need(self.pipeline_depth in (1, 2), "pipeline_depth", "must be 1 or 2")
         need(isinstance(self.data_parallel_size, int) and self.data_parallel_size >= 1, "data_parallel_size",

@@ -5,6 +5,8 @@ configuration, and the flash backend's choice of the in-place path for that size
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import torch
 
@@ -30,15 +32,36 @@ def bound(block_size: int):
     return FlashAttentionBackend(varlen_with_block_table).bind(cache, layout)
 
 
-def test_cuda_default_lets_flash_attn_read_the_paged_cache_in_place():
-    for config in (EngineConfig(device="cuda"), EngineConfig(device="cuda:1"), ExecutorConfig(device="cuda")):
+def flash_installed(monkeypatch, installed: bool) -> None:
+    """What ``default_block_size`` sees of the flash_attn package."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (object() if installed else None) if name == "flash_attn" else real(name, *a))
+
+
+def test_cuda_default_lets_flash_attn_read_the_paged_cache_in_place(monkeypatch):
+    flash_installed(monkeypatch, True)
+    assert ExecutorConfig(device="cuda").block_size % FLASH_PAGED_BLOCK_MULTIPLE == 0
+    for config in (EngineConfig(device="cuda"), EngineConfig(device="cuda:1"),
+                   EngineConfig(device="cuda", attention_backend="flash_attn", dtype="float16")):
         assert config.block_size % FLASH_PAGED_BLOCK_MULTIPLE == 0
-        assert EngineConfig(device="cuda").scheduler_config(64, 4096).block_size == config.block_size
+        assert config.scheduler_config(64, 4096).block_size == config.block_size
+        assert config.executor_config().block_size == config.block_size
     assert bound(EngineConfig(device="cuda").block_size).paged
     assert not bound(EngineConfig(device="cpu").block_size).paged  # 16 would gather a packed copy on CUDA
 
 
-def test_cpu_default_and_explicit_sizes_are_kept():
+def test_where_sdpa_runs_the_default_stays_16(monkeypatch):
+    flash_installed(monkeypatch, True)
     assert EngineConfig().block_size == 16 == ExecutorConfig().block_size
+    assert EngineConfig(device="cuda", attention_backend="sdpa").block_size == 16
+    assert EngineConfig(device="cuda", dtype="float32").block_size == 16  # "auto" picks SDPA for float32
+    flash_installed(monkeypatch, False)
+    assert EngineConfig(device="cuda").block_size == 16 == ExecutorConfig(device="cuda").block_size
+    assert EngineConfig(device="cuda", attention_backend="flash_attn").block_size == 256  # forced: it will run
+
+
+def test_explicit_sizes_are_kept(monkeypatch):
+    flash_installed(monkeypatch, True)
     assert EngineConfig(device="cuda", block_size=32).block_size == 32
-    assert EngineConfig(device="cuda").executor_config().block_size == 256
+    assert EngineConfig(device="cpu", block_size=256).executor_config().block_size == 256

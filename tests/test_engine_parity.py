@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pyengine import LLM, SamplingParams
+from pyengine.errors import InvalidRequestError
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 
 NUM_PROMPTS = 64
@@ -92,3 +93,30 @@ def test_pipeline_depths_match(checkpoint, prompts, reference, depth):
 def test_batch_caps_match(checkpoint, prompts, reference, max_num_seqs):
     got, _ = generate(checkpoint, prompts[:16] if max_num_seqs == 1 else prompts, max_num_seqs=max_num_seqs)
     assert_same(got, reference[: len(got)])
+
+
+def test_flash_attn_sized_blocks_on_cpu_match_and_share_prefixes(checkpoint):
+    """Block size 256 (the default where flash-attn runs), checked on the CPU: a
+    max_model_len that is not a multiple of it (the last block is partly usable), and a
+    300-token shared prefix whose first full block is served from the prefix cache."""
+    import transformers
+
+    rng = np.random.default_rng(7)
+    shared = rng.integers(3, 500, 300).tolist()
+    batch = [shared + rng.integers(3, 500, int(rng.integers(1, 60))).tolist() for _ in range(4)]
+    batch.append(rng.integers(3, 500, 30).tolist())
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        reference = [model.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False)[0, len(p):].tolist()
+                     for p in batch]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    with LLM(str(checkpoint), block_size=256, max_model_len=400, max_num_seqs=8) as llm:
+        first = llm.generate(batch[:1], params, use_tqdm=False)  # fills the shared prefix's first block
+        rest = llm.generate(batch[1:], params, use_tqdm=False)
+        stats = llm.stats()
+        full = llm.generate([shared + shared[:99]], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+        with pytest.raises(InvalidRequestError, match="exceeds max_model_len = 400"):
+            llm.generate([shared + shared[:100]], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+    assert_same([o.outputs[0].token_ids for o in first + rest], reference)
+    assert stats.prefix_cache_hit_rate > 0
+    assert len(full[0].outputs[0].token_ids) == 1  # up to exactly max_model_len: 400 = 256 + 144

@@ -102,8 +102,8 @@ def test_cuda_sdpa_matches_cpu(checkpoint):
     cpu_tokens, cpu_logits = _generate(
         ModelRunner.from_pretrained(checkpoint, ExecutorConfig(**settings)), 16
     )
-    cuda = ModelRunner.from_pretrained(checkpoint, ExecutorConfig(device="cuda", **settings))
-    tokens, logits = _generate(cuda, 16)
+    cuda = ModelRunner.from_pretrained(checkpoint, ExecutorConfig(device="cuda", block_size=16, **settings))
+    tokens, logits = _generate(cuda, cuda.block_size)
     assert tokens == cpu_tokens
     for ours, theirs in zip(logits, cpu_logits):
         torch.testing.assert_close(ours.cpu(), theirs, atol=1e-3, rtol=1e-3)

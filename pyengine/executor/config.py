@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
@@ -11,17 +12,28 @@ AttentionBackendName = Literal["auto", "sdpa", "flash_attn"]
 
 DEFAULT_CPU_KV_CACHE_BYTES = 4 * 1024**3
 
-#: KV block size (tokens) when none is given: on CUDA a multiple of 256, the smallest
-#: block upstream flash-attn reads in place through a block table (smaller blocks make
-#: every layer gather the whole context into a packed copy, see attention/flash.py); on
-#: the CPU 16, which the native decode kernel and a finer prefix cache prefer. The block
-#: is also the prefix cache's granularity: only full blocks are shared.
-DEFAULT_BLOCK_SIZE = {"cpu": 16, "cuda": 256}
+#: KV block size (tokens) when none is given: 256 where flash-attn runs the attention, the
+#: smallest block upstream flash-attn reads in place through a block table (smaller
+#: blocks make every layer gather the whole context into a packed copy, see
+#: attention/flash.py); 16 everywhere else (the CPU, SDPA on CUDA), which the native
+#: decode kernel and a finer prefix cache prefer. The block is also the prefix cache's
+#: granularity: only full blocks are shared.
+FLASH_ATTN_BLOCK_SIZE = 256
+SMALL_BLOCK_SIZE = 16
 
 
-def default_block_size(device: str) -> int:
-    """The block size used when ``block_size`` is None, for ``device``."""
-    return DEFAULT_BLOCK_SIZE["cuda" if str(device).startswith("cuda") else "cpu"]
+def default_block_size(device: str, attention_backend: str = "auto", dtype: str = "auto") -> int:
+    """The block size used when ``block_size`` is None: 256 when the attention backend
+    that will be chosen for these settings is flash-attn (CUDA; forced, or "auto" with
+    flash-attn installed and a half-precision dtype), else 16."""
+    if not str(device).startswith("cuda") or attention_backend == "sdpa":
+        return SMALL_BLOCK_SIZE
+    if attention_backend == "flash_attn":
+        return FLASH_ATTN_BLOCK_SIZE
+    if normalize_dtype(dtype) == "float32" or importlib.util.find_spec("flash_attn") is None:
+        return SMALL_BLOCK_SIZE  # "auto" falls back to SDPA (attention/selector.py)
+    return FLASH_ATTN_BLOCK_SIZE
+
 
 #: Canonical dtype names, and the other spellings accepted for them (vLLM's ``half`` and
 #: ``float`` among them); torch dtypes (``torch.float16``) are accepted too.
@@ -50,8 +62,8 @@ class ExecutorConfig:
       ``gpu_memory_utilization`` of the device minus weights and the activation peak
       measured by a profiling forward, unless this is set.
     - ``num_kv_blocks``: force an exact number of blocks (tests), overriding the budget.
-    - ``block_size``: tokens per KV block; None: ``default_block_size(device)`` (256 on
-      CUDA, 16 on the CPU).
+    - ``block_size``: tokens per KV block; None: ``default_block_size`` (256 when
+      flash-attn runs the attention on CUDA, else 16).
     - ``max_num_seqs``: rows of the persistent batch; ``max_model_len``: longest sequence
       (defaults to the model's ``max_position_embeddings``).
     - ``attention_backend``: "auto" picks flash-attn on CUDA when importable, else SDPA.
@@ -75,7 +87,9 @@ class ExecutorConfig:
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         check_executor_settings(self)
         if self.block_size is None:
-            object.__setattr__(self, "block_size", default_block_size(self.device))
+            object.__setattr__(
+                self, "block_size", default_block_size(self.device, self.attention_backend, self.dtype)
+            )
 
 
 # The executor's settings and what each must satisfy: checked here for an ExecutorConfig

@@ -7,7 +7,7 @@ contiguous or randomly scattered block ids, pooling sequences, freed rows.
 
 Typical loop (pipeline depth 1)::
 
-    planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks)
+    planner = HandPlanner(block_size=runner.block_size, num_blocks=runner.num_kv_blocks)
     planner.add(prompt_ids, SamplingParams(temperature=0))
     plan = planner.next_plan()
     out = runner.execute(plan)

@@ -74,7 +74,8 @@ def generate_on_rank(checkpoint: str, out: str, rank: int, world_size: int, port
     try:
         config = ExecutorConfig(max_num_seqs=8, max_model_len=256, num_kv_blocks=64)
         runner = ModelRunner.from_pretrained(checkpoint, config, ParallelContext(rank, world_size))
-        planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=8, scatter_blocks=True)
+        planner = HandPlanner(block_size=runner.block_size, num_blocks=runner.num_kv_blocks, max_rows=8,
+                              scatter_blocks=True)
         for prompt in prompts:
             planner.add(prompt, SamplingParams(temperature=0.0))
         logits = []
