@@ -6,6 +6,11 @@ hash of (sequence id, position), the same function as the scheduler crate's
 ``sim::fake_token``, so the token streams of a workload do not depend on batching,
 pipeline depth or preemption. It also checks what a real executor relies on: a
 placeholder input only where the row sampled in the previous plan.
+
+Under a grammar (a plan with a ``grammar_mask``) it applies the mask as a real executor
+does: a constrained sample takes the allowed token picked by the same hash (the k-th
+allowed one), so constrained requests on a synthetic engine follow their grammar instead
+of dead-ending on the first refused token. Unconstrained samples are unchanged.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ from pyengine._sched import PLACEHOLDER_TOKEN, Request, SchedulerThread, StepPla
 
 _M64 = (1 << 64) - 1
 
+#: How long a synthetic executor waits for a step's grammar mask (as the real one).
+MASK_TIMEOUT_S = 30.0
+
 
 def fake_tokens(seq_ids: np.ndarray, positions: np.ndarray, vocab: int) -> np.ndarray:
     """Vectorised twin of ``pyengine_sched::sim::fake_token`` (crates/sched/src/sim.rs)."""
@@ -31,6 +39,19 @@ def fake_tokens(seq_ids: np.ndarray, positions: np.ndarray, vocab: int) -> np.nd
         x *= np.uint64(0xBF58476D1CE4E5B9)
         x ^= x >> np.uint64(32)
     return (x % np.uint64(vocab)).astype(np.int64)
+
+
+def allowed_pick(bits: np.ndarray, vocab: int, seq_ids: np.ndarray, positions: np.ndarray,
+                 fallback: np.ndarray) -> np.ndarray:
+    """Per row of the packed mask ``bits`` (``[M, words]`` uint32, bit ``t % 32`` of word
+    ``t / 32`` allows token t), the allowed token chosen by the (sequence, position) hash;
+    ``fallback`` where no token under ``vocab`` is allowed."""
+    allowed = np.unpackbits(np.ascontiguousarray(bits, dtype="<u4").view(np.uint8), axis=1, bitorder="little")
+    allowed = allowed[:, :vocab].astype(bool)
+    counts = allowed.sum(axis=1)
+    k = fake_tokens(seq_ids, positions, 1 << 30) % np.maximum(counts, 1)
+    picked = (np.cumsum(allowed, axis=1) > k[:, None]).argmax(axis=1)
+    return np.where(counts > 0, picked, fallback).astype(np.int64)
 
 
 class FakeExecutor:
@@ -57,6 +78,11 @@ class FakeExecutor:
         seqs = self.row_seq[plan.sample_rows]
         positions = plan.positions[plan.logits_indices] + 1
         sampled = fake_tokens(seqs, positions, self.vocab)
+        ticket = getattr(plan, "grammar_mask", None)
+        if ticket is not None:
+            bits, _ = ticket.take(MASK_TIMEOUT_S)
+            masked = plan.mask_sample_indices.astype(np.int64)
+            sampled[masked] = allowed_pick(bits, self.vocab, seqs[masked], positions[masked], sampled[masked])
         self.last_sampled[:] = -1
         self.last_sampled[plan.sample_rows] = sampled
         self.steps += 1

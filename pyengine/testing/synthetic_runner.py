@@ -2,7 +2,11 @@
 
 ``SleepRunner.execute`` sleeps for ``step_seconds`` (the GIL released, like a device
 running a forward pass) and "samples" with :class:`FakeExecutor`, so the engine's
-scheduling and output work is real while the executor's cost is known exactly. Used by
+scheduling and output work is real while the executor's cost is known exactly. It
+applies grammar masks (through :class:`FakeExecutor`), so with ``eos_token_ids`` it serves
+constrained requests; without them the engine refuses constraints (no EOS).
+:class:`ScriptedRunner` follows its script even under a grammar, as an executor that does
+not mask: a scripted token the grammar refuses ends the request with ``dead_end``. Used by
 ``benches/overlap.py`` and by tests of the engine's threading.
 """
 
