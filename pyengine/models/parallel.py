@@ -38,14 +38,20 @@ class Shard:
 
 
 class CollectiveCount:
-    """All-reduces issued in the current step: a rank whose step fails half-way issues the
-    rest with zeros (``pyengine.executor.tp_step``), so that the other ranks never wait
-    in a collective that will not come."""
+    """The collectives this rank completed in the current step (reset when a step
+    starts): a rank whose step fails half-way issues exactly the rest, the all-reduces
+    with zeros and the gather with its error (``tensor_parallel.collective_step``), so
+    that the ranks stay in step and none waits in a collective that will not come."""
 
-    __slots__ = ("all_reduces",)
+    __slots__ = ("all_reduces", "gathers")
 
     def __init__(self) -> None:
         self.all_reduces = 0
+        self.gathers = 0
+
+    def reset(self) -> None:
+        self.all_reduces = 0
+        self.gathers = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +109,11 @@ class ParallelContext:
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum partial results over the group, in place (identity at world size 1)."""
         if self.world_size > 1:
-            self.count.all_reduces += 1
             try:
                 torch.distributed.all_reduce(tensor, group=self.group)
             except RuntimeError as error:  # gloo / NCCL report a lost peer as RuntimeError
                 raise CollectiveError(f"all-reduce failed on rank {self.rank}: {error}") from error
+            self.count.all_reduces += 1
         return tensor
 
     def all_gather_vocab(self, local: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -7,8 +7,9 @@ rank 0, each followed by that rank's status: a flag and a short error text
 (``encode_message``).
 
 A rank whose step raises (before or between collectives) does not leave the others
-waiting: it issues the all-reduces it still owes with zeros and joins the gather with
-its error. Rank 0 then fails the step naming the rank, and every rank goes on with the next plan, as a failed step does at
+waiting: it issues exactly the collectives it still owes (each rank counts the ones it
+completed in the step, ``ParallelContext.count``, reset when the step starts): the
+all-reduces with zeros, then the gather with its error. Rank 0 then fails the step naming the rank, and every rank goes on with the next plan, as a failed step does at
 tensor-parallel size 1. (The KV entries written in a failed step belong to sequences
 that are failed with it.) An error *inside* a collective (a dead peer) is not a step
 failure: it propagates and the engine stops.
@@ -68,20 +69,26 @@ def run_forward(
     """Runs ``forward`` (-> hidden, this rank's logits slice); on an exception, issues the
     all-reduces still owed with zeros. Returns (hidden or None, the error or None, the
     local logits to gather: zeros after an error)."""
-    parallel = model.parallel
-    parallel.count.all_reduces = 0
     try:
         hidden, local = forward()
         return hidden, None, local
     except CollectiveError:
         raise
     except Exception as error:  # noqa: BLE001 - reported through the gather, step fails everywhere
-        owed = all_reduces_per_step(model) - parallel.count.all_reduces
-        hidden_size = model.config.hidden_size
-        for _ in range(owed):
-            parallel.all_reduce(torch.zeros(num_tokens, hidden_size, device=device, dtype=dtype))
-        rows = parallel.vocab_rows(model.config.vocab_size)
+        issue_owed_all_reduces(model, num_tokens, device, dtype)
+        rows = model.parallel.vocab_rows(model.config.vocab_size)
         return None, error, torch.zeros(num_logits, rows, device=device, dtype=torch.float32)
+
+
+def issue_owed_all_reduces(model: DecoderForCausalLM, num_tokens: int, device: torch.device, dtype: torch.dtype) -> None:
+    """The step's all-reduces this rank has not completed yet, with zeros (the step's
+    count, ``ParallelContext.count``, says how many it did)."""
+    parallel = model.parallel
+    owed = all_reduces_per_step(model) - parallel.count.all_reduces
+    if owed < 0:
+        raise CollectiveError(f"rank {parallel.rank} issued {-owed} all-reduce(s) more than a step has")
+    for _ in range(owed):
+        parallel.all_reduce(torch.zeros(num_tokens, model.config.hidden_size, device=device, dtype=dtype))
 
 
 def gather_logits(model: DecoderForCausalLM, local: torch.Tensor, error: Optional[BaseException]) -> GatheredStep:
@@ -109,3 +116,4 @@ def _gather(flat: torch.Tensor, parts: Optional[list[torch.Tensor]], parallel: P
         torch.distributed.gather(flat, parts, dst=0, group=parallel.group)
     except RuntimeError as error:
         raise CollectiveError(f"gathering the logits failed on rank {parallel.rank}: {error}") from error
+    parallel.count.gathers += 1

@@ -38,7 +38,12 @@ from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
 from pyengine.executor.plan import StepPlanLike
 from pyengine.executor.step_output import StepOutput
-from pyengine.executor.tensor_parallel.collective_step import gather_logits, run_forward
+from pyengine.executor.tensor_parallel.collective_step import (
+    all_reduces_per_step,
+    gather_logits,
+    issue_owed_all_reduces,
+    run_forward,
+)
 from pyengine.executor.tensor_parallel.plan_channel import (
     EXIT_BYTE,
     STEP_BYTE,
@@ -129,7 +134,7 @@ class TensorParallelRunner(ModelRunner):
         self.workers = workers  # the local worker processes (none when launched from outside)
         self.channel = channel  # SharedMemoryPlanSender or BroadcastPlanSender
         self.store = store
-        self._collectives_done = True
+        self._out_of_step: Optional[str] = None  # why the ranks cannot be resynchronised
         super().__init__(loaded, config)
         self.host_last_sampled = np.zeros(config.max_num_seqs, dtype=np.int64)
         # The plan broadcast's cost: wall time, and this thread's CPU time (the wall time
@@ -145,18 +150,21 @@ class TensorParallelRunner(ModelRunner):
         return self.model.parallel.world_size
 
     def execute(self, plan: StepPlanLike, **kwargs: Any) -> StepOutput:
+        if self._out_of_step is not None:
+            raise EngineDeadError(self._out_of_step)
         t0, cpu0 = time.perf_counter(), time.thread_time()
         self.channel.publish(plan, self._filled_input_ids(plan))
         self.broadcast_seconds += time.perf_counter() - t0
         self.broadcast_cpu_seconds += time.thread_time() - cpu0
         self.steps += 1
-        self._collectives_done = len(plan.input_ids) == 0
+        count = self.model.parallel.count
+        count.reset()
         try:
             output = super().execute(plan, **kwargs)
         except CollectiveError as error:
             raise self._dead_error(error) from error
         except Exception as error:
-            if not self._collectives_done:  # failed before its forward: still owe the collectives
+            if len(plan.input_ids) and not count.gathers:  # the workers still wait for collectives
                 self._fail_collectives(plan, error)
             raise
         if len(plan.sample_rows):
@@ -190,7 +198,6 @@ class TensorParallelRunner(ModelRunner):
             model, forward, len(input_ids), len(logits_indices), self.device, self.loaded.dtype
         )
         gathered = gather_logits(model, local, error)
-        self._collectives_done = True
         if gathered.failures:
             reasons = "; ".join(f"tensor-parallel rank {rank}: {text}" for rank, text in gathered.failures.items())
             raise RankStepError(reasons) from error
@@ -198,25 +205,36 @@ class TensorParallelRunner(ModelRunner):
         return hidden, gathered.logits
 
     def _fail_collectives(self, plan: StepPlanLike, error: BaseException) -> None:
-        """This rank's step failed before its forward pass: join the step's collectives
-        with zeros (and a failed status), so the workers finish the step too."""
-
-        def raise_it() -> tuple[torch.Tensor, torch.Tensor]:
-            raise error
-
-        _, _, local = run_forward(
-            self.model, raise_it, len(plan.input_ids), len(plan.logits_indices), self.device, self.loaded.dtype
-        )
+        """This rank's step failed outside the forward pass's own recovery (before it, or
+        in the gather's preparation): issue exactly the collectives the step still owes
+        (the all-reduces with zeros, the gather with a failed status), so the workers
+        finish the step too. When even that fails the ranks can no longer be known to be
+        in step: the engine is dead rather than risk mismatched collectives."""
+        model = self.model
+        count = model.parallel.count
         try:
-            gather_logits(self.model, local, error)
+            issue_owed_all_reduces(model, len(plan.input_ids), self.device, self.loaded.dtype)
+            rows = model.parallel.vocab_rows(model.config.vocab_size)
+            local = torch.zeros(len(plan.logits_indices), rows, device=self.device, dtype=torch.float32)
+            gather_logits(model, local, error)
         except CollectiveError as collective:
             raise self._dead_error(collective) from collective
-        self._collectives_done = True
+        except Exception as failure:  # noqa: BLE001 - the group's state is unknown: stop it
+            self._out_of_step = (
+                f"tensor-parallel rank 0 could not finish step {plan.step_id}'s collectives after it failed "
+                f"({count.all_reduces} of {all_reduces_per_step(model)} all-reduces, {count.gathers} of 1 gather "
+                f"done): the ranks are out of step ({type(failure).__name__}: {failure}; the step failed with "
+                f"{type(error).__name__}: {error})"
+            )
+            raise EngineDeadError(self._out_of_step) from failure
 
     # ---- liveness and shutdown ----
 
     def dead_reason(self) -> Optional[str]:
-        """Why the group can no longer run a step (a worker exited), or None."""
+        """Why the group can no longer run a step (a worker exited, the ranks fell out of
+        step), or None."""
+        if self._out_of_step is not None and not self._closed:
+            return self._out_of_step
         for worker in self.workers:
             code = worker.exit_code()
             if code is not None and not self._closed:

@@ -58,6 +58,7 @@ class WorkerStep:
         self.rank = rank
 
     def run(self, plan: ForwardPlan) -> None:
+        self.model.parallel.count.reset()
         num_tokens = len(plan.input_ids)
         if num_tokens == 0:
             self._write_block_table(plan)
