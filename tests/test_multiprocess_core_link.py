@@ -6,12 +6,19 @@ that reads nothing. Every wait is bounded."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 
+import msgspec
+import numpy as np
+import pytest
 import zmq
 
 from pyengine.config import EngineConfig
 from pyengine.multiprocess import wire
 from pyengine.multiprocess.core_process import CoreProcess
+from pyengine.sampling_params import SamplingParams
+from pyengine.testing.checkpoints import make_tiny_checkpoint
 
 
 class FrontEnd:
@@ -57,3 +64,135 @@ def test_a_load_failure_sent_right_before_exit_arrives(tmp_path, caplog):
             front.close()
     assert lost == 0, f"{lost} of 20 LoadFailed messages were lost"
     assert "engine core 0 failed to load" in caplog.text and "NoSuchForCausalLM" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("link") / "qwen3", "qwen3", seed=3)
+
+
+def _receive(socket, codec, timeout_ms: int = 10_000):
+    assert socket.poll(timeout_ms), "nothing arrived"
+    return codec.decode(socket.recv_multipart(copy=False))
+
+
+def test_bad_messages_fail_one_request_and_the_core_serves_on(checkpoint, tmp_path):
+    """Stray bytes, a message of another version and a request whose fields are of the
+    wrong kind: each is logged and dropped or fails that one request; the core then
+    serves a good request and stops on ``Shutdown``."""
+    front = FrontEnd(tmp_path, "bad")
+    config = EngineConfig(model=str(checkpoint), num_kv_blocks=32, max_num_seqs=4)
+    core = CoreProcess(config, front.input_address, front.output_address, 0, parent_pid=None, heartbeat_timeout=60)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(core.run()), daemon=True)
+    thread.start()
+    identity = wire.core_identity(0)
+    to_core = wire.Codec(wire.ToCore)
+    from_core = wire.Codec(wire.ToFrontEnd)
+    try:
+        assert front.commands.poll(60_000)
+        frames = front.commands.recv_multipart(copy=False)
+        ready = wire.Codec(wire.Hello).decode(frames[1:])
+        assert isinstance(ready, wire.Ready) and ready.protocol_version == wire.PROTOCOL_VERSION
+        front.commands.send_multipart([identity, b"\xc1 not msgpack"])
+        front.commands.send_multipart([identity, msgspec.msgpack.encode(["NoSuchMessage", 1, 2])])
+        bad = wire.AddRequest("bad", 7, {"max_tokens": 3}, False, "delta")  # ids not an array
+        front.commands.send_multipart([identity, *to_core.encode(bad)])
+        params = SamplingParams(max_tokens=4, ignore_eos=True)
+        good = wire.AddRequest("good", np.array([5, 6, 7], dtype=np.int64), params, False, "delta")
+        front.commands.send_multipart([identity, *to_core.encode(good)])
+        failed, tokens, finished = [], [], False
+        deadline = time.monotonic() + 30
+        while not finished and time.monotonic() < deadline:
+            message = _receive(front.outputs, from_core)
+            if isinstance(message, wire.StepOutputs):
+                failed += [f.request_id for f in message.failures]
+                for out in message.outputs:
+                    assert out.request_id == "good"
+                    tokens += out.completions[0].token_ids
+                    finished = out.finished
+        assert failed == ["bad"] and finished and len(tokens) == 4
+        front.commands.send_multipart([identity, *to_core.encode(wire.Shutdown(timeout=2.0))])
+        thread.join(30)
+        assert result == [0]
+    finally:
+        core.stop_requested.set()
+        thread.join(30)
+        front.close()
+
+
+def test_a_core_whose_front_end_reads_nothing_stops(checkpoint, tmp_path):
+    """The front end's output socket is gone (it reads nothing, ever again) and the core's
+    send queue fills: its sends give up, its watch notices the silence, and ``run``
+    returns within bounds with the engine's threads joined (it used to wait forever)."""
+    front = FrontEnd(tmp_path, "mute")
+    config = EngineConfig(model=str(checkpoint), num_kv_blocks=64, max_num_seqs=8)
+    core = CoreProcess(config, front.input_address, front.output_address, 0, parent_pid=None, heartbeat_timeout=2)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(core.run()), daemon=True)
+    thread.start()
+    try:
+        assert front.commands.poll(60_000)
+        front.commands.recv_multipart()
+        to_core = wire.Codec(wire.ToCore)
+        params = SamplingParams(max_tokens=400, ignore_eos=True)
+        for i in range(8):
+            add = wire.AddRequest(f"r{i}", np.array([i + 1, 2, 3], dtype=np.int64), params, False, "delta")
+            front.commands.send_multipart([wire.core_identity(0), *to_core.encode(add)])
+        front.outputs.close(linger=0)  # nobody reads the core's outputs any more
+        for i in range(1500):  # more replies than the core's send queue holds (1000)
+            front.commands.send_multipart([wire.core_identity(0), *to_core.encode(wire.Query(i, "stats"))])
+        thread.join(30)
+        assert not thread.is_alive(), "the core waited forever on a front end that reads nothing"
+        assert result == [0] and not core.engine.is_alive
+    finally:
+        core.stop_requested.set()
+        thread.join(30)
+        front.commands.close(linger=0)
+        front.context.term()
+
+
+@pytest.mark.parametrize("hello, says", [
+    ([b"\xc1 stray bytes"], "cannot read"),
+    ("old", "speaks link protocol 0"),
+])
+def test_a_hello_of_another_version_is_a_clear_error(checkpoint, hello, says):
+    """A front end waiting for its (remote) core gets a hello it cannot use: the
+    constructor raises an ``EngineError`` that says why, not a decoder's traceback."""
+    import socket
+
+    from pyengine.errors import EngineError
+    from pyengine.multiprocess.client import MultiprocessEngine
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    box: dict = {}
+
+    def start() -> None:
+        try:
+            box["engine"] = MultiprocessEngine(EngineConfig(model=str(checkpoint)), transport="tcp",
+                                               input_port=port, local_cores=0, start_timeout=20)
+        except BaseException as error:  # noqa: BLE001 - the test looks at it
+            box["error"] = error
+
+    thread = threading.Thread(target=start, daemon=True)
+    thread.start()
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.IDENTITY, wire.core_identity(0))
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        if hello == "old":
+            info = wire.CoreInfo("m", 64, 64, 100, 5, None, {}, 1, [0])
+            hello = wire.Codec(wire.Hello).encode(wire.Ready(0, info, 0))
+        dealer.send_multipart(hello)
+        thread.join(30)
+        assert "engine" not in box
+        assert isinstance(box.get("error"), EngineError) and says in str(box["error"]), box
+    finally:
+        if "engine" in box:
+            box["engine"].shutdown()
+        dealer.close(linger=0)
+        context.term()

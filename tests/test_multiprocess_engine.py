@@ -233,6 +233,106 @@ def test_a_killed_front_end_takes_its_core_with_it(checkpoint):
             os.kill(core_pid, signal.SIGKILL)
 
 
+FRONT_END_STREAMING = """
+import asyncio, json, sys, time
+from pyengine import SamplingParams
+from pyengine.multiprocess import MultiprocessEngine
+from pyengine.config import EngineConfig
+eng = MultiprocessEngine(EngineConfig(model=sys.argv[1], num_kv_blocks=256, max_num_seqs=8))
+
+async def main():
+    params = SamplingParams(max_tokens=1500, ignore_eos=True)
+    async def one(i):
+        async for out in eng.generate([i + 1, 2, 3], params, output_kind="delta"):
+            await asyncio.sleep(0.05)  # a slow reader: the core's outputs queue up
+    tasks = [asyncio.ensure_future(one(i)) for i in range(8)]
+    while eng.health().steps < 5:
+        await asyncio.sleep(0.02)
+    print(json.dumps({"pid": eng.info.pid, "ipc_dir": eng.ipc_dir}), flush=True)
+    await asyncio.sleep(120)
+
+asyncio.run(main())
+"""
+
+
+def test_a_front_end_killed_with_streams_in_flight_takes_its_core_with_it(checkpoint):
+    front = subprocess.Popen([sys.executable, "-c", FRONT_END_STREAMING, str(checkpoint)], stdout=subprocess.PIPE,
+                             text=True)
+    core_pid = None
+    try:
+        started = json.loads(front.stdout.readline())  # bounded: the front end times out its own start-up
+        core_pid, ipc_dir = started["pid"], started["ipc_dir"]
+        front.kill()
+        front.wait(10)
+        assert _wait_until(lambda: not _pid_alive(core_pid), 5.0), "the core outlived its front end"
+        assert _wait_until(lambda: not Path(ipc_dir).exists(), 2.0), "the ipc files were left behind"
+    finally:
+        if front.poll() is None:
+            front.kill()
+            front.wait(10)
+        if core_pid is not None and _pid_alive(core_pid):
+            os.kill(core_pid, signal.SIGKILL)
+
+
+FRONT_END_LOADING = """
+import os, subprocess, sys, time
+core = subprocess.Popen([sys.executable, "-m", "pyengine", "core", sys.argv[1], "--input", sys.argv[2],
+                         "--output", sys.argv[3], "--parent-pid", str(os.getpid())])
+print(core.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_front_end_killed_while_its_core_loads_takes_the_core_with_it(checkpoint, tmp_path):
+    """The core's load hangs (two of its checkpoint's files are pipes nobody writes): the
+    front end's death still ends it."""
+    import shutil
+
+    model = tmp_path / "hanging"
+    shutil.copytree(checkpoint, model)
+    for name in ("tokenizer_config.json", "generation_config.json"):
+        (model / name).unlink()
+        os.mkfifo(model / name)
+    front = subprocess.Popen([sys.executable, "-c", FRONT_END_LOADING, str(model), f"ipc://{tmp_path}/in.sock",
+                              f"ipc://{tmp_path}/out.sock"], stdout=subprocess.PIPE, text=True)
+    core_pid = None
+    try:
+        core_pid = int(front.stdout.readline())
+        time.sleep(2.0)  # not a timing assert: gives the core time to reach the hanging read
+        assert _pid_alive(core_pid), "the core exited before its front end did"
+        front.kill()
+        front.wait(10)
+        assert _wait_until(lambda: not _pid_alive(core_pid), 5.0), "a loading core outlived its front end"
+    finally:
+        if front.poll() is None:
+            front.kill()
+            front.wait(10)
+        if core_pid is not None and _pid_alive(core_pid):
+            os.kill(core_pid, signal.SIGKILL)
+
+
+def test_a_core_with_a_front_end_ignores_sigterm(checkpoint):
+    """systemd signals the whole group: the front end drains, so its core must not end
+    the requests on its own. The stream finishes in full; Shutdown still stops the core."""
+    eng = MultiprocessEngine(_config(checkpoint))
+    pid = eng.info.pid
+    try:
+        async def run():
+            got = 0
+            async for out in eng.generate([1, 2, 3], SamplingParams(max_tokens=200, ignore_eos=True), None,
+                                          output_kind="delta"):
+                if got == 0:
+                    os.kill(pid, signal.SIGTERM)
+                got += len(out.outputs[0].token_ids)
+            return got
+
+        assert asyncio.run(asyncio.wait_for(run(), 60)) == 200
+        assert _pid_alive(pid) and eng.health().alive
+    finally:
+        eng.shutdown()
+    assert not _pid_alive(pid)
+
+
 def test_a_core_on_another_host_over_tcp(checkpoint):
     """A front end with no local core; the core started by hand (`pyengine core`), as on
     another host, over loopback tcp. Its death is seen from its silence."""

@@ -110,6 +110,7 @@ class MultiprocessEngine(EngineClient):
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._codec = wire.Codec(wire.ToCore)  # used under _send_lock
+        self._hello_codec = wire.Codec(wire.Hello)
         shares = cpu_shares(local, core_cpus) if local else []
         for i in range(local):
             device_env(config, i)  # a device setting that cannot work fails here, before any process starts
@@ -157,25 +158,29 @@ class MultiprocessEngine(EngineClient):
         return address.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:").replace("tcp://[::]:", "tcp://[::1]:")
 
     def _wait_ready(self, timeout: float) -> None:
-        """Every core's ``Ready``; a ``LoadFailed`` (or a core that exits first) raises its error."""
-        codec = wire.Codec(wire.Hello)
+        """Every core's ``Ready``; a ``LoadFailed`` (or a core that exits first) raises its
+        error, and so does a hello this front end cannot read or whose protocol version is
+        not its own. Cores already ready get heartbeats meanwhile (another may load long)."""
         deadline = time.monotonic() + timeout
         waiting = {c.index for c in self._cores}
         exited_at: dict[int, float] = {}
+        next_beat = time.monotonic() + HEARTBEAT_INTERVAL_S
         while waiting:
             if self._commands.poll(_POLL_MS):
-                frames = self._commands.recv_multipart(copy=False)
-                hello = codec.decode(frames[1:])
-                if isinstance(hello, wire.LoadFailed):
-                    raise wire.error_from_wire(hello.error_type, f"engine core {hello.engine_index} failed to "
-                                               f"load: {hello.message}")
+                hello = self._read_hello(self._commands.recv_multipart(copy=False))
                 if hello.engine_index not in waiting:
                     raise EngineError(f"engine core {hello.engine_index} said ready twice, or is not one of the "
                                       f"{len(self._cores)} cores (check --engine-index)")
-                self._cores[hello.engine_index].info = hello.info
+                core = self._cores[hello.engine_index]
+                core.info, core.last_status = hello.info, time.monotonic()  # its load is not silence
                 waiting.discard(hello.engine_index)
                 continue
             now = time.monotonic()
+            if now >= next_beat:
+                next_beat = now + HEARTBEAT_INTERVAL_S
+                for core in self._cores:
+                    if core.index not in waiting:
+                        self._send(core.index, wire.Heartbeat())
             for core in self._cores:
                 if core.process is not None and core.index in waiting and core.process.exit_status() is not None:
                     # Its LoadFailed, sent before it exited, may still be on its way.
@@ -183,6 +188,22 @@ class MultiprocessEngine(EngineClient):
                         raise EngineError(f"{core.process.describe_exit()} before it was ready (see its log above)")
             if now > deadline:
                 raise EngineError(f"engine core(s) {sorted(waiting)} not ready within {timeout:.0f}s")
+
+    def _read_hello(self, frames: list[Any]) -> wire.Ready:
+        """A core's ``Ready``; its ``LoadFailed`` raised as its error; anything else (another
+        version's hello, stray bytes) an ``EngineError`` that says so."""
+        try:
+            hello = self._hello_codec.decode(frames[1:])
+        except Exception as error:  # noqa: BLE001 - a peer's bytes: a clear error, not a decoder's traceback
+            raise EngineError(f"an engine core ({bytes(frames[0].bytes)!r}) sent a hello this front end cannot "
+                              f"read (a different pyengine version?): {error}") from None
+        if isinstance(hello, wire.LoadFailed):
+            raise wire.error_from_wire(hello.error_type, f"engine core {hello.engine_index} failed to "
+                                       f"load: {hello.message}")
+        if hello.protocol_version != wire.PROTOCOL_VERSION:
+            raise EngineError(f"engine core {hello.engine_index} speaks link protocol {hello.protocol_version}, "
+                              f"this front end {wire.PROTOCOL_VERSION}: run the same pyengine version on both")
+        return hello
 
     def _start_threads(self) -> None:
         targets = [("pyengine-mp-recv", self._receive_forever), ("pyengine-mp-beat", self._heartbeat_forever)]

@@ -64,6 +64,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     if ns.cpus:
         pin_cpus([int(c) for c in ns.cpus.split(",")])
     logging.basicConfig(level=logging.WARNING, format=f"engine core {ns.engine_index}: %(levelname)s %(message)s")
+    from pyengine.multiprocess.watchdog import FrontEndWatch
+
+    # Watching the parent before anything slow (imports, reading the config, the load): a
+    # front end that dies meanwhile takes this process with it.
+    watch = FrontEndWatch(ns.engine_index, ns.parent_pid, ns.heartbeat_timeout, ns.ipc_dir)
+    watch.start()
     from pyengine.engine.thread_names import name_current_thread
 
     name_current_thread(f"pyengine-core{ns.engine_index}")
@@ -87,11 +93,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         context.term()
         return 2
     core = CoreProcess(config, ns.input, ns.output, ns.engine_index, ns.parent_pid, ns.heartbeat_timeout,
-                       ns.ipc_dir)
-    # SIGTERM / SIGINT: the shutdown a front end would ask for (requests in flight fail,
-    # threads joined), not a traceback from wherever the main thread was.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: core.stop_requested.set())
+                       ns.ipc_dir, watch=watch)
+    # SIGINT (and SIGTERM for a core started by hand): the shutdown a front end would ask
+    # for (requests in flight fail, threads joined), not a traceback. A core with a parent
+    # ignores SIGTERM: a supervisor that signals the whole group (systemd) reaches the
+    # front end too, which drains its requests and then sends Shutdown.
+    signal.signal(signal.SIGINT, lambda *_: core.stop_requested.set())
+    if ns.parent_pid is None:
+        signal.signal(signal.SIGTERM, lambda *_: core.stop_requested.set())
+    else:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     code = core.run()
     # Everything is joined, closed and sent: skip the interpreter's teardown of torch and
     # friends (most of a second), which a front end waiting for its cores would wait out.

@@ -7,11 +7,16 @@ main thread: each request's sink puts its output into the ``Outbox``, and the ou
 thread flushes the outbox once per engine step, so one message carries every request's
 output of that step.
 
-The core never outlives its front end: it exits when its parent process is gone (checked
-every poll, for a core the front end started) or when no front-end message (heartbeats
-included) arrived for ``heartbeat_timeout`` seconds (a core on another host). On every
-exit it shuts the engine down (joining its threads), and when its front end died it
-removes the front end's ipc socket files, which nobody else is left to remove.
+The core never outlives its front end: a watch thread (``watchdog.py``), started before
+the model loads and independent of every send, ends it when its parent process is gone (a
+core the front end started) or when no front-end message (heartbeats included) arrived
+for ``heartbeat_timeout`` seconds while it waited for commands (a core on another host).
+No send waits forever: a ``Status`` is dropped when the front end's queue is full, and an
+output that cannot leave within ``heartbeat_timeout`` stops the core. On every exit it
+shuts the engine down (joining its threads), and when its front end died it removes the
+front end's ipc socket files, which nobody else is left to remove. A core with a parent
+ignores SIGTERM (a supervisor signalling the whole process group must not end requests
+its front end is draining): it stops on ``Shutdown`` or when its parent is gone.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ import logging
 import os
 import threading
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
@@ -30,6 +34,7 @@ from pyengine.config import EngineConfig
 from pyengine.engine.request_state import AnyOutput
 from pyengine.errors import EngineDeadError, EngineError
 from pyengine.multiprocess import wire
+from pyengine.multiprocess.watchdog import FrontEndWatch, remove_ipc_dir
 from pyengine.outputs import EmbeddingRequestOutput
 from pyengine.sampling_params import PoolingParams, SamplingParams
 
@@ -37,14 +42,19 @@ logger = logging.getLogger(__name__)
 
 STATUS_INTERVAL_S = 0.25  # how often the core reports its progress (its heartbeat)
 _POLL_MS = 100
+SHUTDOWN_TIMEOUT_S = 3.0  # how long the engine's threads get to stop, unless ``Shutdown`` says
 LOAD_FAILED_LINGER_MS = 2000  # how long a LoadFailed may take to leave before the core exits
 
 
 class CoreLink:
-    """The core's two sockets. Sends come from the main and the output thread: one lock."""
+    """The core's two sockets. Sends come from the main and the output thread: one lock,
+    which ``Outbox.flush`` holds around taking a step's outputs and sending them (so the
+    steps leave in order)."""
 
-    def __init__(self, context: zmq.Context, input_address: str, output_address: str, engine_index: int) -> None:
+    def __init__(self, context: zmq.Context, input_address: str, output_address: str, engine_index: int,
+                 send_timeout: float = 10.0) -> None:
         self.engine_index = engine_index
+        self.send_timeout = send_timeout
         self.commands = context.socket(zmq.DEALER)
         self.commands.setsockopt(zmq.IDENTITY, wire.core_identity(engine_index))
         self.commands.setsockopt(zmq.LINGER, 0)
@@ -52,8 +62,8 @@ class CoreLink:
         self.outputs = context.socket(zmq.PUSH)
         self.outputs.setsockopt(zmq.LINGER, 0)
         self.outputs.connect(output_address)
-        self.stopping = threading.Event()
-        self._lock = threading.Lock()
+        self.stopping = threading.Event()  # set when the front end is gone or reads nothing
+        self.lock = threading.RLock()
         self._codec = wire.Codec(wire.ToCore)
         self._hello_codec = wire.Codec(wire.Hello)
         self._out_codec = wire.Codec(wire.ToFrontEnd)
@@ -65,25 +75,47 @@ class CoreLink:
         core's identity from it before it sends the core anything."""
         self.commands.send_multipart(self._hello_codec.encode(message), copy=False)
 
-    def send(self, message: Any) -> bool:
-        """Sends to the front end; waits while its queue is full (back-pressure) but gives
-        up when the core is stopping (a front end that died reads nothing). False then."""
-        with self._lock:
+    def send(self, message: Any, timeout: Optional[float] = None) -> bool:
+        """Sends to the front end; waits while its queue is full (back-pressure), up to
+        ``timeout`` (default ``send_timeout``; 0: one try, for a ``Status`` that the next
+        one replaces). False when it gave up; when a wait ran out (the front end read
+        nothing for that long), ``stopping`` is set too: the core then stops."""
+        timeout = self.send_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        acquired = self.lock.acquire(timeout=timeout) if timeout > 0 else self.lock.acquire(blocking=False)
+        if not acquired:
+            return False
+        try:
             frames = self._out_codec.encode(message)
             while True:
                 try:
                     self.outputs.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
                     return True
                 except zmq.Again:
-                    if self.stopping.is_set():
+                    left = deadline - time.monotonic()
+                    if self.stopping.is_set() or timeout == 0:
                         return False
-                    self.outputs.poll(_POLL_MS, zmq.POLLOUT)
+                    if left <= 0:
+                        logger.error("engine core %d: the front end read nothing for %.0fs; stopping",
+                                     self.engine_index, timeout)
+                        self.stopping.set()
+                        return False
+                    self.outputs.poll(min(_POLL_MS, max(1, int(left * 1000))), zmq.POLLOUT)
+        finally:
+            self.lock.release()
 
     def receive(self) -> Optional[Any]:
-        """The next command, or None after a poll interval without one."""
+        """The next command, or None after a poll interval without one. A message that does
+        not decode (a peer of another version, stray bytes) is logged and dropped: None."""
         if not self._poller.poll(_POLL_MS):
             return None
-        return self._codec.decode(self.commands.recv_multipart(copy=False))
+        frames = self.commands.recv_multipart(copy=False)
+        try:
+            return self._codec.decode(frames)
+        except Exception as error:  # noqa: BLE001 - one bad message must not end the core
+            logger.error("engine core %d: dropped a message that does not decode (%s: %s)", self.engine_index,
+                         type(error).__name__, error)
+            return None
 
     def close(self, linger_ms: int = 0) -> None:
         """Closes both sockets; ``linger_ms`` > 0 lets what was queued (a ``LoadFailed``, sent
@@ -112,14 +144,18 @@ class Outbox:
             self._failures.append(item)
 
     def flush(self) -> None:
-        with self._lock:
-            outputs, failures = self._outputs, self._failures
-            self._outputs, self._failures = [], []
-        if outputs or failures:
-            try:
-                self.link.send(wire.StepOutputs(self.link.engine_index, outputs, failures))
-            except zmq.ZMQError:
-                logger.exception("could not send a step's outputs to the front end")
+        """Sends what was put since the last flush. The link's lock is held from taking the
+        lists to the send: the output thread's flush of step k and the main thread's (a
+        refused request) cannot overtake each other."""
+        with self.link.lock:
+            with self._lock:
+                outputs, failures = self._outputs, self._failures
+                self._outputs, self._failures = [], []
+            if outputs or failures:
+                try:
+                    self.link.send(wire.StepOutputs(self.link.engine_index, outputs, failures))
+                except zmq.ZMQError:
+                    logger.exception("could not send a step's outputs to the front end")
 
 
 class WireSink:
@@ -169,80 +205,88 @@ class CoreProcess:
     """What runs in an engine-core process's main thread (see the module docstring)."""
 
     def __init__(self, config: EngineConfig, input_address: str, output_address: str, engine_index: int,
-                 parent_pid: Optional[int], heartbeat_timeout: float, ipc_dir: Optional[str] = None) -> None:
+                 parent_pid: Optional[int], heartbeat_timeout: float, ipc_dir: Optional[str] = None,
+                 watch: Optional[FrontEndWatch] = None) -> None:
         self.config = config
         self.engine_index = engine_index
         self.parent_pid = parent_pid
         self.heartbeat_timeout = heartbeat_timeout
         self.ipc_dir = ipc_dir
+        self.watch = watch or FrontEndWatch(engine_index, parent_pid, heartbeat_timeout, ipc_dir)
         self.context = zmq.Context()
-        self.link = CoreLink(self.context, input_address, output_address, engine_index)
+        self.link = CoreLink(self.context, input_address, output_address, engine_index,
+                             send_timeout=heartbeat_timeout)
         self.outbox = Outbox(self.link)
         self.engine: Any = None
         self.stop_requested = threading.Event()  # a signal's way of asking for ``Shutdown``
+        self.shutdown_timeout = SHUTDOWN_TIMEOUT_S
 
     def run(self) -> int:
         """Loads, serves, shuts down: the process's exit status (1 when loading failed)."""
+        self.watch.start()  # idempotent for a watch started before the config was read
         try:
-            from pyengine.engine.core import EngineCore
-
-            self.engine = EngineCore(self.config, after_event=self.outbox.flush)
-        except BaseException as error:  # noqa: BLE001 - reported to the front end, which exits with it
-            # Always on the core's stderr too: the LoadFailed can still be lost (a front end
-            # that died meanwhile), and a bug's traceback is what a report needs.
-            if isinstance(error, EngineError):
-                logger.error("engine core %d failed to load: %s", self.engine_index, error)
-            else:
-                logger.exception("engine core %d failed to load", self.engine_index)
-            self.link.hello(wire.LoadFailed(self.engine_index, *wire.error_to_wire(error)))
-            self.link.close(linger_ms=LOAD_FAILED_LINGER_MS)
-            self.context.term()
-            return 1
-        self.link.hello(wire.Ready(self.engine_index, core_info(self.engine, os.getpid())))
-        front_end_gone = False
-        try:
-            front_end_gone = self._serve()
-        finally:
-            self.link.stopping.set()  # a send blocked on a front end that reads nothing gives up
             try:
-                self.engine.shutdown(timeout=3.0)
-            except EngineDeadError:
-                logger.exception("engine core %d: threads did not stop", self.engine_index)
-            if not front_end_gone:
-                self.link.send(self._status())  # the last word: in-flight failures went before it
-            # A live front end reads what is queued (the failures, the last Status) at once.
-            self.link.close(linger_ms=0 if front_end_gone else LOAD_FAILED_LINGER_MS)
-            self.context.term()
-            if front_end_gone:
-                remove_ipc_dir(self.ipc_dir)
-        return 0
+                from pyengine.engine.core import EngineCore
 
-    def _serve(self) -> bool:
-        """Handles commands until ``Shutdown`` (False) or the front end is gone (True)."""
-        last_heard = time.monotonic()
+                self.engine = EngineCore(self.config, after_event=self.outbox.flush)
+            except BaseException as error:  # noqa: BLE001 - reported to the front end, which exits with it
+                # Always on the core's stderr too: the LoadFailed can still be lost (a front end
+                # that died meanwhile), and a bug's traceback is what a report needs.
+                if isinstance(error, EngineError):
+                    logger.error("engine core %d failed to load: %s", self.engine_index, error)
+                else:
+                    logger.exception("engine core %d failed to load", self.engine_index)
+                self.link.hello(wire.LoadFailed(self.engine_index, *wire.error_to_wire(error)))
+                self.link.close(linger_ms=LOAD_FAILED_LINGER_MS)
+                self.context.term()
+                return 1
+            self.watch.serving(self._front_end_gone)
+            self.link.hello(wire.Ready(self.engine_index, core_info(self.engine, os.getpid()), wire.PROTOCOL_VERSION))
+            try:
+                self._serve()
+            finally:
+                front_end_gone = self.watch.gone_reason is not None or self.link.stopping.is_set()
+                self.link.stopping.set()  # a send blocked on a front end that reads nothing gives up
+                try:
+                    self.engine.shutdown(timeout=self.shutdown_timeout)
+                except EngineDeadError:
+                    logger.exception("engine core %d: threads did not stop", self.engine_index)
+                if not front_end_gone:
+                    self.link.stopping.clear()
+                    self.link.send(self._status(), timeout=1.0)  # the last word: in-flight failures went first
+                # A live front end reads what is queued (the failures, the last Status) at once.
+                self.link.close(linger_ms=0 if front_end_gone else LOAD_FAILED_LINGER_MS)
+                self.context.term()
+                if front_end_gone:
+                    remove_ipc_dir(self.ipc_dir)
+            return 0
+        finally:
+            self.watch.close()
+
+    def _front_end_gone(self, reason: str) -> None:
+        """The watch's word (its thread): stop, and let no send wait for a reader."""
+        self.link.stopping.set()
+        self.stop_requested.set()
+
+    def _serve(self) -> None:
+        """Handles commands until ``Shutdown``, a stop request, or the front end is gone."""
         next_status = 0.0
-        while True:
+        while not (self.stop_requested.is_set() or self.link.stopping.is_set()):
             now = time.monotonic()
-            if self.parent_pid is not None and os.getppid() != self.parent_pid:
-                logger.error("engine core %d: the front end (pid %d) is gone; exiting", self.engine_index,
-                             self.parent_pid)
-                return True
-            if now - last_heard > self.heartbeat_timeout:
-                logger.error("engine core %d: no word from the front end for %.1fs; exiting", self.engine_index,
-                             now - last_heard)
-                return True
-            if self.stop_requested.is_set():
-                return False
             if now >= next_status:
-                self.link.send(self._status())
+                self.link.send(self._status(), timeout=0)  # dropped when the queue is full: the next one says it
                 next_status = now + STATUS_INTERVAL_S
             message = self.link.receive()
             if message is None:
                 continue
-            last_heard = time.monotonic()
-            if isinstance(message, wire.Shutdown):
-                return False
-            self._handle(message)
+            self.watch.heard()
+            try:
+                if isinstance(message, wire.Shutdown):
+                    self.shutdown_timeout = max(0.1, float(message.timeout))
+                    return
+                self._handle(message)
+            finally:
+                self.watch.idle()
 
     def _handle(self, message: Any) -> None:
         if isinstance(message, wire.AddRequest):
@@ -260,7 +304,10 @@ class CoreProcess:
             ids = message.prompt_token_ids.tolist()
             self.engine.add_request(message.request_id, None, ids, params, WireSink(self.outbox, message.request_id),
                                     kind=message.kind, priority=message.priority)
-        except (EngineError, TypeError, ValueError) as error:
+        except Exception as error:  # noqa: BLE001 - only this request fails, whatever it brought
+            if not isinstance(error, (EngineError, TypeError, ValueError)):
+                logger.exception("engine core %d: request %r could not be added", self.engine_index,
+                                 message.request_id)
             self.outbox.fail(message.request_id, error)
             self.outbox.flush()
 
@@ -273,8 +320,8 @@ class CoreProcess:
                 reply.stacks = self.engine.thread_stacks()
             else:
                 reply.error = f"unknown query {query.what!r}"
-        except EngineError as error:
-            reply.error = str(error)
+        except Exception as error:  # noqa: BLE001 - the asker gets the error; the core goes on
+            reply.error = str(error) if isinstance(error, EngineError) else f"{type(error).__name__}: {error}"
         return reply
 
     def _status(self) -> wire.Status:
@@ -282,15 +329,3 @@ class CoreProcess:
         reason = engine.dead_reason() or (None if engine.is_alive else "the engine was shut down")
         return wire.Status(self.engine_index, engine.steps_executed, engine.num_unfinished(), reason)
 
-
-def remove_ipc_dir(ipc_dir: Optional[str]) -> None:
-    """Removes the front end's private socket folder and the socket files in it."""
-    if not ipc_dir:
-        return
-    folder = Path(ipc_dir)
-    for path in folder.glob("*.sock"):
-        path.unlink(missing_ok=True)
-    try:
-        folder.rmdir()
-    except OSError:
-        pass  # not empty (not ours to empty further) or already gone

@@ -11,8 +11,8 @@ Front end -> core (over the front end's ROUTER, one DEALER per core): ``AddReque
 ``LoadFailed`` once (on the DEALER, so the front end's ROUTER knows the core before it
 sends it anything), then over a PUSH socket ``StepOutputs`` (one per engine step: every
 request's output of that step, and the requests that failed), ``Status`` (a heartbeat
-with the core's progress) and ``Reply`` (to a ``Query``). ``docs/wire.md`` describes it
-for someone writing a peer.
+with the core's progress) and ``Reply`` (to a ``Query``). ``docs/multiprocess.md``
+describes it for someone writing a peer.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from pyengine.errors import EngineError
 from pyengine.outputs import EngineStats, ThreadStack
 
 _ARRAY_EXT = 1  # msgpack extension code of an array reference
+PROTOCOL_VERSION = 1  # in ``Ready``: front end and core must speak the same one
 
 
 # ---- front end -> core ----
@@ -89,6 +90,7 @@ class CoreInfo(msgspec.Struct, array_like=True):
 class Ready(msgspec.Struct, tag=True, array_like=True):
     engine_index: int
     info: CoreInfo
+    protocol_version: int = 0  # ``PROTOCOL_VERSION`` of the core's pyengine (0: one from before versions)
 
 
 class LoadFailed(msgspec.Struct, tag=True, array_like=True):
