@@ -25,6 +25,19 @@ STEP, EXIT = 1, 2
 IDLE_TIMEOUT = timedelta(days=30)
 
 
+#: How long rank 0 waits for every worker to confirm its exit (and a worker for rank 0).
+EXIT_TIMEOUT_S = 30.0
+
+
+def exit_barrier(group: Any, timeout_s: float = EXIT_TIMEOUT_S) -> None:
+    """Every rank has the exit: a barrier bounded by ``timeout_s`` (gloo's monitored
+    barrier, not the group's idle timeout), which every rank of ``group`` calls."""
+    try:
+        torch.distributed.monitored_barrier(group=group, timeout=timedelta(seconds=timeout_s))
+    except RuntimeError as error:
+        raise CollectiveError(f"waiting for the ranks to exit failed: {error}") from error
+
+
 def plan_group() -> Any:
     """A gloo group for plans (a collective: every rank calls it, in the same order)."""
     return torch.distributed.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
@@ -51,16 +64,14 @@ class BroadcastPlanSender:
         self._broadcast(header)
         self._broadcast(payload)
 
-    def close(self) -> None:
-        """Tells every worker to exit and waits until each has heard it."""
+    def close(self, timeout_s: float = EXIT_TIMEOUT_S) -> None:
+        """Tells every worker to exit and waits, at most ``timeout_s``, until each has
+        heard it (a ``CollectiveError`` naming the missing ranks after that)."""
         if self._closed:
             return
         self._closed = True
         self._broadcast(torch.tensor([self.sequence + 1, 0, 0, 0, 0, 0, EXIT, 0], dtype=torch.int64))
-        try:
-            torch.distributed.barrier(group=self.group)  # every worker has its exit: the group may go
-        except RuntimeError as error:
-            raise CollectiveError(f"waiting for the workers to exit failed: {error}") from error
+        exit_barrier(self.group, timeout_s)
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
         try:

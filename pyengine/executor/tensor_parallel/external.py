@@ -30,6 +30,7 @@ from pyengine.executor.model_runner import ModelRunner
 from pyengine.executor.tensor_parallel.broadcast_channel import (
     BroadcastPlanReceiver,
     BroadcastPlanSender,
+    exit_barrier,
     plan_group,
 )
 from pyengine.executor.tensor_parallel.collective_step import decode_message, encode_message
@@ -93,10 +94,10 @@ def _serve(runner: ModelRunner, rank: int, group: Any) -> int:
     step = WorkerStep(runner, rank)
     try:
         serve_plans(receiver.receive, step.run)
+        exit_barrier(group)
     except CollectiveError as error:
         logger.error("rank %d stops: %s", rank, error)
         return 1
-    torch.distributed.barrier(group=group)
     torch.distributed.destroy_process_group()
     return 0
 

@@ -10,7 +10,10 @@ header and takes numpy views of the arrays: nothing is pickled or copied beyond 
 one write.
 
 Reuse is safe without locks: rank 0 writes plan N+1 only after step N's last
-collective, which every worker reaches only after it is done with plan N's arrays.
+collective, which every worker reaches only after it is done with plan N's arrays. The
+header's sequence number (written last) checks it: a worker that finds any number but
+the one after the plan it ran last (a plan skipped or read twice) stops with
+:class:`PlanSequenceError` instead of running a plan out of step with rank 0.
 """
 
 from __future__ import annotations
@@ -179,19 +182,27 @@ class SharedMemoryPlanSender:
         for wake in self.wakes:
             wake(STEP_BYTE)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 0.0) -> None:
+        """The workers' exit byte (they are reaped by rank 0's runner, within its timeout)."""
         for wake in self.wakes:
             wake(EXIT_BYTE)
         self.segment.close()
 
 
+class PlanSequenceError(CollectiveError):
+    """A worker found a plan other than the next one in the segment: it is out of step
+    with rank 0 and stops (rank 0 then reports the worker's exit)."""
+
+
 class SharedMemoryPlanReceiver:
     """A worker's side: ``receive`` blocks until the next plan (None: told to exit).
-    A closed pipe (rank 0 gone) raises, so a worker never outlives it."""
+    A closed pipe (rank 0 gone) raises, so a worker never outlives it; so does a plan
+    whose sequence number is not the one after the last (``PlanSequenceError``)."""
 
     def __init__(self, segment: PlanSegment, signal: "StepSignal") -> None:
         self.segment = segment
         self.signal = signal
+        self.last_sequence = int(segment.header[0])  # made before rank 0 publishes its first plan
 
     def receive(self) -> Optional[ForwardPlan]:
         while True:
@@ -202,6 +213,13 @@ class SharedMemoryPlanReceiver:
                 return None
             if byte == b"":
                 raise CollectiveError("rank 0 closed the step pipe (the engine process is gone)")
+            sequence = int(self.segment.header[0])
+            if sequence != self.last_sequence + 1:
+                raise PlanSequenceError(
+                    f"plan sequence {sequence} in the shared segment, expected {self.last_sequence + 1}: "
+                    "this worker is out of step with rank 0"
+                )
+            self.last_sequence = sequence
             return self.segment.read()
 
 

@@ -256,7 +256,7 @@ class TensorParallelRunner(ModelRunner):
         clean = self.dead_reason() is None
         self._closed = True
         try:
-            self.channel.close()  # the workers' exit
+            self.channel.close(timeout_s=timeout)  # the workers' exit
         except CollectiveError:
             clean = False
         for worker in self.workers:

@@ -1,0 +1,74 @@
+"""The shared-memory plan channel on its own (one process plays rank 0 and a worker):
+a plan arrives whole, and a worker that finds any plan but the next one stops with a
+clear error instead of running it out of step with rank 0."""
+
+from __future__ import annotations
+
+import os
+from multiprocessing import resource_tracker
+
+import numpy as np
+import pytest
+
+from pyengine.executor.tensor_parallel.plan_channel import (
+    PlanCapacity,
+    PlanSegment,
+    PlanSequenceError,
+    SharedMemoryPlanReceiver,
+    SharedMemoryPlanSender,
+    StepPipeWriter,
+    StepSignal,
+)
+from pyengine.sampling_params import SamplingParams
+from pyengine.testing.hand_plan import HandPlanner
+
+
+@pytest.fixture
+def channel():
+    read_fd, write_fd = os.pipe()
+    owner = PlanSegment(PlanCapacity(max_tokens=64, max_rows=4, max_block_writes=64))
+    attached = PlanSegment(owner.capacity, name=owner.name)
+    # Attaching unregistered the name from this process's resource tracker (a worker's
+    # own, in production): the owner's unlink expects it registered.
+    resource_tracker.register(owner.shm._name, "shared_memory")
+    pipe = StepPipeWriter(write_fd)
+    sender = SharedMemoryPlanSender(owner, [pipe.send])
+    receiver = SharedMemoryPlanReceiver(attached, StepSignal(read_fd))
+    try:
+        yield sender, receiver
+    finally:
+        attached.close()
+        sender.close()
+        pipe.close()
+        os.close(read_fd)
+
+
+def _plans(count: int):
+    planner = HandPlanner(block_size=16, num_blocks=32, max_rows=4)
+    planner.add([5, 6, 7, 8, 9], SamplingParams(temperature=0.0))
+    plans = []
+    for _ in range(count):
+        plan = planner.next_plan()
+        planner.record(plan, np.full(len(plan.sample_rows), 11, dtype=np.int64))
+        plans.append(plan)
+    return plans
+
+
+def test_plans_arrive_in_order(channel):
+    sender, receiver = channel
+    for plan in _plans(3):
+        ids = np.where(plan.input_ids < 0, 11, plan.input_ids)
+        sender.publish(plan, ids)
+        got = receiver.receive()
+        assert got.step_id == plan.step_id
+        np.testing.assert_array_equal(got.input_ids, ids)
+        np.testing.assert_array_equal(got.positions, plan.positions)
+
+
+def test_a_skipped_plan_stops_the_worker_with_a_clear_error(channel):
+    sender, receiver = channel
+    first, second = _plans(2)
+    sender.segment.write(first, first.input_ids)  # written without a wake: the worker never saw it
+    sender.publish(second, np.where(second.input_ids < 0, 11, second.input_ids))
+    with pytest.raises(PlanSequenceError, match="plan sequence 2 .* expected 1"):
+        receiver.receive()
