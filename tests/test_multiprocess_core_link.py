@@ -6,6 +6,7 @@ that reads nothing. Every wait is bounded."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -196,3 +197,102 @@ def test_a_hello_of_another_version_is_a_clear_error(checkpoint, hello, says):
             box["engine"].shutdown()
         dealer.close(linger=0)
         context.term()
+
+
+class FakeCore:
+    """A peer that speaks the wire protocol by hand (as a core of another version or a
+    buggy one could), connected to a real ``MultiprocessEngine`` over loopback tcp."""
+
+    def __init__(self, input_port: int, output_port: int) -> None:
+        self.context = zmq.Context()
+        self.commands = self.context.socket(zmq.DEALER)
+        self.commands.setsockopt(zmq.IDENTITY, wire.core_identity(0))
+        self.commands.setsockopt(zmq.LINGER, 0)
+        self.commands.connect(f"tcp://127.0.0.1:{input_port}")
+        self.outputs = self.context.socket(zmq.PUSH)
+        self.outputs.setsockopt(zmq.LINGER, 0)
+        self.outputs.connect(f"tcp://127.0.0.1:{output_port}")
+        self.to_front = wire.Codec(wire.ToFrontEnd)
+        self.from_front = wire.Codec(wire.ToCore)
+
+    def ready(self) -> None:
+        info = wire.CoreInfo("fake", 64, 64, 1000, 5, None, {}, os.getpid(), [0])
+        self.commands.send_multipart(wire.Codec(wire.Hello).encode(wire.Ready(0, info, wire.PROTOCOL_VERSION)))
+
+    def next_add(self, timeout_ms: int = 10_000) -> wire.AddRequest:
+        deadline = time.monotonic() + timeout_ms / 1000
+        while time.monotonic() < deadline:
+            if self.commands.poll(100):
+                message = self.from_front.decode(self.commands.recv_multipart(copy=False))
+                if isinstance(message, wire.AddRequest):
+                    return message
+        raise AssertionError("no request arrived")
+
+    def send(self, message) -> None:
+        self.outputs.send_multipart(self.to_front.encode(message))
+
+    def close(self) -> None:
+        self.commands.close(linger=0)
+        self.outputs.close(linger=0)
+        self.context.term()
+
+
+def _token(request_id: str, token: int, finished: bool) -> wire.WireOutput:
+    completion = wire.WireCompletion(0, "", [token], None, None, "length" if finished else None, None)
+    return wire.WireOutput(request_id, finished, [completion], (0.0, None, None, None, None, 0, 0))
+
+
+def test_an_unreadable_output_fails_its_request_only_and_a_broken_message_fails_the_core(checkpoint):
+    """Through a real front end: an output that cannot be read fails that request alone
+    (another stream of the same step goes on); a message that does not decode counts as the
+    core's death: the streams still waiting end with ``EngineDeadError`` at once."""
+    import asyncio
+    import socket
+
+    from pyengine.errors import EngineDeadError, EngineError
+    from pyengine.multiprocess.client import MultiprocessEngine
+    from pyengine.sampling_params import PoolingParams
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.update(engine=MultiprocessEngine(
+        EngineConfig(model=str(checkpoint)), transport="tcp", input_port=ports[0], output_port=ports[1],
+        local_cores=0, start_timeout=20)), daemon=True)
+    thread.start()
+    fake = FakeCore(*ports)
+    try:
+        fake.ready()
+        thread.join(30)
+        engine = box["engine"]
+
+        async def run():
+            embed = asyncio.ensure_future(engine.embed([1, 2, 3], PoolingParams()))
+            text = asyncio.ensure_future(engine.generate([4, 5], SamplingParams(max_tokens=3)).__anext__())
+            adds = {}
+            for _ in range(2):
+                add = await asyncio.to_thread(fake.next_add)
+                adds["embed" if add.pooling else "text"] = add.request_id
+            # One step: an embedding that is not an array (unreadable) and a good token.
+            fake.send(wire.StepOutputs(0, [wire.WireOutput(adds["embed"], True, [], (0.0, None, None, None, None,
+                                                                                   0, 0), 0, "not an array"),
+                                           _token(adds["text"], 7, False)]))
+            with pytest.raises(EngineError, match="could not be read"):
+                await asyncio.wait_for(embed, 10)
+            first = await asyncio.wait_for(text, 10)
+            assert first.outputs[0].token_ids == [7]
+            waiting = asyncio.ensure_future(engine.generate([8, 9], SamplingParams(max_tokens=3)).__anext__())
+            await asyncio.to_thread(fake.next_add)
+            fake.outputs.send_multipart([b"\xc1 not msgpack"])
+            with pytest.raises(EngineDeadError, match="cannot read"):
+                await asyncio.wait_for(waiting, 10)
+            assert not engine.health().alive
+
+        asyncio.run(run())
+    finally:
+        if "engine" in box:
+            box["engine"].shutdown(timeout=2)
+        fake.close()

@@ -170,26 +170,71 @@ def test_a_killed_front_end_takes_its_core_with_it(checkpoint, tmp_path):
 
 
 def test_sigterm_drains_then_stops_the_core(checkpoint, tmp_path):
+    """SIGTERM, as systemd sends it, to the front end and its core alike, once a stream
+    is running: the stream still gets every token (the core leaves the drain to its front
+    end), then the command exits 0 and the core is gone."""
     server = Server(str(checkpoint), tmp_path)
     try:
         server.wait_up()
         (core,) = server.core_pids()
-        body = {"prompt": [1, 2, 3], "max_tokens": 40, "ignore_eos": True}
-        with httpx.Client(timeout=60) as http:
-            import threading
-
-            result: dict = {}
-            t = threading.Thread(target=lambda: result.update(r=http.post(f"{server.url}/v1/completions", json=body)))
-            t.start()
-            time.sleep(0.3)
-            server.proc.send_signal(signal.SIGTERM)
-            t.join(60)
-        assert result["r"].status_code == 200  # drained: it finished
+        body = {"prompt": [1, 2, 3], "max_tokens": 200, "ignore_eos": True, "stream": True}
+        tokens = 0
+        with httpx.Client(timeout=60) as http, http.stream("POST", f"{server.url}/v1/completions", json=body) as resp:
+            assert resp.status_code == 200
+            for line in resp.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                assert "error" not in chunk, chunk
+                if tokens == 0:
+                    server.proc.send_signal(signal.SIGTERM)
+                    os.kill(core, signal.SIGTERM)
+                tokens += 1
+        assert tokens == 200  # drained: it finished in full
         assert server.proc.wait(30) == 0
-        assert not _alive(core)
+        assert _wait_until(lambda: not _alive(core), 5.0)
         assert not list(tmp_path.iterdir())
     finally:
         server.close()
+
+
+def test_sigterm_while_the_core_starts_stops_it(checkpoint, tmp_path):
+    """The core's load hangs (two checkpoint files are pipes nobody writes); SIGTERM to
+    the command ends the start-up: it exits, and the core is killed and reaped."""
+    import shutil
+
+    model = tmp_path / "hanging"
+    shutil.copytree(checkpoint, model)
+    for name in ("tokenizer_config.json", "generation_config.json"):
+        (model / name).unlink()
+        os.mkfifo(model / name)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    server = Server(str(model), tmp)
+    cores: list[int] = []
+    try:
+        def cmdline(pid: int) -> str:
+            try:
+                return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                return ""  # gone meanwhile
+
+        def engine_cores() -> list[int]:  # not any other child (a compiler probe during imports)
+            return [pid for pid in server.core_pids() if "core_main" in cmdline(pid)]
+
+        assert _wait_until(lambda: server.proc.poll() is None and bool(engine_cores()), 60.0), \
+            "the core did not start"
+        cores = engine_cores()
+        time.sleep(1.0)  # not a timing assert: lets the core reach the hanging read
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(30) == 128 + signal.SIGTERM
+        assert _wait_until(lambda: not any(_alive(pid) for pid in cores), 5.0), "the starting core was left"
+        assert not [p for p in tmp.iterdir() if p.name.startswith("pyengine-")]  # the ipc folder is gone
+    finally:
+        server.close()
+        for pid in cores:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_core_that_cannot_load_fails_the_command_with_its_message(tmp_path):

@@ -215,10 +215,12 @@ class MultiprocessEngine(EngineClient):
             self._threads.append(thread)
 
     def _send(self, index: int, message: Any) -> None:
+        """Never blocks (the event loop calls it): ``zmq.Again`` when core ``index``'s queue
+        is full, another ``zmq.ZMQError`` when the core is not connected."""
         frames = [wire.core_identity(index)]
         with self._send_lock:
             frames += self._codec.encode(message)
-            self._commands.send_multipart(frames, copy=False)
+            self._commands.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
 
     # ---- the threads ----
 
@@ -232,14 +234,22 @@ class MultiprocessEngine(EngineClient):
             frames = self._outputs.recv_multipart(copy=False)
             try:
                 message = codec.decode(frames)
-            except Exception:  # noqa: BLE001 - a malformed message is dropped, the link goes on
-                logger.exception("dropped a malformed message from an engine core")
+            except Exception as error:  # noqa: BLE001 - the receiver must outlive any one message
+                # Which core sent it is unknown (the PULL socket says nothing): a peer that
+                # breaks the protocol may have lost anything, so every core counts as failed
+                # rather than leaving streams waiting for outputs that will not come.
+                reason = f"an engine core sent a message this front end cannot read ({error})"
+                logger.error("%s", reason)
+                for core in self._cores:
+                    self._core_died(core, reason)
                 continue
             try:
                 self._dispatch(message)
-            except Exception:  # noqa: BLE001 - the receiver must outlive any one message
-                logger.exception("handling a message from engine core %s failed",
-                                 getattr(message, "engine_index", "?"))
+            except Exception as error:  # noqa: BLE001 - the receiver must outlive any one message
+                index = getattr(message, "engine_index", None)
+                logger.exception("handling a message from engine core %s failed", index)
+                for core in [c for c in self._cores if c.index == index] or self._cores:
+                    self._core_died(core, f"engine core {index} broke the link's protocol: {error!r}")
 
     def _dispatch(self, message: Any) -> None:
         if isinstance(message, wire.StepOutputs):
@@ -258,14 +268,22 @@ class MultiprocessEngine(EngineClient):
 
     def _step_outputs(self, message: wire.StepOutputs) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Union[AnyOutput, BaseException]]]] = {}
+        unreadable: list[RequestStream] = []
         with self._lock:
             for w in message.outputs:
                 stream = self._streams.get(w.request_id)
                 if stream is None:
                     continue  # a request this front end already gave up on
-                if w.finished:
+                try:
+                    item: Union[AnyOutput, BaseException] = stream.output(w)
+                except Exception as error:  # noqa: BLE001 - that request fails, the others go on
+                    logger.exception("request %r: an output from engine core %d could not be read",
+                                     w.request_id, message.engine_index)
+                    item = EngineError(f"an output of this request could not be read: {error!r}")
+                    unreadable.append(stream)
+                if w.finished or isinstance(item, BaseException):
                     self._forget(stream)
-                by_loop.setdefault(stream.loop, []).append((stream, stream.output(w)))
+                by_loop.setdefault(stream.loop, []).append((stream, item))
             for f in message.failures:
                 stream = self._streams.get(f.request_id)
                 if stream is not None:
@@ -273,6 +291,11 @@ class MultiprocessEngine(EngineClient):
                     by_loop.setdefault(stream.loop, []).append((stream, wire.error_from_wire(f.error_type,
                                                                                              f.message)))
         _hand_over(by_loop)
+        for stream in unreadable:  # the core would go on computing it for nobody
+            try:
+                self._send(stream.engine_index, wire.Abort([stream.request_id]))
+            except zmq.ZMQError:
+                pass
 
     def _forget(self, stream: RequestStream) -> None:
         """Unregisters a request (call with ``_lock`` held)."""
@@ -287,8 +310,9 @@ class MultiprocessEngine(EngineClient):
                 try:
                     self._send(core.index, wire.Heartbeat())
                 except zmq.ZMQError as error:
-                    if core.process is None:  # a remote core's link is gone; a local one is watched
-                        self._core_died(core, f"engine core {core.index} is unreachable: {error}")
+                    # A remote core reconnecting (or a full queue) is not dead: its silence,
+                    # below, decides; a local one's process is watched.
+                    logger.debug("heartbeat to engine core %d not sent: %s", core.index, error)
                 if core.process is None and time.monotonic() - core.last_status > self.heartbeat_timeout:
                     self._core_died(core, f"engine core {core.index} sent no status for "
                                           f"{self.heartbeat_timeout:.0f}s")
@@ -357,10 +381,15 @@ class MultiprocessEngine(EngineClient):
         message = wire.AddRequest(rid, np.asarray(ids, dtype=np.int64), params, pooling, stream.wire_kind, priority)
         try:
             self._send(core.index, message)
-        except zmq.ZMQError as error:
+        except BaseException as error:
             with self._lock:
                 self._forget(stream)
-            raise EngineDeadError(f"engine core {core.index} is unreachable: {error}") from None
+            if isinstance(error, zmq.Again):
+                raise EngineError(f"engine core {core.index} takes no more requests for now (its queue is "
+                                  "full): try again") from None
+            if isinstance(error, zmq.ZMQError):
+                raise EngineDeadError(f"engine core {core.index} is unreachable: {error}") from None
+            raise
         finished = False
         try:
             while not finished:

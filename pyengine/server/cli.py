@@ -137,6 +137,10 @@ def uvicorn_log_level(args: ServerArgs) -> str:
     return (args.uvicorn_log_level or args.log_level).lower()
 
 
+def _abandon_start(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str]) -> int:
     """Builds the engine, serves until SIGTERM / SIGINT, drains (``pyengine.server.drain``),
     then shuts the engine down and flushes the logs: exit status 0."""
@@ -158,12 +162,19 @@ def main(argv: list[str]) -> int:
     listener = configure_logging(args.log_format, args.log_level)
     logger = get_logger(model=args.model_name)
     try:
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        if ns.multiprocess:
+            # A signal while the cores start ends the start-up: the engine's constructor
+            # kills and reaps what it started, and the command exits 128 + the signal.
+            for sig in previous:
+                signal.signal(sig, _abandon_start)
         # The engine core(s) in their own processes (multiprocess, the default): their
         # start-up or load failure raises here, and the command exits with its message.
         engine = AsyncEngine.from_config(config, multiprocess=ns.multiprocess, **link)
         # From here on a late signal (during the cleanup below, after uvicorn has put
         # these handlers back) must not interrupt the engine's shutdown half-way.
-        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
         try:
             drain = Drain(args.drain_timeout, logger)
             app = DrainMiddleware(create_app(engine, args), drain)

@@ -83,7 +83,11 @@ def _by_role(threads: list[ThreadStack], role: str) -> ThreadStack:
 def diagnose(engine: EngineClient) -> dict[str, Any]:
     """Which thread looks stuck, the native scheduler's figures, and a ``stack`` text with
     the Python stacks of the executor and output threads, for the stall log line."""
-    threads = engine.thread_stacks()
+    stacks_error = None
+    try:
+        threads = engine.thread_stacks()
+    except Exception as error:  # noqa: BLE001 - a dead or stuck engine may not answer; say so, go on
+        threads, stacks_error = [], repr(error)
     sched_t, exec_t, output_t = (_by_role(threads, r) for r in ("scheduler", "executor", "output"))
     exec_fn = _innermost_engine_function(exec_t.stack)
     output_fn = _innermost_engine_function(output_t.stack)
@@ -108,7 +112,10 @@ def diagnose(engine: EngineClient) -> dict[str, Any]:
     stack = (f"--- {exec_t.name} (Python)\n{''.join(exec_t.stack or missing)}"
              f"--- {output_t.name} (Python)\n{''.join(output_t.stack or missing)}"
              f"--- {sched_t.name} (native Rust thread, no Python frames)\n{sched}\n")
-    return {"stuck_thread": stuck, sched_t.name: sched, "stack": stack}
+    details = {"stuck_thread": stuck, sched_t.name: sched, "stack": stack}
+    if stacks_error is not None:
+        details["stacks_error"] = stacks_error
+    return details
 
 
 class Watchdog:
