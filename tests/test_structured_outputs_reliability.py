@@ -1,6 +1,8 @@
 """64 concurrent constrained streams at pipeline depth 2 on a small KV pool (so sequences
 are preempted and recomputed), with n > 1 and aborts: every output that finished with
-"stop" validates against its schema, nothing raises, and every KV block comes back."""
+"stop" validates against its schema, every output that finished with "length" is a prefix
+its grammar accepts (its tokens replayed through a fresh matcher, mask by mask), nothing
+raises, and every KV block comes back."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ import json
 import time
 
 import jsonschema
+import numpy as np
 import pytest
 
-from pyengine import AsyncEngine, SamplingParams, StructuredOutputsParams
+from pyengine import AsyncEngine, Request, SamplingParams, Scheduler, SchedulerConfig, StructuredOutputsParams
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 
 SCHEMAS = [
@@ -58,6 +61,31 @@ SCHEMAS = [
 NUM_STREAMS = 64
 
 
+def max_tokens_of(i: int) -> int:
+    """Room to finish, except every fifth stream: cut short, to end with "length"."""
+    return 10 if i % 5 == 1 else 96
+
+
+def constraint_of(schema: dict) -> StructuredOutputsParams:
+    return StructuredOutputsParams(json=schema, disable_any_whitespace=True)
+
+
+def refused_at(constraint, tokens: list[int]) -> int:
+    """The index of the first of ``tokens`` the constraint's matcher refuses (-1: none):
+    the tokens are replayed through a scheduler of their own, each checked against the
+    mask of its step before it is applied."""
+    s = Scheduler(SchedulerConfig(64, block_size=16, max_model_len=len(tokens) + 16))
+    s.add_request(Request("replay", [0], max_tokens=len(tokens) + 8, constraint=constraint))
+    for k, token in enumerate(tokens):
+        plan = s.schedule()
+        bits, _ = plan.grammar_mask.take(5.0)
+        if not bits[0, token // 32] >> np.uint32(token % 32) & 1:
+            return k
+        s.apply_result(plan.step_id, np.array([token], dtype=np.int64))
+        s.take_output(plan.step_id)
+    return -1
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("reliability") / "qwen3", "qwen3", seed=11)
@@ -69,8 +97,8 @@ def test_concurrent_constrained_streams_with_preemption_aborts_and_n(checkpoint)
     async def stream(i: int):
         schema = SCHEMAS[i % len(SCHEMAS)]
         params = SamplingParams(
-            n=2 if i % 4 == 0 else 1, temperature=1.0, seed=i, max_tokens=96,
-            structured_outputs=StructuredOutputsParams(json=schema, disable_any_whitespace=True),
+            n=2 if i % 4 == 0 else 1, temperature=1.0, seed=i, max_tokens=max_tokens_of(i),
+            structured_outputs=constraint_of(schema),
         )
         prompt = f"request {i}: " + "tell me something " * (i % 7)
         last = None
@@ -86,9 +114,11 @@ def test_concurrent_constrained_streams_with_preemption_aborts_and_n(checkpoint)
     try:
         results = asyncio.run(main())
         deadline = time.monotonic() + 10
-        while engine.engine.num_unfinished() and time.monotonic() < deadline:
+        # Blocks return once no in-flight step references them: just after the last finish.
+        while (engine.engine.num_unfinished() or engine.engine.stats().kv_usage > 0) and time.monotonic() < deadline:
             time.sleep(0.05)
         stats = engine.engine.stats()
+        compiled = [engine.engine.constraints.compile(constraint_of(schema)) for schema in SCHEMAS]
     finally:
         engine.shutdown()
 
@@ -105,7 +135,12 @@ def test_concurrent_constrained_streams_with_preemption_aborts_and_n(checkpoint)
             assert c.finish_reason in ("stop", "length"), (i, c.finish_reason, c.text)
             if c.finish_reason == "stop":
                 jsonschema.validate(json.loads(c.text), schema)
+                assert refused_at(compiled[i % len(SCHEMAS)], list(reversed(c.token_ids))) >= 0  # the replay refuses
+            else:  # "length": every token was allowed, in order, by a fresh matcher
+                assert len(c.token_ids) == max_tokens_of(i), (i, len(c.token_ids))
+                assert refused_at(compiled[i % len(SCHEMAS)], list(c.token_ids)) == -1, (i, c.text)
     assert reasons.get("stop", 0) >= 40, reasons
+    assert reasons.get("length", 0) >= 5, reasons
     assert stats.preemptions > 0, "the small pool was meant to force preemption"
     assert stats.kv_usage == 0.0 and stats.num_running == 0 and stats.num_waiting == 0
     assert stats.scheduler["masks_computed"] > 0
