@@ -223,3 +223,24 @@ def _children() -> set[int]:
         if int(fields[1]) == me:
             found.add(int(entry))
     return found
+
+
+def test_workers_outlive_ctrl_c_and_sigterm_so_rank_0_decides_when_they_stop(qwen3):
+    """Ctrl-C (SIGINT to the terminal's process group) and a SIGTERM to every process of a
+    cgroup must not take a worker down under a draining server: it is in a session of its
+    own and ignores both; rank 0's shutdown still stops and reaps it."""
+    import signal
+
+    core = _engine(qwen3)
+    try:
+        worker = core.runner.workers[0].process
+        assert os.getsid(worker.pid) != os.getsid(0)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            os.kill(worker.pid, sig)
+        sink = _submit(core, "after-signals", [5, 6, 7])
+        assert sink.done.wait(60) and sink.error is None
+        assert len(sink.outputs[-1].outputs[0].token_ids) == 8
+        assert worker.poll() is None and core.is_alive
+    finally:
+        core.shutdown()
+    assert _workers() == set()
