@@ -81,3 +81,20 @@ def test_serve_subprocess_answers_and_exits_on_ctrl_c(tmp_path):
     lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     finished = [e for e in lines if e.get("event") == "request finished"]
     assert len(finished) == 1 and finished[0]["output_tokens"] == 3 and finished[0]["level"] == "info"
+
+
+def test_a_failed_start_gives_the_caller_its_signal_handlers_back(monkeypatch):
+    """main() runs inside other programs (tests among them): a start-up that fails must not
+    leave its start-up SIGINT / SIGTERM handler installed in the caller's process."""
+    from pyengine.async_engine import AsyncEngine
+    from pyengine.errors import ModelLoadError
+    from pyengine.server.cli import main
+
+    def refuse(*args, **kwargs):
+        raise ModelLoadError("no model here")
+
+    monkeypatch.setattr(AsyncEngine, "from_config", staticmethod(refuse))
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    with pytest.raises(ModelLoadError):
+        main(["--load-format", "dummy"])
+    assert {sig: signal.getsignal(sig) for sig in before} == before

@@ -161,8 +161,8 @@ def main(argv: list[str]) -> int:
 
     listener = configure_logging(args.log_format, args.log_level)
     logger = get_logger(model=args.model_name)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
         if ns.multiprocess:
             # A signal while the cores start ends the start-up: the engine's constructor
             # kills and reaps what it started, and the command exits 128 + the signal.
@@ -189,8 +189,10 @@ def main(argv: list[str]) -> int:
             started = time.monotonic()
             engine.shutdown()
             logger.info("engine shut down", seconds=round(time.monotonic() - started, 3))
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
     finally:
+        # Every path, a failed start-up included, gives the caller its own handlers back
+        # (main() also runs inside other programs, e.g. tests).
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         listener.stop()
     return 0
