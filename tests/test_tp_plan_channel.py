@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from pyengine.executor.tensor_parallel.plan_channel import (
+    STEP_BYTE,
     PlanCapacity,
     PlanSegment,
     PlanSequenceError,
@@ -72,3 +73,26 @@ def test_a_skipped_plan_stops_the_worker_with_a_clear_error(channel):
     sender.publish(second, np.where(second.input_ids < 0, 11, second.input_ids))
     with pytest.raises(PlanSequenceError, match="plan sequence 2 .* expected 1"):
         receiver.receive()
+
+
+def test_a_receiver_made_after_the_first_plan_still_reads_it(channel):
+    """A worker builds its receiver only after its runner is ready; rank 0 may have
+    published plan 1 by then (seen in the suite as "sequence 1, expected 2")."""
+    sender, _ = channel
+    plan = _plans(1)[0]
+    ids = np.where(plan.input_ids < 0, 11, plan.input_ids)
+    read_fd, write_fd = os.pipe()
+    late = PlanSegment(sender.segment.capacity, name=sender.segment.name)
+    resource_tracker.register(sender.segment.shm._name, "shared_memory")
+    pipe = StepPipeWriter(write_fd)
+    try:
+        sender.segment.write(plan, ids)  # plan 1, published before the late receiver exists
+        receiver = SharedMemoryPlanReceiver(late, StepSignal(read_fd))
+        assert pipe.send(STEP_BYTE)
+        got = receiver.receive()
+        assert got is not None and got.step_id == plan.step_id
+        assert np.array_equal(got.input_ids, ids)
+    finally:
+        late.close()
+        pipe.close()
+        os.close(read_fd)

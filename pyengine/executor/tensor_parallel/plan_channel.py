@@ -202,7 +202,10 @@ class SharedMemoryPlanReceiver:
     def __init__(self, segment: PlanSegment, signal: "StepSignal") -> None:
         self.segment = segment
         self.signal = signal
-        self.last_sequence = int(segment.header[0])  # made before rank 0 publishes its first plan
+        # Rank 0 creates the segment zeroed and counts every plan from 1. A worker may
+        # attach after rank 0 has already published its first plan (rank 0 does not wait
+        # for the worker's "ready"), so the count starts at 0, not at what is there now.
+        self.last_sequence = 0
 
     def receive(self) -> Optional[ForwardPlan]:
         while True:
