@@ -186,3 +186,16 @@ def test_the_server_runs_on_any_engine_client():
     assert dump["stuck_thread"].startswith("fake-sched") and "--- fake-exec (Python)" in dump["stack"]
     assert dump["fake-sched"]["idle_s"] == 1.0
     assert dataclasses.is_dataclass(fake.health())
+
+
+def test_diagnose_reports_an_engine_that_cannot_list_its_threads():
+    """A dead link or a core that does not answer: the stall dump says so instead of
+    raising out of the watchdog's diagnosis."""
+    from pyengine.errors import EngineDeadError
+
+    class NoStacks(FakeClient):
+        def thread_stacks(self):
+            raise EngineDeadError("engine core 0 is unreachable")
+
+    dump = diagnose(NoStacks())
+    assert "unreachable" in dump["stacks_error"] and "stuck_thread" in dump and "stack" in dump

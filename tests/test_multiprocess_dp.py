@@ -77,21 +77,33 @@ def test_two_cores_share_the_work_and_answer_as_one(checkpoint):
 
             async def killed_one():
                 long = SamplingParams(max_tokens=1500, ignore_eos=True)
-                streams = [asyncio.ensure_future(_run(engine, [i + 1, 2, 3], long)) for i in range(4)]
-                while min(h.steps for h in engine.engine_health()) < 3:
+                counts = [0] * 4
+
+                async def one(i):
+                    async for out in engine.generate([i + 1, 2, 3], long, output_kind="delta"):
+                        counts[i] += len(out.outputs[0].token_ids)
+
+                streams = [asyncio.ensure_future(one(i)) for i in range(4)]
+                deadline = time.monotonic() + 30
+                while min(counts) == 0 and time.monotonic() < deadline:  # every stream is running
                     await asyncio.sleep(0.02)
                 os.kill(pids[1], signal.SIGKILL)
-                deadline = time.monotonic() + 10
                 while sum(t.done() for t in streams) < 2 and time.monotonic() < deadline:
                     await asyncio.sleep(0.02)
-                await asyncio.sleep(0.5)  # and nothing else ends
-                done = [t for t in streams if t.done()]
-                pending = [t for t in streams if not t.done()]
-                dead = [t for t in done if isinstance(t.exception(), EngineDeadError)]
-                for t in pending:  # core 0's: abort them, they were not harmed
-                    t.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
-                return len(dead), len(pending)
+                dead = [t for t in streams if t.done() and isinstance(t.exception(), EngineDeadError)]
+                others = [i for i, t in enumerate(streams) if t not in dead]
+                seen = {i: counts[i] for i in others}
+                # Core 0's streams are unharmed: each goes on producing (or finished cleanly).
+                while time.monotonic() < deadline and not all(
+                        counts[i] > seen[i] or (streams[i].done() and streams[i].exception() is None)
+                        for i in others):
+                    await asyncio.sleep(0.02)
+                unharmed = [i for i in others if counts[i] > seen[i] or (streams[i].done()
+                                                                         and streams[i].exception() is None)]
+                for i in others:  # abort them now
+                    streams[i].cancel()
+                await asyncio.gather(*streams, return_exceptions=True)
+                return len(dead), len(unharmed)
 
             dead, untouched = asyncio.run(killed_one())
             assert dead == 2 and untouched == 2  # the least-loaded balance put two on each core

@@ -345,15 +345,21 @@ def test_a_core_on_another_host_over_tcp(checkpoint):
         from pyengine.multiprocess.client import MultiprocessEngine as MP
 
         ports = _free_ports(2)
-        t = threading.Thread(target=lambda: eng_box.update(eng=MP(cfg, transport="tcp", input_port=ports[0],
-                                                                  output_port=ports[1], local_cores=0,
-                                                                  start_timeout=60, heartbeat_timeout=2.0)),
-                             daemon=True)
+
+        def start() -> None:
+            try:
+                eng_box["eng"] = MP(cfg, transport="tcp", input_port=ports[0], output_port=ports[1], local_cores=0,
+                                    start_timeout=60, heartbeat_timeout=2.0)
+            except BaseException as error:  # noqa: BLE001 - shown by the assert below
+                eng_box["error"] = error
+
+        t = threading.Thread(target=start, daemon=True)
         t.start()
         core = subprocess.Popen([sys.executable, "-m", "pyengine", "core", str(checkpoint), "--num-kv-blocks", "64",
                                  "--max-num-seqs", "8", "--input", f"tcp://127.0.0.1:{ports[0]}",
                                  "--output", f"tcp://127.0.0.1:{ports[1]}", "--heartbeat-timeout", "3"])
         t.join(90)
+        assert "eng" in eng_box, f"the front end did not start: {eng_box.get('error')!r}"
         eng = eng_box["eng"]
         outs = asyncio.run(_last(eng, [1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True)))
         assert len(outs[-1].outputs[0].token_ids) == 5
