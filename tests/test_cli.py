@@ -4,6 +4,7 @@ and a model the engine cannot run is one line on stderr, not a traceback."""
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 
@@ -43,7 +44,9 @@ def test_unsupported_architecture_is_one_line(command, tmp_path, capfd):
     # capfd: serve loads the model in its engine-core process, whose stderr counts too.
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
     argv = ["generate", "--model", str(tmp_path)] if command == "generate" else ["serve", str(tmp_path)]
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     assert main(argv) == 2
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers  # a failed start-up puts them back
     err = capfd.readouterr().err
     lines = err.splitlines()
     if command == "serve":  # the core logs its load error on its own stderr too, in one line
