@@ -296,3 +296,55 @@ def test_an_unreadable_output_fails_its_request_only_and_a_broken_message_fails_
         if "engine" in box:
             box["engine"].shutdown(timeout=2)
         fake.close()
+
+
+def test_constrained_requests_compile_off_the_main_thread_and_fail_alone(checkpoint, tmp_path):
+    """A constrained request is compiled and added by the core's compile thread: a bad
+    grammar fails that request only, a good one is served, a plain request sent after them
+    is served too, and an abort that comes while the constraint compiles still ends it."""
+    from pyengine.structured_outputs import StructuredOutputsParams
+
+    front = FrontEnd(tmp_path, "grammar")
+    config = EngineConfig(model=str(checkpoint), num_kv_blocks=64, max_num_seqs=8)
+    core = CoreProcess(config, front.input_address, front.output_address, 0, parent_pid=None, heartbeat_timeout=60)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(core.run()), daemon=True)
+    thread.start()
+    identity = wire.core_identity(0)
+    to_core = wire.Codec(wire.ToCore)
+    from_core = wire.Codec(wire.ToFrontEnd)
+
+    def add(rid, params):
+        message = wire.AddRequest(rid, np.array([5, 6, 7], dtype=np.int64), params, False, "delta")
+        front.commands.send_multipart([identity, *to_core.encode(message)])
+
+    try:
+        assert front.commands.poll(60_000)
+        front.commands.recv_multipart()
+        add("bad", SamplingParams(structured_outputs=StructuredOutputsParams(regex="(unclosed")))
+        add("choice", SamplingParams(max_tokens=20, structured_outputs=StructuredOutputsParams(
+            choice=["alpha", "beta gamma"])))
+        add("aborted", SamplingParams(max_tokens=1000, structured_outputs=StructuredOutputsParams(regex="[a-z ]+")))
+        front.commands.send_multipart([identity, *to_core.encode(wire.Abort(["aborted"]))])
+        add("plain", SamplingParams(max_tokens=5, ignore_eos=True))
+        failed, text, finished, reasons = [], {}, set(), {}
+        deadline = time.monotonic() + 60
+        while {"choice", "plain", "aborted"} - finished and time.monotonic() < deadline:
+            message = _receive(front.outputs, from_core)
+            if isinstance(message, wire.StepOutputs):
+                failed += [f.request_id for f in message.failures]
+                for out in message.outputs:
+                    text[out.request_id] = text.get(out.request_id, "") + out.completions[0].text
+                    if out.finished:
+                        finished.add(out.request_id)
+                        reasons[out.request_id] = out.completions[0].finish_reason
+        assert failed == ["bad"]
+        assert {"choice", "plain", "aborted"} <= finished, finished
+        assert text["choice"] in ("alpha", "beta gamma") and reasons["aborted"] == "abort"
+        front.commands.send_multipart([identity, *to_core.encode(wire.Shutdown(timeout=2.0))])
+        thread.join(30)
+        assert result == [0]
+    finally:
+        core.stop_requested.set()
+        thread.join(30)
+        front.close()

@@ -25,6 +25,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 import numpy as np
@@ -220,6 +221,12 @@ class CoreProcess:
         self.engine: Any = None
         self.stop_requested = threading.Event()  # a signal's way of asking for ``Shutdown``
         self.shutdown_timeout = SHUTDOWN_TIMEOUT_S
+        # A request with a constraint is compiled (and then added) here, off the main
+        # thread: adds, aborts and heartbeats are not held up behind a large grammar.
+        self._compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pyengine-core{engine_index}-compile")
+        self._pending_lock = threading.Lock()
+        self._compiling: set[str] = set()
+        self._aborted: set[str] = set()  # aborted while compiling: aborted once added
 
     def run(self) -> int:
         """Loads, serves, shuts down: the process's exit status (1 when loading failed)."""
@@ -251,6 +258,8 @@ class CoreProcess:
                     self.engine.shutdown(timeout=self.shutdown_timeout)
                 except EngineDeadError:
                     logger.exception("engine core %d: threads did not stop", self.engine_index)
+                # A compile still running ends in an add the dead engine refuses (a failure sent).
+                self._compiler.shutdown(wait=True, cancel_futures=True)
                 if not front_end_gone:
                     self.link.stopping.clear()
                     self.link.send(self._status(), timeout=1.0)  # the last word: in-flight failures went first
@@ -293,6 +302,10 @@ class CoreProcess:
             self._add(message)
         elif isinstance(message, wire.Abort):
             for request_id in message.request_ids:
+                with self._pending_lock:
+                    if request_id in self._compiling:
+                        self._aborted.add(request_id)
+                        continue
                 self.engine.abort(request_id)
         elif isinstance(message, wire.Query):
             self.link.send(self._answer(message))
@@ -301,15 +314,40 @@ class CoreProcess:
         try:
             cls = PoolingParams if message.pooling else SamplingParams
             params = wire.params_from_builtins(cls, message.params)
-            ids = message.prompt_token_ids.tolist()
-            self.engine.add_request(message.request_id, None, ids, params, WireSink(self.outbox, message.request_id),
-                                    kind=message.kind, priority=message.priority)
+            if isinstance(params, SamplingParams) and params.structured_outputs is not None:
+                with self._pending_lock:
+                    self._compiling.add(message.request_id)
+                self._compiler.submit(self._compile_then_add, message, params)
+                return
+            self._add_now(message, params)
         except Exception as error:  # noqa: BLE001 - only this request fails, whatever it brought
-            if not isinstance(error, (EngineError, TypeError, ValueError)):
-                logger.exception("engine core %d: request %r could not be added", self.engine_index,
-                                 message.request_id)
-            self.outbox.fail(message.request_id, error)
-            self.outbox.flush()
+            self._fail(message.request_id, error)
+
+    def _compile_then_add(self, message: wire.AddRequest, params: SamplingParams) -> None:
+        """The compile thread: compiles the constraint into the engine's cache, then adds."""
+        try:
+            self.engine.compile_structured_outputs(params)
+            self._add_now(message, params)
+        except Exception as error:  # noqa: BLE001 - only this request fails, whatever it brought
+            self._fail(message.request_id, error)
+        finally:
+            with self._pending_lock:
+                self._compiling.discard(message.request_id)
+                aborted = message.request_id in self._aborted
+                self._aborted.discard(message.request_id)
+            if aborted:
+                self.engine.abort(message.request_id)
+
+    def _add_now(self, message: wire.AddRequest, params: Any) -> None:
+        ids = message.prompt_token_ids.tolist()
+        self.engine.add_request(message.request_id, None, ids, params, WireSink(self.outbox, message.request_id),
+                                kind=message.kind, priority=message.priority)
+
+    def _fail(self, request_id: str, error: Exception) -> None:
+        if not isinstance(error, (EngineError, TypeError, ValueError)):
+            logger.exception("engine core %d: request %r could not be added", self.engine_index, request_id)
+        self.outbox.fail(request_id, error)
+        self.outbox.flush()
 
     def _answer(self, query: wire.Query) -> wire.Reply:
         reply = wire.Reply(self.engine_index, query.query_id)
