@@ -15,6 +15,8 @@ install-deps:  ## install the Python packages the build, tests and benches need
 
 .PHONY: build-dev
 build-dev:  ## editable install (the native module is built into pyengine/)
+	# a module built before abi3 (_native.cpython-3XX-*.so) would shadow the new _native.abi3.so
+	rm -f pyengine/_native.cpython-*.so pyengine/_sched*.so
 	$(PY) -m pip install -q --no-build-isolation -e .
 
 .PHONY: build
