@@ -11,6 +11,7 @@ fills the weights with seeded random values from the config alone (for benchmark
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -103,7 +104,6 @@ def load_model(
     model = instantiate_model(config, torch_dtype, device, parallel)
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
-        model.zero_padding()
     else:
         load_checkpoint_weights(model, folder, allow_bin=load_format == "auto")
     model.eval().requires_grad_(False)
@@ -137,14 +137,25 @@ def instantiate_model(
 
 
 def fill_dummy_weights(model: DecoderForCausalLM, seed: int) -> None:
-    """Seeded random weights: N(0, 0.02) for matrices and biases, ones for norms."""
-    generator = torch.Generator(device=model.embed_tokens.weight.device).manual_seed(seed)
+    """Seeded random weights: N(0, 0.02) for matrices and biases, ones for norms.
+
+    Each checkpoint tensor is drawn whole, on the model's device, from a generator seeded
+    by ``seed`` and the tensor's name, and this rank keeps its shard of it: every
+    tensor-parallel size gets the same model (at the price of one whole tensor in memory
+    at a time)."""
+    device = model.embed_tokens.weight.device
     with torch.no_grad():
-        for name, parameter in model.named_parameters():
+        model.zero_padding()
+        for name, dest in model.weight_targets().items():
+            dtype = dest.parameter.dtype
             if name.endswith("norm.weight"):
-                parameter.fill_(1.0)
+                full = torch.ones(dest.checkpoint_shape, dtype=dtype, device=device)
             else:
-                parameter.normal_(0.0, 0.02, generator=generator)
+                generator = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+                full = torch.empty(dest.checkpoint_shape, dtype=dtype, device=device)
+                full.normal_(0.0, 0.02, generator=generator)
+            cut = _cut(dest)
+            _copy_into_target(dest, full if cut is None else full.narrow(*cut))
 
 
 def load_checkpoint_weights(model: DecoderForCausalLM, folder: Path, *, allow_bin: bool = True) -> None:
