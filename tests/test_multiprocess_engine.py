@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from pyengine import AsyncEngine, SamplingParams
+from pyengine.child_command import python_module_command
 from pyengine.errors import DuplicateRequestError, EngineDeadError, InvalidRequestError, ModelLoadError
 from pyengine.multiprocess import MultiprocessEngine
 from pyengine.testing.checkpoints import make_tiny_checkpoint
@@ -204,6 +205,7 @@ def test_a_killed_core_fails_every_request_in_flight(checkpoint):
 
 
 FRONT_END = """
+import sys; sys.path = [p for p in sys.path if p]  # the installed pyengine, not the checkout
 import json, sys, time
 from pyengine.multiprocess import MultiprocessEngine
 from pyengine.config import EngineConfig
@@ -234,6 +236,7 @@ def test_a_killed_front_end_takes_its_core_with_it(checkpoint):
 
 
 FRONT_END_STREAMING = """
+import sys; sys.path = [p for p in sys.path if p]  # the installed pyengine, not the checkout
 import asyncio, json, sys, time
 from pyengine import SamplingParams
 from pyengine.multiprocess import MultiprocessEngine
@@ -275,9 +278,11 @@ def test_a_front_end_killed_with_streams_in_flight_takes_its_core_with_it(checkp
 
 
 FRONT_END_LOADING = """
+import sys; sys.path = [p for p in sys.path if p]  # the installed pyengine, not the checkout
 import os, subprocess, sys, time
-core = subprocess.Popen([sys.executable, "-m", "pyengine", "core", sys.argv[1], "--input", sys.argv[2],
-                         "--output", sys.argv[3], "--parent-pid", str(os.getpid())])
+from pyengine.child_command import python_module_command
+core = subprocess.Popen(python_module_command("pyengine", "core", sys.argv[1], "--input", sys.argv[2],
+                                              "--output", sys.argv[3], "--parent-pid", str(os.getpid())))
 print(core.pid, flush=True)
 time.sleep(120)
 """
@@ -355,9 +360,10 @@ def test_a_core_on_another_host_over_tcp(checkpoint):
 
         t = threading.Thread(target=start, daemon=True)
         t.start()
-        core = subprocess.Popen([sys.executable, "-m", "pyengine", "core", str(checkpoint), "--num-kv-blocks", "64",
-                                 "--max-num-seqs", "8", "--input", f"tcp://127.0.0.1:{ports[0]}",
-                                 "--output", f"tcp://127.0.0.1:{ports[1]}", "--heartbeat-timeout", "3"])
+        core = subprocess.Popen(python_module_command("pyengine", "core", str(checkpoint), "--num-kv-blocks", "64",
+                                                     "--max-num-seqs", "8", "--input", f"tcp://127.0.0.1:{ports[0]}",
+                                                     "--output", f"tcp://127.0.0.1:{ports[1]}",
+                                                     "--heartbeat-timeout", "3"))
         t.join(90)
         assert "eng" in eng_box, f"the front end did not start: {eng_box.get('error')!r}"
         eng = eng_box["eng"]

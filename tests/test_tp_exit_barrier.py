@@ -18,6 +18,7 @@ from pyengine.models.parallel import CollectiveError
 
 # Rank 1: joins, receives rank 0's exit, then never takes part in the exit barrier.
 SILENT_WORKER = """
+import sys; sys.path = [p for p in sys.path if p]  # the installed pyengine, not the checkout
 import sys, time
 from pyengine.executor.tensor_parallel.broadcast_channel import BroadcastPlanReceiver, plan_group
 from pyengine.executor.tensor_parallel.rendezvous import Rendezvous, join_group

@@ -22,6 +22,7 @@ from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.tp_ranks import free_port
 
 SCRIPT = """
+import sys; sys.path = [p for p in sys.path if p]  # the installed pyengine, not the checkout
 import json, sys
 from pyengine import LLM, SamplingParams
 prompts = json.loads(sys.argv[2])

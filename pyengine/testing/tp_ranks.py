@@ -12,11 +12,12 @@ import argparse
 import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from pyengine.child_command import python_module_command
 
 
 def free_port() -> int:
@@ -33,8 +34,8 @@ def run_ranks(checkpoint: Path, out: Path, world_size: int, prompts: list[list[i
     prompt_arg = ";".join(",".join(map(str, p)) for p in prompts)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "pyengine.testing.tp_ranks", str(checkpoint), str(out), str(rank),
-             str(world_size), str(port), prompt_arg, str(steps)],
+            python_module_command("pyengine.testing.tp_ranks", str(checkpoint), str(out), str(rank),
+                                  str(world_size), str(port), prompt_arg, str(steps)),
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
         for rank in range(world_size)

@@ -23,7 +23,6 @@ import logging
 import os
 import select
 import subprocess
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any, Optional, Union
 import numpy as np
 import torch
 
+from pyengine.child_command import python_module_command
 from pyengine.errors import EngineDeadError, EngineError, InvalidConfigError, ModelLoadError
 from pyengine.executor.attention.metadata import StepAttentionLayout
 from pyengine.executor.config import ExecutorConfig
@@ -404,7 +404,7 @@ def _spawn(
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "pyengine.executor.tensor_parallel.worker", json.dumps(spec)],
+            python_module_command("pyengine.executor.tensor_parallel.worker", json.dumps(spec)),
             pass_fds=(signal_read, reply_write), env=env, stdin=subprocess.DEVNULL,
             start_new_session=True,  # out of the terminal's process group: Ctrl-C reaches rank 0 only
         )
