@@ -49,6 +49,7 @@ from pyengine.outputs import (
     EmbeddingOutput,
     EmbeddingRequestOutput,
     EngineStats,
+    Logprob,
     RequestMetrics,
     RequestOutput,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "StructuredOutputsParams",
     "RequestOutput",
     "CompletionOutput",
+    "Logprob",
     "RequestMetrics",
     "EmbeddingRequestOutput",
     "EmbeddingOutput",

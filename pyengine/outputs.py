@@ -5,12 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
+from pyengine.logprobs import Logprob, PromptLogprobs, SampleLogprobs
+
+__all__ = [
+    "CompletionOutput", "EmbeddingOutput", "EmbeddingRequestOutput", "EngineHealth", "EngineStats", "Logprob",
+    "LOGPROB_FLOOR", "OutputKind", "PromptLogprobs", "RequestMetrics", "RequestOutput", "SampleLogprobs",
+    "ThreadStack",
+]
+
 # "cumulative": every update carries everything so far; "delta": only what is new;
 # "final": one output when the request has finished.
 OutputKind = Literal["cumulative", "delta", "final"]
 
-# One dict per generated token: token id -> its log-probability (top-k plus the sampled one).
-SampleLogprobs = list[dict[int, float]]
 
 # Tokens that top-k / top-p / min-p excluded have a log-probability of -inf, which JSON
 # cannot carry; like vLLM's server we report them as this floor. Here, not in the output
@@ -59,6 +65,9 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     num_cached_tokens: int = 0
+    #: With ``SamplingParams.prompt_logprobs``: see :data:`PromptLogprobs` (a delta output
+    #: carries them once, in the first output that has them).
+    prompt_logprobs: Optional[PromptLogprobs] = None
 
 
 @dataclass

@@ -131,8 +131,9 @@ def test_logprobs_are_returned_and_add_up(real_engine):
     assert len(out.logprobs) == 6
     for token, lp in zip(out.token_ids, out.logprobs):
         assert token in lp and len(lp) >= 3
-        assert lp[token] == pytest.approx(max(lp.values()))  # greedy picks the most likely
-    assert out.cumulative_logprob == pytest.approx(sum(lp[t] for t, lp in zip(out.token_ids, out.logprobs)))
+        assert lp[token].logprob == pytest.approx(max(v.logprob for v in lp.values()))  # greedy: the most likely
+        assert lp[token].rank == 1
+    assert out.cumulative_logprob == pytest.approx(sum(lp[t].logprob for t, lp in zip(out.token_ids, out.logprobs)))
 
 
 def test_embeddings_match_transformers_last_token_pooling(real_engine):

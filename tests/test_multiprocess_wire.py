@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from pyengine.errors import EngineError, InvalidRequestError, ModelLoadError
+from pyengine.logprobs import Logprob
 from pyengine.multiprocess import wire
+from pyengine.multiprocess.wire_logprobs import logprobs_from_wire, logprobs_to_wire
 from pyengine.outputs import EngineStats, ThreadStack
 from pyengine.sampling_params import PoolingParams, SamplingParams
 
@@ -100,18 +102,34 @@ def test_outputs_stats_and_stacks_cross_as_their_types():
                         pipeline_bubble_s=0.01, pipeline_bubbles=2)
     stacks = [ThreadStack("pyengine-sched", "scheduler", True), ThreadStack("x", "executor", False, 12, ["f\n"])]
     vector = np.linspace(-1, 1, 8, dtype=np.float32)
-    out = wire.WireOutput("r", True, [wire.WireCompletion(0, "hi", [1, 2], -0.5, [{1: -0.1}, {2: -0.4, 3: -2.0}],
+    sample = [{1: Logprob(-0.125, 1, "a")}, {2: Logprob(-0.5, 2, "b"), 3: Logprob(-0.25, 1, "c")}]
+    prompt = [None, {7: Logprob(-3.0, 40, None), 1: Logprob(-0.5, 1, None)}]
+    out = wire.WireOutput("r", True, [wire.WireCompletion(0, "hi", [1, 2], -0.5, logprobs_to_wire(sample),
                                                           "stop", "\n")],
-                          (1.0, 2.0, 3.0, 4.0, 5.0, 6, 0), 6, vector)
+                          (1.0, 2.0, 3.0, 4.0, 5.0, 6, 0), 6, vector, prompt_logprobs=logprobs_to_wire(prompt))
     messages = [wire.StepOutputs(0, [out], [wire.WireFailure("q", "EngineDeadError", "gone")]),
                 wire.Reply(1, 7, stats=stats, stacks=stacks), wire.Status(0, 5, 1, None)]
     send, receive = wire.Codec(wire.ToFrontEnd), wire.Codec(wire.ToFrontEnd)
     for message in messages:
-        got = receive.decode([bytes(f) for f in send.encode(message)])
+        frames = send.encode(message)
+        got = receive.decode([bytes(f) for f in frames])
         if isinstance(message, wire.StepOutputs):
             np.testing.assert_array_equal(got.outputs[0].embedding, vector)
             got.outputs[0].embedding = message.outputs[0].embedding = None
+            # Log-probabilities ride as raw array frames, and come back as they left.
+            assert len(frames) == 1 + 1 + 2 * 4
+            assert logprobs_from_wire(got.outputs[0].completions[0].logprobs) == sample
+            assert logprobs_from_wire(got.outputs[0].prompt_logprobs) == prompt
+            got.outputs[0].completions[0].logprobs = message.outputs[0].completions[0].logprobs = None
+            got.outputs[0].prompt_logprobs = message.outputs[0].prompt_logprobs = None
         assert got == message
+
+
+def test_logprob_arrays_that_disagree_are_refused():
+    w = logprobs_to_wire([{1: Logprob(-0.5, 1, "a")}, None])
+    w.counts = np.array([2, -1], dtype=np.int32)  # two entries counted, one sent
+    with pytest.raises(ValueError, match="disagree"):
+        logprobs_from_wire(w)
 
 
 def test_a_peer_cannot_send_anything_but_wire_types():

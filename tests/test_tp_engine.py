@@ -56,7 +56,7 @@ def assert_same_tokens(one, two):
         diverged = False
         for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)):
             if x != y:
-                top = sorted(a.logprobs[i].values(), reverse=True)
+                top = sorted((v.logprob for v in a.logprobs[i].values()), reverse=True)
                 assert top[0] - top[1] < NEAR_TIE, f"position {i}: {a.token_ids} vs {b.token_ids}"
                 diverged = True
                 break
@@ -97,7 +97,9 @@ def test_seeded_sampling_logprobs_prefix_cache_preemption_n_and_embeddings(qwen3
             assert a.token_ids == b.token_ids
             for lp_a, lp_b in zip(a.logprobs, b.logprobs):
                 assert lp_a.keys() == lp_b.keys()
-                np.testing.assert_allclose(list(lp_b.values()), list(lp_a.values()), atol=1e-4)
+                np.testing.assert_allclose([v.logprob for v in lp_b.values()], [v.logprob for v in lp_a.values()],
+                                           atol=1e-4)
+                assert [v.rank for v in lp_b.values()] == [v.rank for v in lp_a.values()]
 
 
 def test_sizes_that_do_not_split_are_refused_before_any_process(tmp_path):

@@ -34,7 +34,7 @@ from pyengine.executor.model_runner import ModelRunner
 from pyengine.outputs import EngineStats, ThreadStack
 from pyengine.request_checks import checked_params
 from pyengine.sampling_params import PoolingParams, SamplingParams, sample_params
-from pyengine.text import DecodeTable, TextStream
+from pyengine.text import DecodeTable, TextStream, TokenPieces
 from pyengine.text.encode import encode_ids
 
 logger = logging.getLogger(__name__)
@@ -95,7 +95,8 @@ class EngineCore:
             self.sched = SchedulerThread(config.scheduler_config(self.runner.num_kv_blocks, self.max_model_len))
             self.requests = RequestTable()
             self.executor = ExecutorLoop(self.runner, self.sched, lambda: len(self.requests) > 0)
-            self.output = OutputLoop(self.sched, self.requests, lambda: self.executor.fatal, after_event)
+            pieces = TokenPieces(self.tokenizer) if self.tokenizer is not None else None
+            self.output = OutputLoop(self.sched, self.requests, lambda: self.executor.fatal, after_event, pieces)
             self._exec_thread = threading.Thread(target=self.executor.run, name=EXEC_THREAD_NAME, daemon=True)
             self._output_thread = threading.Thread(target=self.output.run, name=OUTPUT_THREAD_NAME, daemon=True)
         except BaseException:

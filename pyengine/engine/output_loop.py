@@ -18,13 +18,13 @@ from typing import Callable, Optional
 
 from pyengine._sched import FINISH_REASONS, SchedulerThread
 from pyengine.engine.clock import ThreadClock
+from pyengine.engine.logprob_dicts import sample_logprob_dict
 from pyengine.engine.request_state import RequestState
 from pyengine.engine.request_table import RequestTable
 from pyengine.engine.step_result import StepResult
 from pyengine.engine.thread_names import name_current_thread
 from pyengine.errors import EngineDeadError, EngineError
-from pyengine.outputs import LOGPROB_FLOOR
-from pyengine.sampling_params import PoolingParams
+from pyengine.sampling_params import PoolingParams, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +40,11 @@ class OutputLoop:
         requests: RequestTable,
         executor_fatal: Callable[[], Optional[BaseException]],
         after_event: Callable[[], None] = lambda: None,
+        token_piece: Optional[Callable[[int], str]] = None,
     ) -> None:
         self.sched = sched
+        # A token's text on its own (``Logprob.decoded_token``); None without a tokenizer.
+        self.token_piece = token_piece
         # Called once per event, after every sink got its outputs (and after the final
         # fail-all): an engine core in its own process sends the step's outputs as one
         # message then, rather than one message per request.
@@ -160,7 +163,7 @@ class OutputLoop:
             try:
                 logprobs = None
                 if index_of is not None and sample.logprobs is not None and seq in index_of:
-                    logprobs = _logprob_dict(result.logprobs, index_of[seq], token)
+                    logprobs = sample_logprob_dict(result.logprobs, index_of[seq], token, self._piece(state))
                 stop = state.add_token(sample, token, logprobs, stops=stopped_by.get(seq) == token)
                 if stop is not None:
                     state.finish_sample(sample, "stop", stop)
@@ -169,6 +172,11 @@ class OutputLoop:
                 raise
             except Exception as e:  # noqa: BLE001 - this request gets the error, the others go on
                 self._processing_failed(state, e, event.step_id)
+
+    def _piece(self, state: RequestState) -> Optional[Callable[[int], str]]:
+        """How the request's log-probabilities get their ``decoded_token`` (None: left out)."""
+        params = state.params
+        return self.token_piece if isinstance(params, SamplingParams) and params.detokenize else None
 
     def _finished(self, event, result: Optional[StepResult], touched: dict[str, RequestState]) -> None:
         if event.finished_seq_ids.size == 0:
@@ -239,10 +247,3 @@ class OutputLoop:
                 self.requests.forget_request(state)
                 state.sink.fail(error)
 
-
-def _logprob_dict(lp, i: int, token: int) -> dict[int, float]:
-    k = int(lp.requested[i])
-    tops = zip(lp.top_token_ids[i, :k].tolist(), lp.top_logprobs[i, :k].tolist())
-    out = {int(t): max(float(v), LOGPROB_FLOOR) for t, v in tops}
-    out[token] = max(float(lp.sampled_logprobs[i]), LOGPROB_FLOOR)
-    return out

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol, Union
 
+from pyengine.logprobs import Logprob, SampleLogprobs
 from pyengine.outputs import (
     CompletionOutput,
     EmbeddingOutput,
@@ -41,7 +42,7 @@ class SampleState:
     stream: Any  # the incremental text stream, or None when text is decoded at the end
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
-    logprobs: Optional[list[dict[int, float]]] = None
+    logprobs: Optional[SampleLogprobs] = None
     cumulative_logprob: Optional[float] = None
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
@@ -100,7 +101,7 @@ class RequestState:
     def _keeps_stop_text(self) -> bool:
         return isinstance(self.params, SamplingParams) and self.params.include_stop_str_in_output
 
-    def add_token(self, sample: SampleState, token: int, logprobs: Optional[dict[int, float]],
+    def add_token(self, sample: SampleState, token: int, logprobs: Optional[dict[int, Logprob]],
                   stops: bool = False) -> Optional[str]:
         """Appends a sampled token; returns the stop string it completed, if any. ``stops``:
         the token ended the sequence (EOS or a stop token id); as in vLLM its text is left
@@ -113,7 +114,8 @@ class RequestState:
         sample.token_ids.append(token)
         if logprobs is not None and sample.logprobs is not None:
             sample.logprobs.append(logprobs)
-            sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + logprobs.get(token, 0.0)
+            chosen = logprobs.get(token)
+            sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + (chosen.logprob if chosen else 0.0)
         if sample.stream is None or (stops and not self._keeps_stop_text):
             return None
         delta = sample.stream.add((token,))

@@ -36,6 +36,7 @@ from pyengine.engine.request_state import AnyOutput
 from pyengine.errors import EngineDeadError, EngineError
 from pyengine.multiprocess import wire
 from pyengine.multiprocess.watchdog import FrontEndWatch, remove_ipc_dir
+from pyengine.multiprocess.wire_logprobs import logprobs_to_wire
 from pyengine.outputs import EmbeddingRequestOutput
 from pyengine.sampling_params import PoolingParams, SamplingParams
 
@@ -182,9 +183,12 @@ def output_to_wire(out: AnyOutput) -> wire.WireOutput:
     if isinstance(out, EmbeddingRequestOutput):
         vector = np.asarray(out.outputs.embedding, dtype=np.float32)  # the executor pools in float32
         return wire.WireOutput(out.request_id, True, [], metrics, 0, vector)
-    completions = [wire.WireCompletion(c.index, c.text, c.token_ids, c.cumulative_logprob, c.logprobs,
+    completions = [wire.WireCompletion(c.index, c.text, c.token_ids, c.cumulative_logprob,
+                                       logprobs_to_wire(c.logprobs) if c.logprobs is not None else None,
                                        c.finish_reason, c.stop_reason) for c in out.outputs]
-    return wire.WireOutput(out.request_id, out.finished, completions, metrics, out.num_cached_tokens)
+    prompt_logprobs = logprobs_to_wire(out.prompt_logprobs) if out.prompt_logprobs is not None else None
+    return wire.WireOutput(out.request_id, out.finished, completions, metrics, out.num_cached_tokens,
+                           prompt_logprobs=prompt_logprobs)
 
 
 def core_info(engine: Any, pid: int) -> wire.CoreInfo:

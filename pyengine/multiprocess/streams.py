@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 from typing import Optional, Union
 
+from pyengine.logprobs import PromptLogprobs, SampleLogprobs
 from pyengine.multiprocess import wire
+from pyengine.multiprocess.wire_logprobs import logprobs_from_wire
 from pyengine.outputs import (
     CompletionOutput,
     EmbeddingOutput,
@@ -34,6 +36,7 @@ class RequestStream:
         self.prompt_token_ids = prompt_token_ids
         self.pooling = pooling
         self._sofar: dict[int, CompletionOutput] = {}  # cumulative: each sample so far
+        self._prompt_logprobs: Optional[PromptLogprobs] = None
 
     @property
     def wire_kind(self) -> str:
@@ -51,10 +54,13 @@ class RequestStream:
         if self.kind == "cumulative":
             completions = [self._add(c) for c in w.completions]
         else:
-            completions = [CompletionOutput(c.index, c.text, c.token_ids, c.cumulative_logprob, c.logprobs,
+            completions = [CompletionOutput(c.index, c.text, c.token_ids, c.cumulative_logprob, _sample_logprobs(c),
                                             c.finish_reason, c.stop_reason) for c in w.completions]
+        prompt_logprobs = logprobs_from_wire(w.prompt_logprobs) if w.prompt_logprobs is not None else None
+        if self.kind == "cumulative":  # the core sends them once; every cumulative output carries them
+            self._prompt_logprobs = prompt_logprobs = prompt_logprobs or self._prompt_logprobs
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions, w.finished, metrics,
-                             w.num_cached_tokens)
+                             w.num_cached_tokens, prompt_logprobs)
 
     def _add(self, c: wire.WireCompletion) -> CompletionOutput:
         acc = self._sofar.get(c.index)
@@ -63,14 +69,21 @@ class RequestStream:
                                                           else None)
         acc.text += c.text
         acc.token_ids.extend(c.token_ids)
-        if c.logprobs is not None and acc.logprobs is not None:
-            acc.logprobs.extend(c.logprobs)
+        logprobs = _sample_logprobs(c)
+        if logprobs is not None and acc.logprobs is not None:
+            acc.logprobs.extend(logprobs)
         acc.cumulative_logprob, acc.finish_reason, acc.stop_reason = c.cumulative_logprob, c.finish_reason, \
             c.stop_reason
         # A fresh object each time, as an in-process engine's cumulative outputs are.
         return CompletionOutput(acc.index, acc.text, list(acc.token_ids), acc.cumulative_logprob,
                                 list(acc.logprobs) if acc.logprobs is not None else None, acc.finish_reason,
                                 acc.stop_reason)
+
+
+def _sample_logprobs(c: wire.WireCompletion) -> Optional[SampleLogprobs]:
+    if c.logprobs is None:
+        return None
+    return [p if p is not None else {} for p in logprobs_from_wire(c.logprobs)]
 
 
 def deliver(items: list[tuple[RequestStream, Union[AnyOutput, BaseException]]]) -> None:

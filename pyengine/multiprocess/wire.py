@@ -27,10 +27,11 @@ import numpy as np
 
 from pyengine import errors
 from pyengine.errors import EngineError
+from pyengine.multiprocess.wire_logprobs import WireLogprobs
 from pyengine.outputs import EngineStats, ThreadStack
 
 _ARRAY_EXT = 1  # msgpack extension code of an array reference
-PROTOCOL_VERSION = 1  # in ``Ready``: front end and core must speak the same one
+PROTOCOL_VERSION = 2  # in ``Ready``: front end and core must speak the same one
 
 
 # ---- front end -> core ----
@@ -108,7 +109,7 @@ class WireCompletion(msgspec.Struct, array_like=True):
     text: str
     token_ids: list[int]
     cumulative_logprob: Optional[float]
-    logprobs: Optional[list[dict[int, float]]]
+    logprobs: Optional[WireLogprobs]  # one position per token of ``token_ids``
     finish_reason: Optional[str]
     stop_reason: Union[int, str, None]
 
@@ -122,6 +123,7 @@ class WireOutput(msgspec.Struct, array_like=True):
     metrics: tuple[float, Optional[float], Optional[float], Optional[float], Optional[float], int, int]
     num_cached_tokens: int = 0
     embedding: Any = None  # np.ndarray (float32) for an embedding request
+    prompt_logprobs: Optional[WireLogprobs] = None  # one position per prompt token, the first None
 
 
 class WireFailure(msgspec.Struct, array_like=True):

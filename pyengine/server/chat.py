@@ -12,7 +12,7 @@ from typing import Any, Optional, Union
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from pyengine.outputs import LOGPROB_FLOOR
+from pyengine.outputs import LOGPROB_FLOOR, SampleLogprobs
 from pyengine.server.choices import ChoiceDelta
 from pyengine.server.context import Context, ServerContext
 from pyengine.server.errors import APIError, bad_request
@@ -48,14 +48,16 @@ router = APIRouter()
 ROLES = ("system", "developer", "user", "assistant", "tool")  # OpenAI's chat roles
 
 
-def chat_logprobs(tt: TokenText, token_ids: list[int], logprobs: list[dict[int, float]], top: int) -> ChatLogprobs:
+def chat_logprobs(tt: TokenText, token_ids: list[int], logprobs: SampleLogprobs, top: int) -> ChatLogprobs:
     """The chat logprobs object: per token its text, logprob, bytes and the ``top`` best."""
     content = []
     for token, lps in zip(token_ids, logprobs):
-        best = sorted(lps.items(), key=lambda kv: -kv[1])[:top]
+        best = sorted(lps.items(), key=lambda kv: -kv[1].logprob)[:top]
+        chosen = lps.get(token)
         content.append(ChatLogprobToken(
-            token=tt.text(token), logprob=lps.get(token, LOGPROB_FLOOR), bytes=tt.bytes(token),
-            top_logprobs=[ChatLogprobTop(token=tt.text(t), logprob=v, bytes=tt.bytes(t)) for t, v in best],
+            token=tt.text(token), logprob=chosen.logprob if chosen is not None else LOGPROB_FLOOR,
+            bytes=tt.bytes(token),
+            top_logprobs=[ChatLogprobTop(token=tt.text(t), logprob=v.logprob, bytes=tt.bytes(t)) for t, v in best],
         ))
     return ChatLogprobs(content=content)
 

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
+from pyengine.logprobs import SampleLogprobs
 from pyengine.outputs import RequestOutput
 from pyengine.server.context import ServerContext
 from pyengine.server.protocol import UsageInfo
@@ -28,7 +29,7 @@ class Choice:
     index: int
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    logprobs: list[dict[int, float]] = field(default_factory=list)
+    logprobs: SampleLogprobs = field(default_factory=list)
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
 
@@ -40,7 +41,7 @@ class ChoiceDelta:
     choice: Choice
     text: str
     token_ids: list[int]
-    logprobs: list[dict[int, float]]
+    logprobs: SampleLogprobs
     finish_reason: Optional[str]
     text_offset: int  # where ``text`` starts in the choice's text
 

@@ -7,6 +7,7 @@ from typing import Optional, Union
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from pyengine.logprobs import SampleLogprobs
 from pyengine.server.choices import ChoiceDelta
 from pyengine.server.context import Context, ServerContext
 from pyengine.server.errors import APIError, bad_request
@@ -25,7 +26,7 @@ from pyengine.server.tokens import TokenText
 router = APIRouter()
 
 
-def completion_logprobs(tt: TokenText, token_ids: list[int], logprobs: list[dict[int, float]],
+def completion_logprobs(tt: TokenText, token_ids: list[int], logprobs: SampleLogprobs,
                         text_offset: int) -> CompletionLogprobs:
     """The legacy completions logprobs object for some generated tokens."""
     out = CompletionLogprobs()
@@ -33,8 +34,9 @@ def completion_logprobs(tt: TokenText, token_ids: list[int], logprobs: list[dict
     for token, lps in zip(token_ids, logprobs):
         text = tt.text(token)
         out.tokens.append(text)
-        out.token_logprobs.append(lps.get(token))
-        out.top_logprobs.append({tt.text(t): v for t, v in sorted(lps.items(), key=lambda kv: -kv[1])})
+        chosen = lps.get(token)
+        out.token_logprobs.append(chosen.logprob if chosen is not None else None)
+        out.top_logprobs.append({tt.text(t): v.logprob for t, v in sorted(lps.items(), key=lambda kv: -kv[1].logprob)})
         out.text_offset.append(offset)
         offset += tt.text_length(token)
     return out

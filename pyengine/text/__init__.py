@@ -8,6 +8,8 @@
   across deltas and holds back text that a later match could still cut.
 - :mod:`~pyengine.text.text_stream` — :class:`TextStream`, the two chained; what the
   output thread calls once per sequence per step.
+- :mod:`~pyengine.text.token_pieces` — :class:`TokenPieces`: one token's text on its own
+  (``Logprob.decoded_token``).
 """
 
 from pyengine.text.decode_table import DecodeTable
@@ -15,5 +17,6 @@ from pyengine.text.detokenizer import IncrementalDetokenizer
 from pyengine.text.stop_strings import StopStringMatcher
 from pyengine.text.text_delta import TextDelta
 from pyengine.text.text_stream import TextStream
+from pyengine.text.token_pieces import TokenPieces
 
-__all__ = ["DecodeTable", "IncrementalDetokenizer", "StopStringMatcher", "TextDelta", "TextStream"]
+__all__ = ["DecodeTable", "IncrementalDetokenizer", "StopStringMatcher", "TextDelta", "TextStream", "TokenPieces"]
