@@ -6,14 +6,17 @@ Model: the bench-sized checkpoint of ``benches/throughput.py`` (Qwen3-shaped, hi
 prompts of 64-512 tokens, outputs of 64-256 tokens, greedy, ignore_eos.
 
 Prints output tokens/s at each size and their ratio (and TP=1 on one thread, to tell the
-split from the threading), and per step at TP=2:
+split from the threading; and TP=2 with ``disable_custom_all_reduce=True``, every
+collective through gloo, to show what the shared-memory path buys), and per step at TP=2:
 - ``broadcast_us_per_step``: rank 0 filling the placeholders, writing the plan into
   shared memory and waking the worker (measured inside the engine, every step), wall
   time, and ``broadcast_cpu_us_per_step`` the executor thread's CPU time for it (the wall
   time also counts being descheduled when the host is busier than its cores);
 - ``all_reduce_us_per_step``: the step's all-reduces (1 + 2 x layers, each [tokens, hidden])
-  timed alone between two gloo processes, at the workload's mean decode batch;
-- ``gather_us_per_step``: the logits gather (vocabulary slices plus status) timed alike.
+  timed alone between two processes through the engine's shared-memory path, at the
+  workload's largest decode batch (``gloo_all_reduce_us_per_step``: the same through gloo);
+- ``gather_us_per_step``: the logits gather (vocabulary slices plus status) timed alike
+  (``gloo_gather_us_per_step``).
 
 Bars: ratio >= 0.8; broadcast <= 100 us per step. The machine is shared: run the sizes
 alternately (``--repeats``) and read the medians.
@@ -45,10 +48,11 @@ from pyengine.testing.checkpoints import make_tiny_checkpoint  # noqa: E402
 from pyengine.testing.tp_ranks import free_port  # noqa: E402
 
 
-def run_engine(folder: Path, tp: int, prompts, outputs, max_num_seqs: int, threads: int = 2) -> tuple[float, dict]:
+def run_engine(folder: Path, tp: int, prompts, outputs, max_num_seqs: int, threads: int = 2,
+               gloo: bool = False) -> tuple[float, dict]:
     torch.set_num_threads(threads)
     with LLM(str(folder), dtype="float32", max_num_seqs=max_num_seqs, max_model_len=1024,
-             tensor_parallel_size=tp) as llm:
+             tensor_parallel_size=tp, disable_custom_all_reduce=gloo) as llm:
         llm.generate([prompts[0]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)  # warm-up
         runner = llm.engine.runner
         if tp > 1:
@@ -68,29 +72,51 @@ def run_engine(folder: Path, tp: int, prompts, outputs, max_num_seqs: int, threa
 
 
 def collective_rank(rank: int, port: int, tokens: int, hidden: int, vocab_rows: int, count: int, iters: int) -> None:
-    """One of two gloo ranks timing a step's all-reduces and its gather (rank 0 prints)."""
+    """One of two ranks timing a step's all-reduces and its gather, through gloo and
+    through the engine's shared-memory path (rank 0 prints)."""
+    from pyengine.executor.tensor_parallel.host_collectives import HostCollectives
     from pyengine.executor.tensor_parallel.rendezvous import Rendezvous, join_group, leave_group
 
     torch.set_num_threads(1)
     store = join_group(Rendezvous("127.0.0.1", port, rank, 2, rank, "gloo", timeout_s=60.0))
+    if rank == 0:
+        local = HostCollectives(0, 2, timeout_s=60.0)
+        store.set("bench/segment", local.name)
+    else:
+        local = HostCollectives(1, 2, timeout_s=60.0, name=store.get("bench/segment").decode())
+    torch.distributed.barrier()
+    local.unlink()
     x = torch.randn(tokens, hidden)
     flat = torch.randn(tokens * vocab_rows + 1)
-    parts = [torch.empty_like(flat) for _ in range(2)] if rank == 0 else None
-    for _ in range(5):
-        torch.distributed.all_reduce(x)
-    torch.distributed.barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters * count):
-        torch.distributed.all_reduce(x)
-    reduce_s = (time.perf_counter() - t0) / iters
-    torch.distributed.barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        torch.distributed.gather(flat, parts, dst=0)
-    gather_s = (time.perf_counter() - t0) / iters
+    parts = torch.empty(2, flat.numel()) if rank == 0 else None
+    paths = {
+        "gloo": (lambda: torch.distributed.all_reduce(x),
+                 lambda: torch.distributed.gather(flat, None if parts is None else list(parts), dst=0)),
+        "shm": (lambda: local.all_reduce(x), lambda: local.gather(flat, parts)),
+    }
+    result = {}
+    for name, (reduce, gather) in paths.items():
+        for _ in range(5):
+            reduce()
+        torch.distributed.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters * count):
+            reduce()
+        result[name + "_all_reduce"] = (time.perf_counter() - t0) / iters
+        torch.distributed.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            gather()
+        result[name + "_gather"] = (time.perf_counter() - t0) / iters
+        torch.distributed.barrier()
     if rank == 0:
-        print(json.dumps({"all_reduce_us_per_step": round(reduce_s * 1e6, 1),
-                          "gather_us_per_step": round(gather_s * 1e6, 1)}))
+        print(json.dumps({
+            "all_reduce_us_per_step": round(result["shm_all_reduce"] * 1e6, 1),
+            "gather_us_per_step": round(result["shm_gather"] * 1e6, 1),
+            "gloo_all_reduce_us_per_step": round(result["gloo_all_reduce"] * 1e6, 1),
+            "gloo_gather_us_per_step": round(result["gloo_gather"] * 1e6, 1),
+        }))
+    local.close()
     leave_group(store, rank, 2)
 
 
@@ -136,10 +162,12 @@ def main() -> None:
         folder = make_tiny_checkpoint(Path(tmp) / "model", "qwen3", vocab_size=4096, **MODEL)
         runs: dict[int, list] = {1: [], 2: []}
         one_thread = []  # TP=1 on one core: how much of the ratio is the split, how much threading
+        gloo = []  # TP=2 with every collective through gloo (disable_custom_all_reduce)
         for _ in range(max(1, args.repeats)):
             for tp in (1, 2):
                 runs[tp].append(run_engine(folder, tp, prompts, outputs, args.max_num_seqs))
             one_thread.append(run_engine(folder, 1, prompts, outputs, args.max_num_seqs, threads=1)[0])
+            gloo.append(run_engine(folder, 2, prompts, outputs, args.max_num_seqs, gloo=True)[0])
     tps = {tp: statistics.median(r[0] for r in results) for tp, results in runs.items()}
     collectives = time_collectives(tokens=args.max_num_seqs)
     broadcast = statistics.median(r[1]["broadcast_us_per_step"] for r in runs[2])
@@ -149,11 +177,14 @@ def main() -> None:
         "tp2_tokens_per_s": round(tps[2], 1),
         "ratio": round(tps[2] / tps[1], 3),
         "tp1_one_thread_tokens_per_s": round(statistics.median(one_thread), 1),
+        "ratio_to_one_thread": round(tps[2] / statistics.median(one_thread), 3),
+        "tp2_gloo_tokens_per_s": round(statistics.median(gloo), 1),
         "broadcast_us_per_step": broadcast,
         "broadcast_cpu_us_per_step": broadcast_cpu,
         **{k: v for k, v in collectives.items()},
         "bars": {"ratio >= 0.8": tps[2] / tps[1] >= 0.8, "broadcast <= 100 us": broadcast <= 100},
         "load_average_1min": round(os.getloadavg()[0], 2),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(libgomp default)"),
         "details": {f"tp{tp}": [{"tokens_per_s": round(r[0], 1), **r[1]} for r in results]
                     for tp, results in runs.items()},
         "workload": {"requests": args.num_requests, "output_tokens": int(np.sum(outputs)),
@@ -163,10 +194,10 @@ def main() -> None:
         print(json.dumps(result, indent=2))
     else:
         for key in ("tp1_tokens_per_s", "tp2_tokens_per_s", "ratio", "tp1_one_thread_tokens_per_s",
-                    "broadcast_us_per_step",
-                    "broadcast_cpu_us_per_step", "all_reduce_us_per_step", "gather_us_per_step",
-                    "load_average_1min"):
-            print(f"{key:<24} {result[key]}")
+                    "ratio_to_one_thread", "tp2_gloo_tokens_per_s", "broadcast_us_per_step",
+                    "broadcast_cpu_us_per_step", "all_reduce_us_per_step", "gloo_all_reduce_us_per_step",
+                    "gather_us_per_step", "gloo_gather_us_per_step", "load_average_1min", "omp_wait_policy"):
+            print(f"{key:<28} {result[key]}")
         print(f"bars: {result['bars']}")
 
 

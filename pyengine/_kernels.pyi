@@ -8,7 +8,17 @@ with the GIL released; a refused argument raises ``pyengine.errors.KernelError``
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["apply_token_bitmask", "paged_decode_attention", "qk_norm_rope", "release_openmp_workers", "rms_norm"]
+__all__ = [
+    "apply_token_bitmask",
+    "host_all_reduce",
+    "host_gather",
+    "host_group_bytes",
+    "host_group_register",
+    "paged_decode_attention",
+    "qk_norm_rope",
+    "release_openmp_workers",
+    "rms_norm",
+]
 
 def paged_decode_attention(
     out: npt.NDArray[np.float32],
@@ -83,3 +93,44 @@ def apply_token_bitmask(
     whose bit in ``bits[i]`` (bit ``t % 32`` of word ``t / 32``) is clear become ``-inf``,
     and so do tokens past the mask's width. C-contiguous arrays; the GIL is released.
     Raises ``KernelError`` for inconsistent shapes or rows outside ``logits``."""
+
+def host_group_bytes(world_size: int, slot_bytes: int) -> int:
+    """Bytes of the shared segment of a host group of ``world_size`` ranks with
+    ``slot_bytes`` per rank's slot (a multiple of 64): a header line per word, then two
+    banks of one slot per rank."""
+
+def host_group_register(
+    segment: npt.NDArray[np.uint8], rank: int, world_size: int, slot_bytes: int, pid: int
+) -> None:
+    """Records ``pid`` as ``rank``'s process in the segment; ranks waiting for ``rank``
+    watch that process and fail the collective when it is gone."""
+
+def host_all_reduce(
+    segment: npt.NDArray[np.uint8],
+    data: npt.NDArray[np.uint8],
+    element: str,
+    rank: int,
+    world_size: int,
+    slot_bytes: int,
+    timeout_s: float,
+) -> None:
+    """Sums ``data`` (the bytes of a ``"float32"`` or ``"bfloat16"`` tensor, the same
+    length on every rank) over the group in place, through the segment in chunks of
+    ``slot_bytes``: every rank adds the ranks' slots in rank order, so every rank gets
+    the same bits. The GIL is released. Raises ``EngineDeadError`` naming the rank when a
+    peer's process is gone, a peer abandoned the group, or a peer did not arrive within
+    ``timeout_s`` (the group is then abandoned for every rank); ``KernelError`` for a bad
+    argument (segment too small, rank out of range, unknown element type)."""
+
+def host_gather(
+    segment: npt.NDArray[np.uint8],
+    data: npt.NDArray[np.uint8],
+    out: npt.NDArray[np.uint8] | None,
+    rank: int,
+    world_size: int,
+    slot_bytes: int,
+    timeout_s: float,
+) -> None:
+    """Every rank's ``data`` bytes into ``out`` on rank 0 (``world_size * len(data)``
+    bytes, rank r's at ``r * len(data)``); the other ranks pass None. Waits and failures
+    as ``host_all_reduce``."""

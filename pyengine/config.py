@@ -64,6 +64,10 @@ class EngineConfig:
       or "external_launcher" (every rank is started by torchrun or alike, possibly on
       several hosts, and runs the same program: rank 0 becomes the engine, the others
       serve it and exit with it; vLLM's name for the same).
+    - ``disable_custom_all_reduce``: with "mp" on the CPU, the forward pass's all-reduces
+      and logits gather go through a shared-memory segment of the host's ranks instead
+      of gloo's loopback TCP (docs/tensor_parallel.md); True sends them through
+      ``torch.distributed`` (vLLM's name for the same switch).
 
     Arguments vLLM takes, accepted here with the same meaning (or none, said so):
 
@@ -118,6 +122,7 @@ class EngineConfig:
     data_parallel_size: int = 1
     tensor_parallel_size: int = 1
     distributed_executor_backend: str = "mp"
+    disable_custom_all_reduce: bool = False
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, requirement: str) -> None:

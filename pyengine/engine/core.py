@@ -51,7 +51,8 @@ def _load_runner(path: Path, config: EngineConfig) -> ModelRunner:
         return ModelRunner.from_pretrained(path, config.executor_config())
     from pyengine.executor.tensor_parallel.runner import start
 
-    return start(path, config.executor_config(), config.tensor_parallel_size)
+    return start(path, config.executor_config(), config.tensor_parallel_size,
+                 shared_memory_collectives=not config.disable_custom_all_reduce)
 
 
 def resolve_model_path(config: EngineConfig) -> Path:

@@ -57,12 +57,16 @@ class CollectiveCount:
 @dataclass(frozen=True, slots=True)
 class ParallelContext:
     """This process's position in the tensor-parallel group (``group`` None: the default
-    process group of ``torch.distributed``)."""
+    process group of ``torch.distributed``). ``local``: the shared-memory collectives of
+    ranks on one host (``executor.tensor_parallel.host_collectives.HostCollectives``),
+    used for the tensors it ``accepts``; None: every collective goes through
+    ``torch.distributed``."""
 
     rank: int = 0
     world_size: int = 1
     group: Optional[Any] = None
     count: CollectiveCount = field(default_factory=CollectiveCount, compare=False)
+    local: Optional[Any] = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -110,8 +114,12 @@ class ParallelContext:
         """Sum partial results over the group, in place (identity at world size 1)."""
         if self.world_size > 1:
             try:
-                torch.distributed.all_reduce(tensor, group=self.group)
-            except RuntimeError as error:  # gloo / NCCL report a lost peer as RuntimeError
+                if self.local is not None and self.local.accepts(tensor):
+                    self.local.all_reduce(tensor)
+                else:
+                    torch.distributed.all_reduce(tensor, group=self.group)
+            # gloo / NCCL report a lost peer as RuntimeError, the host collectives as EngineDeadError
+            except (RuntimeError, EngineDeadError) as error:
                 raise CollectiveError(f"all-reduce failed on rank {self.rank}: {error}") from error
             self.count.all_reduces += 1
         return tensor

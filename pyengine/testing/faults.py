@@ -9,6 +9,8 @@ exercises the output thread's failure path.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from typing import Any, Optional
@@ -153,3 +155,29 @@ def _run_failing(step: Any, plan: Any, fail: Any) -> None:
         step(plan)
     finally:
         owner.forward = forward
+
+
+#: A prompt token on which tensor-parallel rank 1 is killed in the middle of a step's
+#: shared-memory all-reduces.
+DIE_TOKEN = 498
+
+
+def kill_rank1_in_all_reduce(stage: str, rank: int, step: Any = None) -> Any:
+    """Rank 1 completes the first all-reduce of a step holding ``DIE_TOKEN``, then is
+    killed (SIGKILL) before it arrives at the second, where rank 0 waits for it."""
+    if stage != "step" or rank != 1:
+        return step
+
+    def run(plan: Any) -> None:
+        if len(plan.input_ids) and (plan.input_ids == DIE_TOKEN).any():
+            local = step.__self__.model.parallel.local
+            reduce = local.all_reduce
+
+            def reduce_then_die(tensor: Any) -> None:
+                reduce(tensor)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            local.all_reduce = reduce_then_die
+        return step(plan)
+
+    return run

@@ -8,8 +8,10 @@
 //! residual add, q/k norm with the rotary embedding), one pass each instead of a chain
 //! of operators. [`release_calling_thread_workers`] frees a thread's idle OpenMP team,
 //! which otherwise throttles the executor thread's team (see there). [`token_mask`]
-//! applies grammar masks (structured outputs) to logits in place.
+//! applies grammar masks (structured outputs) to logits in place. [`host_group`] holds
+//! the shared-memory all-reduce and gather of tensor-parallel ranks on one host.
 
+pub mod host_group;
 pub mod norm;
 pub mod paged_decode;
 mod parallel;
@@ -18,6 +20,7 @@ mod vector;
 
 use thiserror::Error;
 
+pub use host_group::{process_exists, segment_bytes, ElementType, GroupError, HostGroup};
 pub use norm::{qk_norm_rope, rms_norm, Norm, QkHeads};
 pub use paged_decode::{paged_decode_attention, DecodeQueries, PagedKv};
 pub use parallel::release_calling_thread_workers;

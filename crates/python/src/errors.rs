@@ -8,7 +8,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
 use pyengine_grammar::GrammarError;
-use pyengine_kernels::KernelError;
+use pyengine_kernels::{GroupError, KernelError};
 use pyengine_sched::error::SchedError;
 
 /// An error of a core crate, and the `pyengine.errors` class it is raised as.
@@ -67,6 +67,20 @@ impl NativeError for GrammarError {
 impl NativeError for KernelError {
     fn class_name(&self) -> &'static str {
         "KernelError"
+    }
+
+    fn message(&self) -> String {
+        self.to_string()
+    }
+}
+
+/// A host-group collective that failed: its group cannot run another step.
+impl NativeError for GroupError {
+    fn class_name(&self) -> &'static str {
+        match self {
+            GroupError::BadArgument(_) => "KernelError",
+            _ => "EngineDeadError",
+        }
     }
 
     fn message(&self) -> String {

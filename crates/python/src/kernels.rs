@@ -3,13 +3,16 @@
 
 use numpy::{
     PyArrayDescrMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyReadonlyArray4,
-    PyReadonlyArrayDyn, PyReadwriteArray2, PyReadwriteArray3, PyReadwriteArrayDyn, PyUntypedArrayMethods,
+    PyReadonlyArrayDyn, PyReadwriteArray1, PyReadwriteArray2, PyReadwriteArray3, PyReadwriteArrayDyn,
+    PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
 
-use pyengine_kernels::{DecodeQueries, Norm, PagedKv, QkHeads};
+use std::time::Duration;
 
-use crate::errors::bad_kernel_argument;
+use pyengine_kernels::{DecodeQueries, ElementType, HostGroup, Norm, PagedKv, QkHeads};
+
+use crate::errors::{bad_kernel_argument, NativeError};
 use crate::gil::call;
 
 /// The bytes an array's elements occupy (exact for C-contiguous arrays, which the kernels
@@ -192,4 +195,89 @@ pub fn apply_token_bitmask(
     let rows = contiguous("rows", rows.as_slice())?;
     let logits = contiguous_mut("logits", logits.as_slice_mut())?;
     call(py, || pyengine_kernels::apply_token_bitmask(logits, vocab, bits, words, rows))
+}
+
+fn host_group(
+    segment: &mut PyReadwriteArray1<'_, u8>,
+    rank: usize,
+    world_size: usize,
+    slot_bytes: usize,
+) -> PyResult<HostGroup> {
+    let memory = contiguous_mut("segment", segment.as_slice_mut())?;
+    HostGroup::new(memory, rank, world_size, slot_bytes).map_err(|e| Python::attach(|py| e.into_py_err(py)))
+}
+
+fn element_type(name: &str) -> PyResult<ElementType> {
+    match name {
+        "float32" => Ok(ElementType::F32),
+        "bfloat16" => Ok(ElementType::BF16),
+        other => Err(bad_kernel_argument(format!("host collectives sum float32 or bfloat16, not {other}"))),
+    }
+}
+
+/// Bytes of a host group's shared segment; see `crates/kernels/src/host_group.rs`.
+#[pyfunction]
+pub fn host_group_bytes(world_size: usize, slot_bytes: usize) -> usize {
+    pyengine_kernels::segment_bytes(world_size, slot_bytes)
+}
+
+/// Records `pid` as `rank`'s process in the segment (the waiting ranks watch it).
+#[pyfunction]
+pub fn host_group_register(
+    mut segment: PyReadwriteArray1<'_, u8>,
+    rank: usize,
+    world_size: usize,
+    slot_bytes: usize,
+    pid: u64,
+) -> PyResult<()> {
+    host_group(&mut segment, rank, world_size, slot_bytes)?.register(pid);
+    Ok(())
+}
+
+/// Sums `data` (the bytes of a float32 or bfloat16 tensor) over the host group in place,
+/// the same bits on every rank; each wait for a peer bounded by `timeout_s`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn host_all_reduce(
+    py: Python<'_>,
+    mut segment: PyReadwriteArray1<'_, u8>,
+    mut data: PyReadwriteArray1<'_, u8>,
+    element: &str,
+    rank: usize,
+    world_size: usize,
+    slot_bytes: usize,
+    timeout_s: f64,
+) -> PyResult<()> {
+    check_disjoint(&[("data", span(&**data))], &[("segment", span(&**segment))])?;
+    let element = element_type(element)?;
+    let group = host_group(&mut segment, rank, world_size, slot_bytes)?;
+    let data = contiguous_mut("data", data.as_slice_mut())?;
+    let timeout = Duration::from_secs_f64(timeout_s.max(0.0));
+    call(py, || group.all_reduce(data, element, timeout))
+}
+
+/// Gathers every rank's `data` bytes into `out` on rank 0 (rank r's at `r * len(data)`);
+/// the other ranks pass None.
+#[pyfunction]
+#[pyo3(signature = (segment, data, out, rank, world_size, slot_bytes, timeout_s))]
+#[allow(clippy::too_many_arguments)]
+pub fn host_gather(
+    py: Python<'_>,
+    mut segment: PyReadwriteArray1<'_, u8>,
+    data: PyReadonlyArray1<'_, u8>,
+    out: Option<PyReadwriteArray1<'_, u8>>,
+    rank: usize,
+    world_size: usize,
+    slot_bytes: usize,
+    timeout_s: f64,
+) -> PyResult<()> {
+    let mut written = vec![];
+    written.extend(out.as_ref().map(|o| ("out", span(&***o))));
+    check_disjoint(&written, &[("data", span(&*data)), ("segment", span(&**segment))])?;
+    let group = host_group(&mut segment, rank, world_size, slot_bytes)?;
+    let data = contiguous("data", data.as_slice())?;
+    let mut out = out;
+    let out = out.as_mut().map(|o| contiguous_mut("out", o.as_slice_mut())).transpose()?;
+    let timeout = Duration::from_secs_f64(timeout_s.max(0.0));
+    call(py, || group.gather(data, out, timeout))
 }

@@ -73,5 +73,9 @@ fn add_kernels(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernels::qk_norm_rope, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::release_openmp_workers, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::apply_token_bitmask, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::host_group_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::host_group_register, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::host_all_reduce, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::host_gather, m)?)?;
     Ok(())
 }

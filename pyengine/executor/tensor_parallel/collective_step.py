@@ -22,6 +22,7 @@ from typing import Callable, Optional
 
 import torch
 
+from pyengine.errors import EngineDeadError
 from pyengine.models.decoder import DecoderForCausalLM
 from pyengine.models.parallel import CollectiveError, ParallelContext
 
@@ -100,7 +101,7 @@ def gather_logits(model: DecoderForCausalLM, local: torch.Tensor, error: Optiona
     if parallel.rank != 0:
         _gather(flat, None, parallel)
         return GatheredStep(None, {})
-    parts = [torch.empty_like(flat) for _ in range(parallel.world_size)]
+    parts = torch.empty(parallel.world_size, flat.numel(), dtype=flat.dtype, device=flat.device)
     _gather(flat, parts, parallel)
     width = status.numel()
     failures = {
@@ -111,9 +112,13 @@ def gather_logits(model: DecoderForCausalLM, local: torch.Tensor, error: Optiona
     return GatheredStep(logits, failures)
 
 
-def _gather(flat: torch.Tensor, parts: Optional[list[torch.Tensor]], parallel: ParallelContext) -> None:
+def _gather(flat: torch.Tensor, parts: Optional[torch.Tensor], parallel: ParallelContext) -> None:
+    """Every rank's ``flat`` into row r of ``parts`` ([world, len(flat)], rank 0 only)."""
     try:
-        torch.distributed.gather(flat, parts, dst=0, group=parallel.group)
-    except RuntimeError as error:
+        if parallel.local is not None and parallel.local.accepts(flat):
+            parallel.local.gather(flat, parts)
+        else:
+            torch.distributed.gather(flat, None if parts is None else list(parts), dst=0, group=parallel.group)
+    except (RuntimeError, EngineDeadError) as error:
         raise CollectiveError(f"gathering the logits failed on rank {parallel.rank}: {error}") from error
     parallel.count.gathers += 1

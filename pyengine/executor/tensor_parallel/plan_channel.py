@@ -3,11 +3,11 @@
 What a worker rank needs to run the forward pass is a handful of integer arrays: the
 input ids (placeholders already filled by rank 0, which knows the tokens it sampled),
 positions, KV slots, the rows and their query / sequence lengths, the sampled positions
-and the block-table writes. Rank 0 writes them into one shared-memory segment
-(``multiprocessing.shared_memory``) at fixed offsets sized for the largest possible plan,
-then writes one byte into each worker's pipe. A worker wakes on its pipe, reads the
-header and takes numpy views of the arrays: nothing is pickled or copied beyond the
-one write.
+and the block-table writes. Rank 0 writes them one after the other, with one
+``np.concatenate`` straight into a shared-memory segment (``multiprocessing.shared_memory``)
+sized for the largest possible plan, their lengths into its header, then one byte into
+each worker's pipe. A worker wakes on its pipe, reads the header and takes numpy views
+of the arrays: nothing is pickled or copied beyond the one write.
 
 Reuse is safe without locks: rank 0 writes plan N+1 only after step N's last
 collective, which every worker reaches only after it is done with plan N's arrays. The
@@ -22,11 +22,11 @@ import ctypes
 import os
 import select
 from dataclasses import dataclass
-from multiprocessing import resource_tracker, shared_memory
 from typing import Any, Callable, Optional
 
 import numpy as np
 
+from pyengine.executor.tensor_parallel.host_collectives import map_segment, unlink_segment
 from pyengine.models.parallel import CollectiveError
 
 # Header: sequence number, step id, then the length of each array below.
@@ -87,40 +87,36 @@ def plan_lengths(plan: Any, input_ids: np.ndarray) -> dict[str, int]:
 
 
 class PlanSegment:
-    """The shared segment's layout: a header, then the arrays at fixed offsets."""
+    """The shared segment's layout: a header, then the arrays one after the other (in
+    ``ARRAYS`` order, int64), as long as the header says; room for the largest plan."""
 
     def __init__(self, capacity: PlanCapacity, name: Optional[str] = None) -> None:
         self.capacity = capacity
         lengths = capacity.lengths()
-        self._offsets: dict[str, int] = {}
-        offset = 8 * len(_HEADER)
-        for array, length_field, extra in ARRAYS:
-            self._offsets[array] = offset
-            offset += 8 * (lengths[length_field] + extra)
-        size = offset
-        self.shm = shared_memory.SharedMemory(name=name, create=name is None, size=size if name is None else 0)
+        elements = sum(lengths[field] + extra for _, field, extra in ARRAYS)
+        size = 8 * (len(_HEADER) + elements)
+        self.shm = map_segment(name, "plan", size)
         self.owner = name is None
-        if not self.owner:
-            # Python < 3.13 registers an attached segment with this process's resource
-            # tracker, which would unlink it when the worker exits: rank 0 owns it.
-            resource_tracker.unregister(self.shm._name, "shared_memory")  # type: ignore[attr-defined]
         self.header = np.ndarray(len(_HEADER), dtype=np.int64, buffer=self.shm.buf)
-        self._full = {
-            array: np.ndarray(lengths[field] + extra, dtype=np.int64, buffer=self.shm.buf, offset=self._offsets[array])
-            for array, field, extra in ARRAYS
-        }
+        self._area = np.ndarray(elements, dtype=np.int64, buffer=self.shm.buf, offset=8 * len(_HEADER))
 
     @property
     def name(self) -> str:
         return self.shm.name
 
     def write(self, plan: Any, input_ids: np.ndarray) -> None:
-        """Rank 0: the plan's arrays (``input_ids`` with placeholders filled) into the segment."""
-        sizes = plan_lengths(plan, input_ids)
-        for array, field, extra in ARRAYS:
-            source = input_ids if array == "input_ids" else getattr(plan, array)
-            self._full[array][: sizes[field] + extra] = source
-        self.header[1:] = (plan.step_id, *(sizes[f] for f in _HEADER[2:]))
+        """Rank 0: the plan's arrays (``input_ids`` with placeholders filled) into the
+        segment, in one copy (``np.concatenate`` straight into it)."""
+        tokens, rows = len(input_ids), len(plan.rows)
+        logits, block_writes = len(plan.logits_indices), len(plan.block_table_rows)
+        total = 3 * tokens + 4 * rows + 1 + logits + 3 * block_writes
+        np.concatenate(
+            (input_ids, plan.positions, plan.slot_mapping, plan.rows, plan.num_scheduled_tokens, plan.seq_lens,
+             plan.query_start_loc, plan.logits_indices, plan.block_table_rows, plan.block_table_cols,
+             plan.block_table_ids),
+            out=self._area[:total],
+        )
+        self.header[1:] = (plan.step_id, tokens, rows, logits, block_writes)
         self.header[0] += 1
 
     def read(self) -> ForwardPlan:
@@ -128,20 +124,24 @@ class PlanSegment:
         plan = ForwardPlan()
         sizes = dict(zip(_HEADER, self.header.tolist()))
         plan.step_id = sizes["step_id"]
+        offset = 0
         for array, field, extra in ARRAYS:
-            setattr(plan, array, self._full[array][: sizes[field] + extra])
+            end = offset + sizes[field] + extra
+            setattr(plan, array, self._area[offset:end])
+            offset = end
         return plan
+
+    def unlink(self) -> None:
+        """Rank 0, once every worker mapped the segment: its name goes, the mappings stay."""
+        if self.owner:
+            unlink_segment(self.shm)
 
     def close(self) -> None:
         """Drop the views and unmap; the creator also removes the segment."""
         self.header = np.zeros(0, dtype=np.int64)
-        self._full = {}
+        self._area = np.zeros(0, dtype=np.int64)
         self.shm.close()
-        if self.owner:
-            try:
-                self.shm.unlink()
-            except FileNotFoundError:
-                pass
+        self.unlink()
 
 
 class StepPipeWriter:

@@ -44,6 +44,7 @@ from pyengine.executor.tensor_parallel.collective_step import (
     issue_owed_all_reduces,
     run_forward,
 )
+from pyengine.executor.tensor_parallel.host_collectives import HostCollectives
 from pyengine.executor.tensor_parallel.plan_channel import (
     EXIT_BYTE,
     STEP_BYTE,
@@ -265,6 +266,8 @@ class TensorParallelRunner(ModelRunner):
             leave_group(self.store, 0, self.world_size, timeout_s=timeout)
         elif torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+        if self.model.parallel.local is not None:
+            self.model.parallel.local.close()
         torch.set_num_threads(self.threads_before)
 
     def stats(self) -> dict[str, float]:
@@ -291,8 +294,13 @@ def start(
     threads_per_rank: Optional[int] = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     step_wrapper: Optional[str] = None,
+    shared_memory_collectives: bool = True,
 ) -> TensorParallelRunner:
     """Starts workers 1..N-1 on this host, joins them as rank 0 and loads every shard.
+
+    On the CPU the forward pass's all-reduces and the logits gather go through shared
+    memory (``host_collectives``) unless ``shared_memory_collectives`` is False; gloo
+    carries them then, and always carries the rest.
 
     A model whose sizes do not split ``world_size`` ways is refused before any process
     starts; a rank that cannot load its shard stops start-up with that rank's error; every
@@ -310,14 +318,18 @@ def start(
     segment = PlanSegment(capacity)
     workers: list[WorkerProcess] = []
     threads_before = torch.get_num_threads()
+    local: Optional[HostCollectives] = None
     try:
+        if shared_memory_collectives and rendezvous.device(config.device) == "cpu":
+            local = HostCollectives(0, world_size, timeout_s)
         for rank in range(1, world_size):
-            workers.append(_spawn(rank, rendezvous, config, capacity, segment.name, path, threads, step_wrapper))
+            workers.append(_spawn(rank, rendezvous, config, capacity, segment.name, local, path, threads,
+                                  step_wrapper))
         deadline = time.monotonic() + timeout_s
         _expect(workers, "hello", deadline)
         torch.set_num_threads(threads)  # this process is rank 0: one share of the cores, like each worker
         join_group(rendezvous, store, device=rendezvous.device(config.device))
-        parallel = ParallelContext(0, world_size)
+        parallel = ParallelContext(0, world_size, local=local)
         try:
             loaded = load_model(path, dtype=config.dtype, device=rendezvous.device(config.device),
                                 load_format=config.load_format, parallel=parallel, seed=config.seed)
@@ -336,7 +348,13 @@ def start(
             raise
         runner.threads_before = threads_before
         _expect(workers, "ready", time.monotonic() + timeout_s)
-        logger.info("tensor parallel: %d ranks, %d thread(s) each, %s", world_size, threads, rendezvous.backend)
+        # Every rank has mapped both segments: their names go now, so that no exit, even
+        # a killed process, leaves one behind.
+        segment.unlink()
+        if local is not None:
+            local.unlink()
+        logger.info("tensor parallel: %d ranks, %d thread(s) each, %s%s", world_size, threads, rendezvous.backend,
+                    ", shared-memory all-reduce" if local is not None else "")
         return runner
     except BaseException:
         for worker in workers:
@@ -344,6 +362,8 @@ def start(
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
         segment.close()
+        if local is not None:
+            local.close()
         torch.set_num_threads(threads_before)
         raise
 
@@ -384,7 +404,7 @@ def _expect(workers: list[WorkerProcess], stage: str, deadline: float) -> None:
 
 def _spawn(
     rank: int, rendezvous: Rendezvous, config: ExecutorConfig, capacity: PlanCapacity, segment: str,
-    path: Union[str, Path], threads: int, step_wrapper: Optional[str],
+    local: Optional[HostCollectives], path: Union[str, Path], threads: int, step_wrapper: Optional[str],
 ) -> WorkerProcess:
     signal_read, signal_write = os.pipe()
     reply_read, reply_write = os.pipe()
@@ -398,6 +418,7 @@ def _spawn(
         "executor_config": asdict(config),
         "capacity": asdict(capacity),
         "segment": segment,
+        "collectives": None if local is None else {"name": local.name, "slot_bytes": local.slot_bytes},
         "model": str(path),
         "step_wrapper": step_wrapper,
     }

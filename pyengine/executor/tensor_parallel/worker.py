@@ -31,6 +31,7 @@ import torch
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
 from pyengine.executor.tensor_parallel.collective_step import gather_logits, run_forward
+from pyengine.executor.tensor_parallel.host_collectives import HostCollectives
 from pyengine.executor.tensor_parallel.plan_channel import (
     EXIT_BYTE,
     ForwardPlan,
@@ -120,11 +121,14 @@ def main(spec: dict[str, Any]) -> int:
     config = ExecutorConfig(**spec["executor_config"])
     device = rendezvous.device(config.device)
     wrapper = _hook(spec)
+    local: Optional[HostCollectives] = None
     try:  # everything that can fail before joining: rank 0 hears it instead of waiting in the join
         if wrapper is not None:
             wrapper("join", rank)
         if device.startswith("cuda"):
             torch.cuda.set_device(device)
+        if spec.get("collectives"):
+            local = HostCollectives(rank, world_size, rendezvous.timeout_s, **spec["collectives"])
     except Exception as error:  # noqa: BLE001 - reported to rank 0, which stops start-up
         _send(reply, stage="error", error=f"preparing {device}: {type(error).__name__}: {error}")
         return 1
@@ -134,7 +138,7 @@ def main(spec: dict[str, Any]) -> int:
     except Exception as error:  # noqa: BLE001 - reported to rank 0, which stops start-up
         _send(reply, stage="error", error=f"joining the process group: {type(error).__name__}: {error}")
         return 1
-    parallel = ParallelContext(rank, world_size)
+    parallel = ParallelContext(rank, world_size, local=local)
     clean_exit = False
     try:
         try:
@@ -171,6 +175,8 @@ def main(spec: dict[str, Any]) -> int:
     finally:
         if clean_exit:
             leave_group(store, rank, world_size)
+        if local is not None:
+            local.close()
 
 
 def ignore_stop_signals() -> None:
