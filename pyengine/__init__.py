@@ -30,6 +30,7 @@ from pyengine._sched import (
     StepPlan,
     __version__,
 )
+from pyengine.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from pyengine.config import EngineConfig
 from pyengine.errors import (
     AttentionBackendUnavailableError,
@@ -76,6 +77,9 @@ __all__ = [
     "SamplingParams",
     "PoolingParams",
     "StructuredOutputsParams",
+    "BeamSearchParams",
+    "BeamSearchOutput",
+    "BeamSearchSequence",
     "RequestOutput",
     "CompletionOutput",
     "Logprob",

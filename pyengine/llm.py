@@ -10,6 +10,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
+from pyengine.beam_search.driver import Batch, Candidates, candidates_of
+from pyengine.beam_search.outputs import BeamSearchOutput
+from pyengine.beam_search.params import BeamSearchParams
 from pyengine.config import EngineConfig
 from pyengine.engine.core import EngineCore
 from pyengine.errors import EngineDeadError, InvalidRequestError
@@ -285,6 +288,32 @@ class LLM:
         finally:
             if bar is not None:
                 bar.close()
+
+    def beam_search(
+        self,
+        prompts: Union[PromptType, Sequence[PromptType]],
+        params: BeamSearchParams,
+        lora_request: Any = None,
+        use_tqdm: bool = False,
+        concurrency_limit: Optional[int] = None,
+    ) -> list[BeamSearchOutput]:
+        """Beam search for each prompt, as vLLM's ``LLM.beam_search``: one
+        ``BeamSearchOutput`` per prompt, in input order, holding ``params.beam_width``
+        sequences best first (see docs/beam_search.md). ``prompts`` as for ``generate``;
+        ``concurrency_limit``: prompts searched at a time (all by default). Every step runs
+        the live beams of all prompts as one batch; the prefix cache shares their blocks."""
+        from pyengine.beam_search.offline import run_offline
+
+        if lora_request is not None:
+            raise InvalidRequestError("lora_request is not supported: this engine serves no LoRA adapters")
+        return run_offline(self.engine, prompts, params, self._beam_step, use_tqdm, concurrency_limit)
+
+    def _beam_step(self, batch: Batch) -> list[Candidates]:
+        """One beam-search step: the batch's sequences as one ``generate``-like batch."""
+        sequences, params = batch
+        outs = self._run([{"prompt_token_ids": ids} for ids in sequences], [params] * len(sequences),
+                         [0] * len(sequences), False, "beam_search")
+        return [candidates_of(out) for out in outs]
 
     def stats(self) -> EngineStats:
         """Per-thread busy/idle time, step times, queue depths, KV usage, cache hit rate."""

@@ -14,10 +14,11 @@ from copy import copy
 from dataclasses import dataclass, replace
 from typing import Literal, Optional, Union
 
+from pyengine.beam_search.params import BeamSearchParams  # vLLM's import path for it
 from pyengine.errors import InvalidRequestError
 from pyengine.structured_outputs import StructuredOutputsParams
 
-__all__ = ["SamplingParams", "PoolingParams", "StructuredOutputsParams", "sample_params"]
+__all__ = ["SamplingParams", "PoolingParams", "StructuredOutputsParams", "BeamSearchParams", "sample_params"]
 
 _MAX_SEED = 2**63 - 1
 #: Limits on a request's stop conditions (far beyond what any client sends on purpose).
