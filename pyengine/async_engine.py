@@ -174,6 +174,10 @@ class AsyncEngine(EngineClient):
         return int(self.config.max_logprobs)
 
     @property
+    def eos_token_ids(self) -> list[int]:
+        return list(self.engine.eos_token_ids)
+
+    @property
     def tokenizer_config(self) -> dict[str, Any]:
         return self.engine.tokenizer_config
 

@@ -15,10 +15,12 @@ client is built instead of when a request first needs it.
 
 from __future__ import annotations
 
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Optional
 
+from pyengine.beam_search import BeamSearchOutput, BeamSearchParams
 from pyengine.outputs import (
     EmbeddingRequestOutput,
     EngineHealth,
@@ -58,6 +60,16 @@ class EngineClient(ABC):
         does nothing (an engine in another process compiles there, off this loop)."""
         return None
 
+    async def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams,
+                          request_id: Optional[str] = None) -> list[BeamSearchOutput]:
+        """Beam search for each prompt, as ``LLM.beam_search`` (docs/beam_search.md), on top
+        of ``generate``: each step's beams are ordinary one-token requests, all in flight
+        together, named ``{request_id}-{step}-{i}``. Raises ``InvalidRequestError`` for a
+        search the engine cannot run; cancelling the call aborts the step's requests."""
+        from pyengine.beam_search.online import beam_search
+
+        return await beam_search(self, prompts, params, request_id or f"beam-{uuid.uuid4().hex}")
+
     @abstractmethod
     async def embed(self, prompt: PromptType, pooling_params: Optional[PoolingParams] = None,
                     request_id: Optional[str] = None) -> EmbeddingRequestOutput:
@@ -96,6 +108,11 @@ class EngineClient(ABC):
     @abstractmethod
     def max_logprobs(self) -> int:
         """The most log-probabilities a request may ask for per token."""
+
+    @property
+    @abstractmethod
+    def eos_token_ids(self) -> list[int]:
+        """The model's end-of-sequence token ids (beam search ends beams on them)."""
 
     @property
     @abstractmethod

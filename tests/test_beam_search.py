@@ -102,7 +102,7 @@ def test_same_sequences_and_scores_as_transformers(llm, hf_model, prompts, k, ma
             assert seq.finish_reason == ("stop" if tokens[-1] in EOS else "length")
             assert seq.stop_reason == (tokens[-1] if tokens[-1] in EOS else None)
             assert len(seq.logprobs) == len(tokens)
-            assert seq.cum_logprob == pytest.approx(sum(float(lps[t]) for t, lps in zip(tokens, seq.logprobs)),
+            assert seq.cum_logprob == pytest.approx(sum(lps[t].logprob for t, lps in zip(tokens, seq.logprobs)),
                                                     abs=1e-4)
             reasons.add(seq.finish_reason)
         assert [s.score for s in out.sequences] == sorted((s.score for s in out.sequences), reverse=True)
@@ -251,3 +251,25 @@ def test_prefix_caching_off_gives_the_same_results(llm, checkpoint, prompts):
         assert uncached.stats().scheduler["prefix_cache_hit_tokens"] == 0
     expected = llm.beam_search(prompts, params)
     assert [[s.tokens for s in o.sequences] for o in got] == [[s.tokens for s in o.sequences] for o in expected]
+
+
+def test_temperature_ranks_by_the_tempered_distribution(llm, hf_model, prompts):
+    """temperature T ranks candidates by log_softmax(logits / T): transformers' beam search
+    given that as its scores (a logits processor) finds the same beams."""
+    import transformers
+
+    class Tempered(transformers.LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            return torch.log_softmax(scores / 2.0, dim=-1)  # scores are log_softmax(logits): same shift
+
+    outs = llm.beam_search(prompts, BeamSearchParams(beam_width=3, max_tokens=8, temperature=2.0))
+    for prompt, out in zip(prompts, outs):
+        with torch.inference_mode():
+            ref = hf_model.generate(torch.tensor([prompt]), num_beams=3, num_return_sequences=3, do_sample=False,
+                                    max_new_tokens=8, logits_processor=transformers.LogitsProcessorList([Tempered()]),
+                                    output_scores=True, return_dict_in_generate=True, pad_token_id=0)
+        for i, seq in enumerate(out.sequences):
+            tokens = ref.sequences[i, len(prompt):].tolist()
+            ends = [j for j, t in enumerate(tokens) if t in EOS]
+            assert seq.output_token_ids == (tokens[:ends[0] + 1] if ends else tokens)
+            assert seq.score == pytest.approx(float(ref.sequences_scores[i]), abs=SCORE_TOLERANCE)

@@ -136,6 +136,7 @@ class FakeClient(EngineClient):
     max_model_len = 64
     vocab_size = 100
     max_logprobs = 5
+    eos_token_ids: list[int] = []
     tokenizer_config: dict[str, Any] = {}
     tokenizer = None
     token_bytes: Optional[Sequence[bytes]] = None

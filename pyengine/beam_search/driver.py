@@ -11,18 +11,19 @@ step computes only each beam's last, partial block.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Mapping, Sequence
-from typing import Any, Optional
+from typing import Optional
 
 from pyengine.beam_search.outputs import BeamSearchOutput
 from pyengine.beam_search.params import BeamSearchParams
 from pyengine.beam_search.search import BeamSearch
 from pyengine.errors import EngineError, InvalidRequestError
+from pyengine.logprobs import Logprob
 from pyengine.outputs import RequestOutput
 from pyengine.sampling_params import SamplingParams
 
 #: A step's batch: the sequences to extend, and the parameters of their engine requests.
 Batch = tuple[list[list[int]], SamplingParams]
-Candidates = Mapping[int, Any]  # token id -> log-probability (a float or a ``Logprob``)
+Candidates = Mapping[int, Logprob]  # token id -> its log-probability
 
 
 def check_params(params: BeamSearchParams, max_logprobs: int, num_eos: int) -> None:

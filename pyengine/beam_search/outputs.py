@@ -4,7 +4,9 @@ holding its best sequences, best first."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Optional, Union
+
+from pyengine.logprobs import Logprob
 
 
 @dataclass
@@ -12,8 +14,8 @@ class BeamSearchSequence:
     """One finished beam.
 
     ``tokens`` holds the prompt's tokens then the generated ones (as vLLM's);
-    ``logprobs`` one dict per generated token (the candidates the engine returned for that
-    step, the chosen token among them); ``cum_logprob`` the sum of the generated tokens'
+    ``logprobs`` one dict per generated token, token id -> ``Logprob`` (the candidates the
+    engine returned for that step, the chosen token among them); ``cum_logprob`` the sum of the generated tokens'
     log-probabilities; ``score`` what the beams were ranked by (``cum_logprob /
     generated_len ** length_penalty``, transformers' ``sequences_scores``); ``text`` the
     generated text (without the end-of-sequence token unless
@@ -21,7 +23,7 @@ class BeamSearchSequence:
     or "length" (``max_tokens``), and ``stop_reason`` the end-of-sequence token id."""
 
     tokens: list[int]
-    logprobs: list[dict[int, Any]] = field(default_factory=list)
+    logprobs: list[dict[int, Logprob]] = field(default_factory=list)
     cum_logprob: float = 0.0
     text: Optional[str] = None
     finish_reason: Optional[str] = None

@@ -22,23 +22,18 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from pyengine.beam_search.outputs import BeamSearchSequence
 from pyengine.beam_search.params import BeamSearchParams
-
-
-def logprob_value(value: Any) -> float:
-    """A log-probability as the engine returns it: a float, or an object with ``.logprob``
-    (vLLM's ``Logprob``)."""
-    return float(getattr(value, "logprob", value))
+from pyengine.logprobs import Logprob
 
 
 @dataclass(frozen=True, slots=True)
 class _Beam:
     tokens: tuple[int, ...]  # generated so far
     cum_logprob: float
-    logprobs: tuple[Mapping[int, Any], ...]  # the engine's candidates, one dict per token
+    logprobs: tuple[Mapping[int, Logprob], ...]  # the engine's candidates, one dict per token
 
 
 class BeamSearch:
@@ -66,15 +61,15 @@ class BeamSearch:
             return []
         return [self.prompt_token_ids + list(beam.tokens) for beam in self._running]
 
-    def advance(self, next_logprobs: list[Mapping[int, Any]]) -> None:
-        """One step: ``next_logprobs[i]`` maps token ids to log-probabilities (at least the
+    def advance(self, next_logprobs: list[Mapping[int, Logprob]]) -> None:
+        """One step: ``next_logprobs[i]`` maps token ids to their ``Logprob`` (at least the
         ``candidates`` best) for the i-th sequence of ``pending()``."""
         if len(next_logprobs) != len(self._running):
             raise ValueError(f"{len(next_logprobs)} results for {len(self._running)} beams")
         new_len = len(self._running[0].tokens) + 1
         extensions = []
         for beam, tops in zip(self._running, next_logprobs):
-            best = sorted(((logprob_value(v), t) for t, v in tops.items()), key=lambda item: -item[0])
+            best = sorted(((v.logprob, t) for t, v in tops.items()), key=lambda item: -item[0])
             for lp, token in best[:self.candidates]:
                 extensions.append((beam.cum_logprob + lp, token, beam, tops))
         extensions.sort(key=lambda item: -item[0])  # stable: ties keep beam order, as topk tends to

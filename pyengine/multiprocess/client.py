@@ -449,6 +449,10 @@ class MultiprocessEngine(EngineClient):
         return self.info.max_logprobs
 
     @property
+    def eos_token_ids(self) -> list[int]:
+        return list(self.info.eos_token_ids)
+
+    @property
     def tokenizer_config(self) -> dict[str, Any]:
         return dict(self.info.tokenizer_config)
 

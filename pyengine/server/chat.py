@@ -136,6 +136,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                                  ctx: Context) -> Union[Response, JSONResponse]:
     ctx.check_model(body.model)
     ctx.check_alive()
+    if body.use_beam_search:
+        raise bad_request("use_beam_search is not supported on chat completions yet; use /v1/completions",
+                          "use_beam_search")
     check_messages(body.messages)
     check_history(body.messages)
     plan = tool_plan(body, ctx.args.tool_call_parser, ctx.args.enable_auto_tool_choice)

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from pyengine.logprobs import SampleLogprobs
+from pyengine.server.beam_search import beam_search_completion
 from pyengine.server.choices import ChoiceDelta
 from pyengine.server.context import Context, ServerContext
 from pyengine.server.errors import APIError, bad_request
@@ -47,6 +48,8 @@ async def create_completion(body: CompletionRequest, request: Request,
                             ctx: Context) -> Union[Response, JSONResponse]:
     ctx.check_model(body.model)
     ctx.check_alive()
+    if body.use_beam_search:
+        return await beam_search_completion(ctx, body, request)
     if body.echo and body.logprobs is not None:
         raise bad_request("echo with logprobs is not supported (prompt logprobs are not computed)", "echo")
     if body.suffix:

@@ -103,6 +103,10 @@ class SamplingFields(_Request):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     return_token_ids: bool = False  # add prompt_token_ids / token_ids to the choices
+    # Beam search (vLLM's fields; completions only: server/beam_search.py)
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: Union[bool, Text] = False
     # Constraints (structured.py): OpenAI's response_format, vLLM's structured_outputs and
     # its older guided_* spellings.
     response_format: Optional[ResponseFormat] = None

@@ -1,0 +1,82 @@
+"""``EngineClient.beam_search``'s body: beam search over any engine client (in-process or
+in another process), each step's beams as concurrent one-token requests.
+
+Used by the server (``use_beam_search``). The steps are ordinary requests, so a search
+shares the engine with other clients' requests as their peers; cancelling the search
+(a client that went away) aborts the step's requests, which frees their blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Optional
+
+from pyengine.beam_search.driver import Batch, Candidates, candidates_of, check_params, finish, search_steps
+from pyengine.beam_search.outputs import BeamSearchOutput
+from pyengine.beam_search.params import BeamSearchParams
+from pyengine.beam_search.search import BeamSearch
+from pyengine.errors import EngineError, InvalidRequestError
+from pyengine.prompts import PromptType, normalize_prompt
+from pyengine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pyengine.engine_client import EngineClient
+
+
+async def beam_search(engine: EngineClient, prompts: Sequence[PromptType], params: BeamSearchParams,
+                      request_id: str) -> list[BeamSearchOutput]:
+    """One ``BeamSearchOutput`` per prompt; engine requests are ``{request_id}-{step}-{i}``.
+    Raises ``InvalidRequestError`` before any step for a search the engine cannot run."""
+    eos = list(engine.eos_token_ids)
+    check_params(params, engine.max_logprobs, len(eos))
+    normalized = [normalize_prompt(p, engine.tokenize) for p in prompts]
+    limit = engine.max_request_tokens
+    for _, ids in normalized:
+        if not ids:
+            raise InvalidRequestError("a prompt is empty (0 tokens)")
+        if len(ids) >= limit:
+            raise InvalidRequestError(f"a prompt has {len(ids)} tokens; this engine holds {limit} per sequence, "
+                                      "so it leaves no room for a generated token")
+    searches = [BeamSearch(ids, params, eos, max_tokens=limit - len(ids)) for _, ids in normalized]
+    steps = search_steps(searches)
+    try:
+        batch: Optional[Batch] = next(steps)
+    except StopIteration:
+        batch = None
+    step = 0
+    while batch is not None:
+        results = await _run_batch(engine, batch, f"{request_id}-{step}")
+        step += 1
+        try:
+            batch = steps.send(results)
+        except StopIteration:
+            batch = None
+
+    def decode(ids: list[int]) -> str:
+        return engine.decode(ids, skip_special_tokens=False)
+
+    return finish(searches, [text for text, _ in normalized], decode)
+
+
+async def _run_batch(engine: EngineClient, batch: Batch, prefix: str) -> list[Candidates]:
+    """The step's requests, all submitted at once; the first failure (or a cancellation)
+    cancels the others, which aborts their engine requests."""
+    sequences, params = batch
+    tasks = [asyncio.ensure_future(_one(engine, ids, params, f"{prefix}-{i}")) for i, ids in enumerate(sequences)]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+
+
+async def _one(engine: EngineClient, ids: list[int], params: SamplingParams, request_id: str) -> Candidates:
+    last = None
+    async for out in engine.generate({"prompt_token_ids": ids}, params, request_id,
+                                     output_kind="final"):
+        last = out
+    if last is None:
+        raise EngineError(f"beam-search request {request_id} ended without an output")
+    return candidates_of(last)

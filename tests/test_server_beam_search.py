@@ -1,0 +1,220 @@
+"""``use_beam_search`` on ``/v1/completions`` (through the official ``openai`` client) and
+``EngineClient.beam_search``: the same beams as ``LLM.beam_search`` (which
+tests/test_beam_search.py holds to transformers), fields it cannot honour refused by
+name, other requests on the engine unharmed, no blocks left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from pyengine import LLM, AsyncEngine, BeamSearchParams
+from pyengine.errors import InvalidRequestError
+from pyengine.server import ServerArgs
+from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.live_server import LiveServer
+
+EOS = [311, 135]  # tokens the tiny model emits now and then: some beams end by EOS
+PROMPTS = [[257, 378, 475, 20, 74, 412, 474, 126], [363, 82, 163, 485, 212, 259, 148, 60, 214, 312]]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = make_tiny_checkpoint(tmp_path_factory.mktemp("beam-server") / "qwen3", "qwen3", seed=3)
+    config = json.loads((path / "generation_config.json").read_text())
+    config["eos_token_id"] = EOS
+    (path / "generation_config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def offline(checkpoint):
+    """The reference: ``LLM.beam_search`` on the same checkpoint."""
+    with LLM(str(checkpoint)) as llm:
+        yield llm
+
+
+@pytest.fixture(scope="module")
+def served(checkpoint):
+    engine = AsyncEngine(str(checkpoint))
+    with LiveServer(engine, ServerArgs(model_name="tiny", stats_interval=0)) as server:
+        yield server, engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    server, _ = served
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", timeout=60, max_retries=0) as c:
+        yield c
+
+
+def blocks_in_use(engine, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        used = engine.stats().scheduler["kv_blocks_used"]
+        if used == 0 or time.monotonic() > deadline:
+            return used
+        time.sleep(0.02)
+
+
+def test_n_beams_per_prompt_as_choices(client, offline):
+    params = dict(max_tokens=12, n=3, extra_body={"use_beam_search": True, "length_penalty": 0.5,
+                                                  "return_token_ids": True})
+    resp = client.completions.create(model="tiny", prompt=PROMPTS, **params)
+    expected = offline.beam_search(PROMPTS, BeamSearchParams(beam_width=3, max_tokens=12, length_penalty=0.5))
+    assert [c.index for c in resp.choices] == list(range(6))
+    reasons = set()
+    for choice in resp.choices:
+        seq = expected[choice.index // 3].sequences[choice.index % 3]
+        extra = choice.model_extra or {}
+        assert extra["token_ids"] == seq.output_token_ids
+        assert extra["prompt_token_ids"] == PROMPTS[choice.index // 3]
+        assert choice.text == seq.text
+        assert choice.finish_reason == seq.finish_reason
+        reasons.add(seq.finish_reason)
+    assert reasons == {"stop", "length"}
+    assert resp.usage.prompt_tokens == sum(len(p) for p in PROMPTS)
+    assert resp.usage.completion_tokens == sum(len(s.output_token_ids) for o in expected for s in o.sequences)
+
+
+def test_text_prompt_echo_and_default_max_tokens(client, offline, served):
+    _, engine = served
+    resp = client.completions.create(model="tiny", prompt="hello there", n=2, max_tokens=None, echo=True,
+                                     extra_body={"use_beam_search": True, "ignore_eos": True})
+    room = engine.max_request_tokens - len(engine.tokenize("hello there"))
+    expected = offline.beam_search(["hello there"], BeamSearchParams(beam_width=2, max_tokens=room,
+                                                                     ignore_eos=True))[0]
+    assert [c.text for c in resp.choices] == ["hello there" + s.text for s in expected.sequences]
+    assert all(c.finish_reason == "length" for c in resp.choices)
+
+
+@pytest.mark.parametrize("body,param,words", [
+    ({"stream": True}, "stream", "stream is not supported with use_beam_search"),
+    ({"n": 7}, "n", "n must be <= 6"),  # 3 * n log-probabilities per beam (two EOS ids), max_logprobs 20
+    ({"n": 0}, "n", "n must be >= 1"),
+    ({"max_tokens": 0}, "max_tokens", "max_tokens must be >= 1"),
+    ({"temperature": -1}, "temperature", "temperature must be >= 0"),
+    ({"early_stopping": "sometimes"}, "early_stopping", "early_stopping must be"),
+    ({"stop": ["x"]}, "stop", "stop is not supported with use_beam_search"),
+    ({"top_p": 0.5}, "top_p", "top_p is not supported"),
+    ({"logprobs": 2}, "logprobs", "logprobs is not supported"),
+    ({"min_tokens": 2}, "min_tokens", "min_tokens is not supported"),
+    ({"structured_outputs": {"regex": "a+"}}, "structured_outputs.regex", "structured_outputs.regex is not"),
+    ({"response_format": {"type": "json_object"}}, "response_format", "response_format is not supported"),
+    ({"best_of": 4}, "best_of", "best_of must equal n"),
+    ({"prompt": [5, 10**6]}, "prompt", "beyond the vocabulary"),
+])
+def test_what_a_beam_search_cannot_do_is_a_400_naming_the_field(served, body, param, words):
+    server, engine = served
+    request = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 4, "n": 2, "use_beam_search": True, **body}
+    resp = httpx.post(f"{server.url}/v1/completions", json=request, timeout=30)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == param and words in error["message"], error
+    assert blocks_in_use(engine) == 0
+
+
+def test_streaming_refusal_through_the_openai_client(client):
+    with pytest.raises(openai.BadRequestError, match="stream"):
+        client.completions.create(model="tiny", prompt=[5, 6, 7], n=2, max_tokens=4, stream=True,
+                                  extra_body={"use_beam_search": True})
+
+
+def test_other_requests_are_unharmed_and_no_blocks_leak(client, served, offline):
+    """A greedy completion beside a beam search gives what it gives alone."""
+    _, engine = served
+    alone = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=16, temperature=0,
+                                      extra_body={"return_token_ids": True})
+
+    async def both():
+        async with openai.AsyncOpenAI(base_url=client.base_url, api_key="none", timeout=60, max_retries=0) as c:
+            beams = c.completions.create(model="tiny", prompt=PROMPTS, n=4, max_tokens=16,
+                                         extra_body={"use_beam_search": True, "return_token_ids": True})
+            greedy = c.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=16, temperature=0,
+                                          extra_body={"return_token_ids": True})
+            return await asyncio.gather(beams, greedy)
+
+    beams, beside = asyncio.run(both())
+    assert beside.choices[0].model_extra["token_ids"] == alone.choices[0].model_extra["token_ids"]
+    expected = offline.beam_search(PROMPTS, BeamSearchParams(beam_width=4, max_tokens=16))
+    assert [c.model_extra["token_ids"] for c in beams.choices] == \
+        [s.output_token_ids for o in expected for s in o.sequences]
+    assert blocks_in_use(engine) == 0
+
+
+def test_a_client_that_leaves_aborts_the_search(served):
+    server, engine = served
+    request = {"model": "tiny", "prompt": PROMPTS, "n": 6, "max_tokens": 200, "ignore_eos": True,
+               "use_beam_search": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", json=request, timeout=0.5)
+    assert blocks_in_use(engine) == 0
+    deadline = time.monotonic() + 10
+    while engine.health().num_unfinished and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert engine.health().num_unfinished == 0, "the search went on after its client left"
+    resp = httpx.post(f"{server.url}/v1/completions", json={**request, "max_tokens": 2}, timeout=30)
+    assert resp.status_code == 200 and len(resp.json()["choices"]) == 12
+
+
+def test_engine_client_beam_search(checkpoint, offline):
+    async def run():
+        engine = AsyncEngine(str(checkpoint))
+        try:
+            got = await engine.beam_search(PROMPTS, BeamSearchParams(beam_width=3, max_tokens=10), "bs")
+            with pytest.raises(InvalidRequestError, match="^beam_width must be <= 6"):
+                await engine.beam_search(PROMPTS, BeamSearchParams(beam_width=7, max_tokens=10), "bad")
+            assert blocks_in_use(engine) == 0
+            return got
+        finally:
+            engine.shutdown()
+
+    got = asyncio.run(run())
+    expected = offline.beam_search(PROMPTS, BeamSearchParams(beam_width=3, max_tokens=10))
+    assert [[(s.tokens, s.text, s.finish_reason) for s in o.sequences] for o in got] == \
+        [[(s.tokens, s.text, s.finish_reason) for s in o.sequences] for o in expected]
+    assert [s.cum_logprob for o in got for s in o.sequences] == \
+        pytest.approx([s.cum_logprob for o in expected for s in o.sequences])
+
+
+def test_without_use_beam_search_n_samples_as_always(served):
+    """The beam-search fields change nothing without ``use_beam_search``."""
+    server, _ = served
+    resp = httpx.post(f"{server.url}/v1/completions", json={"model": "tiny", "prompt": [5, 6, 7], "n": 2,
+                                                            "max_tokens": 3, "length_penalty": 2.0}, timeout=30)
+    assert resp.status_code == 200 and len(resp.json()["choices"]) == 2
+
+
+def test_chat_refuses_use_beam_search_by_name(served):
+    server, _ = served
+    resp = httpx.post(f"{server.url}/v1/chat/completions", timeout=30, json={
+        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 2, "use_beam_search": True})
+    assert resp.status_code == 400
+    assert resp.json()["error"]["param"] == "use_beam_search"
+    assert "/v1/completions" in resp.json()["error"]["message"]
+
+
+def test_multiprocess_engine_client_beam_search(checkpoint, offline):
+    """The same search through an engine core in another process (EOS ids and
+    log-probabilities cross the process link)."""
+    async def run():
+        engine = AsyncEngine(str(checkpoint), multiprocess=True, start_timeout=120)
+        try:
+            assert engine.eos_token_ids == EOS
+            return await engine.beam_search([{"prompt_token_ids": p} for p in PROMPTS],
+                                            BeamSearchParams(beam_width=3, max_tokens=10, length_penalty=0.0))
+        finally:
+            engine.shutdown()
+
+    got = asyncio.run(run())
+    expected = offline.beam_search(PROMPTS, BeamSearchParams(beam_width=3, max_tokens=10, length_penalty=0.0))
+    assert [[(s.tokens, s.finish_reason) for s in o.sequences] for o in got] == \
+        [[(s.tokens, s.finish_reason) for s in o.sequences] for o in expected]
+    assert [s.score for o in got for s in o.sequences] == pytest.approx([s.score for o in expected
+                                                                         for s in o.sequences])
