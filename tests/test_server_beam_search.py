@@ -191,13 +191,35 @@ def test_without_use_beam_search_n_samples_as_always(served):
     assert resp.status_code == 200 and len(resp.json()["choices"]) == 2
 
 
-def test_chat_refuses_use_beam_search_by_name(served):
-    server, _ = served
-    resp = httpx.post(f"{server.url}/v1/chat/completions", timeout=30, json={
-        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 2, "use_beam_search": True})
-    assert resp.status_code == 400
-    assert resp.json()["error"]["param"] == "use_beam_search"
-    assert "/v1/completions" in resp.json()["error"]["message"]
+def test_chat_beams_as_choices(client, offline):
+    resp = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi there"}], n=3,
+                                          max_completion_tokens=8,
+                                          extra_body={"use_beam_search": True, "return_token_ids": True})
+    prompt_ids = resp.model_extra["prompt_token_ids"]
+    expected = offline.beam_search([prompt_ids], BeamSearchParams(beam_width=3, max_tokens=8))[0]
+    assert [c.index for c in resp.choices] == [0, 1, 2]
+    assert [c.model_extra["token_ids"] for c in resp.choices] == [s.output_token_ids for s in expected.sequences]
+    assert [c.message.content for c in resp.choices] == [s.text for s in expected.sequences]
+    assert [c.finish_reason for c in resp.choices] == [s.finish_reason for s in expected.sequences]
+    assert resp.usage.completion_tokens == sum(len(s.output_token_ids) for s in expected.sequences)
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"stream": True}, "stream"),
+    ({"logprobs": True}, "logprobs"),
+    ({"max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"n": 7}, "n"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"stop": "x"}, "stop"),
+])
+def test_chat_refusals_name_the_field(served, body, param):
+    server, engine = served
+    request = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 2, "max_tokens": 4,
+               "use_beam_search": True, **body}
+    resp = httpx.post(f"{server.url}/v1/chat/completions", json=request, timeout=30)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == param, resp.json()
+    assert blocks_in_use(engine) == 0
 
 
 def test_multiprocess_engine_client_beam_search(checkpoint, offline):

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from pyengine.outputs import LOGPROB_FLOOR, SampleLogprobs
+from pyengine.server.beam_search import beam_search_chat, check_chat
 from pyengine.server.choices import ChoiceDelta
 from pyengine.server.context import Context, ServerContext
 from pyengine.server.errors import APIError, bad_request
@@ -136,9 +137,6 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                                  ctx: Context) -> Union[Response, JSONResponse]:
     ctx.check_model(body.model)
     ctx.check_alive()
-    if body.use_beam_search:
-        raise bad_request("use_beam_search is not supported on chat completions yet; use /v1/completions",
-                          "use_beam_search")
     check_messages(body.messages)
     check_history(body.messages)
     plan = tool_plan(body, ctx.args.tool_call_parser, ctx.args.enable_auto_tool_choice)
@@ -147,6 +145,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
         raise bad_request("top_logprobs needs logprobs = true", "top_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     tokens_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    if body.use_beam_search:
+        return await _beam_search(ctx, body, request, plan, max_tokens, tokens_param)
     top = body.top_logprobs or 0
     renames = {"logprobs": "top_logprobs", "max_tokens": tokens_param}
     # Field checks first (cheap, and a bad field is the clearer error); the real
@@ -183,6 +183,18 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                                       usage=run.tracker.usage(),
                                       prompt_token_ids=prompt_ids if body.return_token_ids else None)
     return JSONResponse(response.model_dump())
+
+
+async def _beam_search(ctx: ServerContext, body: ChatCompletionRequest, request: Request, plan: ToolPlan,
+                       max_tokens: Optional[int], tokens_param: str) -> Response:
+    """``use_beam_search``: the fields checked, the prompt rendered, the search run
+    (``beam_search.py``)."""
+    check_chat(ctx, body, plan, max_tokens, tokens_param)
+    prompt_ids = await off_the_loop_if_long(text_size(body.messages), render_prompt, ctx, body.messages,
+                                            body.add_generation_prompt, body.chat_template_kwargs,
+                                            body.add_special_tokens, plan.tools)
+    check_length(ctx, len(prompt_ids), max_tokens, "messages", tokens_param)
+    return await beam_search_chat(ctx, body, request, plan, prompt_ids, max_tokens, tokens_param)
 
 
 def _stream(ctx: ServerContext, body: ChatCompletionRequest, run: Generation, top: int,
