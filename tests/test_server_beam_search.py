@@ -80,6 +80,8 @@ def test_n_beams_per_prompt_as_choices(client, offline):
         reasons.add(seq.finish_reason)
     assert reasons == {"stop", "length"}
     assert resp.usage.prompt_tokens == sum(len(p) for p in PROMPTS)
+    metrics = httpx.get(f"{str(client.base_url).removesuffix('/v1/')}/metrics", timeout=30).text
+    assert 'pyengine:request_success_total{finished_reason="stop",model_name="tiny"}' in metrics
     assert resp.usage.completion_tokens == sum(len(s.output_token_ids) for o in expected for s in o.sequences)
 
 

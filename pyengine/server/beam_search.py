@@ -11,6 +11,7 @@ does not use (``stop``, ``top_p``, ...), each by name, rather than silently igno
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from typing import Any, Optional, Union
 
@@ -137,6 +138,7 @@ async def run_search(ctx: ServerContext, request: Request, prompts: list[list[in
     """The search's outputs, or a 499 when the client left first (the search is then
     cancelled, which aborts its step's requests). Errors are API errors naming the
     request's field (``renames``: ours -> the request's)."""
+    started = time.time()
     search = asyncio.ensure_future(ctx.engine.beam_search([{"prompt_token_ids": ids} for ids in prompts], params,
                                                           request_id))
     watcher = asyncio.ensure_future(_disconnect(request))
@@ -152,7 +154,14 @@ async def run_search(ctx: ServerContext, request: Request, prompts: list[list[in
     error = search.exception()
     if error is not None:
         raise _named(error, renames) if isinstance(error, InvalidRequestError) else to_api_error(error)
-    return search.result()
+    found = search.result()
+    # /metrics: the search's sequences and its latency (the step requests inside it are the
+    # engine's business: they show in its token and prefix-cache counters).
+    model = ctx.args.model_name
+    for sequence in (s for out in found for s in out.sequences):
+        ctx.metrics.success.labels(model, sequence.finish_reason or "unknown").inc()
+    ctx.metrics.e2e.labels(model).observe(time.time() - started)
+    return found
 
 
 def _usage(outputs: list[BeamSearchOutput]) -> UsageInfo:
