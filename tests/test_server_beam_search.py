@@ -122,6 +122,16 @@ def test_what_a_beam_search_cannot_do_is_a_400_naming_the_field(served, body, pa
     assert blocks_in_use(engine) == 0
 
 
+def test_neutral_sampling_fields_are_accepted(client):
+    """Clients that send every field send top_p=1, penalties 0, ...: values that change
+    nothing are not refused."""
+    resp = client.completions.create(model="tiny", prompt=PROMPTS[0], n=2, max_tokens=4, top_p=1.0,
+                                     presence_penalty=0.0, frequency_penalty=0.0, stop=[],
+                                     extra_body={"use_beam_search": True, "top_k": -1, "min_p": 0.0,
+                                                 "repetition_penalty": 1.0})
+    assert len(resp.choices) == 2
+
+
 def test_streaming_refusal_through_the_openai_client(client):
     with pytest.raises(openai.BadRequestError, match="stream"):
         client.completions.create(model="tiny", prompt=[5, 6, 7], n=2, max_tokens=4, stream=True,

@@ -37,23 +37,28 @@ from pyengine.server.sampling import check_length, default_max_tokens, tokenize_
 from pyengine.server.structured import requested_constraint
 from pyengine.server.tools import ToolPlan, whole_message
 
-#: Request fields a beam search has no use for, and the value that means "not set".
-_UNUSED = {"top_p": None, "top_k": None, "min_p": None, "repetition_penalty": None, "presence_penalty": None,
-           "frequency_penalty": None, "stop": None, "stop_token_ids": None, "min_tokens": 0, "logit_bias": None}
-_UNUSED_COMPLETIONS = {**_UNUSED, "logprobs": None, "suffix": None}
-_UNUSED_CHAT = {**_UNUSED, "logprobs": False, "top_logprobs": None}
+#: Request fields a beam search has no use for, and the values that change nothing (clients
+#: that send every field send these): anything else is refused by name.
+_UNUSED: dict[str, tuple[Any, ...]] = {
+    "top_p": (None, 1.0), "top_k": (None, 0, -1), "min_p": (None, 0.0), "repetition_penalty": (None, 1.0),
+    "presence_penalty": (None, 0.0), "frequency_penalty": (None, 0.0), "stop": (None, [], ""),
+    "stop_token_ids": (None, []), "min_tokens": (0,), "logit_bias": (None, {}),
+}
+_UNUSED_COMPLETIONS = {**_UNUSED, "logprobs": (None,), "suffix": (None, "")}
+_UNUSED_CHAT = {**_UNUSED, "logprobs": (False,), "top_logprobs": (None,)}
 #: Fields the parameters' errors may name (BeamSearchParams' names renamed to the request's).
 _FIELDS = frozenset({"n", "max_tokens", "temperature", "length_penalty", "early_stopping", "ignore_eos", "prompt"})
 
 
-def beam_search_params(ctx: ServerContext, body: SamplingFields, max_tokens: int, unused: Mapping[str, Any],
+def beam_search_params(ctx: ServerContext, body: SamplingFields, max_tokens: int,
+                       unused: Mapping[str, tuple[Any, ...]],
                        tokens_param: str = "max_tokens") -> BeamSearchParams:
     """The search ``body`` asks for; a 400 naming the field it cannot have."""
     if body.stream:
         raise bad_request("stream is not supported with use_beam_search: the beams are known only when the search "
                           "ends; send stream=false", "stream")
-    for name, unset in unused.items():
-        if getattr(body, name) not in (unset, None):
+    for name, neutral in unused.items():
+        if getattr(body, name) not in neutral:
             raise bad_request(f"{name} is not supported with use_beam_search", name)
     constraint = requested_constraint(body)
     if constraint is not None:
