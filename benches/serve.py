@@ -27,11 +27,16 @@ import statistics
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from pathlib import Path
+from typing import Any, Optional
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sse_client import ConnectionPool, HTTPStatusError  # noqa: E402 - this folder's module
 
 # `python -m pyengine` would put the working directory first on sys.path, and from the
 # repository root that is the source folder pyengine/, which holds no native module after
@@ -51,44 +56,93 @@ class Result:
     error: str = ""
 
 
-async def one_request(http: httpx.AsyncClient, url: str, model: Optional[str], prompt: list[int],
-                      output_len: int, timeout: float) -> Result:
+def _body(model: Optional[str], prompt: list[int], output_len: int) -> dict[str, Any]:
     body: dict[str, Any] = {"prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "ignore_eos": True,
                             "stream": True, "stream_options": {"include_usage": True},
                             "return_token_ids": True}  # a chunk with tokens but no text yet still counts
     if model:
         body["model"] = model
-    start = time.perf_counter()
-    result = Result(ok=False, prompt_tokens=len(prompt))
-    last: Optional[float] = None
+    return body
+
+
+class _Timer:
+    """A request's client-side times, fed with each streamed chunk."""
+
+    def __init__(self, result: Result, start: float) -> None:
+        self.result = result
+        self.start = start
+        self.last: Optional[float] = None
+
+    def chunk(self, chunk: dict[str, Any]) -> bool:
+        """Takes one chunk; False when it is an error (recorded)."""
+        if "error" in chunk:
+            self.result.error = chunk["error"]["message"]
+            return False
+        now = time.perf_counter()
+        if chunk.get("usage"):
+            self.result.output_tokens = chunk["usage"]["completion_tokens"]
+        choice = chunk["choices"][0] if chunk.get("choices") else {}
+        if choice.get("token_ids") or choice.get("text"):
+            if self.last is None:
+                self.result.ttft = now - self.start
+            else:
+                self.result.itl.append(now - self.last)
+            self.last = now
+        return True
+
+    def done(self) -> Result:
+        self.result.e2e = time.perf_counter() - self.start
+        self.result.ok = self.result.output_tokens > 0
+        return self.result
+
+
+async def one_request(pool: ConnectionPool, url: str, model: Optional[str], prompt: list[int],
+                      output_len: int, timeout: float) -> Result:
+    """One streamed completion over a connection of ``pool`` (the lean client)."""
+    body = json.dumps(_body(model, prompt, output_len)).encode()
+    timer = _Timer(Result(ok=False, prompt_tokens=len(prompt)), time.perf_counter())
+    connection = pool.take()
+    clean = False
+
+    async def consume() -> bool:
+        async for data in connection.stream_events("/v1/completions", body):
+            if data != b"[DONE]" and not timer.chunk(json.loads(data)):
+                return False
+        return True
+
     try:
-        async with http.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout) as resp:
+        if not await asyncio.wait_for(consume(), timeout):
+            return timer.result
+        clean = True
+        return timer.done()
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError,
+            HTTPStatusError) as error:
+        timer.result.error = str(error) if isinstance(error, HTTPStatusError) else repr(error)
+        return timer.result
+    finally:
+        if clean:
+            pool.give_back(connection)
+        else:
+            connection.close()
+
+
+async def one_request_httpx(http: httpx.AsyncClient, url: str, model: Optional[str], prompt: list[int],
+                            output_len: int, timeout: float) -> Result:
+    """The same through httpx (``--client httpx``: the load generator before the lean one)."""
+    timer = _Timer(Result(ok=False, prompt_tokens=len(prompt)), time.perf_counter())
+    try:
+        async with http.stream("POST", f"{url}/v1/completions", json=_body(model, prompt, output_len),
+                               timeout=timeout) as resp:
             if resp.status_code != 200:
-                result.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
-                return result
+                timer.result.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
+                return timer.result
             async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    result.error = chunk["error"]["message"]
-                    return result
-                now = time.perf_counter()
-                if chunk.get("usage"):
-                    result.output_tokens = chunk["usage"]["completion_tokens"]
-                choice = chunk["choices"][0] if chunk.get("choices") else {}
-                if not (choice.get("token_ids") or choice.get("text")):
-                    continue
-                if last is None:
-                    result.ttft = now - start
-                else:
-                    result.itl.append(now - last)
-                last = now
-        result.e2e = time.perf_counter() - start
-        result.ok = result.output_tokens > 0
+                if line.startswith("data: ") and line != "data: [DONE]" and not timer.chunk(json.loads(line[6:])):
+                    return timer.result
+        return timer.done()
     except (httpx.HTTPError, json.JSONDecodeError) as error:
-        result.error = repr(error)
-    return result
+        timer.result.error = repr(error)
+    return timer.result
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -104,25 +158,39 @@ def _summary(name: str, values: list[float]) -> dict[str, float]:
             f"p50_{name}_ms": _pct(ms, 50), f"p99_{name}_ms": _pct(ms, 99)}
 
 
+@asynccontextmanager
+async def _client(args: argparse.Namespace, url: str) -> AsyncIterator[Callable[[list[int], int], Awaitable[Result]]]:
+    """``send(prompt, output_len)`` through the chosen client (``args.client``)."""
+    if getattr(args, "client", "lean") == "httpx":
+        # Idle connections expire before the server (uvicorn: 5 s) closes them: no reuse races.
+        limits = httpx.Limits(max_connections=args.max_concurrency or 1000, max_keepalive_connections=256,
+                              keepalive_expiry=2.0)
+        async with httpx.AsyncClient(limits=limits, timeout=args.timeout) as http:
+            yield lambda prompt, n: one_request_httpx(http, url, args.model, prompt, n, args.timeout)
+        return
+    pool = ConnectionPool(url)
+    try:
+        yield lambda prompt, n: one_request(pool, url, args.model, prompt, n, args.timeout)
+    finally:
+        pool.close()
+
+
 async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
     rng = random.Random(args.seed)
     low = max(1, int(args.input_len * (1 - args.range_ratio)))
     high = max(low, int(args.input_len * (1 + args.range_ratio)))
     prompts = [[rng.randrange(args.min_token_id, args.vocab) for _ in range(rng.randint(low, high))]
                for _ in range(args.num_prompts)]
-    # Idle connections expire before the server (uvicorn: 5 s) closes them: no reuse races.
-    limits = httpx.Limits(max_connections=args.max_concurrency or 1000, max_keepalive_connections=256,
-                          keepalive_expiry=2.0)
     gate = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
-    async with httpx.AsyncClient(limits=limits, timeout=args.timeout) as http:
+    async with _client(args, url) as send:
         for _ in range(args.warmup):
-            await one_request(http, url, args.model, prompts[0], 4, args.timeout)
+            await send(prompts[0], 4)
 
         async def limited(prompt: list[int]) -> Result:
             if gate is None:
-                return await one_request(http, url, args.model, prompt, args.output_len, args.timeout)
+                return await send(prompt, args.output_len)
             async with gate:
-                return await one_request(http, url, args.model, prompt, args.output_len, args.timeout)
+                return await send(prompt, args.output_len)
 
         tasks = []
         start = time.perf_counter()
@@ -234,6 +302,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=300.0, help="per-request timeout (s)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--client", choices=("lean", "httpx"), default="lean",
+                        help="the load generator's HTTP client (default: %(default)s; sse_client.py says why)")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args(argv)
     if args.spawn:

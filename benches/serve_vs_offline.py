@@ -9,7 +9,9 @@ vocab 4096, float32, CPU). Workload: ``--num-prompts`` random prompts of
 - ``offline``: ``LLM.generate`` pinned to ``--core-cpus``.
 - ``mp``: ``pyengine serve`` (engine core in its own process, the default) with the
   engine core on ``--core-cpus`` and the front end plus this load generator on
-  ``--client-cpus``.
+  ``--client-cpus``. The load generator is ``serve.py``'s lean client (``sse_client.py``).
+- ``mp-httpx``: the same with the load generator on httpx, as this bench ran before
+  (``sse_client.py`` says why that client held the server's batches half full).
 - ``inprocess``: ``pyengine serve --no-multiprocess`` pinned to ``--core-cpus`` (front end
   and engine share it), the load generator on ``--client-cpus``: the layout before.
 - ``dp1`` / ``dp2``: one engine core on both CPUs against two cores with one CPU each
@@ -17,11 +19,16 @@ vocab 4096, float32, CPU). Workload: ``--num-prompts`` random prompts of
 
 Printed per run: output tokens/s, the ratio to offline, TTFT / TPOT / ITL (client side,
 as ``serve.py``), and the executor's pipeline bubbles as a fraction of its wall time
-during the run (from ``/metrics``; summed over the cores for dp2). On a shared machine the
-engine may get a different share of its CPU in each run: the CPU share it got, and
-tokens per CPU second of the engine's process(es) (its ratio to offline's), say how much.
+during the run (from ``/metrics``; summed over the cores for dp2). Why a ratio is what it
+is: tokens per engine step (a batch half full wastes the engine), the engine's mean TTFT
+(from its arrival at the core: the client's TTFT less this is the time spent before the
+core), each engine thread's busy microseconds per output token, and the CPU the front
+end and the load generator spend per output token. On a shared machine the engine may
+get a different share of its CPU in each run: the CPU share it got, and tokens per CPU
+second of the engine's process(es) (its ratio to offline's), say how much. The last line
+(``summary``; with ``--json`` the ``summary`` key) has the issue's figures together.
 
-    python benches/serve_vs_offline.py [--modes offline,mp,inprocess,dp1,dp2] [--json]
+    python benches/serve_vs_offline.py [--modes offline,mp,mp-httpx,inprocess,dp1,dp2] [--json]
 """
 
 from __future__ import annotations
@@ -70,13 +77,10 @@ def offline_child(args: argparse.Namespace) -> None:
         cpu = time.process_time() - cpu
         after = llm.stats()
     produced = sum(len(o.outputs[0].token_ids) for o in outs)
-    exec_wall = sum(after.threads["pyengine-exec"].values()) - sum(before.threads["pyengine-exec"].values())
-    exec_busy = after.threads["pyengine-exec"]["busy_s"] - before.threads["pyengine-exec"]["busy_s"]
-    print(json.dumps({"output_throughput": produced / elapsed, "duration_s": elapsed,
-                      "bubble_fraction": (after.pipeline_bubble_s - before.pipeline_bubble_s) / exec_wall,
-                      "exec_busy_fraction": exec_busy / exec_wall,
-                      "core_cpu_share": cpu / elapsed, "tokens_per_core_cpu_s": produced / cpu,
-                      "tokens_per_step": (after.generated_tokens - before.generated_tokens) / (after.steps - before.steps)}))
+    report = {"output_throughput": produced / elapsed, "duration_s": elapsed, "total_output_tokens": produced,
+              "core_cpu_share": cpu / elapsed, "tokens_per_core_cpu_s": produced / cpu}
+    report.update(_engine_figures(_stats_figures(before), _stats_figures(after), produced))
+    print(json.dumps(report))
 
 
 def _prompts(args: argparse.Namespace) -> list[list[int]]:
@@ -98,30 +102,65 @@ def _workload_flags(args: argparse.Namespace) -> list[str]:
             str(args.output_len), "--max-concurrency", str(args.max_concurrency), "--seed", str(args.seed)]
 
 
-_SERIES = re.compile(r'^(pyengine:(?:pipeline_bubble_seconds|thread_busy_seconds|thread_idle_seconds|engine_steps|'
-                     r'generation_tokens))(?:_total)?\{([^}]*)\} ([0-9.eE+-]+)$')
+_SAMPLE = re.compile(r'^(pyengine:[a-z_]+)(?:\{([^}]*)\})? ([0-9.eE+-]+)$')
+_THREAD = re.compile(r'thread="([^"]+)"')
 
 
-def _exec_figures(url: str) -> tuple[float, float, float, float, float]:
-    """(bubble seconds, executor wall seconds, executor busy seconds, steps, generated
-    tokens) summed over the cores."""
-    bubbles = wall = busy = steps = tokens = 0.0
+def _scrape(url: str) -> dict[str, float]:
+    """The server's figures this bench reads, summed over the engine cores: the executor's
+    pipeline bubbles and wall time, each engine thread's busy seconds, steps, generated
+    tokens, and the sum and count of the engine-side latency histograms."""
+    figures: dict[str, float] = {}
     for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
-        m = _SERIES.match(line)
+        m = _SAMPLE.match(line)
         if not m:
             continue
-        name, labels, value = m.group(1), m.group(2), float(m.group(3))
-        if name == "pyengine:pipeline_bubble_seconds":
-            bubbles += value
-        elif name == "pyengine:engine_steps":
-            steps += value
-        elif name == "pyengine:generation_tokens":
-            tokens += value
-        elif 'thread="pyengine-exec"' in labels:
-            wall += value
-            if name == "pyengine:thread_busy_seconds":
-                busy += value
-    return bubbles, wall, busy, steps, tokens
+        name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
+        name = name.removesuffix("_total")
+        thread = _THREAD.search(labels)
+        if name in ("pyengine:thread_busy_seconds", "pyengine:thread_idle_seconds") and thread:
+            key = f"busy:{thread.group(1)}" if name.endswith("busy_seconds") else f"idle:{thread.group(1)}"
+        elif name in ("pyengine:pipeline_bubble_seconds", "pyengine:engine_steps", "pyengine:generation_tokens") or (
+                name.endswith(("_seconds_sum", "_seconds_count")) and "le=" not in labels):
+            key = name.removeprefix("pyengine:")
+        else:
+            continue
+        figures[key] = figures.get(key, 0.0) + value
+    return figures
+
+
+def _engine_figures(before: dict[str, float], after: dict[str, float], tokens: int) -> dict[str, Any]:
+    """What the engine did between two scrapes (or two ``EngineStats``, as ``_stats_figures``
+    spells them): bubbles as a fraction of the executor's wall time, its busy fraction,
+    tokens per step, and each engine thread's busy microseconds per output token."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    wall = d.get("busy:pyengine-exec", 0.0) + d.get("idle:pyengine-exec", 0.0)
+    steps = d.get("engine_steps", 0.0)
+    return {
+        "bubble_fraction": d.get("pipeline_bubble_seconds", 0.0) / wall if wall else 0.0,
+        # Low busy with few bubbles: the executor waited for requests (the front end or
+        # the load generator is the bottleneck), not for plans.
+        "exec_busy_fraction": d.get("busy:pyengine-exec", 0.0) / wall if wall else 0.0,
+        "tokens_per_step": d.get("generation_tokens", 0.0) / steps if steps else 0.0,
+        "steps": steps,
+        "thread_busy_us_per_token": {k.removeprefix("busy:"): 1e6 * v / tokens for k, v in sorted(d.items())
+                                     if k.startswith("busy:") and tokens},
+    }
+
+
+def _mean(before: dict[str, float], after: dict[str, float], histogram: str) -> float:
+    count = after.get(f"{histogram}_count", 0.0) - before.get(f"{histogram}_count", 0.0)
+    total = after.get(f"{histogram}_sum", 0.0) - before.get(f"{histogram}_sum", 0.0)
+    return total / count if count else 0.0
+
+
+def _stats_figures(stats: Any) -> dict[str, float]:
+    """An offline engine's ``EngineStats`` as ``_scrape`` names the server's figures."""
+    figures = {"pipeline_bubble_seconds": stats.pipeline_bubble_s, "engine_steps": float(stats.steps),
+               "generation_tokens": float(stats.generated_tokens)}
+    for thread, t in stats.threads.items():
+        figures[f"busy:{thread}"], figures[f"idle:{thread}"] = t["busy_s"], t["idle_s"]
+    return figures
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -135,7 +174,7 @@ def _children(pid: int) -> list[int]:
 
 
 def run_server(args: argparse.Namespace, serve_flags: list[str], front_cpus: Optional[list[int]],
-               client_cpus: Optional[list[int]]) -> dict[str, Any]:
+               client_cpus: Optional[list[int]], client: str = "lean") -> dict[str, Any]:
     port = serve._free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-c", serve._SERVE, "serve", args.model_dir, "--host", "127.0.0.1", "--port", str(port),
@@ -151,30 +190,37 @@ def run_server(args: argparse.Namespace, serve_flags: list[str], front_cpus: Opt
         load = argparse.Namespace(num_prompts=args.num_prompts, request_rate=float("inf"),
                                   max_concurrency=args.max_concurrency, input_len=args.input_len,
                                   output_len=args.output_len, range_ratio=0.0, vocab=4096, min_token_id=3,
-                                  warmup=2, timeout=600.0, seed=args.seed, model=None)
+                                  warmup=2, timeout=600.0, seed=args.seed, model=None,
+                                  client=client)
         # The engine's CPU time: its core processes', or (in-process) the server's own.
         cores = _children(proc.pid) or [proc.pid]
         front = [proc.pid] if cores != [proc.pid] else []
-        bubbles0, wall0, busy0, steps0, tokens0 = _exec_figures(url)
+        scrape0 = _scrape(url)
         cpu0 = [_cpu_seconds(p) for p in cores + front] + [time.process_time()]
         start = time.perf_counter()
         report = asyncio.run(serve.run(load, url))
         elapsed = time.perf_counter() - start
         cpu1 = [_cpu_seconds(p) for p in cores + front] + [time.process_time()]
-        bubbles1, wall1, busy1, steps1, tokens1 = _exec_figures(url)
+        scrape1 = _scrape(url)
         used = [b - a for a, b in zip(cpu0, cpu1)]
         core_cpu = sum(used[:len(cores)])
         # On a shared machine the engine may get much less than its CPUs: tokens per CPU
         # second of the engine compares runs that got different shares.
         report["core_cpu_share"] = core_cpu / elapsed / len(cores)
         report["tokens_per_core_cpu_s"] = report["total_output_tokens"] / core_cpu if core_cpu else 0.0
+        tokens = report["total_output_tokens"]
         report["front_end_cpu_s"] = sum(used[len(cores):-1])
         report["client_cpu_s"] = used[-1]
-        report["tokens_per_step"] = (tokens1 - tokens0) / (steps1 - steps0) if steps1 > steps0 else 0.0
-        report["bubble_fraction"] = (bubbles1 - bubbles0) / (wall1 - wall0) if wall1 > wall0 else 0.0
-        # Low busy with few bubbles: the executor waited for requests (the front end or the
-        # load generator is the bottleneck), not for plans.
-        report["exec_busy_fraction"] = (busy1 - busy0) / (wall1 - wall0) if wall1 > wall0 else 0.0
+        # The CPU the front end and the load generator (sharing --client-cpus) spend per token.
+        report["front_end_cpu_us_per_token"] = 1e6 * report["front_end_cpu_s"] / tokens if tokens else 0.0
+        report["client_cpu_us_per_token"] = 1e6 * report["client_cpu_s"] / tokens if tokens else 0.0
+        report.update(_engine_figures(scrape0, scrape1, tokens))
+        # Arrival at the engine core to its first token, and to being scheduled: the client's
+        # TTFT less this is what the request spent in the client, on the wire and in the
+        # front end before reaching the core (and its first token on the way back).
+        report["engine_mean_ttft_ms"] = 1e3 * _mean(scrape0, scrape1, "time_to_first_token_seconds")
+        report["engine_mean_queue_ms"] = 1e3 * _mean(scrape0, scrape1, "request_queue_time_seconds")
+        report["outside_engine_ttft_ms"] = report["mean_ttft_ms"] - report["engine_mean_ttft_ms"]
         return report
     finally:
         os.sched_setaffinity(0, mine)
@@ -202,7 +248,7 @@ def _wait_up(proc: subprocess.Popen, url: str, timeout: float = 300.0) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--modes", default="offline,mp,inprocess,dp1,dp2")
+    parser.add_argument("--modes", default="offline,mp,mp-httpx,inprocess,dp1,dp2")
     parser.add_argument("--num-prompts", type=int, default=256)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
@@ -227,6 +273,7 @@ def main() -> int:
         plans = {
             "offline": lambda: run_offline(args),
             "mp": lambda: run_server(args, ["--engine-core-cpus", args.core_cpus], client, client),
+            "mp-httpx": lambda: run_server(args, ["--engine-core-cpus", args.core_cpus], client, client, "httpx"),
             "inprocess": lambda: run_server(args, ["--no-multiprocess"], core, client),
             "dp1": lambda: run_server(args, ["--engine-core-cpus", both], None, None),
             "dp2": lambda: run_server(args, ["--data-parallel-size", "2", "--engine-core-cpus", both], None, None),
@@ -234,26 +281,54 @@ def main() -> int:
         for mode in args.modes.split(","):
             runs[mode] = plans[mode]()
             print(f"{mode}: {runs[mode]['output_throughput']:.1f} tok/s", file=sys.stderr, flush=True)
-    offline = runs.get("offline", {}).get("output_throughput")
-    per_cpu = runs.get("offline", {}).get("tokens_per_core_cpu_s")
-    for mode, r in runs.items():
-        if offline and mode != "offline":
-            r["ratio_to_offline"] = r["output_throughput"] / offline
-            r["ratio_per_core_cpu_s"] = r["tokens_per_core_cpu_s"] / per_cpu
+    summary = _summary(runs)
     if args.json:
-        print(json.dumps(runs))
+        print(json.dumps({"runs": runs, "summary": summary}))
         return 0
     for mode, r in runs.items():
-        line = f"{mode:<10} {r['output_throughput']:8.1f} tok/s"
-        if "ratio_to_offline" in r:
-            line += f"  ratio {r['ratio_to_offline']:.3f} (per engine CPU second {r['ratio_per_core_cpu_s']:.3f})"
-        line += f"  engine CPU share {r['core_cpu_share']:.2f}"
-        line += f"  bubbles {100 * r['bubble_fraction']:.2f}% of exec wall, exec busy {r['exec_busy_fraction']:.2f}, {r['tokens_per_step']:.0f} tokens/step"
-        if "mean_ttft_ms" in r:
-            line += (f"  TTFT {r['mean_ttft_ms']:.0f}/{r['p99_ttft_ms']:.0f} ms  TPOT {r['mean_tpot_ms']:.2f} ms"
-                     f"  ITL {r['mean_itl_ms']:.2f}/{r['p99_itl_ms']:.2f} ms  failed {r['failed']}")
-        print(line)
+        print(_line(mode, r))
+    print("summary: " + json.dumps(summary))
     return 0
+
+
+def _summary(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each run's ratios to offline (in ``runs``) and the issue's figures in one place:
+    server / offline, the executor's bubbles under server load, TTFT / TPOT / ITL with the
+    lean load generator ("after") and with httpx ("before"), and DP=2 against DP=1."""
+    offline = runs.get("offline", {})
+    for mode, r in runs.items():
+        if offline and mode != "offline":
+            r["ratio_to_offline"] = r["output_throughput"] / offline["output_throughput"]
+            r["ratio_per_core_cpu_s"] = r["tokens_per_core_cpu_s"] / offline["tokens_per_core_cpu_s"]
+    summary: dict[str, Any] = {}
+    if "mp" in runs:
+        mp = runs["mp"]
+        summary["server_over_offline"] = mp.get("ratio_to_offline")
+        summary["server_over_offline_per_engine_cpu_s"] = mp.get("ratio_per_core_cpu_s")
+        summary["bubble_percent_under_server_load"] = 100 * mp["bubble_fraction"]
+        summary["tokens_per_step"] = {m: runs[m]["tokens_per_step"] for m in ("offline", "mp", "mp-httpx")
+                                      if m in runs}
+    for label, mode in (("after", "mp"), ("before", "mp-httpx")):
+        if mode in runs:
+            summary[f"latency_ms_{label}"] = {k: runs[mode][f"{k}_ms"] for k in (
+                "mean_ttft", "p99_ttft", "mean_tpot", "p99_tpot", "mean_itl", "p99_itl")}
+    if "dp1" in runs and "dp2" in runs:
+        summary["dp2_over_dp1"] = runs["dp2"]["output_throughput"] / runs["dp1"]["output_throughput"]
+    return summary
+
+
+def _line(mode: str, r: dict[str, Any]) -> str:
+    line = f"{mode:<10} {r['output_throughput']:8.1f} tok/s"
+    if "ratio_to_offline" in r:
+        line += f"  ratio {r['ratio_to_offline']:.3f} (per engine CPU second {r['ratio_per_core_cpu_s']:.3f})"
+    line += (f"  engine CPU share {r['core_cpu_share']:.2f}  bubbles {100 * r['bubble_fraction']:.2f}% of exec wall,"
+             f" exec busy {r['exec_busy_fraction']:.2f}, {r['tokens_per_step']:.1f} tokens/step")
+    if "mean_ttft_ms" in r:
+        line += (f"  TTFT {r['mean_ttft_ms']:.0f}/{r['p99_ttft_ms']:.0f} ms (engine {r['engine_mean_ttft_ms']:.0f})"
+                 f"  TPOT {r['mean_tpot_ms']:.2f} ms  ITL {r['mean_itl_ms']:.2f}/{r['p99_itl_ms']:.2f} ms"
+                 f"  CPU us/token: front end {r['front_end_cpu_us_per_token']:.0f}, client "
+                 f"{r['client_cpu_us_per_token']:.0f}  failed {r['failed']}")
+    return line
 
 
 if __name__ == "__main__":
