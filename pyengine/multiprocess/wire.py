@@ -18,6 +18,7 @@ describes it for someone writing a peer.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -225,12 +226,18 @@ def params_from_builtins(cls: type, data: dict[str, Any]) -> Any:
     error, not silently dropped: front end and core must run the same version."""
     if not isinstance(data, dict):
         raise TypeError(f"{cls.__name__} must arrive as a map, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls) if f.init}
+    hints, known = _fields_of(cls)
     unknown = sorted(set(data) - known)
     if unknown:
         raise TypeError(f"{cls.__name__} has no field(s) {', '.join(unknown)}: front end and engine core differ")
     return cls(**{name: _field_value(hints[name], value) for name, value in data.items()})
+
+
+@functools.lru_cache(maxsize=32)
+def _fields_of(cls: type) -> tuple[dict[str, Any], frozenset[str]]:
+    """``cls``'s resolved type hints and init field names: resolving the hints costs ~0.2 ms,
+    and the core would pay it again for every request it is sent."""
+    return typing.get_type_hints(cls), frozenset(f.name for f in dataclasses.fields(cls) if f.init)
 
 
 def _field_value(annotation: Any, value: Any) -> Any:

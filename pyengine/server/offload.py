@@ -17,6 +17,8 @@ def text_size(value: Any) -> int:
     ``text()`` of them: prompts, chat messages)."""
     if isinstance(value, str):
         return len(value)
+    if isinstance(value, int):
+        return 0  # a token id: the common prompt of a benchmark is a list of them
     if isinstance(value, (list, tuple)):
         return sum(text_size(v) for v in value)
     if isinstance(value, dict):
