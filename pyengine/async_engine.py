@@ -11,15 +11,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any, Optional, Union
 
 from pyengine.config import EngineConfig
 from pyengine.engine.core import EngineCore
 from pyengine.engine.request_state import AnyOutput, OutputKind
-from pyengine.engine_client import EngineClient
+from pyengine.engine_client import EngineClient, normalize_off_loop, until_finished
 from pyengine.outputs import EmbeddingRequestOutput, EngineHealth, EngineStats, RequestOutput, ThreadStack
-from pyengine.prompts import PromptType, normalize_prompt
+from pyengine.prompts import PromptType
 from pyengine.sampling_params import PoolingParams, SamplingParams
 from pyengine.text.encode import encode_ids
 
@@ -98,37 +99,30 @@ class AsyncEngine(EngineClient):
         """Streams the request's outputs: cumulative (default), deltas, or only the final
         one (``output_kind``). Raises the request's error, if it fails."""
         params = sampling_params or SamplingParams()
-        async for out in self._stream(prompt, params, request_id, output_kind, priority):
-            yield out  # type: ignore[misc]
+        async with aclosing(self._stream(prompt, params, request_id, output_kind, priority)) as outputs:
+            async for out in outputs:
+                yield out  # type: ignore[misc]
 
     async def embed(self, prompt: PromptType, pooling_params: Optional[PoolingParams] = None,
                     request_id: Optional[str] = None) -> EmbeddingRequestOutput:
         result = None
-        async for out in self._stream(prompt, pooling_params or PoolingParams(), request_id, "final", 0):
-            result = out
+        async with aclosing(self._stream(prompt, pooling_params or PoolingParams(), request_id, "final", 0)) as outs:
+            async for out in outs:
+                result = out
         assert isinstance(result, EmbeddingRequestOutput)
         return result
 
     async def _stream(self, prompt: PromptType, params: Union[SamplingParams, PoolingParams],
                       request_id: Optional[str], kind: OutputKind, priority: int) -> AsyncIterator[AnyOutput]:
         rid = request_id if request_id is not None else f"async-{next(self._auto_ids)}"
-        text, token_ids = normalize_prompt(prompt, self.engine.tokenize)
+        text, token_ids = await normalize_off_loop(prompt, self.tokenize)
         if isinstance(params, SamplingParams) and params.structured_outputs is not None:
             await self.prepare(params)
         sink = _LoopSink(asyncio.get_running_loop())
         self.engine.add_request(rid, text, token_ids, params, sink, kind=kind, priority=priority)
-        finished = False
-        try:
-            while not finished:
-                item = await sink.queue.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                finished = item.finished
+        async with aclosing(until_finished(sink.queue, lambda: self.engine.abort(rid))) as outputs:
+            async for item in outputs:
                 yield item
-        finally:
-            if not finished:  # cancelled, or the consumer stopped early
-                self.engine.abort(rid)
 
     async def prepare(self, sampling_params: SamplingParams) -> None:
         """Compiles the request's constraint in a worker thread (the GIL released), so the

@@ -15,10 +15,11 @@ client is built instead of when a request first needs it.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar, Union
 
 from pyengine.beam_search import BeamSearchOutput, BeamSearchParams
 from pyengine.outputs import (
@@ -29,8 +30,11 @@ from pyengine.outputs import (
     RequestOutput,
     ThreadStack,
 )
-from pyengine.prompts import PromptType
+from pyengine.prompts import PromptType, normalize_prompt
 from pyengine.sampling_params import PoolingParams, SamplingParams
+from pyengine.text.encode import LONG_TEXT_CHARS
+
+Output = TypeVar("Output", RequestOutput, EmbeddingRequestOutput)
 
 
 class EngineClient(ABC):
@@ -180,4 +184,41 @@ class EngineClient(ABC):
         """Stops the engine; requests still running fail with ``EngineDeadError``."""
 
 
-__all__ = ["EngineClient", "EngineHealth", "ThreadStack", "OutputKind"]
+# ---- what both clients do the same way ----
+
+
+async def normalize_off_loop(prompt: PromptType,
+                             tokenize: Callable[[str], list[int]]) -> tuple[Optional[str], list[int]]:
+    """``normalize_prompt`` for a caller on an event loop: a long text (over
+    ``LONG_TEXT_CHARS``) is tokenized in a worker thread, with the GIL released
+    (``encode_ids``), so the loop goes on serving the other streams meanwhile; token ids and
+    short texts stay on the loop (a thread hop costs more than a sentence)."""
+    text = prompt if isinstance(prompt, str) else prompt.get("prompt") if isinstance(prompt, dict) else None
+    if isinstance(text, str) and len(text) > LONG_TEXT_CHARS and not (
+            isinstance(prompt, dict) and "prompt_token_ids" in prompt):
+        return await asyncio.to_thread(normalize_prompt, prompt, tokenize)
+    return normalize_prompt(prompt, tokenize)
+
+
+async def until_finished(queue: asyncio.Queue[Union[Output, BaseException]],
+                         abort: Callable[[], None]) -> AsyncIterator[Output]:
+    """One request's outputs from ``queue`` up to its finished one; an error put there is
+    raised. A consumer that stops first (``aclose``, or its task cancelled) gets ``abort``
+    called: the engine stops working for nobody. Callers close this generator with
+    ``contextlib.aclosing`` so that the abort happens at once, not when the garbage
+    collector finds the generator."""
+    finished = False
+    try:
+        while not finished:
+            item = await queue.get()
+            if isinstance(item, BaseException):
+                finished = True
+                raise item
+            finished = item.finished
+            yield item
+    finally:
+        if not finished:  # cancelled, or the consumer stopped early
+            abort()
+
+
+__all__ = ["EngineClient", "EngineHealth", "ThreadStack", "OutputKind", "normalize_off_loop", "until_finished"]

@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -30,7 +31,7 @@ import zmq
 
 from pyengine.config import EngineConfig
 from pyengine.engine.grammar import ConstraintCompiler
-from pyengine.engine_client import EngineClient
+from pyengine.engine_client import EngineClient, normalize_off_loop, until_finished
 from pyengine.errors import DuplicateRequestError, EngineDeadError, EngineError, InvalidRequestError
 from pyengine.multiprocess import wire
 from pyengine.multiprocess.core_main import DEFAULT_HEARTBEAT_TIMEOUT_S
@@ -45,11 +46,11 @@ from pyengine.outputs import (
     RequestOutput,
     ThreadStack,
 )
-from pyengine.prompts import PromptType, normalize_prompt
+from pyengine.prompts import PromptType
 from pyengine.request_checks import checked_params
 from pyengine.sampling_params import PoolingParams, SamplingParams
 from pyengine.text import DecodeTable
-from pyengine.text.encode import LONG_TEXT_CHARS, encode_ids
+from pyengine.text.encode import encode_ids
 
 logger = logging.getLogger(__name__)
 
@@ -345,15 +346,17 @@ class MultiprocessEngine(EngineClient):
     async def generate(self, prompt: PromptType, sampling_params: Optional[SamplingParams] = None,
                        request_id: Optional[str] = None, *, output_kind: OutputKind = "cumulative",
                        priority: int = 0) -> AsyncIterator[RequestOutput]:
-        async for out in self._stream(prompt, sampling_params or SamplingParams(), request_id, output_kind,
-                                      priority):
-            yield out  # type: ignore[misc]
+        async with aclosing(self._stream(prompt, sampling_params or SamplingParams(), request_id, output_kind,
+                                         priority)) as outputs:
+            async for out in outputs:
+                yield out  # type: ignore[misc]
 
     async def embed(self, prompt: PromptType, pooling_params: Optional[PoolingParams] = None,
                     request_id: Optional[str] = None) -> EmbeddingRequestOutput:
         result = None
-        async for out in self._stream(prompt, pooling_params or PoolingParams(), request_id, "final", 0):
-            result = out
+        async with aclosing(self._stream(prompt, pooling_params or PoolingParams(), request_id, "final", 0)) as outs:
+            async for out in outs:
+                result = out
         if not isinstance(result, EmbeddingRequestOutput):
             raise EngineError("the engine core returned no embedding for this request")
         return result
@@ -362,7 +365,7 @@ class MultiprocessEngine(EngineClient):
                       request_id: Optional[str], kind: OutputKind, priority: int) -> AsyncIterator[AnyOutput]:
         self._check_alive()
         rid = request_id if request_id is not None else f"mp-{next(self._auto_ids)}"
-        text, ids = await self._normalize(prompt)
+        text, ids = await normalize_off_loop(prompt, self.tokenize)
         params = checked_params(params, ids, self.vocab_size, self.max_logprobs)
         if isinstance(params, SamplingParams):
             await self.prepare(params)
@@ -390,26 +393,9 @@ class MultiprocessEngine(EngineClient):
             if isinstance(error, zmq.ZMQError):
                 raise EngineDeadError(f"engine core {core.index} is unreachable: {error}") from None
             raise
-        finished = False
-        try:
-            while not finished:
-                item = await stream.queue.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                finished = item.finished
+        async with aclosing(until_finished(stream.queue, lambda: self._abort_now(rid))) as outputs:
+            async for item in outputs:
                 yield item
-        finally:
-            if not finished:  # cancelled, or the consumer stopped early
-                self._abort_now(rid)
-
-    async def _normalize(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
-        """(text, ids); a long text is tokenized in a worker thread (the event loop goes on)."""
-        text = prompt if isinstance(prompt, str) else prompt.get("prompt") if isinstance(prompt, dict) else None
-        if isinstance(text, str) and len(text) > LONG_TEXT_CHARS and not (
-                isinstance(prompt, dict) and "prompt_token_ids" in prompt):
-            return await asyncio.to_thread(normalize_prompt, prompt, self.tokenize)
-        return normalize_prompt(prompt, self.tokenize)
 
     async def abort(self, request_id: str) -> None:
         self._abort_now(request_id)
