@@ -22,9 +22,7 @@ import argparse
 import asyncio
 import json
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -35,14 +33,10 @@ from typing import Any, Optional
 
 import httpx
 
+from pyengine.testing.serve_process import ServeProcess
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sse_client import ConnectionPool, HTTPStatusError  # noqa: E402 - this folder's module
-
-# `python -m pyengine` would put the working directory first on sys.path, and from the
-# repository root that is the source folder pyengine/, which holds no native module after
-# `pip install .`: the server runs the installed package's command line instead.
-_SERVE = ("import sys; sys.path = [p for p in sys.path if p]; "
-          "from pyengine.__main__ import main; sys.exit(main())")
 
 
 @dataclass
@@ -224,45 +218,12 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
     return report
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def spawned_server(extra: list[str], timeout: float = 120.0) -> Iterator[str]:
     """``pyengine serve`` (the built-in tiny model unless ``extra`` names one) on a free
     loopback port; stopped with Ctrl-C at the end."""
-    import signal
-
-    port = _free_port()
-    cmd = [sys.executable, "-c", _SERVE, "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--no-log-requests", "--stats-interval", "0", "--log-level", "warning", *extra]
-    proc = subprocess.Popen(cmd)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {proc.returncode}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server did not come up")
-            time.sleep(0.2)
-        yield url
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+    with ServeProcess(["--no-log-requests", "--stats-interval", "0", "--log-level", "warning", *extra]) as server:
+        yield server.wait_up(timeout).url
 
 
 def format_report(r: dict[str, Any]) -> str:

@@ -47,6 +47,8 @@ from typing import Any, Optional
 
 import httpx
 
+from pyengine.testing.serve_process import ServeProcess
+
 BENCHES = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHES))
 import serve  # noqa: E402 - the load generator and report of benches/serve.py
@@ -175,16 +177,14 @@ def _children(pid: int) -> list[int]:
 
 def run_server(args: argparse.Namespace, serve_flags: list[str], front_cpus: Optional[list[int]],
                client_cpus: Optional[list[int]], client: str = "lean") -> dict[str, Any]:
-    port = serve._free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-c", serve._SERVE, "serve", args.model_dir, "--host", "127.0.0.1", "--port", str(port),
-           "--no-log-requests", "--stats-interval", "0", "--log-level", "warning",
-           "--max-num-seqs", str(args.max_concurrency), *ENGINE_ARGS, *serve_flags]
     pin = (lambda: os.sched_setaffinity(0, front_cpus)) if front_cpus else None
-    proc = subprocess.Popen(cmd, preexec_fn=pin)  # noqa: PLW1509 - only sched_setaffinity, before exec
+    server = ServeProcess([args.model_dir, "--no-log-requests", "--stats-interval", "0", "--log-level", "warning",
+                           "--max-num-seqs", str(args.max_concurrency), *ENGINE_ARGS, *serve_flags],
+                          preexec_fn=pin)  # only sched_setaffinity, before exec
+    url, proc = server.url, server.proc
     mine = os.sched_getaffinity(0)
     try:
-        _wait_up(proc, url)
+        server.wait_up(300.0)
         if client_cpus:
             os.sched_setaffinity(0, client_cpus)
         load = argparse.Namespace(num_prompts=args.num_prompts, request_rate=float("inf"),
@@ -224,26 +224,7 @@ def run_server(args: argparse.Namespace, serve_flags: list[str], front_cpus: Opt
         return report
     finally:
         os.sched_setaffinity(0, mine)
-        proc.send_signal(2)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
-def _wait_up(proc: subprocess.Popen, url: str, timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("the server did not come up")
+        server.stop(60.0)
 
 
 def main() -> int:

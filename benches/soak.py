@@ -22,9 +22,6 @@ import argparse
 import asyncio
 import json
 import random
-import signal
-import socket
-import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -32,10 +29,7 @@ from typing import Any, Iterator, Optional
 
 import httpx
 
-# As in benches/serve.py: run the installed package's command line, not the source folder
-# the working directory would put first on sys.path (set PYTHONPATH to run another tree).
-_SERVE = ("import sys; sys.path = [p for p in sys.path if p]; "
-          "from pyengine.__main__ import main; sys.exit(main())")
+from pyengine.testing.serve_process import ServeProcess
 
 #: The issue's bar: RSS may grow at most this much between 1k requests and the end.
 GROWTH_BAR_MB = 50.0
@@ -50,42 +44,11 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def spawned_server(extra: list[str], timeout: float = 180.0) -> Iterator[tuple[str, int]]:
     """``pyengine serve`` on a free loopback port: yields (url, pid); Ctrl-C at the end."""
-    port = _free_port()
-    cmd = [sys.executable, "-c", _SERVE, "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--no-log-requests", "--stats-interval", "0", "--log-level", "warning", *extra]
-    proc = subprocess.Popen(cmd)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {proc.returncode}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server did not come up")
-            time.sleep(0.2)
-        yield url, proc.pid
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+    with ServeProcess(["--no-log-requests", "--stats-interval", "0", "--log-level", "warning", *extra]) as server:
+        yield server.wait_up(timeout).url, server.pid
 
 
 def _request(rng: random.Random, args: argparse.Namespace) -> tuple[list[int], int]:

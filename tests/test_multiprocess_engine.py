@@ -26,6 +26,7 @@ from pyengine.child_command import python_module_command
 from pyengine.errors import DuplicateRequestError, EngineDeadError, InvalidRequestError, ModelLoadError
 from pyengine.multiprocess import MultiprocessEngine
 from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.serve_process import pid_alive, wait_until
 
 PROMPTS = [[5, 6, 7, 8], [100, 200, 300], [9] * 20, [42, 17, 3, 250, 11, 8]]
 
@@ -52,27 +53,6 @@ def local(checkpoint):
 async def _last(engine, prompt, params, kind="cumulative", rid=None):
     outs = [o async for o in engine.generate(prompt, params, rid, output_kind=kind)]
     return outs
-
-
-def _wait_until(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie (exited, not reaped by its parent yet) counts as gone.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 def test_greedy_tokens_equal_transformers(engine, checkpoint):
@@ -158,7 +138,7 @@ def test_stats_stacks_and_health_cross_the_link(engine):
     stats = engine.stats()
     assert stats.steps > 0 and stats.generated_tokens > 0 and "pyengine-exec" in stats.threads
     assert [s.role for s in engine.thread_stacks()] == ["scheduler", "executor", "output"]
-    assert _wait_until(lambda: engine.health().steps >= stats.steps, 5.0)
+    assert wait_until(lambda: engine.health().steps >= stats.steps, 5.0)
     assert len(engine.engine_health()) == 1 and len(engine.engine_stats()) == 1
 
 
@@ -222,16 +202,16 @@ def test_a_killed_front_end_takes_its_core_with_it(checkpoint):
         line = front.stdout.readline()  # bounded: the front end times out its own start-up
         started = json.loads(line)
         core_pid, ipc_dir = started["pid"], started["ipc_dir"]
-        assert _pid_alive(core_pid) and Path(ipc_dir).exists()
+        assert pid_alive(core_pid) and Path(ipc_dir).exists()
         front.kill()
         front.wait(10)
-        assert _wait_until(lambda: not _pid_alive(core_pid), 5.0), "the core outlived its front end"
-        assert _wait_until(lambda: not Path(ipc_dir).exists(), 2.0), "the ipc files were left behind"
+        assert wait_until(lambda: not pid_alive(core_pid), 5.0), "the core outlived its front end"
+        assert wait_until(lambda: not Path(ipc_dir).exists(), 2.0), "the ipc files were left behind"
     finally:
         if front.poll() is None:
             front.kill()
             front.wait(10)
-        if core_pid is not None and _pid_alive(core_pid):
+        if core_pid is not None and pid_alive(core_pid):
             os.kill(core_pid, signal.SIGKILL)
 
 
@@ -267,13 +247,13 @@ def test_a_front_end_killed_with_streams_in_flight_takes_its_core_with_it(checkp
         core_pid, ipc_dir = started["pid"], started["ipc_dir"]
         front.kill()
         front.wait(10)
-        assert _wait_until(lambda: not _pid_alive(core_pid), 5.0), "the core outlived its front end"
-        assert _wait_until(lambda: not Path(ipc_dir).exists(), 2.0), "the ipc files were left behind"
+        assert wait_until(lambda: not pid_alive(core_pid), 5.0), "the core outlived its front end"
+        assert wait_until(lambda: not Path(ipc_dir).exists(), 2.0), "the ipc files were left behind"
     finally:
         if front.poll() is None:
             front.kill()
             front.wait(10)
-        if core_pid is not None and _pid_alive(core_pid):
+        if core_pid is not None and pid_alive(core_pid):
             os.kill(core_pid, signal.SIGKILL)
 
 
@@ -304,15 +284,15 @@ def test_a_front_end_killed_while_its_core_loads_takes_the_core_with_it(checkpoi
     try:
         core_pid = int(front.stdout.readline())
         time.sleep(2.0)  # not a timing assert: gives the core time to reach the hanging read
-        assert _pid_alive(core_pid), "the core exited before its front end did"
+        assert pid_alive(core_pid), "the core exited before its front end did"
         front.kill()
         front.wait(10)
-        assert _wait_until(lambda: not _pid_alive(core_pid), 5.0), "a loading core outlived its front end"
+        assert wait_until(lambda: not pid_alive(core_pid), 5.0), "a loading core outlived its front end"
     finally:
         if front.poll() is None:
             front.kill()
             front.wait(10)
-        if core_pid is not None and _pid_alive(core_pid):
+        if core_pid is not None and pid_alive(core_pid):
             os.kill(core_pid, signal.SIGKILL)
 
 
@@ -332,10 +312,10 @@ def test_a_core_with_a_front_end_ignores_sigterm(checkpoint):
             return got
 
         assert asyncio.run(asyncio.wait_for(run(), 60)) == 200
-        assert _pid_alive(pid) and eng.health().alive
+        assert pid_alive(pid) and eng.health().alive
     finally:
         eng.shutdown()
-    assert not _pid_alive(pid)
+    assert not pid_alive(pid)
 
 
 def test_a_core_on_another_host_over_tcp(checkpoint):
@@ -370,7 +350,7 @@ def test_a_core_on_another_host_over_tcp(checkpoint):
         outs = asyncio.run(_last(eng, [1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True)))
         assert len(outs[-1].outputs[0].token_ids) == 5
         core.send_signal(signal.SIGSTOP)  # silent, not gone: only the missing heartbeats tell
-        assert _wait_until(lambda: not eng.health().alive, 6.0)
+        assert wait_until(lambda: not eng.health().alive, 6.0)
         assert "no status" in eng.health().dead_reason
     finally:
         if "eng" in eng_box:

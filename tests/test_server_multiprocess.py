@@ -11,9 +11,7 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -21,10 +19,10 @@ from typing import Optional
 import httpx
 import pytest
 
+from pyengine.child_command import python_module_command
 from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.serve_process import ServeProcess, pid_alive, wait_until
 
-# As benches/serve.py: run the installed package, not the source folder the cwd holds.
-SERVE = "import sys; sys.path = [p for p in sys.path if p]; from pyengine.__main__ import main; sys.exit(main())"
 N_STREAMS = 64
 
 
@@ -33,63 +31,17 @@ def checkpoint(tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("mpserve") / "qwen3", "qwen3", seed=2)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
+class Server(ServeProcess):
     """``pyengine serve`` in a child process whose temporary files go to ``tmp``."""
 
     def __init__(self, model: str, tmp: Path, *extra: str) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.tmp = tmp
-        cmd = [sys.executable, "-c", SERVE, "serve", model, "--port", str(self.port), "--num-kv-blocks", "512",
-               "--max-num-seqs", "64", "--stats-interval", "0", "--log-level", "warning", "--no-log-requests",
-               "--drain-timeout", "2", *extra]
-        self.proc = subprocess.Popen(cmd, env={**os.environ, "TMPDIR": str(tmp)}, stderr=subprocess.PIPE, text=True)
-
-    def wait_up(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the server exited with {self.proc.returncode}: {self.proc.stderr.read()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError("the server did not come up")
-
-    def core_pids(self) -> list[int]:
-        pids = []
-        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
-            pids += [int(p) for p in (task / "children").read_text().split()]
-        return pids
+        super().__init__([model, "--num-kv-blocks", "512", "--max-num-seqs", "64", "--stats-interval", "0",
+                          "--log-level", "warning", "--no-log-requests", "--drain-timeout", "2", *extra],
+                         env={**os.environ, "TMPDIR": str(tmp)}, stderr=subprocess.PIPE, text=True)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(30)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
-def _wait_until(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
+        self.kill()
 
 
 async def _stream(http: httpx.AsyncClient, url: str, index: int, started: asyncio.Event,
@@ -147,7 +99,7 @@ def test_a_killed_core_ends_every_stream_with_an_error(checkpoint, tmp_path):
         assert refused.status_code == 503
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(30) == 0
-        assert not _alive(core)
+        assert not pid_alive(core)
         assert not list(tmp_path.iterdir()), "ipc files were left behind"
     finally:
         server.close()
@@ -161,8 +113,8 @@ def test_a_killed_front_end_takes_its_core_with_it(checkpoint, tmp_path):
         assert list(tmp_path.iterdir())  # the ipc folder, while it runs
         server.proc.kill()
         server.proc.wait(10)
-        assert _wait_until(lambda: not _alive(core), 5.0), "the core outlived its front end"
-        assert _wait_until(lambda: not list(tmp_path.iterdir()), 2.0), "ipc files were left behind"
+        assert wait_until(lambda: not pid_alive(core), 5.0), "the core outlived its front end"
+        assert wait_until(lambda: not list(tmp_path.iterdir()), 2.0), "ipc files were left behind"
     finally:
         server.close()
         for pid in server.core_pids() if server.proc.poll() is None else []:
@@ -192,7 +144,7 @@ def test_sigterm_drains_then_stops_the_core(checkpoint, tmp_path):
                 tokens += 1
         assert tokens == 200  # drained: it finished in full
         assert server.proc.wait(30) == 0
-        assert _wait_until(lambda: not _alive(core), 5.0)
+        assert wait_until(lambda: not pid_alive(core), 5.0)
         assert not list(tmp_path.iterdir())
     finally:
         server.close()
@@ -222,18 +174,18 @@ def test_sigterm_while_the_core_starts_stops_it(checkpoint, tmp_path):
         def engine_cores() -> list[int]:  # not any other child (a compiler probe during imports)
             return [pid for pid in server.core_pids() if "core_main" in cmdline(pid)]
 
-        assert _wait_until(lambda: server.proc.poll() is None and bool(engine_cores()), 60.0), \
+        assert wait_until(lambda: server.proc.poll() is None and bool(engine_cores()), 60.0), \
             "the core did not start"
         cores = engine_cores()
         time.sleep(1.0)  # not a timing assert: lets the core reach the hanging read
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(30) == 128 + signal.SIGTERM
-        assert _wait_until(lambda: not any(_alive(pid) for pid in cores), 5.0), "the starting core was left"
+        assert wait_until(lambda: not any(pid_alive(pid) for pid in cores), 5.0), "the starting core was left"
         assert not [p for p in tmp.iterdir() if p.name.startswith("pyengine-")]  # the ipc folder is gone
     finally:
         server.close()
         for pid in cores:
-            if _alive(pid):
+            if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -255,7 +207,7 @@ def test_a_core_that_cannot_load_fails_the_command_with_its_message(tmp_path):
 
 
 def test_help_says_which_flag_keeps_the_engine_in_process():
-    out = subprocess.run([sys.executable, "-c", SERVE, "serve", "--help"], capture_output=True, text=True,
+    out = subprocess.run(python_module_command("pyengine", "serve", "--help"), capture_output=True, text=True,
                          timeout=60).stdout
     assert "--no-multiprocess" in out and "--data-parallel-size" in out
 
