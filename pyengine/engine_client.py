@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, Callable, Optional, TypeVar, Union
 
 from pyengine.beam_search import BeamSearchOutput, BeamSearchParams
+from pyengine.errors import EngineError
 from pyengine.outputs import (
     EmbeddingRequestOutput,
     EngineHealth,
@@ -175,9 +176,14 @@ class EngineClient(ABC):
         """``health`` of each engine core (several with data parallelism), by engine index."""
         return [self.health()]
 
-    def engine_stats(self) -> list[EngineStats]:
-        """``stats`` of each engine core, by engine index (``/metrics`` labels them)."""
-        return [self.stats()]
+    def engine_stats(self) -> dict[int, EngineStats]:
+        """``stats`` of each engine core that can answer, keyed by its engine index
+        (``/metrics`` labels the series with it): a dead core is left out, the others'
+        figures stay. The default: one engine, index 0."""
+        try:
+            return {0: self.stats()}
+        except EngineError:
+            return {}
 
     @abstractmethod
     def shutdown(self, timeout: float = 10.0) -> None:

@@ -64,8 +64,8 @@ def test_two_cores_share_the_work_and_answer_as_one(checkpoint):
         got = [o.outputs[0].token_ids for o in asyncio.run(all_of(engine))]
         assert got == expected
         per_core = engine.engine_stats()
-        assert len(per_core) == 2 and all(s.generated_tokens > 0 for s in per_core)  # both took requests
-        assert engine.stats().generated_tokens == sum(s.generated_tokens for s in per_core)
+        assert sorted(per_core) == [0, 1] and all(s.generated_tokens > 0 for s in per_core.values())  # both worked
+        assert engine.stats().generated_tokens == sum(s.generated_tokens for s in per_core.values())
         with LiveServer(engine, ServerArgs(model_name="dp", stats_interval=0)) as server:
             metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
             for index in ("0", "1"):
@@ -110,6 +110,15 @@ def test_two_cores_share_the_work_and_answer_as_one(checkpoint):
             assert _wait(lambda: httpx.get(f"{server.url}/health", timeout=30).status_code == 503, 5)
             body = httpx.get(f"{server.url}/health", timeout=30).json()
             assert [e["alive"] for e in body["engines"]] == [True, False] and "SIGKILL" in body["reason"]
+            assert [e["engine"] for e in body["engines"]] == [0, 1]
+            # One dead core does not take the live one's figures off /metrics.
+            metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
+            assert 'pyengine:engine_steps_total{engine="0",model_name="dp"}' in metrics
+            assert 'pyengine:thread_busy_seconds_total{engine="0",model_name="dp",thread="pyengine-exec"}' in metrics
+            assert 'pyengine:engine_steps_total{engine="1"' not in metrics
+            assert 'pyengine:engine_alive{engine="0",model_name="dp"} 1.0' in metrics
+            assert 'pyengine:engine_alive{engine="1",model_name="dp"} 0.0' in metrics
+            assert sorted(engine.engine_stats()) == [0]
     finally:
         engine.shutdown()
     assert all(not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]

@@ -320,7 +320,8 @@ def test_a_core_with_a_front_end_ignores_sigterm(checkpoint):
 
 def test_a_core_on_another_host_over_tcp(checkpoint):
     """A front end with no local core; the core started by hand (`pyengine core`), as on
-    another host, over loopback tcp. Its death is seen from its silence."""
+    another host, over loopback tcp, both with the default heartbeat timeout. Its death is
+    seen from its silence within 5 s (the issue's bound)."""
     eng_box: dict = {}
     core = None
     try:
@@ -334,7 +335,7 @@ def test_a_core_on_another_host_over_tcp(checkpoint):
         def start() -> None:
             try:
                 eng_box["eng"] = MP(cfg, transport="tcp", input_port=ports[0], output_port=ports[1], local_cores=0,
-                                    start_timeout=60, heartbeat_timeout=2.0)
+                                    start_timeout=60)
             except BaseException as error:  # noqa: BLE001 - shown by the assert below
                 eng_box["error"] = error
 
@@ -342,15 +343,14 @@ def test_a_core_on_another_host_over_tcp(checkpoint):
         t.start()
         core = subprocess.Popen(python_module_command("pyengine", "core", str(checkpoint), "--num-kv-blocks", "64",
                                                      "--max-num-seqs", "8", "--input", f"tcp://127.0.0.1:{ports[0]}",
-                                                     "--output", f"tcp://127.0.0.1:{ports[1]}",
-                                                     "--heartbeat-timeout", "3"))
+                                                     "--output", f"tcp://127.0.0.1:{ports[1]}"))
         t.join(90)
         assert "eng" in eng_box, f"the front end did not start: {eng_box.get('error')!r}"
         eng = eng_box["eng"]
         outs = asyncio.run(_last(eng, [1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True)))
         assert len(outs[-1].outputs[0].token_ids) == 5
         core.send_signal(signal.SIGSTOP)  # silent, not gone: only the missing heartbeats tell
-        assert wait_until(lambda: not eng.health().alive, 6.0)
+        assert wait_until(lambda: not eng.health().alive, 5.0), "a silent core was not declared dead within 5 s"
         assert "no status" in eng.health().dead_reason
     finally:
         if "eng" in eng_box:
@@ -358,6 +358,42 @@ def test_a_core_on_another_host_over_tcp(checkpoint):
         if core is not None:
             core.kill()
             core.wait(10)
+
+
+FRONT_END_TCP = """
+import sys; sys.path = [p for p in sys.path if p]  # the installed pyengine, not the checkout
+import sys, time
+from pyengine.multiprocess import MultiprocessEngine
+from pyengine.config import EngineConfig
+eng = MultiprocessEngine(EngineConfig(model=sys.argv[1], num_kv_blocks=64, max_num_seqs=8), transport="tcp",
+                         input_port=int(sys.argv[2]), output_port=int(sys.argv[3]), local_cores=0, start_timeout=90)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_core_on_another_host_exits_when_its_front_end_is_killed(checkpoint):
+    """A core started by hand has no parent to watch: only the front end's missing
+    heartbeats tell it, and with the default timeout it exits within 5 s of a SIGKILL."""
+    ports = _free_ports(2)
+    front = subprocess.Popen([sys.executable, "-c", FRONT_END_TCP, str(checkpoint), *map(str, ports)],
+                             stdout=subprocess.PIPE, text=True)
+    core = None
+    try:
+        core = subprocess.Popen(python_module_command("pyengine", "core", str(checkpoint), "--num-kv-blocks", "64",
+                                                     "--max-num-seqs", "8", "--input", f"tcp://127.0.0.1:{ports[0]}",
+                                                     "--output", f"tcp://127.0.0.1:{ports[1]}"))
+        assert front.stdout.readline().strip() == "ready"  # bounded: the front end's start_timeout
+        assert core.poll() is None
+        front.kill()
+        front.wait(10)
+        assert wait_until(lambda: core.poll() is not None, 5.0), "the core outlived its front end by 5 s"
+    finally:
+        for proc in (front, core):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+            if proc is not None:
+                proc.wait(10)
 
 
 def _config(checkpoint):

@@ -55,6 +55,7 @@ from pyengine.text.encode import encode_ids
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_S = 1.0
+SILENCE_CHECK_S = 0.25  # how often a remote core's silence is checked
 QUERY_TIMEOUT_S = 10.0
 _POLL_MS = 100
 
@@ -271,6 +272,7 @@ class MultiprocessEngine(EngineClient):
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Union[AnyOutput, BaseException]]]] = {}
         unreadable: list[RequestStream] = []
         with self._lock:
+            self._cores[message.engine_index].last_status = time.monotonic()  # a sign of life as good as a Status
             for w in message.outputs:
                 stream = self._streams.get(w.request_id)
                 if stream is None:
@@ -304,12 +306,20 @@ class MultiprocessEngine(EngineClient):
             self._cores[stream.engine_index].outstanding -= 1
 
     def _heartbeat_forever(self) -> None:
-        while not self._stopping.wait(HEARTBEAT_INTERVAL_S):
+        """A ``Heartbeat`` to every core each second; a remote core's silence checked every
+        ``SILENCE_CHECK_S``, so that it is declared dead at most that long after
+        ``heartbeat_timeout``."""
+        next_beat = time.monotonic() + HEARTBEAT_INTERVAL_S
+        while not self._stopping.wait(SILENCE_CHECK_S):
+            beat = time.monotonic() >= next_beat
+            if beat:
+                next_beat = time.monotonic() + HEARTBEAT_INTERVAL_S
             for core in self._cores:
                 if core.dead is not None:
                     continue
                 try:
-                    self._send(core.index, wire.Heartbeat())
+                    if beat:
+                        self._send(core.index, wire.Heartbeat())
                 except zmq.ZMQError as error:
                     # A remote core reconnecting (or a full queue) is not dead: its silence,
                     # below, decides; a local one's process is watched.
@@ -540,11 +550,50 @@ class MultiprocessEngine(EngineClient):
                 raise EngineDeadError(f"engine core {reply.engine_index}: {reply.error}")
         return sorted(replies, key=lambda r: r.engine_index)
 
-    def engine_stats(self) -> list[EngineStats]:
-        return [r.stats for r in self._ask("stats") if r.stats is not None]
+    def _ask_live(self, what: str) -> dict[int, wire.Reply]:
+        """The answer to ``what`` of every core that is alive, by engine index; a core that
+        is dead, dies meanwhile, answers with an error or not within ``QUERY_TIMEOUT_S`` is
+        left out (one dead core must not hide the others' figures)."""
+        if self._closed:
+            return {}
+        query_id = next(self._query_ids)
+        event, replies = threading.Event(), []
+        with self._lock:
+            self._queries[query_id] = (event, replies)
+            asked = [c for c in self._cores if c.dead is None]
+        try:
+            sent = []
+            for core in asked:
+                try:
+                    self._send(core.index, wire.Query(query_id, what))
+                    sent.append(core)
+                except zmq.ZMQError:
+                    pass  # unreachable or its queue is full: left out
+            deadline = time.monotonic() + QUERY_TIMEOUT_S
+            while time.monotonic() < deadline:
+                answered = {r.engine_index for r in list(replies)}
+                if all(c.index in answered or c.dead is not None for c in sent):
+                    break
+                event.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+                event.clear()
+        finally:
+            with self._lock:
+                self._queries.pop(query_id, None)
+        return {r.engine_index: r for r in list(replies) if r.error is None}
+
+    def engine_stats(self) -> dict[int, EngineStats]:
+        return {i: r.stats for i, r in sorted(self._ask_live("stats").items()) if r.stats is not None}
 
     def stats(self) -> EngineStats:
-        return merge_stats(self.engine_stats())
+        """Every core's figures added up; ``EngineDeadError`` once one is dead (as
+        ``health``), ``EngineError`` when one does not answer."""
+        self._check_alive()
+        parts = self.engine_stats()
+        self._check_alive()
+        missing = [c.index for c in self._cores if c.index not in parts]
+        if missing:
+            raise EngineError(f"engine core(s) {missing} did not answer 'stats' within {QUERY_TIMEOUT_S:.0f}s")
+        return merge_stats([parts[i] for i in sorted(parts)])
 
     def thread_stacks(self) -> list[ThreadStack]:
         return [stack for r in self._ask("stacks") for stack in (r.stacks or [])]

@@ -18,7 +18,10 @@ import signal
 import sys
 from typing import Any, Optional
 
-DEFAULT_HEARTBEAT_TIMEOUT_S = 10.0
+# Three missed front-end heartbeats (one a second): a remote core's death is seen, and a
+# core whose front end died exits, within 5 s (the watch adds 0.1 s and at most
+# ``GONE_GRACE_S`` of shutdown; the front end checks silence every 0.25 s).
+DEFAULT_HEARTBEAT_TIMEOUT_S = 3.0
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:

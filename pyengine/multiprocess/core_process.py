@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 STATUS_INTERVAL_S = 0.25  # how often the core reports its progress (its heartbeat)
 _POLL_MS = 100
 SHUTDOWN_TIMEOUT_S = 3.0  # how long the engine's threads get to stop, unless ``Shutdown`` says
+GONE_SHUTDOWN_TIMEOUT_S = 1.0  # the same once the front end is gone: nobody waits for its results
 LOAD_FAILED_LINGER_MS = 2000  # how long a LoadFailed may take to leave before the core exits
 
 
@@ -278,6 +279,7 @@ class CoreProcess:
 
     def _front_end_gone(self, reason: str) -> None:
         """The watch's word (its thread): stop, and let no send wait for a reader."""
+        self.shutdown_timeout = min(self.shutdown_timeout, GONE_SHUTDOWN_TIMEOUT_S)
         self.link.stopping.set()
         self.stop_requested.set()
 

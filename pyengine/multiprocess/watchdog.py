@@ -25,13 +25,16 @@ from typing import Callable, Optional
 logger = logging.getLogger(__name__)
 
 CHECK_INTERVAL_S = 0.1
+#: How long a serving core whose front end is gone gets to stop its engine (which it asks
+#: to stop within ``GONE_SHUTDOWN_TIMEOUT_S``) before the process exits anyway.
+GONE_GRACE_S = 1.5
 
 
 class FrontEndWatch:
     """See the module docstring. ``heard`` / ``busy`` / ``idle`` come from the main thread."""
 
     def __init__(self, engine_index: int, parent_pid: Optional[int], heartbeat_timeout: float,
-                 ipc_dir: Optional[str], grace_s: float = 10.0) -> None:
+                 ipc_dir: Optional[str], grace_s: float = GONE_GRACE_S) -> None:
         self.engine_index = engine_index
         self.parent_pid = parent_pid
         self.heartbeat_timeout = heartbeat_timeout

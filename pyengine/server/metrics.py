@@ -36,22 +36,29 @@ _REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.
 
 class EngineCollector(Collector):
     """Engine figures, read from ``EngineClient.engine_stats()`` when scraped: one series
-    per engine core, labelled ``engine`` ("0", "1", ... with data parallelism)."""
+    per engine core, labelled ``engine`` with its index ("0", "1", ... with data
+    parallelism). A dead core's series are left out, the live ones' stay;
+    ``pyengine:engine_alive`` says which cores serve."""
 
     def __init__(self, engine: EngineClient, model_name: str) -> None:
         self.engine = engine
         self.model_name = model_name
 
     def collect(self) -> Iterator[Metric]:
-        try:
-            parts = self.engine.engine_stats()
-        except EngineError:
-            return  # a dead engine has no figures; /health says why
         m = self.model_name
+        alive = GaugeMetricFamily("pyengine:engine_alive", "1 while the engine core serves, 0 once it is dead.",
+                                  labels=["model_name", "engine"])
+        for index, health in enumerate(self.engine.engine_health()):
+            alive.add_metric([m, str(index)], 1.0 if health.alive else 0.0)
+        yield alive
+        try:
+            parts = sorted(self.engine.engine_stats().items())
+        except EngineError:
+            parts = []  # no engine can answer: /health says why
         for kind, name, doc, value in _SERIES:
             family_type = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
             family = family_type(f"pyengine:{name}", doc, labels=["model_name", "engine"])
-            for index, s in enumerate(parts):
+            for index, s in parts:
                 family.add_metric([m, str(index)], value(s))
             yield family
         busy = CounterMetricFamily("pyengine:thread_busy_seconds", "Busy seconds of each engine thread.",
@@ -60,7 +67,7 @@ class EngineCollector(Collector):
                                    labels=["model_name", "engine", "thread"])
         depth = GaugeMetricFamily("pyengine:queue_depth", "Items queued between the engine threads.",
                                   labels=["model_name", "engine", "queue"])
-        for index, s in enumerate(parts):
+        for index, s in parts:
             for thread, t in s.threads.items():
                 busy.add_metric([m, str(index), thread], t["busy_s"])
                 idle.add_metric([m, str(index), thread], t["idle_s"])
