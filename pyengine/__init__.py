@@ -58,7 +58,13 @@ from pyengine.sampling_params import PoolingParams, SamplingParams, StructuredOu
 
 # The engine classes import torch; load them on first use so that `import pyengine`
 # stays light for scheduler-only use.
-_LAZY = {"LLM": "pyengine.llm", "AsyncEngine": "pyengine.async_engine"}
+_LAZY = {
+    "LLM": "pyengine.llm",
+    "AsyncEngine": "pyengine.async_engine",
+    "LogitsProcessor": "pyengine.logits_processors",
+    "BatchUpdate": "pyengine.logits_processors",
+    "MoveDirectionality": "pyengine.logits_processors",
+}
 
 
 def __getattr__(name: str):
@@ -80,6 +86,9 @@ __all__ = [
     "BeamSearchParams",
     "BeamSearchOutput",
     "BeamSearchSequence",
+    "LogitsProcessor",
+    "BatchUpdate",
+    "MoveDirectionality",
     "RequestOutput",
     "CompletionOutput",
     "Logprob",

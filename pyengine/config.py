@@ -123,11 +123,16 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     distributed_executor_backend: str = "mp"
     disable_custom_all_reduce: bool = False
+    logits_processors: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, requirement: str) -> None:
             if not ok:
                 raise InvalidConfigError(f"{name} {requirement}, got {getattr(self, name)!r}")
+
+        from pyengine.logits_processors.loading import check_processor_specs
+
+        object.__setattr__(self, "logits_processors", check_processor_specs(self.logits_processors))
 
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         check_executor_settings(self)

@@ -33,4 +33,12 @@ def checked_params(
         outside = [t for t in params.stop_token_ids or () if t >= limit]
         if outside:
             raise InvalidRequestError(f"stop_token_ids holds {outside[0]}, outside the vocabulary (size {limit})")
+        for name, ids in (
+            ("logit_bias", params.logit_bias or ()),
+            ("allowed_token_ids", params.allowed_token_ids or ()),
+            ("bad_words", [t for word in params._bad_words_token_ids or () for t in word]),
+        ):
+            outside = [t for t in ids if t >= limit]
+            if outside:
+                raise InvalidRequestError(f"{name} holds token id {outside[0]}, outside the vocabulary (size {limit})")
     return params

@@ -11,8 +11,8 @@ requests already queued, and the executor installs each copy once into its per-r
 from __future__ import annotations
 
 from copy import copy
-from dataclasses import dataclass, replace
-from typing import Literal, Optional, Union
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, Optional, Union
 
 from pyengine.beam_search.params import BeamSearchParams  # vLLM's import path for it
 from pyengine.errors import InvalidRequestError
@@ -25,6 +25,11 @@ _MAX_SEED = 2**63 - 1
 MAX_STOP_TOKEN_IDS = 1024
 MAX_STOP_STRINGS = 128
 MAX_STOP_STRING_CHARS = 1024
+#: Limits on the logits-processor fields (docs/logits_processors.md).
+MAX_LOGIT_BIAS_ENTRIES = 1024
+MAX_ALLOWED_TOKEN_IDS = 2**18
+MAX_BAD_WORDS = 128
+MAX_BAD_WORD_CHARS = 1024
 
 
 @dataclass(slots=True)
@@ -44,6 +49,13 @@ class SamplingParams:
       none; 0 = only the sampled token's).
     - ``structured_outputs``: a constraint the output must match (JSON schema, regex,
       choice, grammar): see :class:`StructuredOutputsParams`.
+    - ``logit_bias``: token id -> bias in [-100, 100], added to that token's logit (OpenAI).
+    - ``allowed_token_ids``: only these tokens may be sampled.
+    - ``bad_words``: words the output must not contain: a word's last token is forbidden
+      whenever the output so far ends with the word's other tokens; each word is
+      tokenized as written and with a leading space (vLLM's rule), by the engine.
+    - ``extra_args``: free-form per-request arguments for custom logits processors
+      (docs/logits_processors.md).
     """
 
     n: int = 1
@@ -65,6 +77,13 @@ class SamplingParams:
     logprobs: Optional[int] = None
     detokenize: bool = True
     structured_outputs: Optional[StructuredOutputsParams] = None
+    logit_bias: Optional[dict[int, float]] = None
+    allowed_token_ids: Optional[list[int]] = None
+    bad_words: Optional[list[str]] = None
+    extra_args: Optional[dict[str, Any]] = None
+    #: ``bad_words`` as token sequences, filled by the engine from its tokenizer when the
+    #: request is added (vLLM's private field of the same name).
+    _bad_words_token_ids: Optional[list[list[int]]] = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -141,6 +160,7 @@ class SamplingParams:
             _check(isinstance(self.structured_outputs, StructuredOutputsParams), "structured_outputs",
                    "must be a StructuredOutputsParams", type(self.structured_outputs).__name__)
             self.structured_outputs.validate()
+        _check_processor_fields(self)
 
     def checked(self) -> SamplingParams:
         """A validated copy, taken when a request is added: fields may have been set after
@@ -158,6 +178,12 @@ class SamplingParams:
             out.stop_token_ids = list(self.stop_token_ids)
         if isinstance(self.structured_outputs, StructuredOutputsParams):
             out.structured_outputs = self.structured_outputs.clone()
+        for name in ("logit_bias", "extra_args"):
+            if isinstance(getattr(self, name), dict):
+                setattr(out, name, dict(getattr(self, name)))
+        for name in ("allowed_token_ids", "bad_words", "_bad_words_token_ids"):
+            if isinstance(getattr(self, name), (list, tuple)):
+                setattr(out, name, list(getattr(self, name)))
         return out
 
     @property
@@ -222,6 +248,49 @@ def _is_finite_number(value: object) -> bool:
 
 
 _FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _check_processor_fields(params: SamplingParams) -> None:
+    """The fields the built-in logits processors read (their vocabulary bounds are
+    checked when the request is added, ``request_checks.checked_params``)."""
+    bias = params.logit_bias
+    if bias is not None:
+        _check(isinstance(bias, dict), "logit_bias", "must be a map of token id to bias", bias)
+        _check(len(bias) <= MAX_LOGIT_BIAS_ENTRIES, "logit_bias",
+               f"may hold at most {MAX_LOGIT_BIAS_ENTRIES} entries", len(bias))
+        for token, value in bias.items():
+            _check(_is_token_id(token), "logit_bias", "keys must be token ids (integers >= 0)", token)
+            _check(_is_finite_number(value) and not isinstance(value, bool) and -100.0 <= value <= 100.0,
+                   "logit_bias", f"values must be numbers in [-100, 100] (token {token})", value)
+    allowed = params.allowed_token_ids
+    if allowed is not None:
+        _check(isinstance(allowed, (list, tuple)), "allowed_token_ids", "must be a list of token ids", allowed)
+        _check(len(allowed) > 0, "allowed_token_ids", "must not be empty", allowed)
+        _check(len(allowed) <= MAX_ALLOWED_TOKEN_IDS, "allowed_token_ids",
+               f"may hold at most {MAX_ALLOWED_TOKEN_IDS} ids", len(allowed))
+        for token in allowed:
+            _check(_is_token_id(token), "allowed_token_ids", "must hold token ids (integers >= 0)", token)
+    words = params.bad_words
+    if words is not None:
+        _check(isinstance(words, (list, tuple)), "bad_words", "must be a list of strings", words)
+        _check(len(words) <= MAX_BAD_WORDS, "bad_words", f"may hold at most {MAX_BAD_WORDS} words", len(words))
+        for word in words:
+            _check(isinstance(word, str) and word.strip() != "", "bad_words", "must hold non-blank strings", word)
+            _check(len(word) <= MAX_BAD_WORD_CHARS, "bad_words",
+                   f"words may be at most {MAX_BAD_WORD_CHARS} characters", len(word))
+    if params._bad_words_token_ids is not None:
+        for sequence in params._bad_words_token_ids:
+            _check(isinstance(sequence, (list, tuple)) and len(sequence) > 0
+                   and all(_is_token_id(t) for t in sequence), "bad_words",
+                   "must tokenize to non-empty token id sequences", sequence)
+    extra = params.extra_args
+    if extra is not None:
+        _check(isinstance(extra, dict) and all(isinstance(k, str) for k in extra), "extra_args",
+               "must be a map with string keys", extra)
+
+
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**32
 
 
 def _check_int64(name: str, value: object) -> None:

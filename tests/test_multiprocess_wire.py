@@ -24,7 +24,9 @@ from pyengine.sampling_params import PoolingParams, SamplingParams
 NON_DEFAULTS = dict(n=3, temperature=0.7, top_p=0.9, top_k=5, min_p=0.05, repetition_penalty=1.1,
                     presence_penalty=0.5, frequency_penalty=-0.5, seed=42, max_tokens=77, min_tokens=2,
                     stop=["END", "\n\n"], stop_token_ids=[7, 9], include_stop_str_in_output=True,
-                    ignore_eos=True, skip_special_tokens=False, logprobs=4, detokenize=False)
+                    ignore_eos=True, skip_special_tokens=False, logprobs=4, detokenize=False,
+                    logit_bias={3: -12.5, 400: 100.0}, allowed_token_ids=[1, 5, 9], bad_words=["spam", "eggs ham"],
+                    extra_args={"target_token": 4, "nested": {"a": [1, 2]}})
 
 
 def _cross(message):

@@ -163,27 +163,6 @@ def test_logprobs_are_log_softmax_of_processed_logits(logits_row):
     assert out.logprobs.requested.tolist() == [5, 3, -1]
 
 
-def test_min_tokens_masks_eos_and_stop_tokens_until_reached():
-    table = SamplingTable(2, torch.device("cpu"), eos_token_ids=(3,))
-    rows = np.arange(2)
-    table.install(
-        rows,
-        [
-            SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[5]),
-            SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[5], ignore_eos=True),
-        ],
-    )
-    sampler = Sampler(table, torch.Generator().manual_seed(0))
-    logits = torch.zeros(2, VOCAB)
-    logits[:, 3], logits[:, 5], logits[:, 7] = 3.0, 2.0, 1.0
-    picks = []
-    for _ in range(3):
-        out = sampler.sample(logits.clone(), rows, torch.zeros(2, dtype=torch.int64), None)
-        picks.append(out.token_ids.tolist())
-        table.count_samples(rows)
-    assert picks == [[7, 3], [7, 3], [3, 3]]
-
-
 def _masks_by_sorting(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, list[bool]]:
     """Reference top-k / top-p masks from whole sorted rows in float64, and per row whether
     its nucleus boundary is too close to top_p for float32 to settle it."""

@@ -31,6 +31,8 @@ from pyengine.engine.request_state import OutputKind, OutputSink, RequestState
 from pyengine.engine.request_table import RequestTable
 from pyengine.errors import DuplicateRequestError, EngineDeadError, InvalidConfigError, InvalidRequestError
 from pyengine.executor.model_runner import ModelRunner
+from pyengine.logits_processors.bad_words_tokens import bad_words_token_ids
+from pyengine.logits_processors.loading import resolve_processor, validate_request
 from pyengine.outputs import EngineStats, ThreadStack
 from pyengine.request_checks import checked_params
 from pyengine.sampling_params import PoolingParams, SamplingParams, sample_params
@@ -78,6 +80,8 @@ class EngineCore:
                 "AsyncEngine(..., multiprocess=True) or `pyengine serve`, not an in-process engine"
             )
         self.config = config
+        # Custom logits processors: imported before the model loads, so a bad name fails fast.
+        self.processor_classes = [resolve_processor(spec) for spec in config.logits_processors]
         self.model_path = resolve_model_path(config) if runner is None else Path("<synthetic>")
         self.runner = runner or _load_runner(self.model_path, config)
         try:  # whatever fails from here, the runner (tensor-parallel workers, shm) is closed
@@ -152,6 +156,7 @@ class EngineCore:
         params = checked_params(params, prompt_token_ids, self.vocab_size, self.config.max_logprobs)
         pooling = isinstance(params, PoolingParams)
         if isinstance(params, SamplingParams):
+            self._prepare_processor_fields(params)
             constraint = None
             if params.structured_outputs is not None:
                 if params.min_tokens:
@@ -193,6 +198,15 @@ class EngineCore:
                 raise DuplicateRequestError(f"request id {request_id!r} is still in use")
             state.number_samples(self.sched.add_request(request))
             self.requests.add(state)
+
+    def _prepare_processor_fields(self, params: SamplingParams) -> None:
+        """Tokenizes ``bad_words`` into the copy's ``_bad_words_token_ids`` and runs the
+        custom logits processors' ``validate_params`` (``InvalidRequestError`` if refused)."""
+        if params.bad_words:
+            if self.tokenizer is None or self.vocab_size is None:
+                raise InvalidRequestError("bad_words needs the checkpoint's tokenizer (tokenizer.json), which it lacks")
+            params._bad_words_token_ids = bad_words_token_ids(self.tokenizer, list(params.bad_words), self.vocab_size)
+        validate_request(self.processor_classes, params)
 
     def compile_structured_outputs(self, params: SamplingParams) -> None:
         """Compiles the request's constraint into the cache (``InvalidRequestError`` when it

@@ -67,6 +67,8 @@ class ExecutorConfig:
     - ``max_num_seqs``: rows of the persistent batch; ``max_model_len``: longest sequence
       (defaults to the model's ``max_position_embeddings``).
     - ``attention_backend``: "auto" picks flash-attn on CUDA when importable, else SDPA.
+    - ``logits_processors``: custom ``LogitsProcessor`` classes (or qualified names) run
+      after the built-in ones, on tensor-parallel rank 0 (docs/logits_processors.md).
     """
 
     dtype: str = "auto"
@@ -82,9 +84,11 @@ class ExecutorConfig:
     load_format: Literal["auto", "safetensors", "dummy"] = "auto"
     seed: int = 0
     max_logprobs: int = 20
+    logits_processors: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
+        object.__setattr__(self, "logits_processors", tuple(self.logits_processors or ()))
         check_executor_settings(self)
         if self.block_size is None:
             object.__setattr__(

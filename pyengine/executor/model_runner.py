@@ -21,13 +21,15 @@ from pyengine.executor.attention.selector import select_attention_backend
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.grammar_mask import GrammarMaskApplier
 from pyengine.executor.kv_cache import KVCacheShape, PagedKVCache
+from pyengine.executor.logits_pipeline import LogitsPipeline
 from pyengine.executor.memory_profile import decide_num_blocks
 from pyengine.executor.persistent_batch import PersistentBatch
 from pyengine.executor.plan import StepPlanLike
 from pyengine.executor.pooling import pool_hidden_states
-from pyengine.executor.row_isolation import mask_isolated, sample_isolated
+from pyengine.executor.row_isolation import mask_isolated, process_isolated, sample_isolated
 from pyengine.executor.sampler import Sampler
 from pyengine.executor.step_output import StepOutput
+from pyengine.logits_processors.loading import resolve_processor
 from pyengine.models.loader import LoadedModel, load_model
 from pyengine.models.parallel import ParallelContext
 
@@ -71,12 +73,17 @@ class ModelRunner:
             self.kv_cache.num_bytes / 2**20,
             self.attention_backend.name,
         )
+        # Sampling, and so the logits processors, happen once: on tensor-parallel rank 0.
+        pipeline = None
+        if self.model.parallel.rank == 0:
+            custom = [resolve_processor(spec) for spec in config.logits_processors]
+            pipeline = LogitsPipeline.build(config, self.device, loaded.eos_token_ids, custom)
         self.batch = PersistentBatch(
             config.max_num_seqs,
             self.max_blocks_per_seq,
             model_config.vocab_size,
             self.device,
-            loaded.eos_token_ids,
+            pipeline,
         )
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(self.batch.sampling, self.generator)
@@ -126,6 +133,11 @@ class ModelRunner:
             plan.step_id, np.zeros(0, dtype=np.int64), hidden_states=hidden if return_hidden else None
         )
         if len(plan.logits_indices):
+            if self.batch.logits_pipeline is not None:
+                logits = process_isolated(
+                    self.batch.logits_pipeline, logits, plan.sample_rows, self._greedy_only(plan.sample_rows),
+                    lambda i, error: self._row_failed(int(plan.sample_rows[i]), f"a logits processor failed: {error!r}"),
+                )
             if plan.grammar_mask is not None:  # structured outputs: computed while the forward ran
                 mask_isolated(
                     self.grammar_masks, plan, logits,
@@ -136,8 +148,8 @@ class ModelRunner:
                 self.sampler, logits, plan.sample_rows, positions[logits_indices] + 1, self.batch.history,
                 lambda i, error: self._row_failed(int(plan.sample_rows[i]), f"sampling failed: {error!r}"),
             )
-            self.batch.record_sampled(plan.sample_rows, sample_rows, result.token_ids)
             output.sampled_token_ids = result.token_ids.cpu().numpy()
+            self.batch.record_sampled(sample_rows, result.token_ids, output.sampled_token_ids)
             output.logprobs = result.logprobs
             if result.logprobs is not None:
                 output.sampled_seq_ids = self.batch.seq_ids[plan.sample_rows]
@@ -158,6 +170,12 @@ class ModelRunner:
         if logits_indices.numel() == 0:
             return hidden, hidden.new_zeros(0, self.model.config.vocab_size, dtype=torch.float32)
         return hidden, self.model.compute_logits(hidden.index_select(0, logits_indices))
+
+    def _greedy_only(self, rows: np.ndarray) -> bool:
+        """Every row of the step decodes greedily and none wants logprobs (argmax-invariant
+        logits processors cannot change its tokens then)."""
+        table = self.batch.sampling
+        return bool(table.greedy[rows].all()) and not bool((table.logprobs[rows] >= 0).any())
 
     def _row_failed(self, row: int, message: str) -> None:
         self.batch.row_errors[int(self.batch.seq_ids[row])] = message

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from pyengine.errors import StepResultError
+from pyengine.executor.logits_pipeline import LogitsPipeline
 from pyengine.executor.penalties import TokenHistory, history_entries
 from pyengine.executor.plan import StepPlanLike
 from pyengine.executor.row_isolation import INERT_PARAMS
@@ -38,14 +39,16 @@ class PersistentBatch:
         max_blocks_per_seq: int,
         vocab_size: int,
         device: torch.device,
-        eos_token_ids: tuple[int, ...] = (),
+        logits_pipeline: Optional[LogitsPipeline] = None,
     ) -> None:
         self.max_rows = max_rows
         self.vocab_size = vocab_size
         self.device = device
         self.block_table = torch.zeros(max_rows, max_blocks_per_seq, dtype=torch.int32, device=device)
         self.last_sampled = torch.zeros(max_rows, dtype=torch.int64, device=device)
-        self.sampling = SamplingTable(max_rows, device, eos_token_ids)
+        self.sampling = SamplingTable(max_rows, device)
+        # The logits processors' per-request state (None on tensor-parallel ranks > 0).
+        self.logits_pipeline = logits_pipeline
         self.pooling: dict[int, PoolingParams] = {}
         # Row -> sequence id, so a step's results name their sequences (-1: never held).
         self.seq_ids = np.full(max_rows, -1, dtype=np.int64)
@@ -58,6 +61,8 @@ class PersistentBatch:
         if self.pooling and len(plan.freed_rows):  # pooling rows are rare: skip the loop otherwise
             for row in plan.freed_rows.tolist():
                 self.pooling.pop(row, None)
+        if self.logits_pipeline is not None and len(plan.freed_rows):
+            self.logits_pipeline.free(plan.freed_rows)
         if len(plan.new_rows):
             self._install_new_rows(plan)
         if len(plan.block_table_rows):
@@ -75,10 +80,10 @@ class PersistentBatch:
         self.seq_ids[rows] = plan.new_seq_ids.astype(np.int64)
         is_sampling = np.array([isinstance(p, SamplingParams) for p in request_params], dtype=bool)
         sampling_rows = rows[is_sampling]
-        self._install_sampling(sampling_rows, [p for p in request_params if isinstance(p, SamplingParams)])
+        installed = self._install_sampling(sampling_rows, [p for p in request_params if isinstance(p, SamplingParams)])
         self.sampling.install_non_sampling(rows[~is_sampling])
-        known = np.diff(plan.new_token_offsets)
-        self.sampling.set_generated_counts(rows, known - plan.new_num_prompt_tokens.astype(np.int64))
+        if self.logits_pipeline is not None and len(sampling_rows):
+            _install_processors(self.logits_pipeline, plan, np.flatnonzero(is_sampling), installed)
         for row, p in zip(rows.tolist(), request_params):
             if isinstance(p, PoolingParams):
                 self.pooling[row] = p
@@ -86,21 +91,25 @@ class PersistentBatch:
                 self.pooling.pop(row, None)
         self._install_history(plan, rows)
 
-    def _install_sampling(self, rows: np.ndarray, params: list[SamplingParams]) -> None:
+    def _install_sampling(self, rows: np.ndarray, params: list[SamplingParams]) -> list[SamplingParams]:
         """Installs the rows' parameters; if that fails, row by row, and a row whose own
-        parameters fail gets inert ones and is reported (``take_row_errors``)."""
+        parameters fail gets inert ones and is reported (``take_row_errors``). Returns
+        the parameters each row got."""
         try:
             self.sampling.install(rows, params)
-            return
+            return params
         except Exception:  # noqa: BLE001 - isolated below
             pass
-        for row, p in zip(rows.tolist(), params):
+        installed = list(params)
+        for k, (row, p) in enumerate(zip(rows.tolist(), params)):
             one = np.array([row], dtype=np.int64)
             try:
                 self.sampling.install(one, [p])
             except Exception as error:  # noqa: BLE001 - the row's request gets the error
                 self.row_errors[int(self.seq_ids[row])] = f"its sampling parameters could not be installed: {error!r}"
                 self.sampling.install(one, [INERT_PARAMS])
+                installed[k] = INERT_PARAMS
+        return installed
 
     def take_row_errors(self) -> Optional[dict[int, str]]:
         """Sequences whose own per-row work failed since the last call, with the error
@@ -124,9 +133,23 @@ class PersistentBatch:
         self.history.add_prompt_tokens(to_device(token_rows[is_prompt]), to_device(tokens[is_prompt]))
         self.history.add_output_tokens(to_device(token_rows[~is_prompt]), to_device(tokens[~is_prompt]))
 
-    def record_sampled(self, host_rows: np.ndarray, rows: torch.Tensor, token_ids: torch.Tensor) -> None:
-        """Remember this step's samples (placeholders of the next plan; penalty history)."""
+    def record_sampled(self, rows: torch.Tensor, token_ids: torch.Tensor, host_token_ids: np.ndarray) -> None:
+        """Remember this step's samples (placeholders of the next plan; penalty history;
+        the logits processors' state)."""
         self.last_sampled[rows] = token_ids
-        self.sampling.count_samples(host_rows)
         if self.history is not None:
             self.history.add_output_tokens(rows, token_ids)
+        if self.logits_pipeline is not None:
+            self.logits_pipeline.record_sampled(token_ids, host_token_ids)
+
+
+def _install_processors(
+    pipeline: LogitsPipeline, plan: StepPlanLike, entries: np.ndarray, params: list[SamplingParams]
+) -> None:
+    """Tells the logits processors about new sampling sequences (``entries``: their
+    positions among the plan's new sequences), with their prompt and outputs so far."""
+    offsets, ids = plan.new_token_offsets, plan.new_token_ids
+    for k, p in zip(entries.tolist(), params):
+        tokens = ids[offsets[k] : offsets[k + 1]].tolist()
+        split = int(plan.new_num_prompt_tokens[k])
+        pipeline.install(int(plan.new_rows[k]), p, tokens[:split], tokens[split:])

@@ -7,7 +7,9 @@ and their rows get inert greedy parameters, so the requests sharing the step go 
 untouched and the next steps do not trip over the same row again. The batched path costs
 nothing extra; the row-by-row path runs only after a failure.
 
-A step's grammar mask is the same: when it cannot be taken or applied (a scheduler stall
+A logits processor sees the whole batch, so when one raises, the step's rows are the
+guilty ones; the processors are rebuilt before the next step. A step's grammar mask is
+the same: when it cannot be taken or applied (a scheduler stall
 past the mask timeout, a dropped mask), the constrained rows are the guilty ones (their
 logits are unmasked, so their tokens must not count) and the other rows sample as usual.
 """
@@ -21,6 +23,7 @@ import numpy as np
 import torch
 
 from pyengine.executor.grammar_mask import GrammarMaskApplier
+from pyengine.executor.logits_pipeline import LogitsPipeline
 from pyengine.executor.sampler import Sampler, SamplerOutput
 from pyengine.executor.step_output import LogprobsOutput
 from pyengine.sampling_params import SamplingParams
@@ -60,6 +63,22 @@ def sample_isolated(
         tokens.append(out.token_ids)
         logprobs.append(out.logprobs)
     return SamplerOutput(torch.cat(tokens), merge_logprobs(logprobs))
+
+
+def process_isolated(
+    pipeline: LogitsPipeline, logits: torch.Tensor, rows: np.ndarray, greedy_only: bool, on_failure: OnRowFailure
+) -> torch.Tensor:
+    """``pipeline.process`` over the step's logits; if a processor raises, every row of the
+    step is reported (a processor sees the whole batch: which row it failed on is not
+    known) and the pipeline rebuilds its processors before the next step, so the engine
+    and later steps go on."""
+    try:
+        return pipeline.process(logits, rows, greedy_only)
+    except Exception as error:  # noqa: BLE001 - the step's requests get the error
+        logger.warning("a logits processor failed (%r); failing the %d rows of the step", error, len(rows))
+        for i in range(len(rows)):
+            on_failure(i, error)
+        return logits
 
 
 def mask_isolated(applier: GrammarMaskApplier, plan: Any, logits: torch.Tensor, on_failure: OnRowFailure) -> None:

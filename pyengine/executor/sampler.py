@@ -42,9 +42,6 @@ class Sampler:
         positions of the tokens being sampled (seeded draws key on them)."""
         table = self.table
         row_index = torch.from_numpy(rows.astype(np.int64)).to(logits.device)
-        below_min = table.rows_below_min_tokens(rows)
-        if below_min.size:
-            logits = mask_stop_tokens(logits, below_min, rows, table)
         if history is not None and table.uses_penalties[rows].any():
             logits = apply_penalties(
                 logits,
@@ -161,21 +158,6 @@ def _draw_uniform(
         seeded_index = torch.from_numpy(seeded).to(device)
         uniform[seeded_index] = seeded_uniform(table.seed[row_index[seeded_index]], next_positions[seeded_index])
     return uniform
-
-
-def mask_stop_tokens(
-    logits: torch.Tensor, positions: np.ndarray, rows: np.ndarray, table: SamplingTable
-) -> torch.Tensor:
-    """min_tokens: forbid EOS / stop tokens for the sampled entries at ``positions``."""
-    stop_ids = table.min_tokens_stop_ids[rows[positions]]  # [n, width], -1 = padding
-    entry, column = np.nonzero(stop_ids >= 0)
-    if entry.size == 0:
-        return logits
-    entry_rows = torch.from_numpy(positions[entry].astype(np.int64)).to(logits.device)
-    entry_tokens = torch.from_numpy(stop_ids[entry, column]).to(logits.device)
-    logits = logits.clone()
-    logits[entry_rows, entry_tokens] = float("-inf")
-    return logits
 
 
 # How many of each row's best tokens the top-k / top-p masks are looked for among before

@@ -28,9 +28,8 @@ _FLOAT_FIELDS = (
 class SamplingTable:
     """Sampling parameters of every row (``max_rows`` entries each)."""
 
-    def __init__(self, max_rows: int, device: torch.device, eos_token_ids: Sequence[int] = ()) -> None:
+    def __init__(self, max_rows: int, device: torch.device) -> None:
         self.device = device
-        self.eos_token_ids = tuple(eos_token_ids)
         self.values = {name: torch.ones(max_rows, device=device) for name in _FLOAT_FIELDS}
         self.top_k = torch.zeros(max_rows, dtype=torch.int64, device=device)
         self.seed = torch.zeros(max_rows, dtype=torch.int64, device=device)
@@ -40,11 +39,6 @@ class SamplingTable:
         self.uses_penalties = np.zeros(max_rows, dtype=bool)
         self.has_seed = np.zeros(max_rows, dtype=bool)
         self.logprobs = np.full(max_rows, -1, dtype=np.int64)
-        # min_tokens: stop tokens are masked while a row has produced fewer outputs.
-        self.min_tokens = np.zeros(max_rows, dtype=np.int64)
-        self.num_generated = np.zeros(max_rows, dtype=np.int64)
-        # Per row, the ids masked while below min_tokens, padded with -1 (widened on demand).
-        self.min_tokens_stop_ids = np.full((max_rows, 0), -1, dtype=np.int64)
 
     def install(self, rows: np.ndarray, params: Sequence[SamplingParams]) -> None:
         """Write the parameters of sequences entering ``rows`` (aligned with ``params``)."""
@@ -68,31 +62,6 @@ class SamplingTable:
         ]
         self.has_seed[rows] = [p.seed is not None for p in params]
         self.logprobs[rows] = [-1 if p.logprobs is None else p.logprobs for p in params]
-        self.min_tokens[rows] = [p.min_tokens for p in params]
-        self.min_tokens_stop_ids[rows] = -1
-        for row, p in zip(rows.tolist(), params):
-            if p.min_tokens > 0:
-                stop_ids = list(p.stop_token_ids or []) + ([] if p.ignore_eos else list(self.eos_token_ids))
-                self._set_stop_ids(row, sorted(set(stop_ids)))
-
-    def _set_stop_ids(self, row: int, stop_ids: list[int]) -> None:
-        width = self.min_tokens_stop_ids.shape[1]
-        if len(stop_ids) > width:
-            extra = np.full((self.min_tokens_stop_ids.shape[0], len(stop_ids) - width), -1, dtype=np.int64)
-            self.min_tokens_stop_ids = np.concatenate([self.min_tokens_stop_ids, extra], axis=1)
-        self.min_tokens_stop_ids[row, : len(stop_ids)] = stop_ids
-
-    def set_generated_counts(self, rows: np.ndarray, counts: np.ndarray) -> None:
-        """Outputs already produced by sequences entering ``rows`` (non-zero when resumed)."""
-        self.num_generated[rows] = counts
-
-    def count_samples(self, rows: np.ndarray) -> None:
-        """One more output for each of ``rows`` (each row samples at most once per step)."""
-        self.num_generated[rows] += 1
-
-    def rows_below_min_tokens(self, rows: np.ndarray) -> np.ndarray:
-        """Positions (into ``rows``) whose sequences must not stop yet."""
-        return np.flatnonzero(self.num_generated[rows] < self.min_tokens[rows])
 
     def install_non_sampling(self, rows: np.ndarray) -> None:
         """Rows taken by pooling sequences: no sampling features in use."""
@@ -102,5 +71,3 @@ class SamplingTable:
         self.uses_penalties[rows] = False
         self.has_seed[rows] = False
         self.logprobs[rows] = -1
-        self.min_tokens[rows] = 0
-        self.min_tokens_stop_ids[rows] = -1

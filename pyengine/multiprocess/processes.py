@@ -20,6 +20,7 @@ import msgspec
 
 from pyengine.config import EngineConfig
 from pyengine.errors import InvalidConfigError
+from pyengine.logits_processors.loading import qualified_name
 
 # `-c` puts the working directory first on sys.path; from a source checkout that would
 # shadow the installed package (which holds the native module): drop it, as benches do.
@@ -28,8 +29,10 @@ _CORE_MAIN = ("import sys; sys.path = [p for p in sys.path if p]; "
 
 
 def config_json(config: EngineConfig) -> str:
-    """The config's fields as JSON (paths as strings) for ``pyengine core --config-json``."""
+    """The config's fields as JSON (paths as strings) for ``pyengine core --config-json``;
+    custom logits processors as the qualified names the core imports them by."""
     fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    fields["logits_processors"] = [qualified_name(spec) for spec in config.logits_processors]
     return msgspec.json.encode(fields, enc_hook=lambda v: str(v) if isinstance(v, Path) else repr(v)).decode()
 
 

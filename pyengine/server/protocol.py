@@ -100,6 +100,8 @@ class SamplingFields(_Request):
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: Optional[list[NonNegativeInt]] = None
+    allowed_token_ids: Optional[list[NonNegativeInt]] = None
+    bad_words: Optional[list[Text]] = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     return_token_ids: bool = False  # add prompt_token_ids / token_ids to the choices

@@ -13,7 +13,7 @@ from pyengine.server.protocol import SamplingFields
 from pyengine.structured_outputs import StructuredOutputsParams
 
 _OPTIONAL_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                    "frequency_penalty", "seed", "stop", "stop_token_ids")
+                    "frequency_penalty", "seed", "stop", "stop_token_ids", "allowed_token_ids", "bad_words")
 
 
 def sampling_params(ctx: ServerContext, req: SamplingFields, *, max_tokens: Optional[int],
@@ -25,8 +25,6 @@ def sampling_params(ctx: ServerContext, req: SamplingFields, *, max_tokens: Opti
     renames = renames or {}
     if req.n > ctx.args.max_n:
         raise bad_request(f"n must be <= {ctx.args.max_n}, got {req.n}", "n")
-    if req.logit_bias:
-        raise bad_request("logit_bias is not supported", "logit_bias")
     max_logprobs = ctx.engine.max_logprobs
     if logprobs is not None and logprobs > max_logprobs:
         raise bad_request(f"{renames.get('logprobs', 'logprobs')} must be <= {max_logprobs}, got {logprobs}",
@@ -34,6 +32,8 @@ def sampling_params(ctx: ServerContext, req: SamplingFields, *, max_tokens: Opti
     kwargs: dict[str, Any] = {name: getattr(req, name) for name in _OPTIONAL_FIELDS if getattr(req, name) is not None}
     if isinstance(kwargs.get("stop"), list):
         kwargs["stop"] = list(kwargs["stop"])
+    if req.logit_bias is not None:
+        kwargs["logit_bias"] = logit_bias_ids(req.logit_bias)
     try:
         return SamplingParams(
             n=req.n, max_tokens=max_tokens, min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
@@ -43,6 +43,18 @@ def sampling_params(ctx: ServerContext, req: SamplingFields, *, max_tokens: Opti
         )
     except (ValueError, OverflowError) as error:  # OverflowError: an int no engine field holds
         raise from_value_error(ValueError(str(error)), renames) from None
+
+
+def logit_bias_ids(bias: dict[str, float]) -> dict[int, float]:
+    """OpenAI's ``logit_bias`` (token ids as JSON object keys, so strings) with integer
+    keys; a key that is not a token id is a 400 naming ``logit_bias``."""
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        text = key.strip()
+        if not (text.isascii() and text.isdigit()):  # digits only: no sign, no "1e3", no "0x10"
+            raise bad_request(f"logit_bias keys must be token ids (non-negative integers), got {key!r}", "logit_bias")
+        out[int(text)] = value
+    return out
 
 
 def default_max_tokens(ctx: ServerContext, prompt_lens: list[int]) -> int:

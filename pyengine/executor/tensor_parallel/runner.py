@@ -24,7 +24,7 @@ import os
 import select
 import subprocess
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -415,7 +415,8 @@ def _spawn(
         "signal_fd": signal_read,
         "reply_fd": reply_write,
         "rendezvous": {**asdict(rendezvous), "rank": rank, "local_rank": rank},
-        "executor_config": asdict(config),
+        # Workers never sample, so they take no logits processors (classes do not cross).
+        "executor_config": asdict(replace(config, logits_processors=())),
         "capacity": asdict(capacity),
         "segment": segment,
         "collectives": None if local is None else {"name": local.name, "slot_bytes": local.slot_bytes},

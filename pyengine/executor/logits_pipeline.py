@@ -1,0 +1,99 @@
+"""Runs the logits processors over each step's logits, in the executor thread.
+
+Per step: lay the batch out for the step's sampled rows (``ProcessorBatch.step``) ->
+every processor's ``update_state`` -> every processor's ``apply`` on the ``[S, vocab]``
+logits (argmax-invariant ones skipped when every row of the step decodes greedily and
+none asks for logprobs) -> the sampler -> ``record_sampled``.
+
+A processor that raises breaks its own state, so the failing step's rows are failed by
+the caller (``row_isolation.process_isolated``) and every processor is rebuilt before
+the next step: fresh instances, told every request of the batch as ``added``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from pyengine.executor.processor_batch import ProcessorBatch
+from pyengine.logits_processors.allowed_tokens import AllowedTokenIdsLogitsProcessor
+from pyengine.logits_processors.bad_words import BadWordsLogitsProcessor
+from pyengine.logits_processors.interface import LogitsProcessor
+from pyengine.logits_processors.logit_bias import LogitBiasLogitsProcessor
+from pyengine.logits_processors.min_tokens import MinTokensLogitsProcessor
+from pyengine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+Factory = Callable[[], LogitsProcessor]
+
+
+class LogitsPipeline:
+    def __init__(self, factories: Sequence[Factory], max_rows: int) -> None:
+        self.factories = list(factories)
+        self.batch = ProcessorBatch(max_rows)
+        self.processors = [make() for make in self.factories]
+        self.broken = False
+
+    @classmethod
+    def build(
+        cls, config: Any, device: torch.device, eos_token_ids: Sequence[int], custom: Sequence[type] = ()
+    ) -> "LogitsPipeline":
+        """The built-in processors (min_tokens, logit_bias, allowed_token_ids, bad_words),
+        then ``custom`` classes in the order given, each built as ``cls(config, device,
+        is_pin_memory)``."""
+        pin = device.type == "cuda"
+        factories: list[Factory] = [
+            lambda: MinTokensLogitsProcessor(config, device, pin, eos_token_ids=eos_token_ids),
+            lambda: LogitBiasLogitsProcessor(config, device, pin),
+            lambda: AllowedTokenIdsLogitsProcessor(config, device, pin),
+            lambda: BadWordsLogitsProcessor(config, device, pin),
+        ]
+        factories += [_factory(c, config, device, pin) for c in custom]
+        return cls(factories, int(config.max_num_seqs))
+
+    def install(self, row: int, params: SamplingParams, prompt: list[int], outputs: list[int]) -> None:
+        self.batch.install(row, params, prompt, outputs)
+
+    def free(self, rows: np.ndarray) -> None:
+        self.batch.free(rows)
+
+    def process(self, logits: torch.Tensor, sample_rows: np.ndarray, greedy_only: bool) -> torch.Tensor:
+        """The processed logits of a step sampling ``sample_rows`` (row ``i`` of ``logits``
+        is sample ``i``); may modify ``logits`` in place."""
+        try:
+            update = self.batch.step(sample_rows)
+            if self.broken:
+                self.processors = [make() for make in self.factories]
+                update = self.batch.all_added()
+                self.broken = False
+            for processor in self.processors:
+                processor.update_state(update)
+            for processor in self.processors:
+                if greedy_only and processor.is_argmax_invariant():
+                    continue
+                logits = processor.apply(logits)
+            return logits
+        except BaseException:
+            self.broken = True
+            raise
+
+    def record_sampled(self, token_ids: torch.Tensor, host_token_ids: np.ndarray) -> None:
+        """The step's samples, aligned with its ``sample_rows``."""
+        self.batch.record_sampled(host_token_ids.tolist())
+        if self.broken:
+            return
+        try:
+            for processor in self.processors:
+                processor.record_sampled(token_ids)
+        except Exception:  # noqa: BLE001 - rebuilt before the next step; these samples stand
+            logger.exception("a logits processor failed to record the step's samples; rebuilding them")
+            self.broken = True
+
+
+def _factory(processor_class: type, config: Any, device: torch.device, pin: bool) -> Factory:
+    return lambda: processor_class(config, device, pin)

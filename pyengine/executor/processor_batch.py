@@ -1,0 +1,135 @@
+"""The logits processors' view of the persistent batch: a dense batch index per request.
+
+Persistent-batch rows are stable but sparse, and a step samples some of them in the
+scheduler's order. Processors index their state by *batch index* and receive a logits
+tensor whose row ``i`` is index ``i`` (docs/logits_processors.md). This class keeps the
+mapping and, before each step, turns what changed (rows freed, rows installed, the
+step's sample order) into one :class:`BatchUpdate`:
+
+1. freed rows give up their index (``removed``);
+2. installed rows take the lowest free index, else the next one (``added``);
+3. the step's sampled rows are brought to indices ``0 .. S-1`` in sample order, and the
+   rows that hold state but sample nothing this step packed after them (``moved``).
+
+A step whose rows sample in the same order as the previous one (the steady decode
+state) costs one array comparison and produces no update.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Optional
+
+import numpy as np
+
+from pyengine.errors import StepResultError
+from pyengine.logits_processors.interface import AddedRequest, BatchUpdate, MoveDirectionality, MovedRequest
+from pyengine.sampling_params import SamplingParams
+
+_FREE = -1
+
+
+class ProcessorBatchError(StepResultError, ValueError):
+    """A step samples a row that holds no sampling request (a plan/state mismatch)."""
+
+
+class ProcessorBatch:
+    def __init__(self, max_rows: int) -> None:
+        # Lists, not arrays: the moves below index them one entry at a time.
+        self.row_at = [_FREE] * max_rows  # batch index -> row
+        self.index_of = [_FREE] * max_rows  # row -> batch index
+        self.last_sample_rows = np.zeros(0, dtype=np.int64)  # at indices 0 .. S-1 now
+        self.size = 0  # indices in use are 0 .. size-1 after each update
+        # Per row: what an ``added`` entry carries; the output list is appended to by
+        # ``record_sampled`` and handed to processors by reference (vLLM's contract).
+        self.held: dict[int, AddedRequest] = {}
+        self.outputs_at: list[Optional[list[int]]] = [None] * max_rows  # by batch index
+        self._removed: list[int] = []
+        self._pending: list[int] = []  # rows installed, not yet given an index
+
+    def install(self, row: int, params: SamplingParams, prompt: list[int], outputs: list[int]) -> None:
+        """A sampling sequence entered ``row`` (after any ``free`` of the same row)."""
+        self.held[row] = (_FREE, params, prompt, outputs)
+        self._pending.append(row)
+
+    def free(self, rows: np.ndarray) -> None:
+        """Rows released by the plan (rows this batch never held are ignored)."""
+        for row in rows.tolist():
+            if self.held.pop(row, None) is None:
+                continue
+            index = self.index_of[row]
+            if index == _FREE:  # installed and freed before it ever took an index
+                self._pending.remove(row)
+                continue
+            self.index_of[row] = _FREE
+            self.row_at[index] = _FREE
+            self.outputs_at[index] = None
+            self._removed.append(index)
+
+    def step(self, sample_rows: np.ndarray) -> Optional[BatchUpdate]:
+        """The update that lays the batch out for a step sampling ``sample_rows`` (in
+        order), or None when nothing changed."""
+        n = len(sample_rows)
+        if not self._removed and not self._pending and np.array_equal(self.last_sample_rows, sample_rows):
+            return None
+        removed, self._removed = self._removed, []
+        free = list(removed)
+        heapq.heapify(free)
+        added: list[AddedRequest] = []
+        for row in self._pending:
+            index = heapq.heappop(free) if free else self._grow()
+            _, params, prompt, outputs = self.held[row]
+            self._place(row, index, outputs)
+            added.append((index, params, prompt, outputs))
+        self._pending = []
+        live = len(self.held)
+        moved: list[MovedRequest] = []
+        for target, row in enumerate(sample_rows.tolist()):
+            source = self.index_of[row]
+            if source == _FREE:
+                raise ProcessorBatchError(f"row {row} samples but holds no sampling request")
+            if source != target:
+                moved.append(self._move(source, target))
+        # Pack the rows that do not sample this step right after the ones that do.
+        end = self.size
+        for target in range(n, live):
+            if self.row_at[target] != _FREE:
+                continue
+            while self.row_at[end - 1] == _FREE:
+                end -= 1
+            moved.append(self._move(end - 1, target))
+        self.size = live
+        self.last_sample_rows = np.array(sample_rows, dtype=np.int64)
+        return BatchUpdate(batch_size=live, removed=removed, added=added, moved=moved)
+
+    def _grow(self) -> int:
+        self.size += 1
+        return self.size - 1
+
+    def _place(self, row: int, index: int, outputs: Optional[list[int]]) -> None:
+        self.row_at[index] = row
+        self.index_of[row] = index
+        self.outputs_at[index] = outputs
+
+    def _move(self, source: int, target: int) -> MovedRequest:
+        moving, other = self.row_at[source], self.row_at[target]
+        moving_outputs, other_outputs = self.outputs_at[source], self.outputs_at[target]
+        self._place(moving, target, moving_outputs)
+        if other == _FREE:
+            self.row_at[source] = _FREE
+            self.outputs_at[source] = None
+            return (source, target, MoveDirectionality.UNIDIRECTIONAL)
+        self._place(other, source, other_outputs)
+        return (source, target, MoveDirectionality.SWAP)
+
+    def all_added(self) -> BatchUpdate:
+        """Every request as ``added`` at its current index (to fill fresh processors)."""
+        added = [(self.index_of[row], params, prompt, outputs)
+                 for row, (_, params, prompt, outputs) in self.held.items() if self.index_of[row] != _FREE]
+        return BatchUpdate(batch_size=self.size, removed=[], added=added, moved=[])
+
+    def record_sampled(self, token_ids: list[int]) -> None:
+        """Appends each sampled token to its request's output list (index ``i`` sampled
+        ``token_ids[i]``)."""
+        for outputs, token in zip(self.outputs_at, token_ids):
+            outputs.append(token)  # type: ignore[union-attr]
