@@ -246,3 +246,19 @@ def test_a_processor_that_cannot_be_imported_is_a_config_error(checkpoint):
         LLM(str(checkpoint), logits_processors=["no_such_module.Processor"])
     with pytest.raises(InvalidConfigError, match="LogitsProcessor subclass"):
         LLM(str(checkpoint), logits_processors=[dict])
+
+
+def test_processors_run_on_rank_0_under_tensor_parallelism(llm, checkpoint, example):
+    """At tensor-parallel size 2 the processors (built-in and custom) run once, on rank 0
+    in this process (the worker gets none), with the tokens of size 1."""
+    eos = llm.engine.eos_token_ids[0]
+    params = [greedy(logit_bias={77: 100.0}), greedy(extra_args={"target_token": 9}),
+              greedy(allowed_token_ids=[10, 20], logit_bias={20: 100.0}),
+              SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, min_tokens=5, logit_bias={eos: 100.0})]
+    single = token_ids(llm.generate(PROMPTS[:4], params, use_tqdm=False))
+    with LLM(str(checkpoint), tensor_parallel_size=2, max_num_seqs=8, max_num_batched_tokens=64,
+             logits_processors=[example.TargetTokenLogitsProcessor]) as tp:
+        assert tp.engine.runner.batch.logits_pipeline is not None
+        got = token_ids(tp.generate(PROMPTS[:4], params, use_tqdm=False))
+    assert got == [[77] * MAX_TOKENS, [9] * MAX_TOKENS, [20] * MAX_TOKENS, single[3]] == single
+    assert len(got[3]) == 6 and got[3][-1] == eos
