@@ -87,3 +87,11 @@ def test_bad_values_are_400s_naming_the_field(http, path, fields, param):
     response = http.post(path, json=body)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param, response.text
+
+
+@pytest.mark.parametrize("field, value", [("allowed_token_ids", [3]), ("bad_words", ["x"]), ("logit_bias", {"3": 1})])
+def test_beam_search_refuses_the_processor_fields_naming_them(http, field, value):
+    body = {"model": "m", "prompt": "hi", "max_tokens": 2, "n": 2, "use_beam_search": True, field: value}
+    response = http.post("/v1/completions", json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == field
