@@ -11,44 +11,11 @@ import dataclasses
 import json
 import sys
 
-_DEMO_PROMPTS = [
-    "The three threads of an inference engine are",
-    "你好，世界！",
-    "Once upon a time",
-    "def fibonacci(n):",
-]
-
 
 def _generate(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="pyengine generate",
-                                     description="generate on a checkpoint (default: the built-in tiny model)")
-    parser.add_argument("--model", default=None, help="Hugging Face checkpoint folder or hub id ORG/NAME (default: built-in tiny)")
-    parser.add_argument("--prompt", action="append", help="a prompt (repeatable); default: a few demo prompts")
-    parser.add_argument("--max-tokens", type=int, default=24)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--pipeline-depth", type=int, default=2)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--tensor-parallel-size", type=int, default=1,
-                        help="split the model over N ranks (N-1 worker processes on this host)")
-    args = parser.parse_args(argv)
-    from pyengine import LLM, SamplingParams
+    from pyengine.generate_cli import main as generate_main
 
-    with LLM(args.model, device=args.device, pipeline_depth=args.pipeline_depth,
-             tensor_parallel_size=args.tensor_parallel_size) as llm:
-        outs = llm.generate(args.prompt or _DEMO_PROMPTS,
-                            SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=0))
-        for out in outs:
-            c = out.outputs[0]
-            print(f"--- {out.prompt!r}\n    -> {c.text!r}\n    ({len(c.token_ids)} tokens, finish: {c.finish_reason})")
-        stats = llm.stats()
-    print("--- engine stats")
-    for name, t in stats.threads.items():
-        print(f"  {name:<16} busy {t['busy_s']:.3f} s, idle {t['idle_s']:.3f} s")
-    print(f"  steps {stats.steps}, step time mean {stats.step_time_mean_ms:.2f} ms / p99 {stats.step_time_p99_ms:.2f} ms")
-    print(f"  tokens: {stats.prompt_tokens} prompt, {stats.generated_tokens} generated; "
-          f"KV blocks {stats.kv_blocks_total}, prefix-cache hit rate {stats.prefix_cache_hit_rate:.1%}, "
-          f"preemptions {stats.preemptions}")
-    return 0
+    return generate_main(argv)
 
 
 def _simulate(argv: list[str]) -> int:
@@ -79,7 +46,7 @@ def _serve(argv: list[str]) -> int:
 
 COMMANDS = {"generate": _generate, "simulate": _simulate, "serve": _serve, "core": _core}
 SUMMARIES = {
-    "generate": "generate for a few prompts on a checkpoint (default: the built-in tiny model)",
+    "generate": "batch generation: prompts from flags, a file or stdin (text or JSONL), results as JSONL",
     "serve": "an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, ...)",
     "simulate": "the scheduler thread on a random workload with a fake executor",
     "core": "an engine-core process serving a `pyengine serve` front end on another host (tcp://)",

@@ -147,6 +147,14 @@ class AsyncEngine(EngineClient):
         return str(self.engine.model_path)
 
     @property
+    def tokenizer_path(self) -> str:
+        return str(getattr(self.engine, "tokenizer_path", self.engine.model_path))
+
+    @property
+    def generation_defaults(self) -> dict[str, Any]:
+        return dict(getattr(self.engine, "generation_defaults", None) or {})
+
+    @property
     def max_model_len(self) -> int:
         return int(self.engine.max_model_len)
 

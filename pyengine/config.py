@@ -78,8 +78,12 @@ class EngineConfig:
       runs eagerly.
     - ``disable_log_stats``: accepted; the engine core logs no periodic stats line, so it
       has no effect here (the server's stats lines follow ``--stats-interval``).
-    - ``tokenizer``: the tokenizer's folder; only the model's own (None, or the model
-      argument itself) is supported yet, any other is an error naming it.
+    - ``tokenizer``: a folder holding another tokenizer (its tokenizer.json, and
+      tokenizer_config.json / chat_template.jinja for special tokens and the chat
+      template), or a hub id ``from_kwargs`` resolves as it resolves the model (at
+      ``tokenizer_revision``); None (or the model argument itself) is the model's own.
+      It tokenizes and detokenizes everywhere (engine, multi-process front end, server,
+      ``LLM.get_tokenizer``); the model's EOS ids still come from the model.
     - ``revision``, ``download_dir``: the hub revision and the cache folder ``from_kwargs``
       resolves a hub id with (ignored for a local folder).
     - ``task``: "auto", "generate" or "embed"; ``runner``: "auto", "generate" or
@@ -87,9 +91,10 @@ class EngineConfig:
       whatever they say.
     - ``generation_config``: "auto" (the default) makes the checkpoint's
       generation_config.json sampling defaults (temperature, top_p, top_k, min_p,
-      repetition_penalty, max_new_tokens) the defaults of
-      ``LLM.get_default_sampling_params()``, as vLLM does; "vllm" ignores them. (vLLM's
-      third form, a folder holding another generation_config.json, is not supported yet.)
+      repetition_penalty, max_new_tokens as max_tokens) the defaults of
+      ``LLM.get_default_sampling_params()`` and of every server request that does not
+      set them, as vLLM does; "vllm" ignores them; a folder path reads them from that
+      folder's generation_config.json instead (vLLM's three forms).
     """
 
     model: Optional[Union[str, Path]] = None
@@ -114,6 +119,7 @@ class EngineConfig:
     enforce_eager: bool = False
     disable_log_stats: bool = False
     tokenizer: Optional[str] = None
+    tokenizer_revision: Optional[str] = None
     revision: Optional[str] = None
     download_dir: Optional[str] = None
     task: str = "auto"
@@ -154,18 +160,11 @@ class EngineConfig:
         need(self.scheduling_policy in ("fcfs", "priority"), "scheduling_policy", "must be 'fcfs' or 'priority'")
         need(self.task in TASKS, "task", "must be 'auto', 'generate' or 'embed'")
         need(self.runner in RUNNERS, "runner", "must be 'auto', 'generate' or 'pooling'")
-        need(self.generation_config in ("auto", "vllm"), "generation_config",
-             "must be 'auto' or 'vllm' (a folder of another generation_config.json is not supported yet)")
-        for name in ("revision", "download_dir"):
+        _check_generation_config(self.generation_config)
+        for name in ("revision", "download_dir", "tokenizer_revision"):
             need(getattr(self, name) is None or isinstance(getattr(self, name), (str, Path)), name,
                  "must be a string")
-        if self.tokenizer is not None and (
-            self.model is None or Path(self.tokenizer).expanduser().resolve() != Path(self.model).expanduser().resolve()
-        ):
-            raise InvalidConfigError(
-                f"tokenizer {str(self.tokenizer)!r}: a tokenizer other than the model's own is not supported yet "
-                "(leave tokenizer unset to use the checkpoint's tokenizer)"
-            )
+        _check_tokenizer(self.tokenizer)
         if self.max_model_len is not None:
             need(self.max_num_batched_tokens >= min(self.max_num_seqs, self.max_model_len),
                  "max_num_batched_tokens", f"must be >= max_num_seqs ({self.max_num_seqs})")
@@ -219,20 +218,51 @@ class EngineConfig:
             raise InvalidConfigError(f"unknown engine argument(s): {', '.join(unknown)}")
         from pyengine.models.hub import looks_like_hub_id, resolve_model
 
-        # vLLM's tokenizer=model means the model's own tokenizer: the resolved folder.
-        same_tokenizer = kwargs.get("tokenizer") is not None and model is not None and str(kwargs["tokenizer"]) == str(model)
-        if same_tokenizer:
-            kwargs["tokenizer"] = None
-        if looks_like_hub_id(model):
-            cls(model=None, **kwargs)  # every other argument's error before any download
-        model = resolve_model(model, revision=kwargs.get("revision"), cache_dir=kwargs.get("download_dir"),
-                              need_weights=kwargs.get("load_format", "auto") != "dummy")
-        if same_tokenizer:
-            kwargs["tokenizer"] = str(model)
+        tokenizer = kwargs.get("tokenizer")
+        if looks_like_hub_id(model) or looks_like_hub_id(tokenizer):
+            # every other argument's error before any download
+            cls(model=None, **{**kwargs, "tokenizer": None if looks_like_hub_id(tokenizer) else tokenizer})
+        resolved = resolve_model(model, revision=kwargs.get("revision"), cache_dir=kwargs.get("download_dir"),
+                                 need_weights=kwargs.get("load_format", "auto") != "dummy")
+        if tokenizer is not None:
+            # vLLM's tokenizer=model means the model's own tokenizer: the resolved folder.
+            kwargs["tokenizer"] = str(resolved) if str(tokenizer) == str(model) else str(resolve_model(
+                str(tokenizer), revision=kwargs.get("tokenizer_revision"), cache_dir=kwargs.get("download_dir"),
+                what="tokenizer"))
+        model = resolved
         config = cls(model=model, **kwargs)
         if config.trust_remote_code:
             _warn_about_remote_code(config.model)
         return config
+
+
+def _check_generation_config(value: Any) -> None:
+    """"auto", "vllm", or a folder holding a generation_config.json."""
+    if value in ("auto", "vllm"):
+        return
+    if not isinstance(value, (str, Path)) or not (Path(value).expanduser() / "generation_config.json").is_file():
+        raise InvalidConfigError(
+            f"generation_config must be 'auto', 'vllm' or a folder holding a generation_config.json, got {value!r}"
+        )
+
+
+def _check_tokenizer(tokenizer: Any) -> None:
+    """None, or a folder with a tokenizer.json (a hub id is resolved by ``from_kwargs`` first)."""
+    if tokenizer is None:
+        return
+    if not isinstance(tokenizer, (str, Path)):
+        raise InvalidConfigError(f"tokenizer must be a folder or a hub id, got {tokenizer!r}")
+    folder = Path(tokenizer).expanduser()
+    if (folder / "tokenizer.json").is_file():
+        return
+    from pyengine.models.hub import looks_like_hub_id
+
+    if looks_like_hub_id(str(tokenizer)):
+        raise InvalidConfigError(f"tokenizer {str(tokenizer)!r} is not a folder; it looks like a Hugging Face hub id, "
+                                 "which EngineConfig.from_kwargs (LLM, pyengine serve) resolves to a local snapshot")
+    what = "has no tokenizer.json" if folder.is_dir() else "is not a folder"
+    raise InvalidConfigError(f"tokenizer {str(tokenizer)!r} {what}: pyengine reads a tokenizer from a folder's "
+                             "tokenizer.json (the fast tokenizer format that transformers saves)")
 
 
 def _warn_about_remote_code(model: Optional[Union[str, Path]]) -> None:

@@ -92,6 +92,18 @@ class EngineClient(ABC):
         """Where the model came from (a checkpoint folder; ``<synthetic>`` for a fake)."""
 
     @property
+    def tokenizer_path(self) -> str:
+        """The tokenizer's folder (the model's, or the ``tokenizer`` engine argument's): its
+        chat_template.jinja is the checkpoint's chat template."""
+        return self.model_path
+
+    @property
+    def generation_defaults(self) -> dict[str, Any]:
+        """Default ``SamplingParams`` fields for requests that leave them unset (the
+        checkpoint's generation_config.json as ``generation_config`` chooses; {}: none)."""
+        return {}
+
+    @property
     @abstractmethod
     def max_model_len(self) -> int:
         """Prompt plus generated tokens one request may hold."""

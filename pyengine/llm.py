@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
@@ -16,17 +15,15 @@ from pyengine.beam_search.params import BeamSearchParams
 from pyengine.config import EngineConfig
 from pyengine.engine.core import EngineCore
 from pyengine.errors import EngineDeadError, InvalidRequestError
-from pyengine.models.loader import GENERATION_DEFAULT_KEYS
 from pyengine.outputs import EmbeddingRequestOutput, EngineStats, RequestOutput
 from pyengine.prompts import PromptType, is_single_prompt, normalize_prompt
 from pyengine.sampling_params import PoolingParams, SamplingParams
 
 if TYPE_CHECKING:
     from pyengine.chat_template import ChatTemplate
+    from pyengine.progress import Progress
 
 Conversation = Sequence[Mapping[str, Any]]  # [{"role": "user", "content": "..."}, ...], as OpenAI's
-#: generation_config.json's sampling defaults (the loader's list), as SamplingParams names them.
-_GENERATION_DEFAULTS = {key: "max_tokens" if key == "max_new_tokens" else key for key in GENERATION_DEFAULT_KEYS}
 _WAIT_SLICE_S = 0.2  # how often the waiting caller refreshes the progress bar
 
 
@@ -97,17 +94,10 @@ class LLM:
         return SamplingParams(**defaults) if defaults else SamplingParams()
 
     def _generation_defaults(self) -> dict[str, Any]:
-        if getattr(self.config, "generation_config", "auto") == "vllm":  # vLLM's spelling for "ignore them"
-            return {}
-        loaded = getattr(getattr(self.engine, "runner", None), "loaded", None)
-        generation = getattr(loaded, "generation_config", None)  # a synthetic runner has none
-        if not isinstance(generation, Mapping):
-            return {}
-        return {ours: generation[theirs] for theirs, ours in _GENERATION_DEFAULTS.items()
-                if generation.get(theirs) is not None}
+        return dict(getattr(self.engine, "generation_defaults", None) or {})
 
     def _checkpoint_folder(self) -> Optional[Path]:
-        folder = getattr(self.config, "tokenizer", None) or getattr(self.engine, "model_path", None)
+        folder = getattr(self.engine, "tokenizer_path", None) or getattr(self.engine, "model_path", None)
         return Path(folder) if folder is not None and Path(folder).is_dir() else None
 
     def generate(
@@ -115,7 +105,7 @@ class LLM:
         prompts: Union[PromptType, Sequence[PromptType]],
         sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
         *,
-        use_tqdm: bool = True,
+        use_tqdm: Any = True,
         priority: Optional[Sequence[int]] = None,
     ) -> list[RequestOutput]:
         """Generates for each prompt; returns the outputs in input order.
@@ -139,7 +129,7 @@ class LLM:
         prompts: Union[PromptType, Sequence[PromptType]],
         pooling_params: Union[PoolingParams, Sequence[PoolingParams], None] = None,
         *,
-        use_tqdm: bool = True,
+        use_tqdm: Any = True,
     ) -> list[EmbeddingRequestOutput]:
         """Pooled, (by default) L2-normalised hidden states of each prompt."""
         items = [prompts] if is_single_prompt(prompts) else list(prompts)  # type: ignore[list-item]
@@ -151,7 +141,7 @@ class LLM:
         prompts: Union[PromptType, Sequence[PromptType]],
         pooling_params: Union[PoolingParams, Sequence[PoolingParams], None] = None,
         *,
-        use_tqdm: bool = True,
+        use_tqdm: Any = True,
         pooling_task: Optional[str] = None,
     ) -> list[EmbeddingRequestOutput]:
         """vLLM's pooling entry point; here the same as :meth:`embed` (the one pooling task
@@ -164,7 +154,7 @@ class LLM:
         self,
         messages: Union[Conversation, Sequence[Conversation]],
         sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-        use_tqdm: bool = True,
+        use_tqdm: Any = True,
         lora_request: Any = None,
         chat_template: Optional[str] = None,
         chat_template_content_format: str = "auto",
@@ -245,49 +235,59 @@ class LLM:
             self._checkpoint_template = template
         return template
 
-    def _run(self, items: list, params: list, priorities: list[int], use_tqdm: bool, what: str) -> list:
+    def _run(self, items: list, params: list, priorities: list[int], use_tqdm: Any, what: str) -> list:
         engine = self.engine
         normalized = [normalize_prompt(p, engine.tokenize) for p in items]  # validate all first
         collector = _BatchCollector()
         ids: list[str] = []
+        progress = _progress(use_tqdm, what)
         try:
+            if progress is not None:
+                progress.start([len(t) for _, t in normalized], params, int(getattr(engine, "max_model_len", 0) or 0))
             for (text, token_ids), p, prio in zip(normalized, params, priorities):
                 rid = str(next(self._request_ids))
                 engine.add_request(rid, text, token_ids, p, collector, kind="final", priority=prio,
                                    fit_to_length=True)
                 ids.append(rid)
-            self._wait(collector, ids, use_tqdm, what)
+            self._wait(collector, ids, progress)
         except BaseException:
             for rid in ids:
                 if rid not in collector.results:
                     engine.abort(rid)
             raise
+        finally:
+            if progress is not None:
+                progress.close()
         return [collector.results[rid] for rid in ids]
 
-    def _wait(self, collector: _BatchCollector, ids: list[str], use_tqdm: bool, what: str) -> None:
-        bar = None
-        if use_tqdm:
-            from tqdm.auto import tqdm
+    def _wait(self, collector: _BatchCollector, ids: list[str], progress: Optional[Progress]) -> None:
+        """Waits for every request of the batch, refreshing ``progress`` with what finished
+        and the tokens the engine generated meanwhile (its counter, so the display moves
+        while requests run)."""
+        output_loop = getattr(self.engine, "output", None)
+        generated_at_start = getattr(output_loop, "generated_tokens", 0)
+        index = {rid: i for i, rid in enumerate(ids)}
+        reported: set[str] = set()
 
-            bar = tqdm(total=len(ids), desc=what, unit="req", dynamic_ncols=True)
-        started = time.perf_counter()
-        try:
-            with collector.cond:
-                while len(collector.results) < len(ids):
-                    if collector.error is not None:
-                        raise collector.error
-                    collector.cond.wait(_WAIT_SLICE_S)
-                    if bar is not None:
-                        bar.n = len(collector.results)
-                        rate = collector.output_tokens / max(1e-9, time.perf_counter() - started)
-                        bar.set_postfix_str(f"{rate:,.0f} tok/s out", refresh=True)
-                    if collector.error is None and len(collector.results) < len(ids) and not self.engine.is_alive:
-                        raise EngineDeadError(self.engine.dead_reason() or "the engine stopped")
+        def report() -> None:
+            if progress is None:
+                return
+            new = [(index[rid], out) for rid, out in collector.results.items() if rid not in reported]
+            reported.update(rid for rid in collector.results)
+            generated = getattr(output_loop, "generated_tokens", 0) - generated_at_start
+            progress.update(new, max(generated, collector.output_tokens))
+
+        with collector.cond:
+            while len(collector.results) < len(ids):
                 if collector.error is not None:
                     raise collector.error
-        finally:
-            if bar is not None:
-                bar.close()
+                collector.cond.wait(_WAIT_SLICE_S)
+                report()
+                if collector.error is None and len(collector.results) < len(ids) and not self.engine.is_alive:
+                    raise EngineDeadError(self.engine.dead_reason() or "the engine stopped")
+            if collector.error is not None:
+                raise collector.error
+            report()
 
     def beam_search(
         self,
@@ -327,6 +327,23 @@ class LLM:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _progress(use_tqdm: Any, what: str) -> Optional[Progress]:
+    """``use_tqdm``: True (vLLM's bar over finished requests), False (none), a tqdm-like
+    class (vLLM's ``use_tqdm=<callable>``: the bar it makes), or a progress object with
+    ``start`` / ``update`` / ``close`` (``pyengine.progress``)."""
+    from pyengine.progress import RequestBar
+
+    if use_tqdm is True:
+        return RequestBar(what)
+    if use_tqdm is False or use_tqdm is None:
+        return None
+    if all(callable(getattr(use_tqdm, name, None)) for name in ("start", "update", "close")):
+        return use_tqdm
+    if callable(use_tqdm):
+        return RequestBar(what, bar_factory=use_tqdm)
+    raise InvalidRequestError(f"use_tqdm must be a bool, a tqdm-like class or a progress object, got {use_tqdm!r}")
 
 
 def _per_prompt(params: Any, count: int, name: str) -> list:

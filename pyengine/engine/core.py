@@ -24,6 +24,7 @@ from pyengine._kernels import release_openmp_workers
 from pyengine._sched import THREAD_NAME as SCHED_THREAD_NAME
 from pyengine._sched import Request, SchedulerThread
 from pyengine.config import EngineConfig
+from pyengine.engine.checkpoint_extras import engine_tokenizer, sampling_defaults
 from pyengine.engine.executor_loop import EXEC_THREAD_NAME, ExecutorLoop
 from pyengine.engine.grammar import ConstraintCompiler
 from pyengine.engine.output_loop import OUTPUT_THREAD_NAME, OutputLoop
@@ -85,7 +86,13 @@ class EngineCore:
         self.model_path = resolve_model_path(config) if runner is None else Path("<synthetic>")
         self.runner = runner or _load_runner(self.model_path, config)
         try:  # whatever fails from here, the runner (tensor-parallel workers, shm) is closed
-            self.tokenizer = self.runner.loaded.tokenizer
+            model_config = getattr(self.runner.loaded, "config", None)
+            self.vocab_size: Optional[int] = getattr(model_config, "vocab_size", None)
+            # The model's tokenizer or tokenizer='s; the sampling defaults generation_config= asks for.
+            files = engine_tokenizer(config, self.model_path, self.runner.loaded, self.vocab_size)
+            self.tokenizer, self.tokenizer_path, self._tokenizer_config = files.tokenizer, files.folder, \
+                files.tokenizer_config
+            self.generation_defaults = sampling_defaults(config, self.runner.loaded)
             # Token id -> bytes, built once and shared by every sequence's text stream.
             self.decode_table = DecodeTable.from_tokenizer(self.tokenizer) if self.tokenizer is not None else None
             self.eos_token_ids = list(self.runner.loaded.eos_token_ids)
@@ -93,8 +100,6 @@ class EngineCore:
             # What one request can hold: max_model_len, or the whole KV pool when that is
             # smaller (the scheduler refuses a request needing more blocks than the pool has).
             self.max_request_tokens = min(self.max_model_len, self.runner.num_kv_blocks * config.block_size)
-            model_config = getattr(self.runner.loaded, "config", None)
-            self.vocab_size: Optional[int] = getattr(model_config, "vocab_size", None)
             # The vocabulary goes to Rust once, for structured outputs (docs/structured_outputs.md).
             self.constraints = ConstraintCompiler.for_engine(self.decode_table, self.eos_token_ids, self.vocab_size)
             self.sched = SchedulerThread(config.scheduler_config(self.runner.num_kv_blocks, self.max_model_len))
@@ -317,8 +322,8 @@ class EngineCore:
 
     @property
     def tokenizer_config(self) -> dict[str, Any]:
-        """The checkpoint's tokenizer_config.json ({} without one): the chat template's source."""
-        return dict(getattr(self.runner.loaded, "tokenizer_config", None) or {})
+        """The tokenizer's tokenizer_config.json ({} without one): the chat template's source."""
+        return dict(self._tokenizer_config)
 
     @property
     def steps_executed(self) -> int:

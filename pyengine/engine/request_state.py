@@ -98,6 +98,10 @@ class RequestState:
         return self.unfinished == 0
 
     @property
+    def _stop_token_ids(self) -> tuple[int, ...]:
+        return tuple(getattr(self.params, "stop_token_ids", None) or ())
+
+    @property
     def _keeps_stop_text(self) -> bool:
         return isinstance(self.params, SamplingParams) and self.params.include_stop_str_in_output
 
@@ -127,7 +131,10 @@ class RequestState:
         if sample.finish_reason is not None:
             return
         sample.finish_reason = reason
-        sample.stop_reason = stop_reason
+        # vLLM's stop_reason: the stop string, or the stop token id the request listed in
+        # stop_token_ids; None when the model's own EOS token ended the sample.
+        sample.stop_reason = None if isinstance(stop_reason, int) and stop_reason not in self._stop_token_ids \
+            else stop_reason
         if sample.stream is not None:
             sample.text += sample.stream.finish()
         elif isinstance(self.params, SamplingParams) and self.params.detokenize:

@@ -64,9 +64,12 @@ def resolve_model(
     revision: Optional[str] = None,
     cache_dir: Optional[Union[str, Path]] = None,
     need_weights: bool = True,
+    what: str = "model",
 ) -> Optional[Union[str, Path]]:
     """``model`` itself, or the local snapshot folder of the hub id ``model`` (see the module
-    docstring). ``need_weights=False`` accepts a cached snapshot without weights files."""
+    docstring). ``need_weights=False`` accepts a cached snapshot without weights files.
+    ``what="tokenizer"``: a tokenizer repository (tokenizer.json needed, no config.json
+    nor weights); messages name the argument ``what``."""
     if model is None or not looks_like_hub_id(model):
         return model
     assert isinstance(model, str)
@@ -74,22 +77,24 @@ def resolve_model(
         import huggingface_hub
     except ImportError:
         raise ModelLoadError(
-            f"model {model!r} is not a local folder; to load it from the Hugging Face hub, install "
+            f"{what} {model!r} is not a local folder; to load it from the Hugging Face hub, install "
             "huggingface_hub (pip install huggingface_hub), or pass a checkpoint folder"
         ) from None
     cache = Path(cache_dir).expanduser() if cache_dir is not None else hub_cache_dir()
-    where = f"{model!r}" + (f" (revision {revision!r})" if revision else "")
+    where = f"{what} {model!r}" + (f" (revision {revision!r})" if revision else "")
+    required = "tokenizer.json" if what == "tokenizer" else "config.json"
+    need_weights = need_weights and what == "model"
 
     cached = _cached_snapshot(huggingface_hub, model, revision, cache)
-    if cached is not None and _complete(cached, need_weights):
+    if cached is not None and _complete(cached, need_weights, required):
         return cached
     if hub_offline():
         found = "an incomplete snapshot" if cached is not None else "nothing"
         raise ModelLoadError(
-            f"model {where} is not a local folder, and the Hugging Face cache {cache} holds {found} for it; "
+            f"{where} is not a local folder, and the Hugging Face cache {cache} holds {found} for it; "
             "HF_HUB_OFFLINE=1 forbids downloading it (unset HF_HUB_OFFLINE, or download it first)"
         )
-    return _download(huggingface_hub, model, revision, cache, where, need_weights)
+    return _download(huggingface_hub, model, revision, cache, where, need_weights, required)
 
 
 def _cached_snapshot(hub, model: str, revision: Optional[str], cache: Path) -> Optional[Path]:
@@ -100,15 +105,16 @@ def _cached_snapshot(hub, model: str, revision: Optional[str], cache: Path) -> O
     return Path(folder)
 
 
-def _complete(folder: Path, need_weights: bool) -> bool:
-    if not (folder / "config.json").is_file():
+def _complete(folder: Path, need_weights: bool, required: str = "config.json") -> bool:
+    if not (folder / required).is_file():
         return False
     if not need_weights:
         return True
     return any(folder.glob("*.safetensors")) or any(folder.glob("*.bin"))
 
 
-def _download(hub, model: str, revision: Optional[str], cache: Path, where: str, need_weights: bool) -> Path:
+def _download(hub, model: str, revision: Optional[str], cache: Path, where: str, need_weights: bool,
+              required: str = "config.json") -> Path:
     from huggingface_hub import errors
 
     try:
@@ -116,21 +122,22 @@ def _download(hub, model: str, revision: Optional[str], cache: Path, where: str,
         wanted = _files_to_download(files, need_weights)
         folder = Path(hub.snapshot_download(model, revision=revision, cache_dir=str(cache), allow_patterns=wanted))
     except errors.RevisionNotFoundError as error:
-        raise ModelLoadError(f"model {where}: the Hugging Face hub has no such revision ({_line(error)})") from error
+        raise ModelLoadError(f"{where}: the Hugging Face hub has no such revision ({_line(error)})") from error
     except (errors.RepositoryNotFoundError, errors.GatedRepoError) as error:
         raise ModelLoadError(
-            f"model {where} is not a local folder and the Hugging Face hub has no repository by that name that "
+            f"{where} is not a local folder and the Hugging Face hub has no repository by that name that "
             f"this machine may read (private or gated? log in with `hf auth login` or set HF_TOKEN) ({_line(error)})"
         ) from error
     except Exception as error:  # connection errors, HTTP errors, disk errors
         raise ModelLoadError(
-            f"model {where} is not a local folder nor in the Hugging Face cache {cache}, and downloading it "
+            f"{where} is not a local folder nor in the Hugging Face cache {cache}, and downloading it "
             f"failed: {type(error).__name__}: {_line(error)}"
         ) from error
-    if not _complete(folder, need_weights):
+    if not _complete(folder, need_weights, required):
+        missing = required if not (folder / required).is_file() else "weights (*.safetensors / *.bin)"
         raise ModelLoadError(
-            f"model {where}: the Hugging Face snapshot {folder} has no config.json or no weights "
-            "(*.safetensors / *.bin); it is not a checkpoint pyengine can load"
+            f"{where}: the Hugging Face snapshot {folder} has no {missing}; it is not a "
+            f"{'tokenizer' if required == 'tokenizer.json' else 'checkpoint'} pyengine can load"
         )
     return folder
 

@@ -108,15 +108,16 @@ def load_model(
         load_checkpoint_weights(model, folder, allow_bin=load_format == "auto")
     model.eval().requires_grad_(False)
     tokenizer, tokenizer_config = load_tokenizer(folder)
+    generation = read_generation_config(folder)  # read once: EOS ids and sampling defaults
     return LoadedModel(
         model=model,
         config=config,
         dtype=torch_dtype,
         device=device,
-        eos_token_ids=read_eos_token_ids(folder, config),
+        eos_token_ids=eos_token_ids(generation, config),
         tokenizer=tokenizer,
         tokenizer_config=tokenizer_config,
-        generation_config=read_generation_defaults(folder),
+        generation_config=generation_defaults(generation),
     )
 
 
@@ -197,26 +198,30 @@ def _copy_into_target(dest: WeightTarget, tensor: torch.Tensor) -> None:
     target.copy_(tensor)
 
 
-def read_eos_token_ids(folder: Path, config: DecoderConfig) -> tuple[int, ...]:
-    """EOS ids from generation_config.json when present, else from config.json."""
-    generation_config = folder / "generation_config.json"
-    if generation_config.exists():
-        eos = read_json(generation_config).get("eos_token_id")
-        if isinstance(eos, int):
-            return (eos,)
-        if isinstance(eos, list) and eos:
-            return tuple(int(token) for token in eos)
-    return config.eos_token_ids
-
-
-def read_generation_defaults(folder: Path) -> dict[str, Any]:
-    """The sampling defaults in generation_config.json ({} when it is absent or has none)."""
+def read_generation_config(folder: Path) -> dict[str, Any]:
+    """generation_config.json of ``folder`` ({} when it is absent)."""
     path = folder / "generation_config.json"
     if not path.exists():
         return {}
     generation = read_json(path)
     if not isinstance(generation, dict):
         raise ModelLoadError(f"{path}: expected a JSON object")
+    return generation
+
+
+def eos_token_ids(generation: dict[str, Any], config: DecoderConfig) -> tuple[int, ...]:
+    """EOS ids from generation_config.json's ``eos_token_id`` when it has one, else config.json's."""
+    eos = generation.get("eos_token_id")
+    if isinstance(eos, int):
+        return (eos,)
+    if isinstance(eos, list) and eos:
+        return tuple(int(token) for token in eos)
+    return config.eos_token_ids
+
+
+def generation_defaults(generation: dict[str, Any]) -> dict[str, Any]:
+    """The sampling defaults of a generation_config.json (``GENERATION_DEFAULT_KEYS`` present
+    and not null, by their generation_config names)."""
     return {key: generation[key] for key in GENERATION_DEFAULT_KEYS if generation.get(key) is not None}
 
 

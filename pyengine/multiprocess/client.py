@@ -427,6 +427,14 @@ class MultiprocessEngine(EngineClient):
         return self.info.model_path
 
     @property
+    def tokenizer_path(self) -> str:
+        return self.info.tokenizer_path or self.info.model_path
+
+    @property
+    def generation_defaults(self) -> dict[str, Any]:
+        return dict(self.info.generation_defaults)
+
+    @property
     def max_model_len(self) -> int:
         return self.info.max_model_len
 

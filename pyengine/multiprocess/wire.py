@@ -87,6 +87,8 @@ class CoreInfo(msgspec.Struct, array_like=True):
     tokenizer_config: dict[str, Any]
     pid: int
     eos_token_ids: list[int] = []
+    tokenizer_path: str = ""  # the tokenizer's folder when not the model's ("": the model's)
+    generation_defaults: dict[str, Any] = {}  # default SamplingParams fields (EngineClient.generation_defaults)
 
 
 class Ready(msgspec.Struct, tag=True, array_like=True):

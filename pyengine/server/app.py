@@ -42,6 +42,7 @@ def build_context(engine: EngineClient, args: ServerArgs) -> ServerContext:
         chat_template=ChatTemplate(choice.source, engine.tokenizer_config) if choice is not None else None,
         chat_template_origin=choice.origin if choice is not None else None,
         chat_tokenizer=ChatTokenizer(engine.tokenizer) if engine.tokenizer is not None else None,
+        sampling_defaults=engine.generation_defaults,
     )
 
 
@@ -58,6 +59,10 @@ def create_app(engine: EngineClient, args: ServerArgs) -> FastAPI:
             ctx.background.append(asyncio.ensure_future(log_stats_forever(ctx, args.stats_interval)))
         ctx.logger.info("server ready", model_path=ctx.engine.model_path, max_model_len=ctx.max_model_len,
                         chat_template=ctx.chat_template_origin, api_key=args.api_key is not None)
+        if ctx.sampling_defaults:  # vLLM says so too: answers differ from the plain defaults
+            ctx.logger.info("sampling defaults from the checkpoint's generation_config.json (requests that set "
+                            "a field override it; --generation-config vllm ignores them)",
+                            **ctx.sampling_defaults)
         try:
             yield
         finally:

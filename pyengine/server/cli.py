@@ -47,10 +47,11 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> list[str]:
 
 def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
     parser = argparse.ArgumentParser(prog="pyengine serve", description="OpenAI-compatible HTTP server")
+    default = {f.name: f.default for f in dataclasses.fields(ServerArgs)}  # one source of truth
     parser.add_argument("model", nargs="?", default=None,
                         help="Hugging Face checkpoint folder (default: the built-in tiny model)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--host", default=default["host"])
+    parser.add_argument("--port", type=int, default=default["port"])
     parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                         help="the model name(s) clients send; responses report the first (default: the model "
                         "argument as given, as vLLM does)")
@@ -58,14 +59,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
                         help="a chat template (a file's path, or the jinja2 text itself) used instead of the "
                         "checkpoint's chat_template.jinja / tokenizer_config.json one")
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
-    parser.add_argument("--max-n", type=int, default=16, help="largest n a request may ask for")
-    parser.add_argument("--stall-timeout", type=float, default=30.0,
+    parser.add_argument("--max-n", type=int, default=default["max_n"], help="largest n a request may ask for")
+    parser.add_argument("--stall-timeout", type=float, default=default["stall_timeout"],
                         help="seconds without a finished step (requests pending) before /health is 503")
-    parser.add_argument("--watchdog-interval", type=float, default=1.0)
-    parser.add_argument("--stats-interval", type=float, default=10.0,
+    parser.add_argument("--watchdog-interval", type=float, default=default["watchdog_interval"])
+    parser.add_argument("--stats-interval", type=float, default=default["stats_interval"],
                         help="seconds between engine-stats log lines (0: none)")
-    parser.add_argument("--log-format", choices=["console", "json"], default="console")
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-format", choices=["console", "json"], default=default["log_format"])
+    parser.add_argument("--log-level", default=default["log_level"])
     parser.add_argument("--uvicorn-log-level", default=None, choices=UVICORN_LOG_LEVELS,
                         help="level of uvicorn's own loggers (default: --log-level)")
     requests = parser.add_mutually_exclusive_group()
@@ -73,8 +74,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
                           action="store_true", help="no log line per finished request")
     requests.add_argument("--enable-log-requests", dest="no_log_requests", action="store_false",
                           help="a log line per finished request (the default; vLLM's spelling)")
-    parser.set_defaults(no_log_requests=False)
-    parser.add_argument("--drain-timeout", type=float, default=30.0,
+    parser.set_defaults(no_log_requests=not default["log_requests"])
+    parser.add_argument("--drain-timeout", type=float, default=default["drain_timeout"],
                         help="on SIGTERM / SIGINT, seconds in-flight requests may still run before their "
                         "streams are ended with an error event (0: at once; a second signal also ends them)")
     add_limit_flags(parser)  # --max-body-bytes ... --enable-docs, defaults from ServerArgs

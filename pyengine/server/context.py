@@ -29,6 +29,9 @@ class ServerContext:
     chat_template: Optional[Any] = None  # a ChatTemplate, or None
     chat_template_origin: Optional[str] = None  # where it came from (template_choice.py)
     chat_tokenizer: Optional[Any] = None  # a ChatTokenizer (user-typed special tokens stay text)
+    # Default SamplingParams fields for what a request leaves unset (the checkpoint's
+    # generation_config.json, as --generation-config chooses; EngineClient.generation_defaults).
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
     background: list[Any] = field(default_factory=list)  # asyncio tasks started by the lifespan
 
     @property

@@ -29,7 +29,9 @@ def sampling_params(ctx: ServerContext, req: SamplingFields, *, max_tokens: Opti
     if logprobs is not None and logprobs > max_logprobs:
         raise bad_request(f"{renames.get('logprobs', 'logprobs')} must be <= {max_logprobs}, got {logprobs}",
                           renames.get("logprobs", "logprobs"))
-    kwargs: dict[str, Any] = {name: getattr(req, name) for name in _OPTIONAL_FIELDS if getattr(req, name) is not None}
+    # The checkpoint's defaults (generation_config.json) for what the request leaves unset, as vLLM.
+    kwargs: dict[str, Any] = {name: value for name, value in ctx.sampling_defaults.items() if name != "max_tokens"}
+    kwargs.update({name: getattr(req, name) for name in _OPTIONAL_FIELDS if getattr(req, name) is not None})
     if isinstance(kwargs.get("stop"), list):
         kwargs["stop"] = list(kwargs["stop"])
     if req.logit_bias is not None:
@@ -59,8 +61,11 @@ def logit_bias_ids(bias: dict[str, float]) -> dict[int, float]:
 
 def default_max_tokens(ctx: ServerContext, prompt_lens: list[int]) -> int:
     """``max_tokens`` for a request that sets none: all that its longest prompt leaves of
-    what one request can hold (``max_model_len``, or less with a small KV pool)."""
-    return max(1, ctx.max_model_len - max(prompt_lens))
+    what one request can hold (``max_model_len``, or less with a small KV pool), at most the
+    checkpoint's ``max_new_tokens`` (a default, never a cap on a request's own, as vLLM)."""
+    room = max(1, ctx.max_model_len - max(prompt_lens))
+    default = ctx.sampling_defaults.get("max_tokens")
+    return min(room, default) if isinstance(default, int) and default >= 1 else room
 
 
 def tokenize_prompts(ctx: ServerContext, prompt: Union[str, list[Any]], param: str) -> list[tuple[Optional[str], list[int]]]:

@@ -7,7 +7,7 @@ In order, the first that exists wins:
 2. the checkpoint's ``chat_template.jinja``, what current transformers writes beside the
    tokenizer (and prefers over tokenizer_config.json when both are there). The model
    loader exposes only tokenizer_config.json, so the file is read here, from the
-   client's ``model_path`` folder;
+   client's ``tokenizer_path`` folder (the model's, or the ``tokenizer`` argument's);
 3. ``chat_template`` in ``tokenizer_config.json`` (the client's ``chat_template``): a
    string, or a list of named templates whose "default" one counts;
 4. none: chat requests answer 400.
@@ -52,7 +52,7 @@ def select_chat_template(override: Optional[str], engine: EngineClient) -> Optio
 
 def _model_folder(engine: EngineClient) -> Optional[Path]:
     try:
-        folder = Path(engine.model_path)
+        folder = Path(engine.tokenizer_path)
     except (TypeError, ValueError):
         return None
     return folder if folder.is_dir() else None
