@@ -69,13 +69,14 @@ def test_trust_remote_code_warns_that_remote_code_is_not_run(tmp_path, tiny, cap
     assert "remote code" not in caplog.text
 
 
-def test_tokenizer_is_the_models_own_or_an_error_naming_it(tmp_path, tiny):
+def test_tokenizer_the_model_itself_is_the_models_own(tmp_path, tiny):
+    # (a separate tokenizer: tests/test_tokenizer_argument.py)
     config = EngineConfig.from_kwargs(str(tiny), tokenizer=str(tiny), load_format="dummy")
     assert config.tokenizer == str(tiny)
-    with pytest.raises(InvalidConfigError, match="tokenizer .*other-tok.*not supported yet"):
+    with pytest.raises(InvalidConfigError, match="tokenizer .*other-tok.*is not a folder"):
         EngineConfig.from_kwargs(str(tiny), tokenizer=str(tmp_path / "other-tok"), load_format="dummy")
-    with pytest.raises(InvalidConfigError, match="tokenizer"):
-        EngineConfig.from_kwargs(None, tokenizer="org/tokenizer")
+    with pytest.raises(InvalidConfigError, match="tokenizer .*hub id"):
+        EngineConfig(tokenizer="org/tokenizer")
 
 
 def test_revision_and_download_dir_reach_the_hub_resolution(tmp_path, monkeypatch, tiny):
@@ -166,6 +167,50 @@ def test_generation_config_defaults_reach_get_default_sampling_params(tiny_with_
         llm.shutdown()
 
 
-def test_another_generation_config_is_an_error_naming_it():
+def test_a_generation_config_that_is_no_folder_is_an_error_naming_it(tmp_path):
     with pytest.raises(InvalidConfigError, match="generation_config .*'/some/folder'"):
         EngineConfig.from_kwargs(None, generation_config="/some/folder")
+    (tmp_path / "no-file").mkdir()
+    with pytest.raises(InvalidConfigError, match="generation_config .*no-file"):
+        EngineConfig.from_kwargs(None, generation_config=str(tmp_path / "no-file"))
+
+
+def test_generation_config_may_name_another_folder(tiny_with_defaults, tiny):
+    from pyengine import LLM, SamplingParams
+
+    llm = LLM(str(tiny), generation_config=str(tiny_with_defaults), num_kv_blocks=16, max_num_seqs=2,
+              max_num_batched_tokens=64)
+    try:
+        assert llm.get_default_sampling_params() == SamplingParams(
+            temperature=0.6, top_p=0.95, top_k=20, min_p=0.0, repetition_penalty=1.1, max_tokens=48)
+    finally:
+        llm.shutdown()
+
+
+# ---- the server: the same defaults for what a request leaves unset (vLLM's rule) ----
+
+@pytest.mark.parametrize("mode", ["auto", "vllm"])
+def test_server_requests_take_the_generation_defaults(tiny_with_defaults, mode):
+    from pyengine import AsyncEngine
+    from pyengine.server import ServerArgs
+    from pyengine.server.app import build_context
+    from pyengine.server.protocol import CompletionRequest
+    from pyengine.server.sampling import default_max_tokens, sampling_params
+
+    engine = AsyncEngine(str(tiny_with_defaults), generation_config=mode, num_kv_blocks=16, max_num_seqs=2,
+                         max_num_batched_tokens=64)
+    try:
+        ctx = build_context(engine, ServerArgs(stats_interval=0))
+        unset = sampling_params(ctx, CompletionRequest(prompt="x", max_tokens=None), max_tokens=None, logprobs=None)
+        given = sampling_params(ctx, CompletionRequest(prompt="x", temperature=0.0, top_k=-1, max_tokens=500),
+                                max_tokens=500, logprobs=None)
+        if mode == "auto":
+            assert (unset.temperature, unset.top_p, unset.top_k, unset.repetition_penalty) == (0.6, 0.95, 20, 1.1)
+            assert default_max_tokens(ctx, [10]) == 48  # max_new_tokens: the default...
+        else:
+            assert (unset.temperature, unset.top_p, unset.top_k, unset.repetition_penalty) == (1.0, 1.0, 0, 1.0)
+            assert default_max_tokens(ctx, [10]) == ctx.max_model_len - 10
+        assert (given.temperature, given.top_k, given.top_p) == (0.0, -1, 0.95 if mode == "auto" else 1.0)
+        assert given.max_tokens == 500  # ...never a cap on a request's own
+    finally:
+        engine.shutdown()

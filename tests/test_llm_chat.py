@@ -193,15 +193,17 @@ def test_default_sampling_params_are_plain_without_generation_defaults(llm):
     assert out[0].outputs[0].finish_reason in ("stop", "length") and len(out[0].outputs[0].token_ids) <= 16
 
 
-def test_default_sampling_params_use_generation_config_defaults_when_the_loader_has_them():
-    llm = LLM.__new__(LLM)
+def test_generation_config_defaults_become_sampling_params_fields():
+    from pyengine.engine.checkpoint_extras import sampling_defaults
+    from pyengine.models.loader import generation_defaults
+
     generation = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_new_tokens": 64, "eos_token_id": 1,
                   "min_p": None}
-    llm.engine = SimpleNamespace(runner=SimpleNamespace(loaded=SimpleNamespace(generation_config=generation)))
-    llm.config = SimpleNamespace(generation_config="auto")
-    assert llm.get_default_sampling_params() == SamplingParams(temperature=0.6, top_p=0.95, top_k=20, max_tokens=64)
-    llm.config = SimpleNamespace(generation_config="vllm")  # vLLM's "ignore the checkpoint's defaults"
-    assert llm.get_default_sampling_params() == SamplingParams()
+    loaded = SimpleNamespace(generation_config=generation_defaults(generation))
+    fields = sampling_defaults(SimpleNamespace(generation_config="auto"), loaded)
+    assert SamplingParams(**fields) == SamplingParams(temperature=0.6, top_p=0.95, top_k=20, max_tokens=64)
+    assert sampling_defaults(SimpleNamespace(generation_config="vllm"), loaded) == {}  # vLLM's "ignore them"
+    assert sampling_defaults(SimpleNamespace(generation_config="auto"), SimpleNamespace()) == {}  # synthetic
 
 
 # A template that writes an assistant turn's tool calls and a tool turn's call id.
