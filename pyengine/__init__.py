@@ -42,6 +42,7 @@ from pyengine.errors import (
     KernelError,
     KVCacheTooSmallError,
     ModelLoadError,
+    NativePanicError,
     StepResultError,
     UnknownRequestError,
 )
@@ -115,4 +116,5 @@ __all__ = [
     "ModelLoadError",
     "KVCacheTooSmallError",
     "AttentionBackendUnavailableError",
+    "NativePanicError",
 ]

@@ -291,7 +291,7 @@ cls, config: SchedulerConfig) -> Self: ...
     def check_invariants(self) -> None:
         """Raises ``StepResultError`` describing a broken internal invariant, if any."""
     def _panic(self) -> None:
-        """Test hook: panics inside the core (raises ``PanicException``)."""
+        """Test hook: panics inside the core (raises ``NativePanicError``, an ``EngineError``)."""
 
 @final
 class SchedulerThread:

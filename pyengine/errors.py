@@ -15,6 +15,7 @@ __all__ = [
     "ModelLoadError",
     "KVCacheTooSmallError",
     "AttentionBackendUnavailableError",
+    "NativePanicError",
 ]
 
 
@@ -61,3 +62,10 @@ class KVCacheTooSmallError(EngineError, ValueError):
 
 class AttentionBackendUnavailableError(EngineError, RuntimeError):
     """The requested attention backend cannot run on this device or dtype."""
+
+
+class NativePanicError(EngineError, RuntimeError):
+    """A panic inside pyengine's Rust core, caught where Python calls it (a bug: the message
+    says where). Raised instead of pyo3's ``PanicException``, which derives from
+    ``BaseException`` and escapes ``except Exception``; the object that panicked may be
+    left broken (a scheduler thread that panics marks the engine dead)."""

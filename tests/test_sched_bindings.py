@@ -122,22 +122,26 @@ def test_abort_and_finish_report_what_happened():
     assert reasons == ["abort", "stop"]
 
 
-def test_a_rust_panic_is_a_python_exception_not_a_crash(tmp_path):
-    # pyo3 raises PanicException (a BaseException); the interpreter keeps running.
+def test_a_rust_panic_is_an_engine_error_not_a_crash(tmp_path):
+    # Caught at the binding: NativePanicError (an EngineError and an Exception), not pyo3's
+    # PanicException (a BaseException that `except Exception` misses); the interpreter and
+    # the scheduler object go on.
     code = (
         "from pyengine import Scheduler, SchedulerConfig\n"
+        "from pyengine.errors import EngineError, NativePanicError\n"
         "s = Scheduler(SchedulerConfig(8))\n"
         "try:\n"
         "    s._panic()\n"
-        "except BaseException as e:\n"
-        "    print('caught', type(e).__name__)\n"
-        "print('alive')\n"
+        "except EngineError as e:\n"
+        "    print('caught', type(e).__name__, isinstance(e, NativePanicError), str(e))\n"
+        "print('alive', s.has_unfinished())\n"
     )
     # Run outside the source tree, so the installed package (with its native module) is used.
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          cwd=tmp_path, check=False)
     assert out.returncode == 0, out.stderr
-    assert "caught PanicException" in out.stdout and "alive" in out.stdout
+    assert "caught NativePanicError True" in out.stdout and "requested by Scheduler._panic()" in out.stdout
+    assert "alive False" in out.stdout
 
 
 def test_version_and_public_surface():

@@ -98,6 +98,31 @@ impl NativeError for Infallible {
     }
 }
 
+/// A panic inside the native core, caught at the binding (`gil::call`, `gil::guarded`).
+pub struct Panic(String);
+
+impl Panic {
+    /// The panic's message (`panic!` with a literal gives a `&str`, with arguments a `String`).
+    pub fn from_payload(payload: &(dyn std::any::Any + Send)) -> Self {
+        let text = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".to_string());
+        Panic(text)
+    }
+}
+
+impl NativeError for Panic {
+    fn class_name(&self) -> &'static str {
+        "NativePanicError"
+    }
+
+    fn message(&self) -> String {
+        format!("pyengine's native core panicked (a bug; please report it): {}", self.0)
+    }
+}
+
 /// Raises `InvalidConfigError` / `InvalidRequestError` for a bad argument.
 pub fn invalid_config(py: Python<'_>, message: String) -> PyErr {
     SchedError::InvalidConfig(message).into_py_err(py)

@@ -5,23 +5,39 @@
 //! interpreter so the other Python threads run meanwhile, and a core error becomes the
 //! matching `pyengine.errors` exception.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 
-use crate::errors::NativeError;
+use crate::errors::{NativeError, Panic};
 
 /// How long a blocking wait stays detached before checking for Ctrl-C.
 const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
-/// Runs `f` with the GIL released; its error is raised as the matching Python exception.
+/// Runs `f` with the GIL released; its error is raised as the matching Python exception,
+/// and a panic inside it as `NativePanicError` (an `EngineError`, not pyo3's
+/// `PanicException`, which derives from `BaseException` and escapes `except Exception`).
 pub fn call<T, E, F>(py: Python<'_>, f: F) -> PyResult<T>
 where
     T: Send,
     E: NativeError,
     F: Send + FnOnce() -> Result<T, E>,
 {
-    py.detach(f).map_err(|e| e.into_py_err(py))
+    match py.detach(|| catch_unwind(AssertUnwindSafe(f))) {
+        Ok(result) => result.map_err(|e| e.into_py_err(py)),
+        Err(payload) => Err(Panic::from_payload(payload.as_ref()).into_py_err(py)),
+    }
+}
+
+/// Runs `f` (holding the GIL) with a panic inside it raised as `NativePanicError`: for the
+/// bindings' calls that do not go through [`call`].
+pub fn guarded<T, F>(py: Python<'_>, f: F) -> PyResult<T>
+where
+    F: FnOnce() -> PyResult<T>,
+{
+    catch_unwind(AssertUnwindSafe(f))
+        .unwrap_or_else(|payload| Err(Panic::from_payload(payload.as_ref()).into_py_err(py)))
 }
 
 /// Waits for `wait(slice)` to produce a value, with the GIL released, for at most

@@ -13,7 +13,7 @@ use pyengine_sched::scheduler::{Scheduler, SchedulerSnapshot};
 use crate::arrays::{sampled_tokens, PyOutputEvent, PyStepPlan};
 use crate::config::PySchedulerConfig;
 use crate::errors::{invalid_request, NativeError};
-use crate::gil::call;
+use crate::gil::{call, guarded};
 use crate::request::PyRequest;
 
 #[pyclass(name = "Scheduler", module = "pyengine._sched", frozen)]
@@ -23,7 +23,7 @@ pub struct PyScheduler {
 
 impl PyScheduler {
     fn lock(&self) -> std::sync::MutexGuard<'_, Scheduler> {
-        // A panic while locked was already raised to Python as PanicException; the state
+        // A panic while locked was already raised to Python as NativePanicError; the state
         // it left is what check_invariants is for.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -120,12 +120,12 @@ impl PyScheduler {
     /// What happened since the last call: accepted tokens and ended sequences.
     #[pyo3(signature = (step_id = None))]
     fn take_output(&self, py: Python<'_>, step_id: Option<u64>) -> PyResult<PyOutputEvent> {
-        let ev = self.lock().take_output(step_id);
+        let ev = guarded(py, || Ok(self.lock().take_output(step_id)))?;
         PyOutputEvent::new(py, ev)
     }
 
-    fn abort(&self, request_id: &str) -> bool {
-        self.lock().abort(request_id)
+    fn abort(&self, py: Python<'_>, request_id: &str) -> PyResult<bool> {
+        guarded(py, || Ok(self.lock().abort(request_id)))
     }
 
     #[pyo3(signature = (seq_id, reason = "stop"))]
@@ -134,25 +134,25 @@ impl PyScheduler {
         call(py, || self.lock().finish(seq_id, reason))
     }
 
-    fn has_unfinished(&self) -> bool {
-        self.lock().has_unfinished()
+    fn has_unfinished(&self, py: Python<'_>) -> PyResult<bool> {
+        guarded(py, || Ok(self.lock().has_unfinished()))
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let snap = self.lock().snapshot();
+        let snap = guarded(py, || Ok(self.lock().snapshot()))?;
         snapshot_dict(py, &snap)
     }
 
     /// Raises `EngineError` describing the first broken internal invariant, if any.
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
-        let result = self.lock().check_invariants();
+        let result = guarded(py, || Ok(self.lock().check_invariants()))?;
         result.map_err(|m| {
             pyengine_sched::SchedError::BadStepResult(format!("invariant broken: {m}")).into_py_err(py)
         })
     }
 
-    /// Test hook: panics inside the core, to show a Rust panic surfaces as an exception.
-    fn _panic(&self) {
-        panic!("requested by Scheduler._panic()");
+    /// Test hook: panics inside the core, to show a Rust panic surfaces as `NativePanicError`.
+    fn _panic(&self, py: Python<'_>) -> PyResult<()> {
+        call(py, || -> Result<(), Infallible> { panic!("requested by Scheduler._panic()") })
     }
 }
