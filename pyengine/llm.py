@@ -15,6 +15,7 @@ from pyengine.beam_search.params import BeamSearchParams
 from pyengine.config import EngineConfig
 from pyengine.engine.core import EngineCore
 from pyengine.errors import EngineDeadError, InvalidRequestError
+from pyengine.llm_unsupported import UnsupportedVllmMethods
 from pyengine.outputs import EmbeddingRequestOutput, EngineStats, RequestOutput
 from pyengine.prompts import PromptType, is_single_prompt, normalize_prompt
 from pyengine.sampling_params import PoolingParams, SamplingParams
@@ -51,7 +52,7 @@ class _BatchCollector:
             self.cond.notify_all()
 
 
-class LLM:
+class LLM(UnsupportedVllmMethods):
     """Load a model and generate from Python, in batches.
 
     ``LLM(model=None, **engine_args)``: ``model`` is a Hugging Face checkpoint folder, or
