@@ -105,11 +105,14 @@ def check_length(ctx: ServerContext, prompt_len: int, max_tokens: Optional[int],
     limit = ctx.max_model_len
     if prompt_len == 0:
         raise bad_request(f"{prompt_param} is empty (0 tokens)", prompt_param)
+    # vLLM's wording, word for word: clients parse these messages to shorten and retry.
     if prompt_len >= limit:
-        raise bad_request(f"this model's maximum context length is {limit} tokens, but the {prompt_param} "
-                          f"has {prompt_len} tokens", prompt_param, "context_length_exceeded")
+        raise bad_request(f"This model's maximum context length is {limit} tokens. However, your request has "
+                          f"{prompt_len} input tokens. Please reduce the length of the input messages.",
+                          prompt_param, "context_length_exceeded")
     if max_tokens is not None and prompt_len + max_tokens > limit:
-        raise bad_request(f"this model's maximum context length is {limit} tokens, but {prompt_len} prompt "
-                          f"tokens + {max_tokens} {max_tokens_param} were requested", max_tokens_param,
+        raise bad_request(f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
+                          f"maximum context length is {limit} tokens and your request has {prompt_len} input "
+                          f"tokens ({max_tokens} > {limit} - {prompt_len}).", max_tokens_param,
                           "context_length_exceeded")
 
