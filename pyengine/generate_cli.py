@@ -73,7 +73,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
     out.add_argument("--output-format", choices=("text", "jsonl"), default=None,
                      help="jsonl (default with --input) or text (default otherwise)")
     out.add_argument("--no-progress", action="store_true", help="no progress on stderr")
-    out.add_argument("--stats", action="store_true", help="engine figures on stderr at the end")
+    out.add_argument("--stats", action=argparse.BooleanOptionalAction, default=None,
+                     help="the engine's figures at the end (default: with text output, after it on stdout; "
+                     "with JSONL, --stats puts them on stderr)")
     sampling = parser.add_argument_group("sampling (over the checkpoint's generation_config.json defaults)")
     for name, kind in _SAMPLING_FLAGS.items():
         sampling.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None)
@@ -93,6 +95,7 @@ def main(argv: list[str]) -> int:
     engine_kwargs = {name: getattr(ns, name) for name in engine_names if getattr(ns, name) is not None}
     items = _read_items(ns)  # input errors before the model loads
     output_format = ns.output_format or ("jsonl" if ns.input is not None else "text")
+    want_stats = ns.stats if ns.stats is not None else output_format == "text"
     from pyengine import LLM
     from pyengine.progress import TokenProgress
 
@@ -111,7 +114,7 @@ def main(argv: list[str]) -> int:
             outs = run([items[i].prompt for i in picked], [params[i] for i in picked], use_tqdm=progress)
             for i, out in zip(picked, outs):
                 results[i] = out
-        stats = llm.stats() if ns.stats else None
+        stats = llm.stats() if want_stats else None
     stream = open(ns.output, "w", encoding="utf-8") if ns.output else sys.stdout  # noqa: SIM115
     try:
         for i, (item, out) in enumerate(zip(items, results)):
@@ -120,7 +123,7 @@ def main(argv: list[str]) -> int:
         if stream is not sys.stdout:
             stream.close()
     if stats is not None:
-        _print_stats(stats, sys.stderr)
+        _print_stats(stats, sys.stdout if output_format == "text" and not ns.output else sys.stderr)
     return 0
 
 

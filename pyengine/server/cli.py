@@ -25,6 +25,14 @@ from pyengine.server.args import (
 from pyengine.server.template_choice import load_chat_template
 
 _ENGINE_SKIP = {"model"}
+# Help for the engine flags a vLLM user looks for (the rest: EngineConfig's docstring).
+_ENGINE_HELP = {
+    "tokenizer": "a tokenizer folder or hub id other than the model's (its chat_template.jinja too)",
+    "generation_config": "'auto' (default): the checkpoint's generation_config.json sampling defaults for "
+                         "requests that leave them unset; 'vllm': ignore them; or a folder with another one",
+    "tensor_parallel_size": "split the model over N ranks (N-1 worker processes on this host)",
+    "dtype": "auto, float32 (float), bfloat16, float16 (half)",
+}
 _TYPES = {"int": int, "float": float, "str": str, "Optional[int]": int, "Optional[float]": float}
 
 
@@ -38,9 +46,11 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> list[str]:
         flag = f"--{f.name.replace('_', '-')}"
         kind = str(f.type)
         if kind == "bool":
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                               help=_ENGINE_HELP.get(f.name))
         else:
-            group.add_argument(flag, type=_TYPES.get(kind, str), default=None, metavar=f.name.upper())
+            group.add_argument(flag, type=_TYPES.get(kind, str), default=None, metavar=f.name.upper(),
+                               help=_ENGINE_HELP.get(f.name))
         names.append(f.name)
     return names
 
