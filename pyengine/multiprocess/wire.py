@@ -32,7 +32,7 @@ from pyengine.multiprocess.wire_logprobs import WireLogprobs
 from pyengine.outputs import EngineStats, ThreadStack
 
 _ARRAY_EXT = 1  # msgpack extension code of an array reference
-PROTOCOL_VERSION = 2  # in ``Ready``: front end and core must speak the same one
+PROTOCOL_VERSION = 3  # in ``Ready``: front end and core must speak the same one
 
 
 # ---- front end -> core ----
