@@ -35,6 +35,26 @@ def test_engine_flags_map_to_engine_config_fields():
     assert parse([])[0] is None and parse([])[2].model_name == "pyengine-tiny"
 
 
+def test_flag_defaults_are_server_args_defaults():
+    # One source of truth: every flag left unset gives ServerArgs' own default.
+    import dataclasses
+
+    from pyengine.server import ServerArgs
+
+    _, engine, args = parse([])
+    assert engine == {}
+    for field in dataclasses.fields(ServerArgs):
+        if field.name not in ("model_name", "model_aliases"):
+            assert getattr(args, field.name) == field.default, field.name
+
+
+def test_vllms_engine_flags_reach_the_engine_arguments():
+    _, engine, _ = parse(["m", "--tensor-parallel-size", "2", "--generation-config", "vllm", "--tokenizer", "t",
+                          "--dtype", "half", "--enforce-eager", "--trust-remote-code", "--revision", "v1"])
+    assert engine == {"tensor_parallel_size": 2, "generation_config": "vllm", "tokenizer": "t", "dtype": "half",
+                      "enforce_eager": True, "trust_remote_code": True, "revision": "v1"}
+
+
 def test_bad_engine_flag_is_a_usage_error():
     from pyengine.server.cli import main
 

@@ -158,3 +158,31 @@ def test_serve_and_generate_take_tokenizer_flags(model, words):
     parser, _ = build_parser()
     ns = parser.parse_args(["--tokenizer", str(words), "--generation-config", str(model)])
     assert (ns.tokenizer, ns.generation_config) == (str(words), str(model))
+
+
+def test_an_engine_core_process_and_its_front_end_use_the_given_tokenizer(model, words, tmp_path):
+    import asyncio
+    import shutil
+
+    # generation_config.json defaults ride the link too: a copy of the model with some.
+    with_defaults = tmp_path / "model"
+    shutil.copytree(model, with_defaults)
+    generation = json.loads((with_defaults / "generation_config.json").read_text())
+    (with_defaults / "generation_config.json").write_text(json.dumps({**generation, "top_k": 7}))
+    engine = AsyncEngine(str(with_defaults), tokenizer=str(words), multiprocess=True, start_timeout=120, **LIMITS)
+    try:
+        assert engine.tokenizer_path == str(words)
+        assert engine.tokenize("hello world") == [2, 3]
+        assert engine.generation_defaults == {"top_k": 7}
+
+        async def run():
+            final = None
+            async for out in engine.generate("one two", SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)):
+                final = out
+            return final
+
+        out = asyncio.run(asyncio.wait_for(run(), 60))
+        assert out.prompt_token_ids == [6, 7]
+        assert out.outputs[0].text == Tokenizer.from_file(str(words / "tokenizer.json")).decode(out.outputs[0].token_ids)
+    finally:
+        engine.shutdown()
