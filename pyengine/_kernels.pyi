@@ -18,6 +18,10 @@ __all__ = [
     "qk_norm_rope",
     "release_openmp_workers",
     "rms_norm",
+    "shared_word_advance",
+    "shared_word_read",
+    "shared_word_wait_past",
+    "shared_word_write",
 ]
 
 def paged_decode_attention(
@@ -134,3 +138,18 @@ def host_gather(
     """Every rank's ``data`` bytes into ``out`` on rank 0 (``world_size * len(data)``
     bytes, rank r's at ``r * len(data)``); the other ranks pass None. Waits and failures
     as ``host_all_reduce``."""
+
+def shared_word_advance(words: npt.NDArray[np.int64], index: int) -> int:
+    """Adds one to ``words[index]`` (an int64 array in shared memory), sequentially
+    consistent: what this process wrote before is visible to a process that reads the
+    new value. Returns the new value. Raises ``KernelError`` for an index out of range."""
+
+def shared_word_read(words: npt.NDArray[np.int64], index: int) -> int:
+    """``words[index]``, read sequentially consistent."""
+
+def shared_word_write(words: npt.NDArray[np.int64], index: int, value: int) -> None:
+    """Sets ``words[index]``, sequentially consistent."""
+
+def shared_word_wait_past(words: npt.NDArray[np.int64], index: int, last: int, timeout_s: float) -> int | None:
+    """Polls ``words[index]`` until it differs from ``last`` and returns the new value, or
+    None after ``timeout_s``; spins, then yields its core, with the GIL released."""

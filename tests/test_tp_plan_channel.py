@@ -1,16 +1,20 @@
 """The shared-memory plan channel on its own (one process plays rank 0 and a worker):
-a plan arrives whole, and a worker that finds any plan but the next one stops with a
-clear error instead of running it out of step with rank 0."""
+a plan arrives whole; a worker that finds any plan but the next one stops with a clear
+error instead of running it out of step with rank 0; a polling worker gets no pipe byte,
+a sleeping one is woken through its pipe; stale bytes are read off and an exit byte
+among them is obeyed."""
 
 from __future__ import annotations
 
 import os
+import time
 from multiprocessing import resource_tracker
 
 import numpy as np
 import pytest
 
 from pyengine.executor.tensor_parallel.plan_channel import (
+    EXIT_BYTE,
     STEP_BYTE,
     PlanCapacity,
     PlanSegment,
@@ -96,3 +100,54 @@ def test_a_receiver_made_after_the_first_plan_still_reads_it(channel):
         late.close()
         pipe.close()
         os.close(read_fd)
+
+
+def _pipe_is_empty(receiver) -> bool:
+    import select
+
+    return not select.select([receiver.signal.read_fd], [], [], 0)[0]
+
+
+def test_a_polling_worker_takes_each_plan_without_a_pipe_byte(channel):
+    sender, receiver = channel
+    for plan in _plans(3):
+        sender.publish(plan, np.where(plan.input_ids < 0, 11, plan.input_ids))
+        assert _pipe_is_empty(receiver), "rank 0 wrote the pipe of a worker that was not asleep"
+        got = receiver.receive()
+        assert got is not None and got.step_id == plan.step_id
+
+
+def test_a_sleeping_worker_is_woken_through_its_pipe(channel):
+    import threading
+
+    sender, receiver = channel
+    receiver.poll_s = 0.001
+    plan = _plans(1)[0]
+    got = []
+    thread = threading.Thread(target=lambda: got.append(receiver.receive()))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not sender.segment.asleep[0] and time.monotonic() < deadline:  # polled, then went to sleep
+            time.sleep(0.005)
+        assert sender.segment.asleep[0] == 1
+        sender.publish(plan, np.where(plan.input_ids < 0, 11, plan.input_ids))
+        thread.join(10)
+    finally:
+        if thread.is_alive():
+            sender.wakes[0](EXIT_BYTE)
+            thread.join(10)
+    assert got and got[0] is not None and got[0].step_id == plan.step_id
+    assert sender.segment.asleep[0] == 0
+
+
+def test_stale_bytes_are_read_off_and_an_exit_among_them_is_obeyed(channel):
+    sender, receiver = channel
+    first, second = _plans(2)
+    for byte in (STEP_BYTE, STEP_BYTE, EXIT_BYTE):  # wakes of plans taken by polling, then the exit
+        sender.wakes[0](byte)
+    sender.publish(first, np.where(first.input_ids < 0, 11, first.input_ids))
+    got = receiver.receive()
+    assert got is not None and got.step_id == first.step_id
+    assert _pipe_is_empty(receiver)
+    assert receiver.receive() is None

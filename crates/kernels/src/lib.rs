@@ -9,12 +9,14 @@
 //! of operators. [`release_calling_thread_workers`] frees a thread's idle OpenMP team,
 //! which otherwise throttles the executor thread's team (see there). [`token_mask`]
 //! applies grammar masks (structured outputs) to logits in place. [`host_group`] holds
-//! the shared-memory all-reduce and gather of tensor-parallel ranks on one host.
+//! the shared-memory all-reduce and gather of tensor-parallel ranks on one host;
+//! [`sequence_word`] the plan segment's sequence number, advanced and polled across processes.
 
 pub mod host_group;
 pub mod norm;
 pub mod paged_decode;
 mod parallel;
+pub mod sequence_word;
 pub mod token_mask;
 mod vector;
 

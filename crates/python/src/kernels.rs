@@ -8,6 +8,7 @@ use numpy::{
 };
 use pyo3::prelude::*;
 
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use pyengine_kernels::{DecodeQueries, ElementType, HostGroup, Norm, PagedKv, QkHeads};
@@ -280,4 +281,52 @@ pub fn host_gather(
     let out = out.as_mut().map(|o| contiguous_mut("out", o.as_slice_mut())).transpose()?;
     let timeout = Duration::from_secs_f64(timeout_s.max(0.0));
     call(py, || group.gather(data, out, timeout))
+}
+
+/// Element `index` of `words` (an int64 array in shared memory) as an atomic word.
+fn shared_word<'a>(words: &'a mut PyReadwriteArray1<'_, i64>, index: usize) -> PyResult<&'a AtomicU64> {
+    let slice = contiguous_mut("words", words.as_slice_mut())?;
+    let length = slice.len();
+    let word = slice
+        .get_mut(index)
+        .ok_or_else(|| bad_kernel_argument(format!("word {index} of an array of {length}")))?;
+    // SAFETY: an i64 is 8-byte aligned and as large as an AtomicU64; the array outlives the borrow.
+    Ok(unsafe { &*(word as *mut i64 as *const AtomicU64) })
+}
+
+/// Advances `words[index]` by one (sequentially consistent: what was written before is
+/// visible to a reader that sees the new value); returns the new value.
+#[pyfunction]
+pub fn shared_word_advance(mut words: PyReadwriteArray1<'_, i64>, index: usize) -> PyResult<u64> {
+    Ok(pyengine_kernels::sequence_word::advance(shared_word(&mut words, index)?))
+}
+
+/// `words[index]`, read sequentially consistent.
+#[pyfunction]
+pub fn shared_word_read(mut words: PyReadwriteArray1<'_, i64>, index: usize) -> PyResult<u64> {
+    Ok(pyengine_kernels::sequence_word::read(shared_word(&mut words, index)?))
+}
+
+/// Sets `words[index]`, sequentially consistent.
+#[pyfunction]
+pub fn shared_word_write(mut words: PyReadwriteArray1<'_, i64>, index: usize, value: u64) -> PyResult<()> {
+    pyengine_kernels::sequence_word::write(shared_word(&mut words, index)?, value);
+    Ok(())
+}
+
+/// Polls `words[index]` until it differs from `last` (returns the new value) or
+/// `timeout_s` passed (None); spins, then yields its core; the GIL is released.
+#[pyfunction]
+pub fn shared_word_wait_past(
+    py: Python<'_>,
+    mut words: PyReadwriteArray1<'_, i64>,
+    index: usize,
+    last: u64,
+    timeout_s: f64,
+) -> PyResult<Option<u64>> {
+    let word = shared_word(&mut words, index)?;
+    let timeout = Duration::from_secs_f64(timeout_s.max(0.0));
+    call(py, || {
+        Ok::<_, std::convert::Infallible>(pyengine_kernels::sequence_word::wait_past(word, last, timeout))
+    })
 }

@@ -77,5 +77,9 @@ fn add_kernels(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernels::host_group_register, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::host_all_reduce, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::host_gather, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::shared_word_advance, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::shared_word_read, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::shared_word_write, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::shared_word_wait_past, m)?)?;
     Ok(())
 }

@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from pyengine import _kernels
 from pyengine.executor.tensor_parallel.host_collectives import map_segment, unlink_segment
 from pyengine.models.parallel import CollectiveError
 
@@ -47,6 +48,8 @@ ARRAYS = (
 )
 EXIT_BYTE = b"x"
 STEP_BYTE = b"s"
+#: How long a worker polls for the next plan before it sleeps on its step pipe.
+POLL_S = 0.002
 
 
 @dataclass(frozen=True)
@@ -87,18 +90,20 @@ def plan_lengths(plan: Any, input_ids: np.ndarray) -> dict[str, int]:
 
 
 class PlanSegment:
-    """The shared segment's layout: a header, then the arrays one after the other (in
+    """The shared segment's layout: a header, one "asleep" word per worker (raised while
+    that worker sleeps on its step pipe), then the arrays one after the other (in
     ``ARRAYS`` order, int64), as long as the header says; room for the largest plan."""
 
-    def __init__(self, capacity: PlanCapacity, name: Optional[str] = None) -> None:
+    def __init__(self, capacity: PlanCapacity, name: Optional[str] = None, workers: int = 1) -> None:
         self.capacity = capacity
         lengths = capacity.lengths()
         elements = sum(lengths[field] + extra for _, field, extra in ARRAYS)
-        size = 8 * (len(_HEADER) + elements)
+        size = 8 * (len(_HEADER) + workers + elements)
         self.shm = map_segment(name, "plan", size)
         self.owner = name is None
         self.header = np.ndarray(len(_HEADER), dtype=np.int64, buffer=self.shm.buf)
-        self._area = np.ndarray(elements, dtype=np.int64, buffer=self.shm.buf, offset=8 * len(_HEADER))
+        self.asleep = np.ndarray(workers, dtype=np.int64, buffer=self.shm.buf, offset=8 * len(_HEADER))
+        self._area = np.ndarray(elements, dtype=np.int64, buffer=self.shm.buf, offset=8 * (len(_HEADER) + workers))
 
     @property
     def name(self) -> str:
@@ -117,7 +122,7 @@ class PlanSegment:
             out=self._area[:total],
         )
         self.header[1:] = (plan.step_id, tokens, rows, logits, block_writes)
-        self.header[0] += 1
+        _kernels.shared_word_advance(self.header, 0)  # a reader that sees it sees the arrays
 
     def read(self) -> ForwardPlan:
         """A worker: views of the plan last written."""
@@ -139,6 +144,7 @@ class PlanSegment:
     def close(self) -> None:
         """Drop the views and unmap; the creator also removes the segment."""
         self.header = np.zeros(0, dtype=np.int64)
+        self.asleep = np.zeros(0, dtype=np.int64)
         self._area = np.zeros(0, dtype=np.int64)
         self.shm.close()
         self.unlink()
@@ -170,8 +176,9 @@ class StepPipeWriter:
 
 
 class SharedMemoryPlanSender:
-    """Rank 0's side: write the plan into the segment, then wake each worker (``wake``
-    writes one byte into that worker's pipe)."""
+    """Rank 0's side: write the plan into the segment, then wake each worker that sleeps
+    on its pipe (``wakes[i]`` writes one byte into worker i's pipe; a worker that polls
+    takes the plan without it)."""
 
     def __init__(self, segment: PlanSegment, wakes: list[Callable[[bytes], None]]) -> None:
         self.segment = segment
@@ -179,8 +186,9 @@ class SharedMemoryPlanSender:
 
     def publish(self, plan: Any, input_ids: np.ndarray) -> None:
         self.segment.write(plan, input_ids)
-        for wake in self.wakes:
-            wake(STEP_BYTE)
+        for index, wake in enumerate(self.wakes):
+            if _kernels.shared_word_read(self.segment.asleep, index):
+                wake(STEP_BYTE)
 
     def close(self, timeout_s: float = 0.0) -> None:
         """The workers' exit byte (they are reaped by rank 0's runner, within its timeout)."""
@@ -195,35 +203,66 @@ class PlanSequenceError(CollectiveError):
 
 
 class SharedMemoryPlanReceiver:
-    """A worker's side: ``receive`` blocks until the next plan (None: told to exit).
-    A closed pipe (rank 0 gone) raises, so a worker never outlives it; so does a plan
-    whose sequence number is not the one after the last (``PlanSequenceError``)."""
+    """A worker's side (worker ``index``, rank ``index + 1``): ``receive`` blocks until the
+    next plan (None: told to exit).
 
-    def __init__(self, segment: PlanSegment, signal: "StepSignal") -> None:
+    It first polls the header's sequence number for ``poll_s`` (spinning, then yielding
+    its core; native, GIL released): while steps follow each other the next plan lands
+    within that window and rank 0 writes no pipe at all (the wake-up of a sleeping worker
+    preempted rank 0 for about 0.4 ms a step on a 2-core host). Then it raises its
+    "asleep" word, looks at the sequence once more, and sleeps on its pipe; rank 0 writes
+    the pipe to a worker whose word is up (``crates/kernels/src/sequence_word.rs`` says why
+    no plan can be missed). Step bytes are hints: a byte whose plan was taken already is
+    ignored, and bytes left in the pipe are read off after a plan (so it never fills);
+    the exit byte and a closed pipe (rank 0 gone, which raises) are commands, wherever
+    they are read. A plan whose sequence number is not the one after the last raises
+    ``PlanSequenceError``."""
+
+    def __init__(self, segment: PlanSegment, signal: "StepSignal", index: int = 0, poll_s: float = POLL_S) -> None:
         self.segment = segment
         self.signal = signal
+        self.index = index
+        self.poll_s = poll_s
         # Rank 0 creates the segment zeroed and counts every plan from 1. A worker may
         # attach after rank 0 has already published its first plan (rank 0 does not wait
         # for the worker's "ready"), so the count starts at 0, not at what is there now.
         self.last_sequence = 0
+        self._told: Optional[bytes] = None  # EXIT_BYTE or b"" (closed) read while draining
 
     def receive(self) -> Optional[ForwardPlan]:
+        header, asleep = self.segment.header, self.segment.asleep
         while True:
-            byte = self.signal.wait(1.0)
-            if byte is None:
-                continue
-            if byte == EXIT_BYTE:
-                return None
-            if byte == b"":
-                raise CollectiveError("rank 0 closed the step pipe (the engine process is gone)")
-            sequence = int(self.segment.header[0])
-            if sequence != self.last_sequence + 1:
-                raise PlanSequenceError(
-                    f"plan sequence {sequence} in the shared segment, expected {self.last_sequence + 1}: "
-                    "this worker is out of step with rank 0"
-                )
-            self.last_sequence = sequence
-            return self.segment.read()
+            if self._told is not None:
+                return self._obey(self._told)
+            sequence = _kernels.shared_word_wait_past(header, 0, self.last_sequence, self.poll_s)
+            if sequence is None:
+                _kernels.shared_word_write(asleep, self.index, 1)
+                sequence = _kernels.shared_word_read(header, 0)
+                if sequence == self.last_sequence:
+                    byte = self.signal.wait(1.0)
+                    _kernels.shared_word_write(asleep, self.index, 0)
+                    if byte in (EXIT_BYTE, b""):
+                        return self._obey(byte)
+                    continue  # a step byte, or a quiet second: look at the sequence again
+                _kernels.shared_word_write(asleep, self.index, 0)
+            for byte in self.signal.drain():
+                if byte != STEP_BYTE:
+                    self._told = byte
+            return self._take(sequence)
+
+    def _obey(self, byte: bytes) -> None:
+        if byte == EXIT_BYTE:
+            return None
+        raise CollectiveError("rank 0 closed the step pipe (the engine process is gone)")
+
+    def _take(self, sequence: int) -> ForwardPlan:
+        if sequence != self.last_sequence + 1:
+            raise PlanSequenceError(
+                f"plan sequence {sequence} in the shared segment, expected {self.last_sequence + 1}: "
+                "this worker is out of step with rank 0"
+            )
+        self.last_sequence = sequence
+        return self.segment.read()
 
 
 class StepSignal:
@@ -242,3 +281,18 @@ class StepSignal:
             return os.read(self.read_fd, 1)
         except OSError:
             return b""
+
+    def drain(self) -> list[bytes]:
+        """Every byte already in the pipe, without waiting (b"" last when it is closed)."""
+        found: list[bytes] = []
+        while select.select([self.read_fd], [], [], 0)[0]:
+            try:
+                chunk = os.read(self.read_fd, 4096)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                return [*found, b""]
+            found.extend(chunk[i : i + 1] for i in range(len(chunk)))
+            if len(chunk) < 4096:
+                break
+        return found

@@ -315,7 +315,7 @@ def start(
     store = host_store("127.0.0.1", 0, world_size, timeout_s)
     rendezvous = Rendezvous("127.0.0.1", store.port, 0, world_size, 0, backend_for(config.device), timeout_s)
     capacity = plan_capacity(config, max_model_len)
-    segment = PlanSegment(capacity)
+    segment = PlanSegment(capacity, workers=world_size - 1)
     workers: list[WorkerProcess] = []
     threads_before = torch.get_num_threads()
     local: Optional[HostCollectives] = None

@@ -158,14 +158,14 @@ def main(spec: dict[str, Any]) -> int:
             if wrapper is not None:
                 wrapper("runner", rank)
             runner = ModelRunner(loaded, _with_device(config, device))
-            segment = PlanSegment(PlanCapacity(**spec["capacity"]), name=spec["segment"])
+            segment = PlanSegment(PlanCapacity(**spec["capacity"]), name=spec["segment"], workers=world_size - 1)
         except Exception as error:  # noqa: BLE001 - reported to rank 0, which stops start-up
             _send(reply, stage="error", error=f"{type(error).__name__}: {error}")
             return 1
         step = WorkerStep(runner, rank)
         run = step.run if wrapper is None else wrapper("step", rank, step.run)
         _send(reply, stage="ready")
-        serve_plans(SharedMemoryPlanReceiver(segment, steps).receive, run)
+        serve_plans(SharedMemoryPlanReceiver(segment, steps, index=rank - 1).receive, run)
         clean_exit = True
         segment.close()
         return 0
