@@ -19,7 +19,7 @@ import torch
 from pyengine import LLM, SamplingParams
 from pyengine.config import EngineConfig
 from pyengine.engine.core import EngineCore
-from pyengine.errors import EngineDeadError
+from pyengine.errors import EngineDeadError, ModelLoadError
 from pyengine.executor.tensor_parallel.host_collectives import SEGMENT_PREFIX, HostCollectives
 from pyengine.executor.tensor_parallel.runner import start
 from pyengine.testing.checkpoints import make_tiny_checkpoint
@@ -128,6 +128,14 @@ def test_a_worker_killed_inside_the_shared_memory_all_reduce_makes_the_engine_de
     finally:
         core.shutdown()
     assert runner.workers[0].process.poll() is not None
+
+
+@pytest.mark.parametrize("wrapper", ["fail_rank1_load", "fail_rank1_runner"])
+def test_a_start_up_that_fails_leaves_no_segment(qwen3, wrapper):
+    config = EngineConfig(model=str(qwen3), tensor_parallel_size=2, **ENGINE)
+    with pytest.raises(ModelLoadError, match="rank 1"):
+        start(qwen3, config.executor_config(), 2, step_wrapper=f"pyengine.testing.faults:{wrapper}", timeout_s=60.0)
+    assert segments_of(os.getpid()) == []
 
 
 def test_the_switch_sends_every_collective_through_gloo_with_the_same_tokens(qwen3):
