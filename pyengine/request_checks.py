@@ -6,6 +6,8 @@ final word."""
 
 from __future__ import annotations
 
+import uuid
+from dataclasses import replace
 from typing import Optional, Union
 
 from pyengine.errors import InvalidRequestError
@@ -28,6 +30,11 @@ def checked_params(
     if isinstance(params, SamplingParams):
         if params.logprobs is not None and params.logprobs > max_logprobs:
             raise InvalidRequestError(f"logprobs = {params.logprobs} exceeds max_logprobs = {max_logprobs}")
+        if params.prompt_logprobs is not None:
+            asked = vocab_size if params.prompt_logprobs == -1 and vocab_size is not None else params.prompt_logprobs
+            if asked == -1 or asked > max_logprobs:
+                raise InvalidRequestError(f"prompt_logprobs = {params.prompt_logprobs} exceeds max_logprobs = "
+                                          f"{max_logprobs}")
         # Token ids are u32 in the scheduler; the model's vocabulary bounds them further.
         limit = vocab_size if vocab_size is not None else 2**32
         outside = [t for t in params.stop_token_ids or () if t >= limit]
@@ -42,3 +49,38 @@ def checked_params(
             if outside:
                 raise InvalidRequestError(f"{name} holds token id {outside[0]}, outside the vocabulary (size {limit})")
     return params
+
+
+def truncated_prompt(prompt_token_ids: list[int], params: Union[SamplingParams, PoolingParams],
+                     max_model_len: int) -> list[int]:
+    """The prompt as the request runs it: with ``truncate_prompt_tokens`` = k, its last k
+    tokens (-1: the last ``max_model_len``), as vLLM truncates on the left. Raises
+    ``InvalidRequestError`` for k above ``max_model_len`` (vLLM refuses it too)."""
+    k = getattr(params, "truncate_prompt_tokens", None)
+    if k is None:
+        return prompt_token_ids
+    if k == -1:
+        k = max_model_len
+    elif k > max_model_len:
+        raise InvalidRequestError(f"truncate_prompt_tokens = {k} exceeds max_model_len = {max_model_len}: "
+                                  "choose a smaller truncation size")
+    return prompt_token_ids[-k:] if len(prompt_token_ids) > k else prompt_token_ids
+
+
+def executor_params(params: SamplingParams) -> SamplingParams:
+    """The parameters the executor gets: a best_of request's candidates are ranked by their
+    cumulative log-probability, so the executor computes the sampled token's (``logprobs``
+    0) even when the caller asked for none; the caller still gets none."""
+    if params.num_candidates > params.n and params.logprobs is None:
+        return replace(params, logprobs=0)
+    return params
+
+
+def own_cache_salt(request_id: str, params: Union[SamplingParams, PoolingParams]) -> Optional[str]:
+    """A request with prompt_logprobs needs every prompt position computed, so, as in vLLM
+    V1, it does not read the prefix cache: a salt of its own keeps other requests' blocks
+    from matching (blocks it computed itself still match when it is preempted and resumed,
+    and their positions' entries arrived when they were computed)."""
+    if isinstance(params, SamplingParams) and params.prompt_logprobs is not None:
+        return f"prompt_logprobs:{request_id}:{uuid.uuid4().hex}"
+    return None

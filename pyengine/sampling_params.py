@@ -56,6 +56,14 @@ class SamplingParams:
       tokenized as written and with a leading space (vLLM's rule), by the engine.
     - ``extra_args``: free-form per-request arguments for custom logits processors
       (docs/logits_processors.md).
+    - ``prompt_logprobs``: how many top log-probabilities to return per prompt token
+      (``RequestOutput.prompt_logprobs``; -1 = the whole vocabulary); such a request's
+      prompt is computed in full, never read from the prefix cache.
+    - ``best_of``: generate this many samples and return the ``n`` with the highest
+      cumulative log-probability (only the final output is delivered).
+    - ``truncate_prompt_tokens``: keep only the last k prompt tokens (-1 = the last
+      ``max_model_len``).
+    See docs/logprobs.md.
     """
 
     n: int = 1
@@ -81,6 +89,9 @@ class SamplingParams:
     allowed_token_ids: Optional[list[int]] = None
     bad_words: Optional[list[str]] = None
     extra_args: Optional[dict[str, Any]] = None
+    prompt_logprobs: Optional[int] = None
+    best_of: Optional[int] = None
+    truncate_prompt_tokens: Optional[int] = None
     #: ``bad_words`` as token sequences, filled by the engine from its tokenizer when the
     #: request is added (vLLM's private field of the same name).
     _bad_words_token_ids: Optional[list[list[int]]] = field(default=None, repr=False)
@@ -96,7 +107,8 @@ class SamplingParams:
                "must be a list of token ids", self.stop_token_ids)
         # Integers go into int64 tensors and the scheduler's counters: out of that range
         # they would overflow inside a step shared with other requests.
-        for name in ("n", "top_k", "max_tokens", "min_tokens", "seed", "logprobs"):
+        for name in ("n", "top_k", "max_tokens", "min_tokens", "seed", "logprobs", "prompt_logprobs", "best_of",
+                     "truncate_prompt_tokens"):
             _check_int64(name, getattr(self, name))
         for token in self.stop_token_ids or ():
             _check_int64("stop_token_ids", token)
@@ -124,8 +136,9 @@ class SamplingParams:
         )
         if self.seed is not None:
             # The n samples use seeds seed .. seed + n - 1.
-            _check(0 <= self.seed <= _MAX_SEED - (self.n - 1), "seed",
-                   f"must be in [0, {_MAX_SEED - (self.n - 1)}] (n = {self.n} samples use seed .. seed + n - 1)",
+            samples = max(self.n, self.best_of or 0)
+            _check(0 <= self.seed <= _MAX_SEED - (samples - 1), "seed",
+                   f"must be in [0, {_MAX_SEED - (samples - 1)}] ({samples} samples use seed .. seed + {samples - 1})",
                    self.seed)
         if self.max_tokens is not None:
             _check(self.max_tokens >= 1, "max_tokens", "must be >= 1", self.max_tokens)
@@ -139,6 +152,7 @@ class SamplingParams:
             )
         if self.logprobs is not None:
             _check(self.logprobs >= 0, "logprobs", "must be >= 0", self.logprobs)
+        self._validate_vllm_extras()
         if self.stop is not None and not isinstance(self.stop, str):
             for item in self.stop:
                 _check(isinstance(item, str) and item != "", "stop", "must hold non-empty strings", item)
@@ -161,6 +175,24 @@ class SamplingParams:
                    "must be a StructuredOutputsParams", type(self.structured_outputs).__name__)
             self.structured_outputs.validate()
         _check_processor_fields(self)
+
+    def _validate_vllm_extras(self) -> None:
+        """prompt_logprobs, best_of, truncate_prompt_tokens (vLLM's ranges)."""
+        if self.prompt_logprobs is not None:
+            _check(self.prompt_logprobs >= -1, "prompt_logprobs", "must be >= 0, or -1 (the whole vocabulary)",
+                   self.prompt_logprobs)
+        if self.best_of is not None:
+            _check(self.best_of >= self.n, "best_of", f"must be >= n ({self.n})", self.best_of)
+            _check(self.best_of == 1 or not self.is_greedy, "best_of",
+                   "must be 1 with greedy sampling (temperature 0): every candidate would be the same", self.best_of)
+        if self.truncate_prompt_tokens is not None:
+            _check(self.truncate_prompt_tokens >= 1 or self.truncate_prompt_tokens == -1, "truncate_prompt_tokens",
+                   "must be >= 1, or -1 (max_model_len)", self.truncate_prompt_tokens)
+
+    @property
+    def num_candidates(self) -> int:
+        """Samples generated: ``best_of`` when set, else ``n``."""
+        return self.best_of if self.best_of is not None else self.n
 
     def checked(self) -> SamplingParams:
         """A validated copy, taken when a request is added: fields may have been set after

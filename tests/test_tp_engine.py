@@ -246,3 +246,25 @@ def test_workers_outlive_ctrl_c_and_sigterm_so_rank_0_decides_when_they_stop(qwe
     finally:
         core.shutdown()
     assert _workers() == set()
+
+
+def test_prompt_logprobs_at_two_ranks_match_transformers(qwen3):
+    """The workers compute the prompt positions' logit slices too (the widened plan), in
+    chunks of a small token budget, next to a request that asks for nothing."""
+    import transformers
+
+    batch = prompts(4, 3)
+    asked = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, prompt_logprobs=2, detokenize=False)
+    plain = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    with LLM(str(qwen3), tensor_parallel_size=2, **{**ENGINE, "max_num_batched_tokens": 16}) as llm:
+        outs = llm.generate(batch, [asked, plain, asked], use_tqdm=False)
+    model = transformers.AutoModelForCausalLM.from_pretrained(qwen3, dtype=torch.float32).eval()
+    assert outs[1].prompt_logprobs is None
+    for out, prompt in ((outs[0], batch[0]), (outs[2], batch[2])):
+        with torch.inference_mode():
+            ref = torch.log_softmax(model(torch.tensor([prompt])).logits[0], dim=-1)
+        assert len(out.prompt_logprobs) == len(prompt) and out.prompt_logprobs[0] is None
+        for j in range(1, len(prompt)):
+            entry = out.prompt_logprobs[j][prompt[j]]
+            assert entry.logprob == pytest.approx(float(ref[j - 1, prompt[j]]), abs=2e-4)
+            assert entry.rank == int((ref[j - 1] > ref[j - 1, prompt[j]]).sum()) + 1

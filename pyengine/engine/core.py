@@ -35,7 +35,7 @@ from pyengine.executor.model_runner import ModelRunner
 from pyengine.logits_processors.bad_words_tokens import bad_words_token_ids
 from pyengine.logits_processors.loading import resolve_processor, validate_request
 from pyengine.outputs import EngineStats, ThreadStack
-from pyengine.request_checks import checked_params
+from pyengine.request_checks import checked_params, executor_params, own_cache_salt, truncated_prompt
 from pyengine.sampling_params import PoolingParams, SamplingParams, sample_params
 from pyengine.text import DecodeTable, TextStream, TokenPieces
 from pyengine.text.encode import encode_ids
@@ -159,6 +159,7 @@ class EngineCore:
         release_openmp_workers()
         # Validated again (fields may be set after construction), and copied.
         params = checked_params(params, prompt_token_ids, self.vocab_size, self.config.max_logprobs)
+        prompt_token_ids = truncated_prompt(prompt_token_ids, params, self.max_model_len)
         pooling = isinstance(params, PoolingParams)
         if isinstance(params, SamplingParams):
             self._prepare_processor_fields(params)
@@ -179,11 +180,15 @@ class EngineCore:
                 max_tokens = room
             stop_ids = list(params.stop_token_ids or [])
             eos = [] if params.ignore_eos else self.eos_token_ids
+            candidates = params.num_candidates
+            if candidates > params.n:  # best_of: the final output only, once the best are known
+                kind = "final"
             request = Request(
                 request_id, prompt_token_ids, max_tokens=max_tokens, min_tokens=min(params.min_tokens, max_tokens),
                 eos_token_ids=eos, ignore_eos=params.ignore_eos, stop_token_ids=stop_ids,
-                priority=priority, n=params.n,
-                sample_params=[sample_params(params, i) for i in range(params.n)], constraint=constraint,
+                priority=priority, n=candidates,
+                sample_params=[sample_params(executor_params(params), i) for i in range(candidates)],
+                constraint=constraint, cache_salt=own_cache_salt(request_id, params),
             )
         else:
             request = Request(

@@ -93,7 +93,8 @@ class ExecutorLoop:
 def _result(plan: Any, out: StepOutput, started_at: float) -> Optional[StepResult]:
     """The step's result beyond the sampled ids, or None when it has nothing to carry (a
     steady decode step): nothing is built or moved through the channel then."""
-    if not (len(plan.new_seq_ids) or out.logprobs is not None or out.pooled is not None or out.row_errors):
+    if not (len(plan.new_seq_ids) or out.logprobs is not None or out.pooled is not None or out.row_errors
+            or out.prompt_logprobs is not None):
         return None
     pooled = out.pooled.float().cpu().numpy() if out.pooled is not None else None
     return StepResult(
@@ -105,4 +106,5 @@ def _result(plan: Any, out: StepOutput, started_at: float) -> Optional[StepResul
         pooled_seq_ids=out.pooled_seq_ids,
         pooled=pooled,
         row_errors=out.row_errors,
+        prompt_logprobs=out.prompt_logprobs,
     )

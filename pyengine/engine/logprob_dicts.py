@@ -37,3 +37,15 @@ def sample_logprob_dict(lp, i: int, token: int, piece: Piece) -> dict[int, Logpr
     k = int(lp.requested[i])
     return logprob_dict(token, lp.sampled_logprobs[i], lp.sampled_ranks[i], lp.top_token_ids[i, :k],
                         lp.top_logprobs[i, :k], piece)
+
+
+def prompt_logprob_dicts(plp, r: int, piece: Piece) -> list[dict[int, Logprob]]:
+    """Row ``r`` of a step's ``PromptLogprobsOutput``: one dict per prompt token it covers
+    (the prompt token first, then the top-k its request asked for)."""
+    lo, hi = int(plp.offsets[r]), int(plp.offsets[r + 1])
+    k = int(plp.requested[r])
+    return [
+        logprob_dict(token, value, rank, plp.top_token_ids[j, :k], plp.top_logprobs[j, :k], piece)
+        for j, token, value, rank in zip(range(lo, hi), plp.token_ids[lo:hi].tolist(), plp.logprobs[lo:hi].tolist(),
+                                         plp.ranks[lo:hi].tolist())
+    ]

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 from pyengine._sched import FINISH_REASONS, SchedulerThread
 from pyengine.engine.clock import ThreadClock
-from pyengine.engine.logprob_dicts import sample_logprob_dict
+from pyengine.engine.logprob_dicts import prompt_logprob_dicts, sample_logprob_dict
 from pyengine.engine.request_state import RequestState
 from pyengine.engine.request_table import RequestTable
 from pyengine.engine.step_result import StepResult
@@ -97,6 +97,8 @@ class OutputLoop:
                 self._mark_scheduled(result)
             if result is not None and result.row_errors:
                 self._fail_rows(result.row_errors)
+            if result is not None and result.prompt_logprobs is not None:  # before the tokens they precede
+                self._prompt_logprobs(result.prompt_logprobs, event.step_id)
             self._tokens(event, result, touched)
             self._finished(event, result, touched)
         except EngineDeadError:
@@ -162,7 +164,7 @@ class OutputLoop:
             touched[state.request_id] = state
             try:
                 logprobs = None
-                if index_of is not None and sample.logprobs is not None and seq in index_of:
+                if index_of is not None and sample.cumulative_logprob is not None and seq in index_of:
                     logprobs = sample_logprob_dict(result.logprobs, index_of[seq], token, self._piece(state))
                 stop = state.add_token(sample, token, logprobs, stops=stopped_by.get(seq) == token)
                 if stop is not None:
@@ -172,6 +174,19 @@ class OutputLoop:
                 raise
             except Exception as e:  # noqa: BLE001 - this request gets the error, the others go on
                 self._processing_failed(state, e, event.step_id)
+
+    def _prompt_logprobs(self, plp, step_id: Optional[int]) -> None:
+        """Files each sequence's prompt log-probabilities of the step with its request (by
+        prompt position: chunks arrive step by step, a recomputed prompt again)."""
+        for r, seq in enumerate(plp.seq_ids.tolist()):
+            entry = self.requests.seq(seq)
+            if entry is None or entry[0].failed or not entry[0].wants_prompt_logprobs:
+                continue
+            state = entry[0]
+            try:
+                state.add_prompt_logprobs(int(plp.first_positions[r]), prompt_logprob_dicts(plp, r, self._piece(state)))
+            except Exception as e:  # noqa: BLE001 - this request gets the error, the others go on
+                self._processing_failed(state, e, step_id)
 
     def _piece(self, state: RequestState) -> Optional[Callable[[int], str]]:
         """How the request's log-probabilities get their ``decoded_token`` (None: left out)."""

@@ -4,10 +4,10 @@ outputs go. Only the output thread mutates it."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Protocol, Union
 
-from pyengine.logprobs import Logprob, SampleLogprobs
+from pyengine.logprobs import Logprob, PromptLogprobs, SampleLogprobs
 from pyengine.outputs import (
     CompletionOutput,
     EmbeddingOutput,
@@ -72,18 +72,27 @@ class RequestState:
         self.kind = kind
         self.metrics = RequestMetrics(arrival_time=time.time())
         self._decode_text = decode_text
-        n = params.n if isinstance(params, SamplingParams) else 1
-        wants_logprobs = isinstance(params, SamplingParams) and params.logprobs is not None
+        sampling = isinstance(params, SamplingParams)
+        n = params.num_candidates if isinstance(params, SamplingParams) else 1
+        wants_logprobs = sampling and params.logprobs is not None  # type: ignore[union-attr]
+        # best_of > n: the n candidates of highest cumulative log-probability are returned.
+        self.best_n: Optional[int] = params.n if isinstance(params, SamplingParams) and n > params.n else None
         self.samples = [
             SampleState(
                 index=i,
                 seq_id=-1,  # numbered by the scheduler: see number_samples
                 stream=text_stream(prompt_token_ids, params) if text_stream is not None else None,
                 logprobs=[] if wants_logprobs else None,
-                cumulative_logprob=0.0 if wants_logprobs else None,
+                cumulative_logprob=0.0 if wants_logprobs or self.best_n is not None else None,
             )
             for i in range(n)
         ]
+        # Prompt log-probabilities by prompt position (the first has none), filled as the
+        # prompt's chunks are computed; complete once every later position has its entry.
+        wants_prompt = isinstance(params, SamplingParams) and params.prompt_logprobs is not None
+        self.prompt_logprobs: Optional[PromptLogprobs] = [None] * len(prompt_token_ids) if wants_prompt else None
+        self._prompt_missing = max(0, len(prompt_token_ids) - 1)
+        self._prompt_logprobs_sent = False
         self.unfinished = n
         self.embedding: Optional[list[float]] = None
         self.failed = False
@@ -102,6 +111,32 @@ class RequestState:
         return tuple(getattr(self.params, "stop_token_ids", None) or ())
 
     @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Asked for prompt log-probabilities and does not have them all yet."""
+        return self.prompt_logprobs is not None and self._prompt_missing > 0
+
+    def add_prompt_logprobs(self, first_position: int, entries: list[dict[int, Logprob]]) -> None:
+        """Entries for prompt tokens ``first_position``, ``first_position + 1``, ... (a
+        position computed twice, by a recomputed prompt, keeps its first entry)."""
+        table = self.prompt_logprobs
+        if table is None:
+            return
+        for position, entry in enumerate(entries, start=first_position):
+            if 0 < position < len(table) and table[position] is None:
+                table[position] = entry
+                self._prompt_missing -= 1
+
+    def _prompt_logprobs_out(self) -> Optional[PromptLogprobs]:
+        """What this output carries: all of them once complete (a delta output: once)."""
+        if self.prompt_logprobs is None or self._prompt_missing > 0:
+            return None
+        if self.kind == "delta":
+            if self._prompt_logprobs_sent:
+                return None
+            self._prompt_logprobs_sent = True
+        return self.prompt_logprobs  # complete: never written again
+
+    @property
     def _keeps_stop_text(self) -> bool:
         return isinstance(self.params, SamplingParams) and self.params.include_stop_str_in_output
 
@@ -116,10 +151,12 @@ class RequestState:
             self.metrics.first_token_time = now
         self.metrics.last_token_time = now
         sample.token_ids.append(token)
-        if logprobs is not None and sample.logprobs is not None:
-            sample.logprobs.append(logprobs)
+        if logprobs is not None:
+            if sample.logprobs is not None:
+                sample.logprobs.append(logprobs)
             chosen = logprobs.get(token)
-            sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + (chosen.logprob if chosen else 0.0)
+            if sample.cumulative_logprob is not None and chosen is not None:
+                sample.cumulative_logprob += chosen.logprob
         if sample.stream is None or (stops and not self._keeps_stop_text):
             return None
         delta = sample.stream.add((token,))
@@ -158,7 +195,11 @@ class RequestState:
                 metrics=self.metrics,
             )
         outputs = []
-        for s in self.samples:
+        samples = self.samples
+        if self.best_n is not None and self.finished:  # best_of: the n best candidates, renumbered
+            ranked = sorted(samples, key=lambda s: -(s.cumulative_logprob or 0.0))[:self.best_n]
+            samples = [replace(s, index=i) for i, s in enumerate(ranked)]
+        for s in samples:
             if self.kind == "delta":
                 text, ids = s.text[s.sent_text:], s.token_ids[s.sent_tokens:]
                 lps = s.logprobs[s.sent_tokens:] if s.logprobs is not None else None
@@ -174,4 +215,5 @@ class RequestState:
             finished=self.finished,
             metrics=self.metrics,
             num_cached_tokens=self.metrics.num_cached_tokens,
+            prompt_logprobs=self._prompt_logprobs_out(),
         )

@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from pyengine.executor.step_output import LogprobsOutput
+from pyengine.executor.step_output import LogprobsOutput, PromptLogprobsOutput
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,8 @@ class StepResult:
     #: Sequences whose own per-row work failed in a step that otherwise ran, with the
     #: error: only their requests fail.
     row_errors: Optional[dict[int, str]] = None
+    #: Prompt log-probabilities computed in this step (requests with prompt_logprobs).
+    prompt_logprobs: Optional[PromptLogprobsOutput] = None
 
     def logprob_rows(self) -> Optional[dict[int, int]]:
         """Sequence id -> row of ``logprobs``, or None without log-probabilities."""

@@ -26,9 +26,15 @@ from pyengine.executor.memory_profile import decide_num_blocks
 from pyengine.executor.persistent_batch import PersistentBatch
 from pyengine.executor.plan import StepPlanLike
 from pyengine.executor.pooling import pool_hidden_states
+from pyengine.executor.prompt_logprobs import (
+    PromptLogprobsJob,
+    PromptLogprobsTable,
+    compute_prompt_logprobs,
+    logits_indices,
+)
 from pyengine.executor.row_isolation import mask_isolated, process_isolated, sample_isolated
 from pyengine.executor.sampler import Sampler
-from pyengine.executor.step_output import StepOutput
+from pyengine.executor.step_output import PromptLogprobsOutput, StepOutput
 from pyengine.logits_processors.loading import resolve_processor
 from pyengine.models.loader import LoadedModel, load_model
 from pyengine.models.parallel import ParallelContext
@@ -87,6 +93,7 @@ class ModelRunner:
         )
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(self.batch.sampling, self.generator)
+        self.prompt_logprobs = PromptLogprobsTable(config.max_num_seqs, model_config.vocab_size)
         self.grammar_masks = GrammarMaskApplier(self.device)
 
     @classmethod
@@ -118,6 +125,7 @@ class ModelRunner:
         """Run one plan (the parameters of its new sequences come in ``plan.new_params``)."""
         if self.batch.row_errors:
             self.batch.take_row_errors()  # a failed step's leftovers are not this step's
+        prompt_job = self.prompt_logprobs.job(plan)  # every plan: it follows the rows' changes
         self.batch.apply_plan(plan)
         num_tokens = len(plan.input_ids)
         if num_tokens == 0:
@@ -127,11 +135,16 @@ class ModelRunner:
         input_ids = self._input_ids(plan, rows)
         positions = _to_device(plan.positions, torch.int64, device)
         layout = self._layout(plan, rows)
-        logits_indices = _to_device(plan.logits_indices, torch.int64, device)
-        hidden, logits = self._forward(input_ids, positions, layout, logits_indices)
+        num_samples = len(plan.logits_indices)
+        forward_indices = _to_device(logits_indices(plan, prompt_job), torch.int64, device)
+        logits_indices_t = forward_indices[:num_samples]
+        hidden, logits = self._forward(input_ids, positions, layout, forward_indices)
         output = StepOutput(
             plan.step_id, np.zeros(0, dtype=np.int64), hidden_states=hidden if return_hidden else None
         )
+        if prompt_job is not None:  # rare: kept out of the sampled rows' path
+            output.prompt_logprobs = self._prompt_logprobs(prompt_job, logits[num_samples:])
+            logits = logits[:num_samples]
         if len(plan.logits_indices):
             if self.batch.logits_pipeline is not None:
                 logits = process_isolated(
@@ -145,7 +158,7 @@ class ModelRunner:
                 )
             sample_rows = _to_device(plan.sample_rows, torch.int64, device)
             result = sample_isolated(
-                self.sampler, logits, plan.sample_rows, positions[logits_indices] + 1, self.batch.history,
+                self.sampler, logits, plan.sample_rows, positions[logits_indices_t] + 1, self.batch.history,
                 lambda i, error: self._row_failed(int(plan.sample_rows[i]), f"sampling failed: {error!r}"),
             )
             output.sampled_token_ids = result.token_ids.cpu().numpy()
@@ -176,6 +189,16 @@ class ModelRunner:
         logits processors cannot change its tokens then)."""
         table = self.batch.sampling
         return bool(table.greedy[rows].all()) and not bool((table.logprobs[rows] >= 0).any())
+
+    def _prompt_logprobs(self, job: PromptLogprobsJob, logits: torch.Tensor) -> Optional[PromptLogprobsOutput]:
+        """The job's prompt log-probabilities; if computing them fails (memory), only the
+        sequences that asked fail."""
+        try:
+            return compute_prompt_logprobs(job, logits, self.batch.seq_ids)
+        except Exception as error:  # noqa: BLE001 - those rows' requests get the error
+            for row in job.rows.tolist():
+                self._row_failed(row, f"computing prompt logprobs failed: {error!r}")
+            return None
 
     def _row_failed(self, row: int, message: str) -> None:
         self.batch.row_errors[int(self.batch.seq_ids[row])] = message

@@ -26,6 +26,28 @@ class LogprobsOutput:
 
 
 @dataclass
+class PromptLogprobsOutput:
+    """Prompt log-probabilities computed in one step (``executor/prompt_logprobs.py``),
+    for the sequences that asked and had prompt positions in the step.
+
+    Sequence ``seq_ids[r]`` has entries ``offsets[r] .. offsets[r + 1] - 1``, for prompt
+    tokens ``first_positions[r]``, ``first_positions[r] + 1``, ...: the prompt token's id,
+    log-probability and rank (1 = most likely), and the top ``requested[r]`` of the
+    position's distribution (a prefix of the ``[P, k]`` arrays, k the step's largest).
+    """
+
+    seq_ids: np.ndarray  # int64 [R]
+    first_positions: np.ndarray  # int64 [R]
+    offsets: np.ndarray  # int64 [R + 1]
+    token_ids: np.ndarray  # int64 [P]
+    logprobs: np.ndarray  # float32 [P]
+    ranks: np.ndarray  # int64 [P]
+    top_token_ids: np.ndarray  # int64 [P, k]
+    top_logprobs: np.ndarray  # float32 [P, k]
+    requested: np.ndarray  # int64 [R]
+
+
+@dataclass
 class StepOutput:
     """Result of :meth:`ModelRunner.execute` for one plan.
 
@@ -45,5 +67,6 @@ class StepOutput:
     #: Sequences whose own per-row work failed in this step (their tokens are meaningless),
     #: with the error; the rest of the step is good.
     row_errors: Optional[dict[int, str]] = None
+    prompt_logprobs: Optional[PromptLogprobsOutput] = None
     logits: Optional[torch.Tensor] = None
     hidden_states: Optional[torch.Tensor] = None

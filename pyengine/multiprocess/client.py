@@ -47,7 +47,7 @@ from pyengine.outputs import (
     ThreadStack,
 )
 from pyengine.prompts import PromptType
-from pyengine.request_checks import checked_params
+from pyengine.request_checks import checked_params, truncated_prompt
 from pyengine.sampling_params import PoolingParams, SamplingParams
 from pyengine.text import DecodeTable
 from pyengine.text.encode import encode_ids
@@ -377,6 +377,7 @@ class MultiprocessEngine(EngineClient):
         rid = request_id if request_id is not None else f"mp-{next(self._auto_ids)}"
         text, ids = await normalize_off_loop(prompt, self.tokenize)
         params = checked_params(params, ids, self.vocab_size, self.max_logprobs)
+        ids = truncated_prompt(ids, params, self.max_model_len)  # the output's prompt_token_ids are the truncated ones
         if isinstance(params, SamplingParams):
             await self.prepare(params)
         pooling = isinstance(params, PoolingParams)

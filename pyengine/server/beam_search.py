@@ -43,9 +43,9 @@ _UNUSED: dict[str, tuple[Any, ...]] = {
     "top_p": (None, 1.0), "top_k": (None, 0, -1), "min_p": (None, 0.0), "repetition_penalty": (None, 1.0),
     "presence_penalty": (None, 0.0), "frequency_penalty": (None, 0.0), "stop": (None, [], ""),
     "stop_token_ids": (None, []), "min_tokens": (0,), "logit_bias": (None, {}),
-    "allowed_token_ids": (None,), "bad_words": (None, []),
+    "allowed_token_ids": (None,), "bad_words": (None, []), "truncate_prompt_tokens": (None,),
 }
-_UNUSED_COMPLETIONS = {**_UNUSED, "logprobs": (None,), "suffix": (None, "")}
+_UNUSED_COMPLETIONS = {**_UNUSED, "logprobs": (None,), "suffix": (None, ""), "prompt_logprobs": (None,)}
 _UNUSED_CHAT = {**_UNUSED, "logprobs": (False,), "top_logprobs": (None,)}
 #: Fields the parameters' errors may name (BeamSearchParams' names renamed to the request's).
 _FIELDS = frozenset({"n", "max_tokens", "temperature", "length_penalty", "early_stopping", "ignore_eos", "prompt"})

@@ -31,7 +31,7 @@ from pyengine.server.protocol import (
     ChatStreamChoice,
 )
 from pyengine.server.respond import Generation, wants_usage
-from pyengine.server.sampling import check_length, default_max_tokens, sampling_params
+from pyengine.server.sampling import check_length, default_max_tokens, sampling_params, truncate_prompts
 from pyengine.server.structured import name_constraint_error, structured_outputs_params
 from pyengine.server.tokens import TokenText
 from pyengine.server.tools import (
@@ -158,6 +158,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     prompt_ids = await off_the_loop_if_long(text_size(body.messages), render_prompt, ctx, body.messages,
                                             body.add_generation_prompt, body.chat_template_kwargs,
                                             body.add_special_tokens, plan.tools)
+    prompt_ids = truncate_prompts(ctx, [(None, prompt_ids)], params)[0][1]
     check_length(ctx, len(prompt_ids), max_tokens, "messages", tokens_param)
     if params.max_tokens is None:
         params.max_tokens = default_max_tokens(ctx, [len(prompt_ids)])

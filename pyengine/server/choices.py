@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from pyengine.logprobs import SampleLogprobs
+from pyengine.logprobs import PromptLogprobs, SampleLogprobs
 from pyengine.outputs import RequestOutput
 from pyengine.server.context import ServerContext
 from pyengine.server.protocol import UsageInfo
@@ -65,12 +65,16 @@ class ChoiceTracker:
         self.prompt_lens = prompt_lens
         self.n = n
         self.choices = [Choice(i) for i in range(len(prompt_lens) * n)]
+        # Each prompt's log-probabilities, when the request asked (vLLM's prompt_logprobs).
+        self.prompt_logprobs: list[Optional[PromptLogprobs]] = [None] * len(prompt_lens)
         self._timers = [ctx.metrics.itl_timer() for _ in prompt_lens]
         self._started = time.perf_counter()
 
     def apply(self, prompt_index: int, out: RequestOutput) -> list[ChoiceDelta]:
         deltas = []
         new_tokens = 0
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs[prompt_index] = out.prompt_logprobs
         for sample in out.outputs:
             choice = self.choices[prompt_index * self.n + sample.index]
             if not (sample.text or sample.token_ids or (sample.finish_reason and not choice.finish_reason)):

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from pyengine.logprobs import SampleLogprobs
+from pyengine.logprobs import PromptLogprobs, SampleLogprobs
 from pyengine.server.beam_search import beam_search_completion
 from pyengine.server.choices import ChoiceDelta
 from pyengine.server.context import Context, ServerContext
@@ -20,7 +20,13 @@ from pyengine.server.protocol import (
     CompletionResponse,
 )
 from pyengine.server.respond import Generation, wants_usage
-from pyengine.server.sampling import check_length, default_max_tokens, sampling_params, tokenize_prompts
+from pyengine.server.sampling import (
+    check_length,
+    default_max_tokens,
+    sampling_params,
+    tokenize_prompts,
+    truncate_prompts,
+)
 from pyengine.server.structured import name_constraint_error, structured_outputs_params
 from pyengine.server.tokens import TokenText
 
@@ -43,6 +49,52 @@ def completion_logprobs(tt: TokenText, token_ids: list[int], logprobs: SampleLog
     return out
 
 
+def echoed_logprobs(tt: TokenText, prompt_ids: list[int], prompt_logprobs: PromptLogprobs, top: int,
+                    generated: CompletionLogprobs) -> CompletionLogprobs:
+    """``echo`` with ``logprobs``: the prompt's tokens first (the first has no logprob, as
+    OpenAI's), each with its top ``top``, then the generated tokens' (whose text offsets
+    already count the echoed prompt)."""
+    out = CompletionLogprobs()
+    offset = 0
+    for token, entry in zip(prompt_ids, prompt_logprobs):
+        out.tokens.append(tt.text(token))
+        out.text_offset.append(offset)
+        offset += tt.text_length(token)
+        if entry is None:
+            out.token_logprobs.append(None)
+            out.top_logprobs.append(None)
+            continue
+        out.token_logprobs.append(entry[token].logprob if token in entry else None)
+        best = sorted(((t, v) for t, v in entry.items() if (v.rank or 0) <= top), key=lambda kv: -kv[1].logprob)
+        out.top_logprobs.append({tt.text(t): v.logprob for t, v in best})
+    out.tokens += generated.tokens
+    out.token_logprobs += generated.token_logprobs
+    out.top_logprobs += generated.top_logprobs
+    out.text_offset += generated.text_offset
+    return out
+
+
+def prompt_logprobs_json(prompt_logprobs: Optional[PromptLogprobs]) -> Optional[list[Optional[dict[int, Any]]]]:
+    """vLLM's ``prompt_logprobs`` field: token id -> {logprob, rank, decoded_token}."""
+    if prompt_logprobs is None:
+        return None
+    return [None if entry is None else
+            {t: {"logprob": v.logprob, "rank": v.rank, "decoded_token": v.decoded_token} for t, v in entry.items()}
+            for entry in prompt_logprobs]
+
+
+def check_streamable(body: CompletionRequest) -> None:
+    """What a stream cannot carry, refused as vLLM and OpenAI refuse it."""
+    if not body.stream:
+        return
+    if body.prompt_logprobs is not None:
+        raise bad_request("prompt_logprobs are not available when stream is true", "prompt_logprobs")
+    if body.echo and body.logprobs is not None:
+        raise bad_request("echo with logprobs is not available when stream is true", "echo")
+    if body.best_of is not None and body.best_of > body.n:
+        raise bad_request("best_of > n cannot be streamed (the best are known only at the end)", "best_of")
+
+
 @router.post("/v1/completions", response_model=None)
 async def create_completion(body: CompletionRequest, request: Request,
                             ctx: Context) -> Union[Response, JSONResponse]:
@@ -50,16 +102,19 @@ async def create_completion(body: CompletionRequest, request: Request,
     ctx.check_alive()
     if body.use_beam_search:
         return await beam_search_completion(ctx, body, request)
-    if body.echo and body.logprobs is not None:
-        raise bad_request("echo with logprobs is not supported (prompt logprobs are not computed)", "echo")
     if body.suffix:
         raise bad_request("suffix is not supported", "suffix")
-    if body.best_of is not None and body.best_of != body.n:
-        raise bad_request("best_of is not supported (it must equal n)", "best_of")
+    check_streamable(body)
+    best_of = body.best_of if body.best_of is not None and body.best_of != body.n else None
+    echo_logprobs = body.echo and body.logprobs is not None  # the prompt's tokens get logprobs too
+    prompt_logprobs = body.prompt_logprobs
+    if echo_logprobs and prompt_logprobs != -1:
+        prompt_logprobs = max(prompt_logprobs or 0, body.logprobs or 0)
     constraint, constraint_param = structured_outputs_params(body)
     params = sampling_params(ctx, body, max_tokens=body.max_tokens, logprobs=body.logprobs,  # field checks first
-                             structured_outputs=constraint)
+                             structured_outputs=constraint, prompt_logprobs=prompt_logprobs, best_of=best_of)
     prompts = await off_the_loop_if_long(text_size(body.prompt), tokenize_prompts, ctx, body.prompt, "prompt")
+    prompts = truncate_prompts(ctx, prompts, params)
     for _, ids in prompts:
         check_length(ctx, len(ids), body.max_tokens, "prompt")
     if params.max_tokens is None:  # null: what the longest prompt leaves (not the engine's guess)
@@ -78,14 +133,18 @@ async def create_completion(body: CompletionRequest, request: Request,
     choices = []
     for choice in run.tracker.choices:
         p = choice.index // params.n
+        prompt_lps = run.tracker.prompt_logprobs[p]
         lps = None
         if body.logprobs is not None:
             lps = completion_logprobs(ctx.token_text, choice.token_ids, choice.logprobs, len(echoes[p]))
+            if echo_logprobs and prompt_lps is not None:
+                lps = echoed_logprobs(ctx.token_text, prompts[p][1], prompt_lps, body.logprobs or 0, lps)
         choices.append(CompletionChoice(
             index=choice.index, text=echoes[p] + choice.text, logprobs=lps, finish_reason=choice.finish_reason,
             stop_reason=choice.stop_reason,
             prompt_token_ids=prompts[p][1] if body.return_token_ids else None,
             token_ids=choice.token_ids if body.return_token_ids else None,
+            prompt_logprobs=prompt_logprobs_json(prompt_lps) if body.prompt_logprobs is not None else None,
         ))
     response = CompletionResponse(id=run.gen.request_id, model=ctx.args.model_name, choices=choices,
                                   usage=run.tracker.usage())

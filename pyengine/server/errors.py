@@ -41,7 +41,8 @@ REQUEST_FIELDS = frozenset({
     "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs",
     "top_logprobs", "max_tokens", "max_completion_tokens", "min_tokens", "ignore_eos", "stop_token_ids",
     "include_stop_str_in_output", "skip_special_tokens", "stream", "stream_options", "echo", "suffix",
-    "encoding_format", "dimensions", "chat_template_kwargs", "allowed_token_ids", "bad_words",
+    "encoding_format", "dimensions", "chat_template_kwargs", "allowed_token_ids", "bad_words", "prompt_logprobs",
+    "truncate_prompt_tokens",
 })
 _log = logging.getLogger("pyengine.server.errors")
 

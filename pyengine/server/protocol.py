@@ -109,6 +109,7 @@ class SamplingFields(_Request):
     use_beam_search: bool = False
     length_penalty: float = 1.0
     early_stopping: Union[bool, Text] = False
+    truncate_prompt_tokens: Optional[int] = None  # keep the prompt's last k tokens (-1: max_model_len)
     # Constraints (structured.py): OpenAI's response_format, vLLM's structured_outputs and
     # its older guided_* spellings.
     response_format: Optional[ResponseFormat] = None
@@ -131,6 +132,7 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     suffix: Optional[str] = None
     best_of: Optional[int] = None
+    prompt_logprobs: Optional[int] = None  # vLLM's: per prompt token, the token plus this many top
 
 
 class ContentPart(_Request):
@@ -263,6 +265,14 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[Optional[dict[str, float]]] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's ``Logprob`` as its server writes it in ``prompt_logprobs``."""
+
+    logprob: float
+    rank: Optional[int] = None
+    decoded_token: Optional[str] = None
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
@@ -271,6 +281,8 @@ class CompletionChoice(BaseModel):
     stop_reason: Union[int, str, None] = None
     prompt_token_ids: Optional[list[int]] = None
     token_ids: Optional[list[int]] = None
+    # vLLM's: None for the first prompt token, then token id -> Logprob per prompt token.
+    prompt_logprobs: Optional[list[Optional[dict[int, PromptLogprob]]]] = None
 
 
 class CompletionResponse(BaseModel):

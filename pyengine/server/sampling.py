@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Optional, Union
 
 from pyengine.errors import InvalidRequestError
+from pyengine.request_checks import truncated_prompt
 from pyengine.sampling_params import SamplingParams
 from pyengine.server.context import ServerContext
 from pyengine.server.errors import bad_request, from_value_error
@@ -18,13 +19,18 @@ _OPTIONAL_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalt
 
 def sampling_params(ctx: ServerContext, req: SamplingFields, *, max_tokens: Optional[int],
                     logprobs: Optional[int], renames: Optional[dict[str, str]] = None,
-                    structured_outputs: Optional[StructuredOutputsParams] = None) -> SamplingParams:
+                    structured_outputs: Optional[StructuredOutputsParams] = None,
+                    prompt_logprobs: Optional[int] = None, best_of: Optional[int] = None) -> SamplingParams:
     """The engine's parameters for ``req``; ``renames`` maps SamplingParams' field names to
     the request's (chat: ``logprobs`` -> ``top_logprobs``). ``structured_outputs``: the
-    request's constraint (``structured.py``, ``tools.py``)."""
+    request's constraint (``structured.py``, ``tools.py``). ``prompt_logprobs``, ``best_of``:
+    completions' (vLLM's) extras."""
     renames = renames or {}
     if req.n > ctx.args.max_n:
         raise bad_request(f"n must be <= {ctx.args.max_n}, got {req.n}", "n")
+    if best_of is not None and best_of > ctx.args.max_n:
+        raise bad_request(f"best_of must be <= {ctx.args.max_n}, got {best_of}", "best_of")
+    check_prompt_logprobs(ctx, prompt_logprobs)
     max_logprobs = ctx.engine.max_logprobs
     if logprobs is not None and logprobs > max_logprobs:
         raise bad_request(f"{renames.get('logprobs', 'logprobs')} must be <= {max_logprobs}, got {logprobs}",
@@ -41,6 +47,7 @@ def sampling_params(ctx: ServerContext, req: SamplingFields, *, max_tokens: Opti
             n=req.n, max_tokens=max_tokens, min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens, logprobs=logprobs, structured_outputs=structured_outputs,
+            prompt_logprobs=prompt_logprobs, best_of=best_of, truncate_prompt_tokens=req.truncate_prompt_tokens,
             **kwargs,
         )
     except (ValueError, OverflowError) as error:  # OverflowError: an int no engine field holds
@@ -57,6 +64,37 @@ def logit_bias_ids(bias: dict[str, float]) -> dict[int, float]:
             raise bad_request(f"logit_bias keys must be token ids (non-negative integers), got {key!r}", "logit_bias")
         out[int(text)] = value
     return out
+
+
+def check_prompt_logprobs(ctx: ServerContext, prompt_logprobs: Optional[int]) -> None:
+    """A 400 naming ``prompt_logprobs`` beyond the engine's ``max_logprobs`` (-1 asks for
+    the whole vocabulary)."""
+    if prompt_logprobs is None:
+        return
+    limit = ctx.engine.max_logprobs
+    if prompt_logprobs < -1:
+        raise bad_request(f"prompt_logprobs must be >= 0, or -1 (the whole vocabulary), got {prompt_logprobs}",
+                          "prompt_logprobs")
+    asked = ctx.engine.vocab_size if prompt_logprobs == -1 else prompt_logprobs
+    if asked is None or asked > limit:
+        raise bad_request(f"prompt_logprobs must be <= {limit} (the server's max_logprobs), got {prompt_logprobs}",
+                          "prompt_logprobs")
+
+
+def truncate_prompts(ctx: ServerContext, prompts: list[tuple[Optional[str], list[int]]],
+                     params: SamplingParams) -> list[tuple[Optional[str], list[int]]]:
+    """``truncate_prompt_tokens``: each prompt's last k tokens, before the length checks
+    (as vLLM truncates when it tokenizes); a 400 for k above ``max_model_len``."""
+    if params.truncate_prompt_tokens is None:
+        return prompts
+    try:
+        out = []
+        for text, ids in prompts:
+            kept = truncated_prompt(ids, params, ctx.max_model_len)
+            out.append((text if len(kept) == len(ids) else None, kept))  # echo then shows what ran
+        return out
+    except InvalidRequestError as error:
+        raise bad_request(str(error), "truncate_prompt_tokens") from None
 
 
 def default_max_tokens(ctx: ServerContext, prompt_lens: list[int]) -> int:

@@ -154,7 +154,9 @@ class TensorParallelRunner(ModelRunner):
         if self._out_of_step is not None:
             raise EngineDeadError(self._out_of_step)
         t0, cpu0 = time.perf_counter(), time.thread_time()
-        self.channel.publish(plan, self._filled_input_ids(plan))
+        # With prompt logprobs, the workers compute logits for those positions too.
+        published = self.prompt_logprobs.widen(plan)
+        self.channel.publish(published, self._filled_input_ids(plan))
         self.broadcast_seconds += time.perf_counter() - t0
         self.broadcast_cpu_seconds += time.thread_time() - cpu0
         self.steps += 1
@@ -166,7 +168,7 @@ class TensorParallelRunner(ModelRunner):
             raise self._dead_error(error) from error
         except Exception as error:
             if len(plan.input_ids) and not count.gathers:  # the workers still wait for collectives
-                self._fail_collectives(plan, error)
+                self._fail_collectives(published, error)
             raise
         if len(plan.sample_rows):
             self.host_last_sampled[plan.sample_rows] = output.sampled_token_ids
