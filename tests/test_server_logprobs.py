@@ -116,3 +116,21 @@ def test_bad_values_are_400s_naming_the_field(http, body, param):
     resp = http.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT, "max_tokens": 2, **body})
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["param"] == param, resp.text
+
+
+def test_chat_prompt_logprobs_cover_the_rendered_conversation(http):
+    body = http.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 2,
+        "prompt_logprobs": 1, "return_token_ids": True}).json()
+    got, ids = body["prompt_logprobs"], body["prompt_token_ids"]
+    assert got[0] is None and len(got) == len(ids) == body["usage"]["prompt_tokens"]
+    for token, entry in zip(ids[1:], got[1:]):
+        assert str(token) in entry and 1 <= len(entry) <= 2
+        assert entry[str(token)]["rank"] >= 1 and entry[str(token)]["logprob"] <= 0
+    plain = http.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).json()
+    assert plain["prompt_logprobs"] is None
+    streamed = http.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True,
+        "prompt_logprobs": 1})
+    assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "prompt_logprobs"

@@ -46,7 +46,7 @@ _UNUSED: dict[str, tuple[Any, ...]] = {
     "allowed_token_ids": (None,), "bad_words": (None, []), "truncate_prompt_tokens": (None,),
 }
 _UNUSED_COMPLETIONS = {**_UNUSED, "logprobs": (None,), "suffix": (None, ""), "prompt_logprobs": (None,)}
-_UNUSED_CHAT = {**_UNUSED, "logprobs": (False,), "top_logprobs": (None,)}
+_UNUSED_CHAT = {**_UNUSED, "logprobs": (False,), "top_logprobs": (None,), "prompt_logprobs": (None,)}
 #: Fields the parameters' errors may name (BeamSearchParams' names renamed to the request's).
 _FIELDS = frozenset({"n", "max_tokens", "temperature", "length_penalty", "early_stopping", "ignore_eos", "prompt"})
 

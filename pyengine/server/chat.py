@@ -18,6 +18,7 @@ from pyengine.server.choices import ChoiceDelta
 from pyengine.server.context import Context, ServerContext
 from pyengine.server.errors import APIError, bad_request
 from pyengine.server.offload import off_the_loop_if_long, text_size
+from pyengine.server.prompt_logprobs import prompt_logprobs_json
 from pyengine.server.protocol import (
     ChatChoice,
     ChatCompletionChunk,
@@ -143,6 +144,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     constraint, constraint_param = _constraint(body, plan)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs = true", "top_logprobs")
+    if body.stream and body.prompt_logprobs is not None:
+        raise bad_request("prompt_logprobs are not available when stream is true", "prompt_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     tokens_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     if body.use_beam_search:
@@ -152,7 +155,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     # Field checks first (cheap, and a bad field is the clearer error); the real
     # max_tokens default needs the prompt's length.
     params = sampling_params(ctx, body, max_tokens=max_tokens, logprobs=top if body.logprobs else None,
-                             renames=renames, structured_outputs=constraint)
+                             renames=renames, structured_outputs=constraint, prompt_logprobs=body.prompt_logprobs)
     if plan.keeps_special_tokens:
         params.skip_special_tokens = False  # the tool-call tags may be special tokens (as vLLM does)
     prompt_ids = await off_the_loop_if_long(text_size(body.messages), render_prompt, ctx, body.messages,
@@ -182,7 +185,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
         ))
     response = ChatCompletionResponse(id=run.gen.request_id, model=ctx.args.model_name, choices=choices,
                                       usage=run.tracker.usage(),
-                                      prompt_token_ids=prompt_ids if body.return_token_ids else None)
+                                      prompt_token_ids=prompt_ids if body.return_token_ids else None,
+                                      prompt_logprobs=prompt_logprobs_json(run.tracker.prompt_logprobs[0])
+                                      if body.prompt_logprobs is not None else None)
     return JSONResponse(response.model_dump())
 
 

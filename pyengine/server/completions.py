@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -13,6 +13,7 @@ from pyengine.server.choices import ChoiceDelta
 from pyengine.server.context import Context, ServerContext
 from pyengine.server.errors import APIError, bad_request
 from pyengine.server.offload import off_the_loop_if_long, text_size
+from pyengine.server.prompt_logprobs import prompt_logprobs_json
 from pyengine.server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -72,15 +73,6 @@ def echoed_logprobs(tt: TokenText, prompt_ids: list[int], prompt_logprobs: Promp
     out.top_logprobs += generated.top_logprobs
     out.text_offset += generated.text_offset
     return out
-
-
-def prompt_logprobs_json(prompt_logprobs: Optional[PromptLogprobs]) -> Optional[list[Optional[dict[int, Any]]]]:
-    """vLLM's ``prompt_logprobs`` field: token id -> {logprob, rank, decoded_token}."""
-    if prompt_logprobs is None:
-        return None
-    return [None if entry is None else
-            {t: {"logprob": v.logprob, "rank": v.rank, "decoded_token": v.decoded_token} for t, v in entry.items()}
-            for entry in prompt_logprobs]
 
 
 def check_streamable(body: CompletionRequest) -> None:

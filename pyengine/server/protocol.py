@@ -212,6 +212,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Optional[int] = None
     logprobs: bool = False
     top_logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None  # vLLM's: the response's prompt_logprobs
     add_generation_prompt: bool = True
     add_special_tokens: bool = False  # vLLM's: the template writes its own
     chat_template_kwargs: Annotated[Optional[dict[str, Any]], AfterValidator(_utf8)] = None
@@ -365,6 +366,8 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Optional[UsageInfo] = None
     prompt_token_ids: Optional[list[int]] = None
+    # vLLM's: the rendered conversation's tokens, as on completions' choices.
+    prompt_logprobs: Optional[list[Optional[dict[int, PromptLogprob]]]] = None
 
 
 class ChatDelta(_Sparse):
