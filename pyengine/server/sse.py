@@ -15,13 +15,25 @@ DONE = b"data: [DONE]\n\n"
 _HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+#: Characters JSON may carry raw inside strings that line readers built on
+#: ``str.splitlines`` (httpx's ``iter_lines``, many scripts) take for line breaks, which would
+#: cut an event in two. Escaped, the JSON means the same and every event is one line.
+_LINE_BREAKS_IN_JSON = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
 def event(chunk: BaseModel) -> bytes:
     """One SSE event carrying ``chunk`` as JSON."""
-    return b"data: " + chunk.model_dump_json().encode() + b"\n\n"
+    return _data_line(chunk.model_dump_json())
 
 
 def error_event(error: APIError) -> bytes:
-    return b"data: " + json.dumps(error_body(error.message, error.type, error.param, error.code)).encode() + b"\n\n"
+    return _data_line(json.dumps(error_body(error.message, error.type, error.param, error.code)))
+
+
+def _data_line(text: str) -> bytes:
+    if not text.isascii():
+        text = text.translate(_LINE_BREAKS_IN_JSON)
+    return b"data: " + text.encode() + b"\n\n"
 
 
 def sse_response(events: AsyncIterator[bytes]) -> StreamingResponse:
