@@ -248,15 +248,23 @@ class EngineCore:
             raise EngineDeadError(cause)
 
     def dead_reason(self) -> Optional[str]:
-        """Why the engine can no longer serve, or None while it can."""
-        if not self.sched.is_alive:
-            return self.sched.death or "the scheduler thread stopped"
+        """Why the engine can no longer serve, or None while it can. A death's own cause
+        comes first; a shut-down engine says so (its scheduler thread stops as part of it)."""
+        if not self.sched.is_alive and self.sched.death:
+            return self.sched.death
         if self.executor.fatal is not None:
             return f"the executor thread died: {self.executor.fatal!r}"
         if self.output.fatal is not None:
             return f"the output thread died: {self.output.fatal!r}"
         runner_dead = getattr(self.runner, "dead_reason", None)  # tensor-parallel workers
-        return runner_dead() if runner_dead is not None else None
+        runner_reason = runner_dead() if runner_dead is not None else None
+        if runner_reason is not None:
+            return runner_reason
+        if self._closed:
+            return "the engine was shut down"
+        if not self.sched.is_alive:
+            return "the scheduler thread stopped"
+        return None
 
     @property
     def is_alive(self) -> bool:
