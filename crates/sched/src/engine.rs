@@ -8,7 +8,7 @@
 
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -28,6 +28,8 @@ pub const THREAD_NAME: &str = "pyengine-sched";
 const COMMAND_CAPACITY: usize = 65_536;
 /// Capacity of the output-event channel.
 const OUTPUT_CAPACITY: usize = 1024;
+/// How long [`EngineHandle::start`] waits for the new thread to run under its name.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 
 enum Command {
     Add(Box<RequestSpec>, SeqId),
@@ -80,6 +82,9 @@ struct LiveIds {
 struct Shared {
     live_ids: Mutex<LiveIds>,
     death: Mutex<Option<String>>,
+    /// Set when the thread's loop is over (shut down or panicked), before its channel ends
+    /// close: once a call sees a closed channel, `is_alive` is false too.
+    stopped: AtomicBool,
     busy_ns: AtomicU64,
     idle_ns: AtomicU64,
     plan_ns_total: AtomicU64,
@@ -109,7 +114,9 @@ pub struct EngineHandle {
 }
 
 impl EngineHandle {
-    /// Validates `config` and starts the scheduler thread.
+    /// Validates `config` and starts the scheduler thread; returns once the thread runs
+    /// under its OS name (std names a thread as it starts, not at spawn), so that `ps -T`
+    /// sees `pyengine-sched` as soon as the engine is up.
     pub fn start(config: SchedulerConfig) -> SchedResult<Self> {
         let scheduler = Scheduler::new(config.clone())?;
         let (cmd_tx, cmd_rx) = bounded(COMMAND_CAPACITY);
@@ -117,11 +124,13 @@ impl EngineHandle {
         let (out_tx, out_rx) = bounded(OUTPUT_CAPACITY);
         let (stop_tx, stop_rx) = bounded::<()>(0);
         let (exited_tx, exited_rx) = bounded::<()>(1);
+        let (running_tx, running_rx) = bounded::<()>(1);
         let shared = Arc::new(Shared::default());
         let worker = Worker { scheduler, cmd_rx, plan_tx, out_tx, stop_rx, shared: shared.clone() };
         let thread = std::thread::Builder::new()
             .name(THREAD_NAME.into())
             .spawn(move || {
+                let _ = running_tx.send(());
                 let shared = worker.shared.clone();
                 // Unwinding drops the worker's channel ends; these clones keep the other
                 // threads from seeing them close before the death below is recorded, so
@@ -135,10 +144,16 @@ impl EngineHandle {
                         .unwrap_or_else(|| "unknown panic".into());
                     *shared.death.lock().unwrap() = Some(format!("the scheduler thread panicked: {msg}"));
                 }
+                shared.stopped.store(true, Ordering::SeqCst);
                 drop(channels);
                 let _ = exited_tx.send(());
             })
             .map_err(|e| SchedError::Closed(format!("could not start the scheduler thread: {e}")))?;
+        // On a timeout the handle's channel ends drop with this frame, so the thread, once
+        // it runs, finds its command channel closed and ends by itself.
+        running_rx.recv_timeout(STARTUP_TIMEOUT).map_err(|_| {
+            SchedError::Closed(format!("the scheduler thread did not start within {STARTUP_TIMEOUT:?}"))
+        })?;
         Ok(EngineHandle {
             config,
             cmd_tx,
@@ -243,8 +258,10 @@ impl EngineHandle {
         }
     }
 
+    /// Whether the thread's loop still runs: false from the moment it stops taking
+    /// commands (a shutdown or a panic), before its channels close.
     pub fn is_alive(&self) -> bool {
-        self.thread.lock().unwrap().as_ref().is_some_and(|t| !t.is_finished())
+        self.thread.lock().unwrap().is_some() && !self.shared.stopped.load(Ordering::SeqCst)
     }
 
     /// Why the thread died, if it did.
