@@ -10,6 +10,7 @@ and every child reaped."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import signal
@@ -280,10 +281,14 @@ def test_a_front_end_killed_while_its_core_loads_takes_the_core_with_it(checkpoi
         os.mkfifo(model / name)
     front = subprocess.Popen([sys.executable, "-c", FRONT_END_LOADING, str(model), f"ipc://{tmp_path}/in.sock",
                               f"ipc://{tmp_path}/out.sock"], stdout=subprocess.PIPE, text=True)
-    core_pid = None
+    core_pid, writer = None, None
     try:
         core_pid = int(front.stdout.readline())
-        time.sleep(2.0)  # not a timing assert: gives the core time to reach the hanging read
+        # The core is loading once it opened one of the pipes to read. Holding a writer end
+        # open (and writing nothing) keeps its read hanging rather than ending at EOF.
+        pipes = [model / "tokenizer_config.json", model / "generation_config.json"]
+        writer = _writer_of_a_pipe_being_read(pipes, timeout=120.0)
+        assert writer is not None, "the core never reached its load"
         assert pid_alive(core_pid), "the core exited before its front end did"
         front.kill()
         front.wait(10)
@@ -294,6 +299,50 @@ def test_a_front_end_killed_while_its_core_loads_takes_the_core_with_it(checkpoi
             front.wait(10)
         if core_pid is not None and pid_alive(core_pid):
             os.kill(core_pid, signal.SIGKILL)
+        if writer is not None:
+            os.close(writer)
+
+
+def _writer_of_a_pipe_being_read(pipes, timeout):
+    """A write end of the first of ``pipes`` that a process opened to read, once one did
+    (None after ``timeout``): opening a pipe to write without blocking fails with ENXIO
+    while nobody reads it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pipe in pipes:
+            try:
+                return os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as error:
+                if error.errno != errno.ENXIO:
+                    raise
+        time.sleep(0.02)
+    return None
+
+
+HALF_BUILT_HANDLER = """
+import sys; sys.path = [p for p in sys.path if p]  # the installed pyengine, not the checkout
+import logging, os, time
+from pyengine.multiprocess.watchdog import FrontEndWatch
+# What logging holds while another thread runs StreamHandler.__init__: the handler is
+# registered before it has its lock.
+half_built = logging.StreamHandler.__new__(logging.StreamHandler)
+logging._addHandlerRef(half_built)
+FrontEndWatch(0, os.getppid() + 1, 30.0, None).start()  # a parent that is not ours: gone
+time.sleep(60)
+"""
+
+
+def test_a_core_whose_front_end_is_gone_exits_whatever_state_logging_is_in():
+    """The watch thread used to call logging.shutdown(), which raised on a handler the
+    main thread was still building, and the core lived on."""
+    child = subprocess.Popen([sys.executable, "-c", HALF_BUILT_HANDLER], stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.wait(30) == 1, child.stderr.read()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+    assert "is gone while loading; exiting" in child.stderr.read()
 
 
 def test_a_core_with_a_front_end_ignores_sigterm(checkpoint):

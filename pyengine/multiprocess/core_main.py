@@ -67,7 +67,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if ns.cpus:
         pin_cpus([int(c) for c in ns.cpus.split(",")])
     logging.basicConfig(level=logging.WARNING, format=f"engine core {ns.engine_index}: %(levelname)s %(message)s")
-    from pyengine.multiprocess.watchdog import FrontEndWatch
+    from pyengine.multiprocess.watchdog import FrontEndWatch, flush_standard_streams
 
     # Watching the parent before anything slow (imports, reading the config, the load): a
     # front end that dies meanwhile takes this process with it.
@@ -109,10 +109,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     code = core.run()
     # Everything is joined, closed and sent: skip the interpreter's teardown of torch and
     # friends (most of a second), which a front end waiting for its cores would wait out.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    try:
+        logging.shutdown()
+    finally:
+        flush_standard_streams()
+        os._exit(code)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,10 @@ are removed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -91,20 +93,35 @@ class FrontEndWatch:
             self.gone_reason = reason
             on_gone = self._on_gone
             if on_gone is None:
-                logger.error("engine core %d: %s while loading; exiting", self.engine_index, reason)
-                self._exit_now()
-            logger.error("engine core %d: %s; exiting", self.engine_index, reason)
-            on_gone(reason)
-            if not self._done.wait(self.grace_s):
-                logger.error("engine core %d: did not stop within %.0fs; exiting without joining its threads",
-                             self.engine_index, self.grace_s)
-                self._exit_now()
+                self._exit_now("engine core %d: %s while loading; exiting", self.engine_index, reason)
+            try:
+                logger.error("engine core %d: %s; exiting", self.engine_index, reason)
+                on_gone(reason)
+            finally:
+                if not self._done.wait(self.grace_s):
+                    self._exit_now("engine core %d: did not stop within %.0fs; exiting without joining its "
+                                   "threads", self.engine_index, self.grace_s)
             return
 
-    def _exit_now(self) -> None:
-        remove_ipc_dir(self.ipc_dir)
-        logging.shutdown()
-        os._exit(1)
+    def _exit_now(self, *message: object) -> None:
+        """Logs ``message``, removes the socket files and ends the process, whatever the
+        first two raise. No ``logging.shutdown()``: it walks every handler ever made, and
+        one the main thread is constructing right now (an import in the load sets one up)
+        has no lock yet, so it raised here and the core lived on. Flushing the standard
+        streams is all a log line to stderr needs."""
+        try:
+            logger.error(*message)
+            remove_ipc_dir(self.ipc_dir)
+        finally:
+            flush_standard_streams()
+            os._exit(1)
+
+
+def flush_standard_streams() -> None:
+    """Flushes stdout and stderr, whatever state they are in (the process is about to end)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # closed, broken or None: exiting anyway
+            stream.flush()
 
 
 def remove_ipc_dir(ipc_dir: Optional[str]) -> None:
