@@ -12,6 +12,7 @@ import argparse
 import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -99,3 +100,9 @@ if __name__ == "__main__":
     args = parser.parse_args()
     generate_on_rank(args.checkpoint, args.out, int(args.rank), int(args.world_size), int(args.port),
               [[int(t) for t in p.split(",")] for p in args.prompts.split(";")], int(args.steps))
+    # The rank's work is saved and its group left; skip the interpreter's teardown of
+    # torch, where gloo threads that outlived destroy_process_group() can abort the process
+    # (the worker's entry point does the same; see worker.py).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

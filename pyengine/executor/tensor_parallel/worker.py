@@ -205,4 +205,12 @@ def _with_device(config: ExecutorConfig, device: str) -> ExecutorConfig:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    sys.exit(main(json.loads(sys.argv[1])))
+    exit_code = main(json.loads(sys.argv[1]))
+    # Everything is released by now (plan segment closed, group left in order). The
+    # interpreter's teardown of torch can still abort a rank: gloo's threads outlive
+    # destroy_process_group() once a model runner was built (root cause open), and their
+    # destruction at exit calls std::terminate. Skip that teardown, as the engine core does.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
