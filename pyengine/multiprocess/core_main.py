@@ -96,7 +96,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         context.term()
         return 2
     core = CoreProcess(config, ns.input, ns.output, ns.engine_index, ns.parent_pid, ns.heartbeat_timeout,
-                       ns.ipc_dir, watch=watch)
+                       ns.ipc_dir, watch=watch, freeze_heap=True)
     # SIGINT (and SIGTERM for a core started by hand): the shutdown a front end would ask
     # for (requests in flight fail, threads joined), not a traceback. A core with a parent
     # ignores SIGTERM: a supervisor that signals the whole group (systemd) reaches the

@@ -39,6 +39,7 @@ from pyengine.multiprocess.watchdog import FrontEndWatch, remove_ipc_dir
 from pyengine.multiprocess.wire_logprobs import logprobs_to_wire
 from pyengine.outputs import EmbeddingRequestOutput
 from pyengine.sampling_params import PoolingParams, SamplingParams
+from pyengine.startup_heap import freeze_startup_heap
 
 logger = logging.getLogger(__name__)
 
@@ -214,8 +215,9 @@ class CoreProcess:
 
     def __init__(self, config: EngineConfig, input_address: str, output_address: str, engine_index: int,
                  parent_pid: Optional[int], heartbeat_timeout: float, ipc_dir: Optional[str] = None,
-                 watch: Optional[FrontEndWatch] = None) -> None:
+                 watch: Optional[FrontEndWatch] = None, freeze_heap: bool = False) -> None:
         self.config = config
+        self.freeze_heap = freeze_heap  # the process is ours: its start-up heap frozen once loaded
         self.engine_index = engine_index
         self.parent_pid = parent_pid
         self.heartbeat_timeout = heartbeat_timeout
@@ -255,6 +257,8 @@ class CoreProcess:
                 self.context.term()
                 return 1
             self.watch.serving(self._front_end_gone)
+            if self.freeze_heap:
+                freeze_startup_heap()
             self.link.hello(wire.Ready(self.engine_index, core_info(self.engine, os.getpid()), wire.PROTOCOL_VERSION))
             try:
                 self._serve()

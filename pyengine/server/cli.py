@@ -169,6 +169,7 @@ def main(argv: list[str]) -> int:
     from pyengine.server.drain import BACKSTOP_S, Drain, DrainingServer, DrainMiddleware
     from pyengine.server.http_protocol import uvicorn_options
     from pyengine.server.logs import configure_logging, get_logger
+    from pyengine.startup_heap import freeze_startup_heap
 
     listener = configure_logging(args.log_format, args.log_level)
     logger = get_logger(model=args.model_name)
@@ -194,6 +195,7 @@ def main(argv: list[str]) -> int:
                                                    timeout_graceful_shutdown=args.drain_timeout + BACKSTOP_S,
                                                    **uvicorn_options(args)),
                                     drain)
+            freeze_startup_heap()  # this process serves until it stops: no full GC pass walks start-up's objects
             server.run()
             logger.info("server stopped", requests_ended_by_drain=drain.cut)
         finally:

@@ -43,6 +43,7 @@ from pyengine.executor.tensor_parallel.plan_channel import (
 from pyengine.executor.tensor_parallel.rendezvous import Rendezvous, join_group, leave_group
 from pyengine.models.loader import load_model
 from pyengine.models.parallel import CollectiveError, ParallelContext
+from pyengine.startup_heap import freeze_startup_heap
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +165,7 @@ def main(spec: dict[str, Any]) -> int:
             return 1
         step = WorkerStep(runner, rank)
         run = step.run if wrapper is None else wrapper("step", rank, step.run)
+        freeze_startup_heap()  # a rank stalled by a full GC pass stalls every rank's collectives
         _send(reply, stage="ready")
         serve_plans(SharedMemoryPlanReceiver(segment, steps, index=rank - 1).receive, run)
         clean_exit = True
