@@ -12,12 +12,14 @@ import time
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from pyengine import LLM, AsyncEngine, BeamSearchParams
 from pyengine.errors import InvalidRequestError
 from pyengine.server import ServerArgs
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.live_server import LiveServer
+from pyengine.testing.serve_process import wait_until
 
 EOS = [311, 135]  # tokens the tiny model emits now and then: some beams end by EOS
 PROMPTS = [[257, 378, 475, 20, 74, 412, 474, 126], [363, 82, 163, 485, 212, 259, 148, 60, 214, 312]]
@@ -160,10 +162,20 @@ def test_other_requests_are_unharmed_and_no_blocks_leak(client, served, offline)
     assert blocks_in_use(engine) == 0
 
 
+def disconnects(server) -> float:
+    """The server's ``request_client_disconnects`` counter."""
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               if family.name == "pyengine:request_client_disconnects" for sample in family.samples
+               if sample.name.endswith("_total"))
+
+
 def test_a_client_that_leaves_aborts_the_search(served):
+    """The search is cancelled and counted as a disconnect (a 499), not a server error."""
     server, engine = served
     request = {"model": "tiny", "prompt": PROMPTS * 2, "n": 6, "max_tokens": 110, "ignore_eos": True,
                "use_beam_search": True}
+    before = disconnects(server)
     with pytest.raises(httpx.ReadTimeout):  # 110 steps of 24 requests each: far longer than this
         httpx.post(f"{server.url}/v1/completions", json=request, timeout=0.3)
     assert blocks_in_use(engine) == 0
@@ -171,6 +183,7 @@ def test_a_client_that_leaves_aborts_the_search(served):
     while engine.health().num_unfinished and time.monotonic() < deadline:
         time.sleep(0.02)
     assert engine.health().num_unfinished == 0, "the search went on after its client left"
+    assert wait_until(lambda: disconnects(server) == before + 1, 10), "the disconnect was not counted"
     resp = httpx.post(f"{server.url}/v1/completions", json={**request, "max_tokens": 2}, timeout=30)
     assert resp.status_code == 200 and len(resp.json()["choices"]) == 24
 

@@ -152,9 +152,13 @@ async def run_search(ctx: ServerContext, request: Request, prompts: list[list[in
         await asyncio.wait({search, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
-        if not search.done():  # the client left (or this handler was cancelled)
+        left = not search.done()  # the client left (or this handler was cancelled)
+        if left:
+            # cancel() only asks: the search ends (its step's requests aborted) at its
+            # next await, so it is awaited before anything reads its state.
             search.cancel()
-    if search.cancelled():
+            await asyncio.gather(search, return_exceptions=True)
+    if left:
         ctx.metrics.disconnects.labels(ctx.args.model_name).inc()
         return Response(status_code=499)
     error = search.exception()
