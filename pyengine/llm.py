@@ -35,11 +35,14 @@ class _BatchCollector:
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.results: dict[str, Any] = {}
+        self.finished: list[str] = []  # request ids in the order they finished (the progress reads it)
         self.error: Optional[BaseException] = None
         self.output_tokens = 0
 
     def put(self, output: Any) -> None:
         with self.cond:
+            if output.request_id not in self.results:
+                self.finished.append(output.request_id)
             self.results[output.request_id] = output
             if isinstance(output, RequestOutput):
                 self.output_tokens += sum(len(o.token_ids) for o in output.outputs)
@@ -268,13 +271,14 @@ class LLM(UnsupportedVllmMethods):
         output_loop = getattr(self.engine, "output", None)
         generated_at_start = getattr(output_loop, "generated_tokens", 0)
         index = {rid: i for i, rid in enumerate(ids)}
-        reported: set[str] = set()
+        reported = 0  # collector.finished[:reported] went to the progress already
 
-        def report() -> None:
+        def report() -> None:  # called with collector.cond held: reads only what is new
+            nonlocal reported
             if progress is None:
                 return
-            new = [(index[rid], out) for rid, out in collector.results.items() if rid not in reported]
-            reported.update(rid for rid in collector.results)
+            new = [(index[rid], collector.results[rid]) for rid in collector.finished[reported:]]
+            reported += len(new)
             generated = getattr(output_loop, "generated_tokens", 0) - generated_at_start
             progress.update(new, max(generated, collector.output_tokens))
 
