@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import statistics
 import sys
@@ -109,7 +110,7 @@ async def one_request(pool: ConnectionPool, url: str, model: Optional[str], prom
             return timer.result
         clean = True
         return timer.done()
-    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError,
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError,
             HTTPStatusError) as error:
         timer.result.error = str(error) if isinstance(error, HTTPStatusError) else repr(error)
         return timer.result
@@ -199,7 +200,8 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
     in_tokens = sum(r.prompt_tokens for r in done)
     tpot = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
     report: dict[str, Any] = {
-        "url": url, "num_prompts": args.num_prompts, "request_rate": args.request_rate,
+        "url": url, "num_prompts": args.num_prompts,
+        "request_rate": None if math.isinf(args.request_rate) else args.request_rate,  # None: all at once
         "max_concurrency": args.max_concurrency, "input_len": args.input_len, "output_len": args.output_len,
         "completed": len(done), "failed": len(results) - len(done),
         "duration_s": duration,
@@ -272,7 +274,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             report = asyncio.run(run(args, url))
     else:
         report = asyncio.run(run(args, args.url.rstrip("/")))
-    print(json.dumps(report) if args.json else format_report(report))
+    print(json.dumps(report, allow_nan=False) if args.json else format_report(report))
     return 0 if report["failed"] == 0 else 1
 
 

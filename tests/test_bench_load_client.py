@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import time
 from pathlib import Path
@@ -110,3 +111,44 @@ def test_a_refused_status_raises_from_the_raw_stream(served):
         assert raised.value.status == 400
 
     asyncio.run(go())
+
+
+class _Py310Timeout(Exception):
+    """Python 3.10's ``asyncio.TimeoutError``: not the builtin ``TimeoutError``."""
+
+
+def test_a_request_past_its_timeout_is_a_failed_result_on_python_310_too(served, monkeypatch):
+    server, _ = served
+    real_wait_for = asyncio.wait_for
+
+    async def wait_for_as_on_310(awaitable, timeout):
+        try:
+            return await real_wait_for(awaitable, timeout)
+        except TimeoutError:
+            raise _Py310Timeout() from None
+
+    monkeypatch.setattr(asyncio, "TimeoutError", _Py310Timeout)
+    monkeypatch.setattr(asyncio, "wait_for", wait_for_as_on_310)
+
+    async def go() -> serve.Result:
+        pool = ConnectionPool(server.url)
+        try:
+            return await serve.one_request(pool, server.url, None, [5, 6, 7], 200, 0.02)
+        finally:
+            pool.close()
+
+    result = asyncio.run(go())
+    assert not result.ok and "_Py310Timeout" in result.error
+
+
+def test_json_report_is_strict_json_at_the_default_rate(served, capsys):
+    server, _ = served
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    code = serve.main(["--url", server.url, "--json", "--num-prompts", "2", "--input-len", "8", "--output-len", "3",
+                       "--warmup", "0", "--vocab", "200"])
+    report = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert code == 0 and report["completed"] == 2
+    assert report["request_rate"] is None  # the default: every request at once
