@@ -93,14 +93,15 @@ def main(argv: list[str]) -> int:
         parser.error("--prompt and --input cannot be combined")
     model = ns.model or ns.model_arg
     engine_kwargs = {name: getattr(ns, name) for name in engine_names if getattr(ns, name) is not None}
-    items = _read_items(ns)  # input errors before the model loads
+    flags = {name: getattr(ns, name) for name in (*_SAMPLING_FLAGS, "stop", "ignore_eos")
+             if getattr(ns, name) is not None}
+    _check_sampling(flags, {}, "sampling flags")
+    items = _read_items(ns, flags)  # input errors before the model loads
     output_format = ns.output_format or ("jsonl" if ns.input is not None else "text")
     want_stats = ns.stats if ns.stats is not None else output_format == "text"
     from pyengine import LLM
     from pyengine.progress import TokenProgress
 
-    flags = {name: getattr(ns, name) for name in (*_SAMPLING_FLAGS, "stop", "ignore_eos")
-             if getattr(ns, name) is not None}
     with LLM(model, **engine_kwargs) as llm:
         base = llm.get_default_sampling_params()
         params = [_params(base, flags, item) for item in items]
@@ -127,7 +128,8 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _read_items(ns: argparse.Namespace) -> list[_Item]:
+def _read_items(ns: argparse.Namespace, flags: dict[str, Any]) -> list[_Item]:
+    """The prompts, each JSON line's fields checked (with the sampling ``flags`` under them)."""
     if ns.input is None:
         return [_Item(0, None, _chat(p) if ns.chat else p, ns.chat, {}) for p in (ns.prompt or DEMO_PROMPTS)]
     if ns.input == "-":
@@ -145,14 +147,14 @@ def _read_items(ns: argparse.Namespace) -> list[_Item]:
         if not line.strip():
             continue
         as_json = ns.input_format == "jsonl" or (ns.input_format == "auto" and line.lstrip().startswith("{"))
-        items.append(_json_item(line, number, where) if as_json else
+        items.append(_json_item(line, number, where, flags) if as_json else
                      _Item(number, None, _chat(line) if ns.chat else line, ns.chat, {}))
     if not items:
         raise InvalidRequestError(f"--input {where}: no prompts in it")
     return items
 
 
-def _json_item(line: str, number: int, where: str) -> _Item:
+def _json_item(line: str, number: int, where: str, flags: dict[str, Any]) -> _Item:
     from pyengine.sampling_params import SamplingParams
 
     try:
@@ -171,10 +173,23 @@ def _json_item(line: str, number: int, where: str) -> _Item:
     if unknown:
         raise InvalidRequestError(f"{where} line {number}: unknown field(s) {', '.join(unknown)} (a line holds a "
                                   f"prompt, an id and SamplingParams fields)")
+    _check_sampling(flags, overrides, f"{where} line {number}")
     key = given[0]
     prompt: Any = row[key] if key != "prompt_token_ids" else {"prompt_token_ids": row[key]}
     request_id = None if row.get("id") is None else str(row["id"])
     return _Item(number, request_id, prompt, key == "messages", overrides)
+
+
+def _check_sampling(flags: dict[str, Any], overrides: dict[str, Any], where: str) -> None:
+    """Raises ``InvalidRequestError`` naming ``where`` when the command line's sampling
+    flags, with a line's own fields over them, are no valid ``SamplingParams`` (the
+    checkpoint's defaults under both are known only once the model loads, and checked then)."""
+    from pyengine.sampling_params import SamplingParams
+
+    try:
+        SamplingParams(**{**flags, **overrides})
+    except (TypeError, ValueError) as error:
+        raise InvalidRequestError(f"{where}: {error}") from None
 
 
 def _chat(text: str) -> list[dict[str, str]]:

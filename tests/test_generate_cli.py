@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import pyengine
 from pyengine.__main__ import main
 from pyengine.progress import RequestBar, TokenProgress
 from pyengine.sampling_params import SamplingParams
@@ -62,13 +63,29 @@ def test_text_lines_from_stdin_to_a_file(tmp_path, monkeypatch, capsys):
     ('["x"]\n', "line 1: expected a JSON object"),  # (auto would read it as a text prompt)
     ("\n\n", "no prompts in it"),
     ('{"prompt": "x", "max_tokens": 0}\n', "line 1: max_tokens must be >= 1"),
+    ('{"prompt": "x"}\n{"prompt": "y", "temperature": "hot"}\n', "line 2: temperature must be a finite number"),
+    ('{"prompt": "x", "min_tokens": 5}\n', "line 1: min_tokens must be <= max_tokens"),  # with --max-tokens 3
 ])
-def test_bad_input_is_one_line_naming_it(tmp_path, capsys, content, message):
+def test_bad_input_is_one_line_naming_it(tmp_path, capsys, monkeypatch, content, message):
+    def no_model(*_, **__):
+        raise AssertionError("a model was loaded for input that cannot run")
+
+    monkeypatch.setattr(pyengine, "LLM", no_model)
     source = tmp_path / "bad.jsonl"
     source.write_text(content)
-    assert main(["generate", "--input", str(source), "--input-format", "jsonl", "--no-progress", *ENGINE]) == 2
+    assert main(["generate", "--input", str(source), "--input-format", "jsonl", "--no-progress", "--max-tokens", "3",
+                 *ENGINE]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and err.startswith("pyengine generate: ")
+
+
+def test_a_bad_sampling_flag_fails_before_the_model_loads(capsys, monkeypatch):
+    def no_model(*_, **__):
+        raise AssertionError("a model was loaded for flags that cannot run")
+
+    monkeypatch.setattr(pyengine, "LLM", no_model)
+    assert main(["generate", "--prompt", "x", "--max-tokens", "0", "--no-progress", *ENGINE]) == 2
+    assert "sampling flags: max_tokens must be >= 1" in capsys.readouterr().err
 
 
 def test_a_missing_input_file_and_conflicting_flags(tmp_path, capsys):
