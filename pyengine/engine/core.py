@@ -146,13 +146,18 @@ class EngineCore:
         kind: OutputKind = "cumulative",
         priority: int = 0,
         fit_to_length: bool = False,
+        make_text: bool = True,
     ) -> None:
         """Queues a request; its outputs go to ``sink``. Raises ``InvalidRequestError`` for a
         request that can never be served and ``EngineDeadError`` once the engine is dead.
 
         ``fit_to_length`` (the offline API, as vLLM's): a prompt that fits but whose
         ``max_tokens`` would not is generated up to the limit and ends with "length"
-        instead of being refused; a prompt alone over the limit is still refused."""
+        instead of being refused; a prompt alone over the limit is still refused.
+
+        ``make_text=False`` (an engine core whose front end detokenizes): the outputs carry
+        token ids and no text, which saves the engine's CPU the per-token decoding. Only for
+        a request without stop strings: finding those needs the text here."""
         self._check_alive()
         # An idle OpenMP team on the calling thread (from its own PyTorch work) makes libgomp
         # throttle the executor thread's team; freeing it costs nothing when there is none.
@@ -194,14 +199,17 @@ class EngineCore:
             request = Request(
                 request_id, prompt_token_ids, max_tokens=1, priority=priority, pooling=True, sample_params=[params]
             )
+        if not make_text and not pooling and params.stop_strings:
+            raise InvalidRequestError("stop strings need the text in the engine: make_text=False cannot be used")
         needs_stream = (
-            not pooling and params.detokenize and self.tokenizer is not None
+            make_text and not pooling and params.detokenize and self.tokenizer is not None
             and (kind != "final" or bool(params.stop_strings))
         )
         text_stream = self._text_stream if needs_stream else None
         # Built before taking the lock (text streams cost something); the lock only covers
         # the scheduler's numbering and the registration, which the output thread waits for.
-        state = RequestState(request_id, prompt, list(prompt_token_ids), params, sink, kind, self.decode, text_stream)
+        state = RequestState(request_id, prompt, list(prompt_token_ids), params, sink, kind,
+                             self.decode if make_text else None, text_stream)
         with self.requests.lock:
             self._check_alive()  # again, under the lock the output thread's fail-all takes
             if self.requests.contains_request(request_id):

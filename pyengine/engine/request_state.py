@@ -61,7 +61,7 @@ class RequestState:
         params: Union[SamplingParams, PoolingParams],
         sink: OutputSink,
         kind: OutputKind,
-        decode_text: Any,
+        decode_text: Any,  # ids -> text at the end; None: no text is made here (the front end makes it)
         text_stream: Optional[TextStreamFactory],
     ) -> None:
         self.request_id = request_id
@@ -174,7 +174,7 @@ class RequestState:
             else stop_reason
         if sample.stream is not None:
             sample.text += sample.stream.finish()
-        elif isinstance(self.params, SamplingParams) and self.params.detokenize:
+        elif self._decode_text is not None and isinstance(self.params, SamplingParams) and self.params.detokenize:
             # A stop token's own text is left out, as add_token leaves it out of a stream.
             ids = sample.token_ids[:-1] if isinstance(stop_reason, int) and not self._keeps_stop_text \
                 else sample.token_ids

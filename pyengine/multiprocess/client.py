@@ -35,6 +35,7 @@ from pyengine.engine_client import EngineClient, normalize_off_loop, until_finis
 from pyengine.errors import DuplicateRequestError, EngineDeadError, EngineError, InvalidRequestError
 from pyengine.multiprocess import wire
 from pyengine.multiprocess.core_main import DEFAULT_HEARTBEAT_TIMEOUT_S
+from pyengine.multiprocess.front_text import FrontEndText, makes_text_in_front_end
 from pyengine.multiprocess.processes import CoreProcess, cpu_shares, device_env
 from pyengine.multiprocess.stats_merge import merge_stats
 from pyengine.multiprocess.streams import AnyOutput, RequestStream, deliver
@@ -132,7 +133,9 @@ class MultiprocessEngine(EngineClient):
         assert info is not None
         self.info = info
         self._tokenizer = _tokenizer(info.tokenizer_json)
-        self._token_bytes: Optional[Sequence[bytes]] = None
+        # Built once (a pass over the vocabulary): streamed text is made here (front_text.py),
+        # the token table and a constraint compiler come from it.
+        self._decode_table = DecodeTable.from_tokenizer(self._tokenizer) if self._tokenizer is not None else None
         self._compiler: Optional[ConstraintCompiler] = None
         self._compiler_lock = threading.Lock()
         self._start_threads()
@@ -384,6 +387,8 @@ class MultiprocessEngine(EngineClient):
         if not ids:
             raise InvalidRequestError("prompt is empty: at least one token is needed")
         stream = RequestStream(rid, 0, kind, text, ids, pooling)
+        if isinstance(params, SamplingParams) and makes_text_in_front_end(params, self._decode_table, stream.wire_kind):
+            stream.text = FrontEndText(self._decode_table, ids, params, self.info.eos_token_ids)
         with self._lock:
             self._check_alive()
             if rid in self._streams:
@@ -392,7 +397,8 @@ class MultiprocessEngine(EngineClient):
             stream.engine_index = core.index
             core.outstanding += 1
             self._streams[rid] = stream
-        message = wire.AddRequest(rid, np.asarray(ids, dtype=np.int64), params, pooling, stream.wire_kind, priority)
+        message = wire.AddRequest(rid, np.asarray(ids, dtype=np.int64), params, pooling, stream.wire_kind, priority,
+                                  text_in_front_end=stream.text is not None)
         try:
             self._send(core.index, message)
         except BaseException as error:
@@ -467,9 +473,7 @@ class MultiprocessEngine(EngineClient):
 
     @property
     def token_bytes(self) -> Optional[Sequence[bytes]]:
-        if self._token_bytes is None and self._tokenizer is not None:
-            self._token_bytes = getattr(DecodeTable.from_tokenizer(self._tokenizer), "token_bytes", None)
-        return self._token_bytes
+        return self._decode_table.token_bytes if self._decode_table is not None else None
 
     async def prepare(self, sampling_params: SamplingParams) -> None:
         """Compiles the request's constraint here too (a worker thread, the GIL released;
@@ -489,8 +493,8 @@ class MultiprocessEngine(EngineClient):
         """Compiles ``constraint`` as the core will (``InvalidRequestError`` when it is bad)."""
         with self._compiler_lock:
             if self._compiler is None:
-                table = DecodeTable.from_tokenizer(self._tokenizer) if self._tokenizer is not None else None
-                self._compiler = ConstraintCompiler.for_engine(table, list(self.info.eos_token_ids), self.vocab_size)
+                self._compiler = ConstraintCompiler.for_engine(self._decode_table, list(self.info.eos_token_ids),
+                                                               self.vocab_size)
         self._compiler.compile(constraint)
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:

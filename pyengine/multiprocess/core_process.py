@@ -353,7 +353,7 @@ class CoreProcess:
     def _add_now(self, message: wire.AddRequest, params: Any) -> None:
         ids = message.prompt_token_ids.tolist()
         self.engine.add_request(message.request_id, None, ids, params, WireSink(self.outbox, message.request_id),
-                                kind=message.kind, priority=message.priority)
+                                kind=message.kind, priority=message.priority, make_text=not message.text_in_front_end)
 
     def _fail(self, request_id: str, error: Exception) -> None:
         if not isinstance(error, (EngineError, TypeError, ValueError)):

@@ -9,6 +9,7 @@ from typing import Optional, Union
 
 from pyengine.logprobs import PromptLogprobs, SampleLogprobs
 from pyengine.multiprocess import wire
+from pyengine.multiprocess.front_text import FrontEndText
 from pyengine.multiprocess.wire_logprobs import logprobs_from_wire
 from pyengine.outputs import (
     CompletionOutput,
@@ -26,7 +27,7 @@ class RequestStream:
     """Built on the caller's loop; ``output`` runs on the link's receiver thread."""
 
     def __init__(self, request_id: str, engine_index: int, kind: OutputKind, prompt: Optional[str],
-                 prompt_token_ids: list[int], pooling: bool) -> None:
+                 prompt_token_ids: list[int], pooling: bool, text: Optional[FrontEndText] = None) -> None:
         self.request_id = request_id
         self.engine_index = engine_index
         self.loop = asyncio.get_running_loop()
@@ -35,6 +36,7 @@ class RequestStream:
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.pooling = pooling
+        self.text = text  # the text made here from the ids (the core sends none), or None
         self._sofar: dict[int, CompletionOutput] = {}  # cumulative: each sample so far
         self._prompt_logprobs: Optional[PromptLogprobs] = None
 
@@ -51,23 +53,25 @@ class RequestStream:
             vector = w.embedding.tolist() if w.embedding is not None else []
             return EmbeddingRequestOutput(self.request_id, self.prompt, self.prompt_token_ids,
                                           EmbeddingOutput(vector), True, metrics)
+        text = self.text
+        texts = [c.text if text is None else text.delta(c.index, c.token_ids, c.finish_reason) for c in w.completions]
         if self.kind == "cumulative":
-            completions = [self._add(c) for c in w.completions]
+            completions = [self._add(c, t) for c, t in zip(w.completions, texts)]
         else:
-            completions = [CompletionOutput(c.index, c.text, c.token_ids, c.cumulative_logprob, _sample_logprobs(c),
-                                            c.finish_reason, c.stop_reason) for c in w.completions]
+            completions = [CompletionOutput(c.index, t, c.token_ids, c.cumulative_logprob, _sample_logprobs(c),
+                                            c.finish_reason, c.stop_reason) for c, t in zip(w.completions, texts)]
         prompt_logprobs = logprobs_from_wire(w.prompt_logprobs) if w.prompt_logprobs is not None else None
         if self.kind == "cumulative":  # the core sends them once; every cumulative output carries them
             self._prompt_logprobs = prompt_logprobs = prompt_logprobs or self._prompt_logprobs
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions, w.finished, metrics,
                              w.num_cached_tokens, prompt_logprobs)
 
-    def _add(self, c: wire.WireCompletion) -> CompletionOutput:
+    def _add(self, c: wire.WireCompletion, text: str) -> CompletionOutput:
         acc = self._sofar.get(c.index)
         if acc is None:
             acc = self._sofar[c.index] = CompletionOutput(c.index, "", [], logprobs=[] if c.logprobs is not None
                                                           else None)
-        acc.text += c.text
+        acc.text += text
         acc.token_ids.extend(c.token_ids)
         logprobs = _sample_logprobs(c)
         if logprobs is not None and acc.logprobs is not None:

@@ -32,7 +32,7 @@ from pyengine.multiprocess.wire_logprobs import WireLogprobs
 from pyengine.outputs import EngineStats, ThreadStack
 
 _ARRAY_EXT = 1  # msgpack extension code of an array reference
-PROTOCOL_VERSION = 3  # in ``Ready``: front end and core must speak the same one
+PROTOCOL_VERSION = 4  # in ``Ready``: front end and core must speak the same one
 
 
 # ---- front end -> core ----
@@ -48,6 +48,9 @@ class AddRequest(msgspec.Struct, tag=True, array_like=True):
     pooling: bool
     kind: str  # "delta" or "final": cumulative outputs are put together by the front end
     priority: int = 0
+    # The front end makes the text from the token ids (the core sends no text): only for a
+    # request whose core needs no text of its own (no stop strings), see front_text.py.
+    text_in_front_end: bool = False
 
 
 class Abort(msgspec.Struct, tag=True, array_like=True):
