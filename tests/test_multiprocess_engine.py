@@ -157,6 +157,84 @@ def test_a_core_that_fails_to_load_reports_its_error(tmp_path, monkeypatch):
     assert not list(private.iterdir())  # its ipc folder is gone
 
 
+def test_a_failure_after_the_cores_are_ready_reaps_them(checkpoint, tmp_path, monkeypatch):
+    """The start-up's last steps (the tokenizer, the threads) fail after every core said
+    ready: the constructor still kills and reaps the cores and removes the ipc folder."""
+    import tempfile
+
+    from pyengine.multiprocess import client
+
+    started = []
+    real_core_process = client.CoreProcess
+
+    def recording(*args, **kwargs):
+        process = real_core_process(*args, **kwargs)
+        started.append(process)
+        return process
+
+    def broken_tokenizer(_):
+        raise ValueError("a tokenizer.json this front end cannot read")
+
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    monkeypatch.setattr(client, "CoreProcess", recording)
+    monkeypatch.setattr(client, "_tokenizer", broken_tokenizer)
+    try:
+        with pytest.raises(ValueError, match="cannot read"):
+            MultiprocessEngine(_config(checkpoint), start_timeout=60)
+        assert len(started) == 1
+        assert started[0].popen.poll() is not None, "a ready core outlived its failed start-up"
+        assert not list(private.iterdir())  # its ipc folder is gone
+    finally:
+        for process in started:
+            if process.popen.poll() is None:
+                process.popen.kill()
+                process.popen.wait(10)
+
+
+def test_setting_abandon_ends_the_start_up(checkpoint, tmp_path, monkeypatch):
+    """``abandon`` (the CLI's signal handlers set it) ends a start-up whose core hangs in
+    its load: EngineError, the core killed and reaped, the ipc folder removed."""
+    import shutil
+    import tempfile
+    import threading
+
+    from pyengine.errors import EngineError
+    from pyengine.multiprocess import client
+
+    model = tmp_path / "hanging"
+    shutil.copytree(checkpoint, model)
+    (model / "generation_config.json").unlink()
+    os.mkfifo(model / "generation_config.json")  # nobody writes it: the core's load hangs
+    started = []
+    real_core_process = client.CoreProcess
+
+    def recording(*args, **kwargs):
+        process = real_core_process(*args, **kwargs)
+        started.append(process)
+        return process
+
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    monkeypatch.setattr(client, "CoreProcess", recording)
+    abandon = threading.Event()
+    timer = threading.Timer(1.0, abandon.set)
+    timer.start()
+    try:
+        with pytest.raises(EngineError, match="abandoned"):
+            MultiprocessEngine(_config(model), start_timeout=60, abandon=abandon)
+        assert len(started) == 1 and started[0].popen.poll() is not None
+        assert not list(private.iterdir())
+    finally:
+        timer.cancel()
+        for process in started:
+            if process.popen.poll() is None:
+                process.popen.kill()
+                process.popen.wait(10)
+
+
 def test_a_killed_core_fails_every_request_in_flight(checkpoint):
     eng = MultiprocessEngine(_config(checkpoint))
     ipc_dir = eng.ipc_dir

@@ -118,3 +118,37 @@ def test_a_failed_start_gives_the_caller_its_signal_handlers_back(monkeypatch):
     with pytest.raises(ModelLoadError):
         main(["--load-format", "dummy"])
     assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+class _BuiltEngine:
+    def __init__(self) -> None:
+        self.shut_down = False
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self.shut_down = True
+
+
+def test_a_signal_once_the_engine_is_built_shuts_it_down(monkeypatch):
+    """A SIGTERM that lands after the engine is built but before the command ignores
+    signals (its constructor's last line here) still ends the command with 128 + the
+    signal, and the built engine is shut down, never left running."""
+    import os
+
+    from pyengine.async_engine import AsyncEngine
+    from pyengine.server.cli import main
+
+    built = _BuiltEngine()
+
+    def build_then_signal(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # handled at once, by the command's start-up handler
+        return built
+
+    monkeypatch.setattr(AsyncEngine, "from_config", staticmethod(build_then_signal))
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = main(["--load-format", "dummy"])
+    except SystemExit as exit_:
+        code = exit_.code
+    assert code == 128 + signal.SIGTERM
+    assert built.shut_down, "the engine built before the signal was left running"
+    assert {sig: signal.getsignal(sig) for sig in before} == before

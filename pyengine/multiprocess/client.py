@@ -87,12 +87,16 @@ class MultiprocessEngine(EngineClient):
       for one core, this process's CPUs for several).
     - ``start_timeout``: seconds to wait for every core's ``Ready``.
     - ``heartbeat_timeout``: a core exits after this long without a word from here; a core
-      on another host is declared dead after this long without a ``Status``."""
+      on another host is declared dead after this long without a ``Status``.
+    - ``abandon``: set it (a signal handler, another thread) to end a start-up that is still
+      waiting for its cores: the constructor kills and reaps them and raises ``EngineError``.
+    A start-up that fails at any step leaves no process, socket or ipc file behind."""
 
     def __init__(self, config: EngineConfig, *, transport: str = "ipc", host: str = "127.0.0.1",
                  input_port: int = 0, output_port: int = 0, local_cores: Optional[int] = None,
                  core_cpus: Optional[Sequence[int]] = None, start_timeout: float = 600.0,
-                 heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S) -> None:
+                 heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
+                 abandon: Optional[threading.Event] = None) -> None:
         if transport not in ("ipc", "tcp"):
             raise EngineError(f"transport must be 'ipc' or 'tcp', got {transport!r}")
         n = config.data_parallel_size
@@ -117,28 +121,30 @@ class MultiprocessEngine(EngineClient):
         shares = cpu_shares(local, core_cpus) if local else []
         for i in range(local):
             device_env(config, i)  # a device setting that cannot work fails here, before any process starts
-        self.ipc_dir = tempfile.mkdtemp(prefix="pyengine-") if transport == "ipc" else None
-        self.context = zmq.Context()
+        self._decode_table: Optional[DecodeTable] = None
+        self._compiler: Optional[ConstraintCompiler] = None
+        self._compiler_lock = threading.Lock()
+        self.ipc_dir: Optional[str] = None
         try:
+            self.ipc_dir = tempfile.mkdtemp(prefix="pyengine-") if transport == "ipc" else None
+            self.context = zmq.Context()
             self._bind(transport, host, input_port, output_port)
             for i in range(local):
                 self._cores[i].process = CoreProcess(config, i, self._local_address(self.input_address),
                                                      self._local_address(self.output_address), shares[i],
                                                      heartbeat_timeout, self.ipc_dir)
-            self._wait_ready(start_timeout)
+            self._wait_ready(start_timeout, abandon)
+            info = self._cores[0].info
+            assert info is not None
+            self.info = info
+            self._tokenizer = _tokenizer(info.tokenizer_json)
+            # Built once (a pass over the vocabulary): streamed text is made here (front_text.py),
+            # the token table and a constraint compiler come from it.
+            self._decode_table = DecodeTable.from_tokenizer(self._tokenizer) if self._tokenizer is not None else None
+            self._start_threads()
         except BaseException:
             self._abandon()
             raise
-        info = self._cores[0].info
-        assert info is not None
-        self.info = info
-        self._tokenizer = _tokenizer(info.tokenizer_json)
-        # Built once (a pass over the vocabulary): streamed text is made here (front_text.py),
-        # the token table and a constraint compiler come from it.
-        self._decode_table = DecodeTable.from_tokenizer(self._tokenizer) if self._tokenizer is not None else None
-        self._compiler: Optional[ConstraintCompiler] = None
-        self._compiler_lock = threading.Lock()
-        self._start_threads()
 
     # ---- start-up and the sockets ----
 
@@ -162,15 +168,18 @@ class MultiprocessEngine(EngineClient):
         """Where a core on this host connects: a wildcard bind is reached on loopback."""
         return address.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:").replace("tcp://[::]:", "tcp://[::1]:")
 
-    def _wait_ready(self, timeout: float) -> None:
+    def _wait_ready(self, timeout: float, abandon: Optional[threading.Event]) -> None:
         """Every core's ``Ready``; a ``LoadFailed`` (or a core that exits first) raises its
         error, and so does a hello this front end cannot read or whose protocol version is
-        not its own. Cores already ready get heartbeats meanwhile (another may load long)."""
+        not its own, or ``abandon`` set. Cores already ready get heartbeats meanwhile
+        (another may load long)."""
         deadline = time.monotonic() + timeout
         waiting = {c.index for c in self._cores}
         exited_at: dict[int, float] = {}
         next_beat = time.monotonic() + HEARTBEAT_INTERVAL_S
         while waiting:
+            if abandon is not None and abandon.is_set():
+                raise EngineError(f"start-up abandoned while engine core(s) {sorted(waiting)} were not ready")
             if self._commands.poll(_POLL_MS):
                 hello = self._read_hello(self._commands.recv_multipart(copy=False))
                 if hello.engine_index not in waiting:
@@ -643,6 +652,9 @@ class MultiprocessEngine(EngineClient):
     def _abandon(self) -> None:
         """Start-up failed: kill and reap what was started, close and remove everything."""
         self._closed = True
+        self._stopping.set()
+        for thread in self._threads:
+            thread.join(timeout=2.0)
         for core in self._cores:
             if core.process is not None:
                 core.process.popen.kill()
@@ -654,7 +666,9 @@ class MultiprocessEngine(EngineClient):
             socket = getattr(self, name, None)
             if socket is not None:
                 socket.close(linger=0)
-        self.context.term()
+        context = getattr(self, "context", None)  # None: the start-up failed before it was made
+        if context is not None:
+            context.term()
         if self.ipc_dir is not None:
             shutil.rmtree(self.ipc_dir, ignore_errors=True)
 

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import signal
 import sys
+import threading
 import time
 from typing import Any, Optional
 
@@ -148,8 +149,19 @@ def uvicorn_log_level(args: ServerArgs) -> str:
     return (args.uvicorn_log_level or args.log_level).lower()
 
 
-def _abandon_start(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+class _StartSignals:
+    """The start-up's SIGINT / SIGTERM handler: records the signal and sets ``abandon``
+    (which ``MultiprocessEngine``'s wait for its cores polls). It never raises: an
+    exception at an arbitrary line could leave a built engine unreferenced, never shut down."""
+
+    def __init__(self) -> None:
+        self.abandon = threading.Event()
+        self.signum: Optional[int] = None
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.signum is None:
+            self.signum = signum
+        self.abandon.set()
 
 
 def main(argv: list[str]) -> int:
@@ -175,18 +187,30 @@ def main(argv: list[str]) -> int:
     logger = get_logger(model=args.model_name)
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        start_signals = _StartSignals()
         if ns.multiprocess:
             # A signal while the cores start ends the start-up: the engine's constructor
             # kills and reaps what it started, and the command exits 128 + the signal.
             for sig in previous:
-                signal.signal(sig, _abandon_start)
+                signal.signal(sig, start_signals)
+            link = {**link, "abandon": start_signals.abandon}
         # The engine core(s) in their own processes (multiprocess, the default): their
         # start-up or load failure raises here, and the command exits with its message.
-        engine = AsyncEngine.from_config(config, multiprocess=ns.multiprocess, **link)
+        try:
+            engine = AsyncEngine.from_config(config, multiprocess=ns.multiprocess, **link)
+        except BaseException:
+            if start_signals.signum is not None:
+                logger.info("start-up abandoned", signal=signal.Signals(start_signals.signum).name)
+                return 128 + start_signals.signum
+            raise
         # From here on a late signal (during the cleanup below, after uvicorn has put
         # these handlers back) must not interrupt the engine's shutdown half-way.
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)
+        if start_signals.signum is not None:  # it came once the cores were ready: nothing is served
+            logger.info("start-up abandoned", signal=signal.Signals(start_signals.signum).name)
+            engine.shutdown()
+            return 128 + start_signals.signum
         try:
             drain = Drain(args.drain_timeout, logger)
             app = DrainMiddleware(create_app(engine, args), drain)
