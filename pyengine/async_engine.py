@@ -148,11 +148,11 @@ class AsyncEngine(EngineClient):
 
     @property
     def tokenizer_path(self) -> str:
-        return str(getattr(self.engine, "tokenizer_path", self.engine.model_path))
+        return str(self.engine.tokenizer_path)
 
     @property
     def generation_defaults(self) -> dict[str, Any]:
-        return dict(getattr(self.engine, "generation_defaults", None) or {})
+        return dict(self.engine.generation_defaults)
 
     @property
     def max_model_len(self) -> int:

@@ -98,11 +98,11 @@ class LLM(UnsupportedVllmMethods):
         return SamplingParams(**defaults) if defaults else SamplingParams()
 
     def _generation_defaults(self) -> dict[str, Any]:
-        return dict(getattr(self.engine, "generation_defaults", None) or {})
+        return dict(self.engine.generation_defaults)
 
     def _checkpoint_folder(self) -> Optional[Path]:
-        folder = getattr(self.engine, "tokenizer_path", None) or getattr(self.engine, "model_path", None)
-        return Path(folder) if folder is not None and Path(folder).is_dir() else None
+        folder = Path(self.engine.tokenizer_path)
+        return folder if folder.is_dir() else None
 
     def generate(
         self,

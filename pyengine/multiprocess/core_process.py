@@ -205,8 +205,8 @@ def core_info(engine: Any, pid: int) -> wire.CoreInfo:
         tokenizer_config=engine.tokenizer_config,
         pid=pid,
         eos_token_ids=[int(t) for t in engine.eos_token_ids],
-        tokenizer_path=str(getattr(engine, "tokenizer_path", engine.model_path)),
-        generation_defaults=dict(getattr(engine, "generation_defaults", None) or {}),
+        tokenizer_path=str(engine.tokenizer_path),
+        generation_defaults=dict(engine.generation_defaults),
     )
 
 
