@@ -172,7 +172,7 @@ def test_sigterm_while_the_core_starts_stops_it(checkpoint, tmp_path):
                 return ""  # gone meanwhile
 
         def engine_cores() -> list[int]:  # not any other child (a compiler probe during imports)
-            return [pid for pid in server.core_pids() if "core_main" in cmdline(pid)]
+            return [pid for pid in server.core_pids() if "--engine-index" in cmdline(pid)]
 
         assert wait_until(lambda: server.proc.poll() is None and bool(engine_cores()), 60.0), \
             "the core did not start"

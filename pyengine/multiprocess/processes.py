@@ -12,20 +12,15 @@ import dataclasses
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
 import msgspec
 
+from pyengine.child_command import python_module_command
 from pyengine.config import EngineConfig
 from pyengine.errors import InvalidConfigError
 from pyengine.logits_processors.loading import qualified_name
-
-# `-c` puts the working directory first on sys.path; from a source checkout that would
-# shadow the installed package (which holds the native module): drop it, as benches do.
-_CORE_MAIN = ("import sys; sys.path = [p for p in sys.path if p]; "
-              "from pyengine.multiprocess.core_main import main; sys.exit(main())")
 
 
 def config_json(config: EngineConfig) -> str:
@@ -81,9 +76,9 @@ class CoreProcess:
     def __init__(self, config: EngineConfig, index: int, input_address: str, output_address: str,
                  cpus: Optional[list[int]], heartbeat_timeout: float, ipc_dir: Optional[str]) -> None:
         self.index = index
-        cmd = [sys.executable, "-c", _CORE_MAIN, "--input", input_address, "--output", output_address,
-               "--engine-index", str(index), "--parent-pid", str(os.getpid()),
-               "--heartbeat-timeout", str(heartbeat_timeout), "--config-json", config_json(config)]
+        cmd = python_module_command("pyengine", "core", "--input", input_address, "--output", output_address,
+                                    "--engine-index", str(index), "--parent-pid", str(os.getpid()),
+                                    "--heartbeat-timeout", str(heartbeat_timeout), "--config-json", config_json(config))
         if cpus:
             cmd += ["--cpus", ",".join(map(str, cpus))]
         if ipc_dir:
