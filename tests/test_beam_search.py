@@ -273,3 +273,26 @@ def test_temperature_ranks_by_the_tempered_distribution(llm, hf_model, prompts):
             ends = [j for j, t in enumerate(tokens) if t in EOS]
             assert seq.output_token_ids == (tokens[:ends[0] + 1] if ends else tokens)
             assert seq.score == pytest.approx(float(ref.sequences_scores[i]), abs=SCORE_TOLERANCE)
+
+
+def test_the_searches_hold_a_whole_copy_of_the_parameters():
+    """``make_searches`` (the offline and asyncio searches both) copies every field, so a
+    caller that changes its ``BeamSearchParams`` afterwards changes no running search."""
+    import dataclasses
+
+    from pyengine.beam_search.driver import make_searches
+
+    params = BeamSearchParams(beam_width=3, max_tokens=7, ignore_eos=True, temperature=0.5, length_penalty=0.3,
+                              include_stop_str_in_output=True, early_stopping="never")
+    texts, searches = make_searches(["ab", [5, 6, 7]], params, lambda text: [ord(c) for c in text], [2], 100)
+    assert texts == ["ab", None] and [s.prompt_token_ids for s in searches] == [[97, 98], [5, 6, 7]]
+    assert all(s.params is not params and s.params == params for s in searches)
+    for field in dataclasses.fields(BeamSearchParams):
+        setattr(params, field.name, None)
+    assert dataclasses.asdict(searches[0].params) == {
+        "beam_width": 3, "max_tokens": 7, "ignore_eos": True, "temperature": 0.5, "length_penalty": 0.3,
+        "include_stop_str_in_output": True, "early_stopping": "never"}
+    with pytest.raises(InvalidRequestError, match="a prompt is empty"):
+        make_searches([[]], BeamSearchParams(beam_width=2, max_tokens=4), list, [2], 100)
+    with pytest.raises(InvalidRequestError, match="a prompt has 100 tokens; this engine holds 100"):
+        make_searches([[1] * 100], BeamSearchParams(beam_width=2, max_tokens=4), list, [2], 100)

@@ -124,6 +124,17 @@ def test_unexpected_server_errors_are_500_with_an_openai_body():
     assert to_api_error(InvalidRequestError("max_tokens must be >= 1, got 0")).status == 400
 
 
+def test_a_value_errors_field_is_the_param_in_the_requests_spelling():
+    from pyengine.server.errors import from_value_error
+
+    error = from_value_error(ValueError("beam_width must be <= 6, got 7"), {"beam_width": "n"})
+    assert (error.status, error.param, error.message) == (400, "n", "n must be <= 6, got 7")
+    error = from_value_error(ValueError("early_stopping must be a bool or 'never'"))
+    assert error.param == "early_stopping"
+    error = from_value_error(ValueError("a prompt is empty (0 tokens)"), {"prompt": "messages"})
+    assert error.param is None and error.message == "a prompt is empty (0 tokens)"
+
+
 def test_malformed_json_is_400_and_the_server_keeps_serving(served):
     server, _ = served
     resp = httpx.post(f"{server.url}/v1/completions", content=b'{"prompt": "hi",', timeout=10,

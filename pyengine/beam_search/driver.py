@@ -10,6 +10,7 @@ step computes only each beam's last, partial block.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Optional
 
@@ -19,6 +20,7 @@ from pyengine.beam_search.search import BeamSearch
 from pyengine.errors import EngineError, InvalidRequestError
 from pyengine.logprobs import Logprob
 from pyengine.outputs import RequestOutput
+from pyengine.prompts import PromptType, normalize_prompt
 from pyengine.sampling_params import SamplingParams
 
 #: A step's batch: the sequences to extend, and the parameters of their engine requests.
@@ -37,6 +39,25 @@ def check_params(params: BeamSearchParams, max_logprobs: int, num_eos: int) -> N
         raise InvalidRequestError(
             f"beam_width must be <= {max_logprobs // factor}, got {params.beam_width}: each step asks the engine "
             f"for {factor} * beam_width log-probabilities per beam, and its max_logprobs is {max_logprobs}")
+
+
+def make_searches(prompts: Sequence[PromptType], params: BeamSearchParams, tokenize: Callable[[str], list[int]],
+                  eos_token_ids: Sequence[int], max_request_tokens: int) -> tuple[list[Optional[str]], list[BeamSearch]]:
+    """The prompts' texts (None for token ids) and one search per prompt. Every prompt is
+    normalized and checked before any step: none empty, each leaving room in
+    ``max_request_tokens`` for a generated token. The searches hold a copy of ``params``:
+    later changes to the caller's object do not reach a running search."""
+    normalized = [normalize_prompt(p, tokenize) for p in prompts]
+    for _, ids in normalized:
+        if not ids:
+            raise InvalidRequestError("a prompt is empty (0 tokens)")
+        if len(ids) >= max_request_tokens:
+            raise InvalidRequestError(f"a prompt has {len(ids)} tokens; this engine holds {max_request_tokens} per "
+                                      "sequence, so it leaves no room for a generated token")
+    params = dataclasses.replace(params)
+    searches = [BeamSearch(ids, params, eos_token_ids, max_tokens=max_request_tokens - len(ids))
+                for _, ids in normalized]
+    return [text for text, _ in normalized], searches
 
 
 def step_params(search: BeamSearch) -> SamplingParams:

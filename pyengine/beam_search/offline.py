@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
-from pyengine.beam_search.driver import Batch, Candidates, check_params, finish, run_steps
+from pyengine.beam_search.driver import Batch, Candidates, check_params, finish, make_searches, run_steps
 from pyengine.beam_search.outputs import BeamSearchOutput
 from pyengine.beam_search.params import BeamSearchParams
-from pyengine.beam_search.search import BeamSearch
 from pyengine.errors import InvalidRequestError
-from pyengine.prompts import PromptType, is_single_prompt, normalize_prompt
+from pyengine.prompts import PromptType, is_single_prompt
 
 if TYPE_CHECKING:
     from pyengine.engine.core import EngineCore
@@ -25,16 +24,7 @@ def run_offline(engine: EngineCore, prompts: Union[PromptType, Sequence[PromptTy
     if concurrency_limit is not None and (not isinstance(concurrency_limit, int) or concurrency_limit < 1):
         raise InvalidRequestError(f"concurrency_limit must be None or an integer >= 1, got {concurrency_limit!r}")
     items = [prompts] if is_single_prompt(prompts) else list(prompts)  # type: ignore[list-item]
-    normalized = [normalize_prompt(p, engine.tokenize) for p in items]  # all checked before any step
-    for _, ids in normalized:
-        if not ids:
-            raise InvalidRequestError("a prompt is empty (0 tokens)")
-        if len(ids) >= engine.max_request_tokens:
-            raise InvalidRequestError(f"a prompt has {len(ids)} tokens; this engine holds {engine.max_request_tokens} "
-                                      "per sequence, so it leaves no room for a generated token")
-    params = _copy(params)  # later changes to the caller's object do not reach a running search
-    searches = [BeamSearch(ids, params, engine.eos_token_ids, max_tokens=engine.max_request_tokens - len(ids))
-                for _, ids in normalized]
+    texts, searches = make_searches(items, params, engine.tokenize, engine.eos_token_ids, engine.max_request_tokens)
     chunk = concurrency_limit or max(1, len(searches))
     bar = _progress_bar(len(searches)) if use_tqdm else None
     try:
@@ -50,12 +40,7 @@ def run_offline(engine: EngineCore, prompts: Union[PromptType, Sequence[PromptTy
     def decode(ids: list[int]) -> str:
         return engine.decode(ids, skip_special_tokens=False)
 
-    return finish(searches, [text for text, _ in normalized], decode)
-
-
-def _copy(params: BeamSearchParams) -> BeamSearchParams:
-    return BeamSearchParams(params.beam_width, params.max_tokens, params.ignore_eos, params.temperature,
-                            params.length_penalty, params.include_stop_str_in_output, params.early_stopping)
+    return finish(searches, texts, decode)
 
 
 def _progress_bar(total: int) -> Any:

@@ -12,12 +12,19 @@ import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Optional
 
-from pyengine.beam_search.driver import Batch, Candidates, candidates_of, check_params, finish, search_steps
+from pyengine.beam_search.driver import (
+    Batch,
+    Candidates,
+    candidates_of,
+    check_params,
+    finish,
+    make_searches,
+    search_steps,
+)
 from pyengine.beam_search.outputs import BeamSearchOutput
 from pyengine.beam_search.params import BeamSearchParams
-from pyengine.beam_search.search import BeamSearch
-from pyengine.errors import EngineError, InvalidRequestError
-from pyengine.prompts import PromptType, normalize_prompt
+from pyengine.errors import EngineError
+from pyengine.prompts import PromptType
 from pyengine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -30,15 +37,7 @@ async def beam_search(engine: EngineClient, prompts: Sequence[PromptType], param
     Raises ``InvalidRequestError`` before any step for a search the engine cannot run."""
     eos = list(engine.eos_token_ids)
     check_params(params, engine.max_logprobs, len(eos))
-    normalized = [normalize_prompt(p, engine.tokenize) for p in prompts]
-    limit = engine.max_request_tokens
-    for _, ids in normalized:
-        if not ids:
-            raise InvalidRequestError("a prompt is empty (0 tokens)")
-        if len(ids) >= limit:
-            raise InvalidRequestError(f"a prompt has {len(ids)} tokens; this engine holds {limit} per sequence, "
-                                      "so it leaves no room for a generated token")
-    searches = [BeamSearch(ids, params, eos, max_tokens=limit - len(ids)) for _, ids in normalized]
+    texts, searches = make_searches(prompts, params, engine.tokenize, eos, engine.max_request_tokens)
     steps = search_steps(searches)
     try:
         batch: Optional[Batch] = next(steps)
@@ -56,7 +55,7 @@ async def beam_search(engine: EngineClient, prompts: Sequence[PromptType], param
     def decode(ids: list[int]) -> str:
         return engine.decode(ids, skip_special_tokens=False)
 
-    return finish(searches, [text for text, _ in normalized], decode)
+    return finish(searches, texts, decode)
 
 
 async def _run_batch(engine: EngineClient, batch: Batch, prefix: str) -> list[Candidates]:

@@ -22,7 +22,9 @@ from pyengine.beam_search.outputs import BeamSearchOutput
 from pyengine.beam_search.params import BeamSearchParams
 from pyengine.errors import InvalidRequestError
 from pyengine.server.context import ServerContext
-from pyengine.server.errors import bad_request, to_api_error
+from pyengine.server.errors import bad_request, from_value_error, to_api_error
+from pyengine.server.generation import wait_disconnect
+from pyengine.server.offload import off_the_loop_if_long, text_size
 from pyengine.server.protocol import (
     ChatChoice,
     ChatCompletionRequest,
@@ -47,8 +49,8 @@ _UNUSED: dict[str, tuple[Any, ...]] = {
 }
 _UNUSED_COMPLETIONS = {**_UNUSED, "logprobs": (None,), "suffix": (None, ""), "prompt_logprobs": (None,)}
 _UNUSED_CHAT = {**_UNUSED, "logprobs": (False,), "top_logprobs": (None,), "prompt_logprobs": (None,)}
-#: Fields the parameters' errors may name (BeamSearchParams' names renamed to the request's).
-_FIELDS = frozenset({"n", "max_tokens", "temperature", "length_penalty", "early_stopping", "ignore_eos", "prompt"})
+#: BeamSearchParams' names that the request spells otherwise.
+_RENAMES = {"beam_width": "n"}
 
 
 def beam_search_params(ctx: ServerContext, body: SamplingFields, max_tokens: int,
@@ -74,7 +76,7 @@ def beam_search_params(ctx: ServerContext, body: SamplingFields, max_tokens: int
             early_stopping=body.early_stopping,
         )
     except InvalidRequestError as error:
-        raise _named(error, {"max_tokens": tokens_param}) from None
+        raise from_value_error(error, {**_RENAMES, "max_tokens": tokens_param}) from None
 
 
 async def beam_search_completion(ctx: ServerContext, body: CompletionRequest, request: Request) -> Response:
@@ -83,7 +85,7 @@ async def beam_search_completion(ctx: ServerContext, body: CompletionRequest, re
         raise bad_request("best_of must equal n (the beam width) with use_beam_search", "best_of")
     if body.max_tokens is not None:
         beam_search_params(ctx, body, body.max_tokens, _UNUSED_COMPLETIONS)  # the fields first, as for sampling
-    prompts = tokenize_prompts(ctx, body.prompt, "prompt")
+    prompts = await off_the_loop_if_long(text_size(body.prompt), tokenize_prompts, ctx, body.prompt, "prompt")
     for _, ids in prompts:
         check_length(ctx, len(ids), body.max_tokens, "prompt")
     max_tokens = body.max_tokens if body.max_tokens is not None else \
@@ -147,7 +149,7 @@ async def run_search(ctx: ServerContext, request: Request, prompts: list[list[in
     started = time.time()
     search = asyncio.ensure_future(ctx.engine.beam_search([{"prompt_token_ids": ids} for ids in prompts], params,
                                                           request_id))
-    watcher = asyncio.ensure_future(_disconnect(request))
+    watcher = asyncio.ensure_future(wait_disconnect(request))
     try:
         await asyncio.wait({search, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -163,7 +165,8 @@ async def run_search(ctx: ServerContext, request: Request, prompts: list[list[in
         return Response(status_code=499)
     error = search.exception()
     if error is not None:
-        raise _named(error, renames) if isinstance(error, InvalidRequestError) else to_api_error(error)
+        raise from_value_error(error, {**_RENAMES, **renames}) if isinstance(error, InvalidRequestError) \
+            else to_api_error(error)
     found = search.result()
     # /metrics: the search's sequences and its latency (the step requests inside it are the
     # engine's business: they show in its token and prefix-cache counters).
@@ -178,21 +181,3 @@ def _usage(outputs: list[BeamSearchOutput]) -> UsageInfo:
     prompt = sum(len(o.prompt_token_ids) for o in outputs)
     completion = sum(len(s.output_token_ids) for o in outputs for s in o.sequences)
     return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
-
-
-def _named(error: InvalidRequestError, renames: Mapping[str, str]) -> Exception:
-    """A 400 whose ``param`` is the request's name for the field the message starts with
-    (``beam_width`` is ``n``)."""
-    message = str(error)
-    field = message.split(" ", 1)[0]
-    renamed = {"beam_width": "n", **renames}.get(field)
-    if renamed is not None:
-        message, field = renamed + message[len(field):], renamed
-    return bad_request(message, field if field in _FIELDS or renamed is not None else None)
-
-
-async def _disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return

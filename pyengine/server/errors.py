@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
+from collections.abc import Mapping
 from typing import Any, Optional
 
 from fastapi import FastAPI, Request
@@ -42,7 +43,7 @@ REQUEST_FIELDS = frozenset({
     "top_logprobs", "max_tokens", "max_completion_tokens", "min_tokens", "ignore_eos", "stop_token_ids",
     "include_stop_str_in_output", "skip_special_tokens", "stream", "stream_options", "echo", "suffix",
     "encoding_format", "dimensions", "chat_template_kwargs", "allowed_token_ids", "bad_words", "prompt_logprobs",
-    "truncate_prompt_tokens",
+    "truncate_prompt_tokens", "use_beam_search", "length_penalty", "early_stopping",
 })
 _log = logging.getLogger("pyengine.server.errors")
 
@@ -73,15 +74,18 @@ def bad_request(message: str, param: Optional[str] = None, code: Optional[str] =
     return APIError(400, message, param, code)
 
 
-def from_value_error(error: ValueError, renames: Optional[dict[str, str]] = None) -> APIError:
-    """A 400 for a ``ValueError`` from ``SamplingParams`` or the engine; ``param`` is the
-    field the message starts with, renamed to the request's spelling (``renames``)."""
+def from_value_error(error: ValueError, renames: Optional[Mapping[str, str]] = None) -> APIError:
+    """A 400 for a ``ValueError`` from ``SamplingParams`` (or ``BeamSearchParams``) or the
+    engine; ``param`` is the field the message starts with. ``renames`` maps our field
+    names to the request's (``beam_width`` -> ``n``): a renamed field is the ``param`` and
+    the message's first word."""
     message = str(error)
     match = _LEADING_FIELD.match(message)
-    param = match.group(1) if match and match.group(1) in REQUEST_FIELDS else None
-    if param is not None and renames:
-        param = renames.get(param, param)
-    return bad_request(message, param)
+    field = match.group(1) if match else None
+    if field is not None and renames and field in renames:
+        message, field = renames[field] + message[len(field):], renames[field]
+        return bad_request(message, field)
+    return bad_request(message, field if field in REQUEST_FIELDS else None)
 
 
 def to_api_error(error: BaseException) -> APIError:

@@ -88,10 +88,7 @@ class GenerationSet:
             self._queue.put_nowait(error)
 
     async def _watch(self, request: Request) -> None:
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                break
+        await wait_disconnect(request)
         self.disconnected = True
         for task in self._tasks:
             task.cancel()
@@ -116,3 +113,11 @@ class GenerationSet:
         for task in self._tasks:
             if not task.done():
                 task.cancel()
+
+
+async def wait_disconnect(request: Request) -> None:
+    """Returns when the client of ``request`` disconnects (its body already read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
