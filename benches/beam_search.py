@@ -31,12 +31,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_model import bench_checkpoint
 
 from pyengine import LLM, BeamSearchParams
-from pyengine.testing.checkpoints import make_tiny_checkpoint
-
-MODEL = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-             num_attention_heads=4, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)
 
 
 def run_engine(folder: Path, prompts, params: BeamSearchParams, repeats: int, **engine_args) -> dict:
@@ -92,7 +89,7 @@ def main() -> None:
     prompts = [rng.integers(3, 4000, args.prompt_len).tolist() for _ in range(args.num_prompts)]
     params = BeamSearchParams(beam_width=args.beam_width, max_tokens=args.max_tokens, ignore_eos=True)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = make_tiny_checkpoint(Path(tmp) / "model", "qwen3", vocab_size=4096, **MODEL)
+        folder = bench_checkpoint(Path(tmp) / "model")
         cached = run_engine(folder, prompts, params, args.repeats)
         uncached = run_engine(folder, prompts, params, args.repeats, enable_prefix_caching=False)
         reference = run_transformers(folder, prompts, params, args.repeats)

@@ -27,14 +27,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_model import bench_checkpoint
 
 from pyengine import LLM, SamplingParams
 from pyengine.executor.plan import StepPlan
 from pyengine.executor.prompt_logprobs import PromptLogprobsTable
-from pyengine.testing.checkpoints import make_tiny_checkpoint
-
-MODEL = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=64)
 
 
 def run(folder: Path, prompts: list[list[int]], every: int) -> float:
@@ -83,7 +80,7 @@ def main() -> None:
     prompts = [rng.integers(3, args.vocab, args.prompt_len).tolist() for _ in range(args.num_requests)]
     times: dict[str, list[float]] = {"none": [], "all": [], "one_in_8": []}
     with tempfile.TemporaryDirectory() as tmp:
-        folder = make_tiny_checkpoint(Path(tmp) / "model", "qwen3", vocab_size=args.vocab, **MODEL)
+        folder = bench_checkpoint(Path(tmp) / "model", vocab_size=args.vocab)
         for _ in range(args.repeats):
             times["none"].append(run(folder, prompts, 0))
             times["all"].append(run(folder, prompts, 1))

@@ -52,9 +52,8 @@ from pyengine.testing.serve_process import ServeProcess
 BENCHES = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHES))
 import serve  # noqa: E402 - the load generator and report of benches/serve.py
+from bench_model import MODEL  # noqa: E402 - the benches' model
 
-MODEL = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)  # throughput.py's
 ENGINE_ARGS = ["--dtype", "float32", "--max-model-len", "1024"]
 
 

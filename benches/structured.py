@@ -43,12 +43,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_model import bench_checkpoint
 
 from pyengine import LLM, SamplingParams, StructuredOutputsParams
-from pyengine.testing.checkpoints import make_tiny_checkpoint
-
-MODEL = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-             num_attention_heads=4, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)
 
 SCHEMAS: dict[str, dict] = {
     "extract_person": {
@@ -222,7 +219,7 @@ def main() -> None:
         for i in range(args.num_requests)
     ]
     with tempfile.TemporaryDirectory() as tmp:
-        folder = make_tiny_checkpoint(Path(tmp) / "bench", "qwen3", seed=0, vocab_size=4096, **MODEL)
+        folder = bench_checkpoint(Path(tmp) / "bench")
         with LLM(str(folder), dtype="float32", max_num_seqs=args.max_num_seqs, max_model_len=512) as llm:
             compiled = compile_times(llm)
             llm.generate(prompts[:4], constrained[:4], use_tqdm=False)  # warm-up

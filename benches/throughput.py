@@ -46,17 +46,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_model import bench_checkpoint
 
 from pyengine import LLM, SamplingParams
-from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.contiguous_reference import (
     ContiguousKVCache,
     NativeDecodeKVCache,
     contiguous_step,
 )
 
-MODEL = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-             num_attention_heads=4, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)
+
 def output_lengths(shortest: int, longest: int) -> tuple[int, ...]:
     """Four output lengths from ``shortest`` to ``longest`` (few distinct lengths, so that
     ``generate_batch``, which takes one length per call, runs the same workload)."""
@@ -196,7 +195,7 @@ def main() -> None:
                     "output_range": list(args.output_range), "output_tokens": sum(outputs),
                     "prompt_tokens": sum(map(len, prompts)), "torch_threads": torch.get_num_threads()}
     with tempfile.TemporaryDirectory() as tmp:
-        folder = make_tiny_checkpoint(Path(tmp) / "model", "qwen3", vocab_size=4096, **MODEL)
+        folder = bench_checkpoint(Path(tmp) / "model")
         bounds, engines = [], []
         for _ in range(max(1, args.repeats)):
             bounds.append(run_lower_bound(folder, prompts, outputs, args.max_num_seqs))

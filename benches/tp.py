@@ -41,10 +41,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from throughput import MODEL, workload  # noqa: E402
+from bench_model import MODEL, VOCAB_SIZE, bench_checkpoint  # noqa: E402
+from throughput import workload  # noqa: E402
 
 from pyengine import LLM, SamplingParams  # noqa: E402
-from pyengine.testing.checkpoints import make_tiny_checkpoint  # noqa: E402
 from pyengine.testing.tp_ranks import free_port  # noqa: E402
 
 
@@ -123,7 +123,7 @@ def collective_rank(rank: int, port: int, tokens: int, hidden: int, vocab_rows: 
 def time_collectives(tokens: int, iters: int = 200) -> dict:
     port = free_port()
     count = 1 + 2 * MODEL["num_hidden_layers"]
-    vocab_rows = 4096 // 2
+    vocab_rows = VOCAB_SIZE // 2
     env = dict(os.environ, OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, __file__, "--collective-rank", str(rank), "--port", str(port),
                                "--tokens", str(tokens), "--iters", str(iters)], env=env,
@@ -153,13 +153,13 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=200, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.collective_rank is not None:
-        collective_rank(args.collective_rank, args.port, args.tokens, MODEL["hidden_size"], 4096 // 2,
+        collective_rank(args.collective_rank, args.port, args.tokens, MODEL["hidden_size"], VOCAB_SIZE // 2,
                         1 + 2 * MODEL["num_hidden_layers"], args.iters)
         return
     logging.basicConfig(level=logging.WARNING)
     prompts, outputs = workload(args.num_requests, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = make_tiny_checkpoint(Path(tmp) / "model", "qwen3", vocab_size=4096, **MODEL)
+        folder = bench_checkpoint(Path(tmp) / "model")
         runs: dict[int, list] = {1: [], 2: []}
         one_thread = []  # TP=1 on one core: how much of the ratio is the split, how much threading
         gloo = []  # TP=2 with every collective through gloo (disable_custom_all_reduce)
