@@ -45,7 +45,7 @@ from bench_model import MODEL, VOCAB_SIZE, bench_checkpoint  # noqa: E402
 from throughput import workload  # noqa: E402
 
 from pyengine import LLM, SamplingParams  # noqa: E402
-from pyengine.testing.tp_ranks import free_port  # noqa: E402
+from pyengine.testing.waits import free_port  # noqa: E402
 
 
 def run_engine(folder: Path, tp: int, prompts, outputs, max_num_seqs: int, threads: int = 2,

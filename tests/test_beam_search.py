@@ -4,9 +4,6 @@ prefix cache, leaks none, and refuses bad parameters by name."""
 
 from __future__ import annotations
 
-import json
-import time
-
 import numpy as np
 import pytest
 import torch
@@ -14,6 +11,7 @@ import torch
 from pyengine import LLM, BeamSearchParams, SamplingParams
 from pyengine.errors import InvalidRequestError
 from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.waits import wait_engine_idle
 
 #: End-of-sequence ids the tiny model emits now and then (in generation_config.json, which
 #: transformers and pyengine both read), so that beams end by EOS as well as by length.
@@ -23,11 +21,7 @@ SCORE_TOLERANCE = 2e-4
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    path = make_tiny_checkpoint(tmp_path_factory.mktemp("beams") / "qwen3", "qwen3", seed=3)
-    config = json.loads((path / "generation_config.json").read_text())
-    config["eos_token_id"] = EOS
-    (path / "generation_config.json").write_text(json.dumps(config))
-    return path
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("beams") / "qwen3", "qwen3", seed=3, eos_token_ids=EOS)
 
 
 @pytest.fixture(scope="module")
@@ -62,15 +56,6 @@ def hf_beam_search(model, prompt, k, max_tokens, length_penalty, early_stopping)
         ends = [j for j, t in enumerate(tokens) if t in EOS]
         result.append((tokens[:ends[0] + 1] if ends else tokens, float(out.sequences_scores[i])))
     return result
-
-
-def wait_blocks_free(llm, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        s = llm.stats().scheduler
-        if s["kv_blocks_used"] == 0 or time.monotonic() > deadline:
-            return s
-        time.sleep(0.02)
 
 
 CASES = [  # beam_width, max_tokens, length_penalty, early_stopping
@@ -167,7 +152,8 @@ def test_every_step_is_one_batch_and_beams_hit_the_prefix_cache(llm, prompts):
         outs = llm.beam_search(long_prompts, BeamSearchParams(beam_width=4, max_tokens=12, ignore_eos=True))
     finally:
         del llm._beam_step
-    after = wait_blocks_free(llm)
+    assert wait_engine_idle(llm)
+    after = llm.stats().scheduler
     assert len(batches) == 12  # one engine batch per step, no more
     assert batches[0] == len(prompts)  # the first step extends each prompt once
     assert all(size == 4 * len(prompts) for size in batches[1:])
@@ -181,10 +167,11 @@ def test_every_step_is_one_batch_and_beams_hit_the_prefix_cache(llm, prompts):
 
 
 def test_no_blocks_leak(llm, prompts):
-    start = wait_blocks_free(llm)
+    assert wait_engine_idle(llm)
+    start = llm.stats().scheduler
     llm.beam_search(prompts, BeamSearchParams(beam_width=4, max_tokens=8))
-    end = wait_blocks_free(llm)
-    assert end["kv_blocks_used"] == 0
+    assert wait_engine_idle(llm), llm.stats()
+    end = llm.stats().scheduler
     assert end["kv_blocks_free"] == start["kv_blocks_free"] == end["kv_blocks_total"]
 
 
@@ -196,7 +183,7 @@ def test_prompt_near_the_model_length_ends_at_it(checkpoint):
         assert all(len(s.output_token_ids) == 4 and s.finish_reason == "length" for s in out.sequences)
         with pytest.raises(InvalidRequestError, match="no room"):
             small.beam_search([list(range(10, 42))], BeamSearchParams(beam_width=2, max_tokens=4))
-        assert wait_blocks_free(small)["kv_blocks_used"] == 0
+        assert wait_engine_idle(small), small.stats()
 
 
 @pytest.mark.parametrize("fields,name", [
@@ -230,7 +217,7 @@ def test_bad_requests_are_refused_and_the_engine_serves_on(llm, prompts):
     with pytest.raises(InvalidRequestError, match="lora_request"):
         llm.beam_search(prompts, BeamSearchParams(beam_width=2, max_tokens=4), lora_request=object())
     assert llm.beam_search([], BeamSearchParams(beam_width=2, max_tokens=4)) == []
-    assert wait_blocks_free(llm)["kv_blocks_used"] == 0
+    assert wait_engine_idle(llm), llm.stats()
     out = llm.beam_search(prompts[:1], BeamSearchParams(beam_width=2, max_tokens=4))
     assert len(out[0].sequences) == 2
 

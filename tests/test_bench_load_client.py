@@ -9,7 +9,6 @@ import argparse
 import asyncio
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from pyengine import AsyncEngine
 from pyengine.server import ServerArgs
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.live_server import LiveServer
+from pyengine.testing.waits import wait_engine_idle
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches"))
 import serve  # noqa: E402
@@ -94,10 +94,7 @@ def test_a_stream_left_early_closes_its_connection_and_the_server_aborts(served)
         assert connection._writer is None  # not clean: closed, never reused half-read
 
     asyncio.run(go())
-    deadline = time.monotonic() + 10.0
-    while engine.health().num_unfinished and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert engine.health().num_unfinished == 0
+    assert wait_engine_idle(engine), "the server did not abort the stream its client left"
 
 
 def test_a_refused_status_raises_from_the_raw_stream(served):

@@ -15,6 +15,7 @@ from pyengine import AsyncEngine, SamplingParams
 from pyengine.engine_client import until_finished
 from pyengine.errors import EngineError, InvalidRequestError
 from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.waits import wait_engine_idle
 from pyengine.text.encode import LONG_TEXT_CHARS
 
 WAIT_S = 30.0  # a bound, never an expectation: each wait below ends long before it on success
@@ -106,15 +107,7 @@ def test_leaving_a_stream_early_aborts_at_once(engine, monkeypatch):
         return list(aborted)
 
     assert asyncio.run(go()) == ["leaver"]
-    assert asyncio.run(_wait_idle(engine)), "the aborted request is still in the engine"
-
-
-async def _wait_idle(engine) -> bool:
-    for _ in range(int(WAIT_S / 0.05)):
-        if engine.health().num_unfinished == 0:
-            return True
-        await asyncio.sleep(0.05)
-    return False
+    assert wait_engine_idle(engine, WAIT_S), "the aborted request is still in the engine"
 
 
 def test_a_long_text_prompt_does_not_stall_another_stream(engine, monkeypatch):

@@ -6,8 +6,6 @@ whole engine with an injected executor failure."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -24,6 +22,7 @@ from pyengine import (
 from pyengine._sched import GrammarCompiler
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.faults import FaultySink, install_faulty_runner
+from pyengine.testing.waits import wait_engine_idle
 
 TOKENS = [b"a", b"b", b"c", b"ab", b"<eos>"]
 EOS = 4
@@ -91,10 +90,7 @@ def test_a_failed_step_with_constrained_rows_through_the_engine(llm):
         if i not in failed:  # finished before the failed step: by their grammar
             out = sink.outputs[-1].outputs[0]
             assert out.finish_reason in ("stop", "length") and set(out.text) <= {"a", "b"}
-    deadline = time.monotonic() + 5
-    while core.stats().kv_usage > 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert core.stats().kv_usage == 0 and core.stats().num_running == 0
+    assert wait_engine_idle(core, 5), core.stats()
     outs = llm.generate([[5, 6, 7]] * 3, SamplingParams(n=2, temperature=1.0, seed=9, max_tokens=20,
                                                         structured_outputs=regex), use_tqdm=False)
     for c in (c for o in outs for c in o.outputs):

@@ -27,7 +27,7 @@ from pyengine.child_command import python_module_command
 from pyengine.errors import DuplicateRequestError, EngineDeadError, InvalidRequestError, ModelLoadError
 from pyengine.multiprocess import MultiprocessEngine
 from pyengine.testing.checkpoints import make_tiny_checkpoint
-from pyengine.testing.serve_process import pid_alive, wait_until
+from pyengine.testing.waits import free_ports, pid_alive, wait_until
 
 PROMPTS = [[5, 6, 7, 8], [100, 200, 300], [9] * 20, [42, 17, 3, 250, 11, 8]]
 
@@ -457,7 +457,7 @@ def test_a_core_on_another_host_over_tcp(checkpoint):
         cfg = _config(checkpoint)
         from pyengine.multiprocess.client import MultiprocessEngine as MP
 
-        ports = _free_ports(2)
+        ports = free_ports(2)
 
         def start() -> None:
             try:
@@ -502,7 +502,7 @@ time.sleep(120)
 def test_a_core_on_another_host_exits_when_its_front_end_is_killed(checkpoint):
     """A core started by hand has no parent to watch: only the front end's missing
     heartbeats tell it, and with the default timeout it exits within 5 s of a SIGKILL."""
-    ports = _free_ports(2)
+    ports = free_ports(2)
     front = subprocess.Popen([sys.executable, "-c", FRONT_END_TCP, str(checkpoint), *map(str, ports)],
                              stdout=subprocess.PIPE, text=True)
     core = None
@@ -529,14 +529,3 @@ def _config(checkpoint):
     return EngineConfig(model=str(checkpoint), num_kv_blocks=64, max_num_seqs=8)
 
 
-def _free_ports(n: int) -> list[int]:
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 import torch
 
 from pyengine import _kernels
+from pyengine.testing.waits import wait_until
 
 
 def _thread_ids() -> set[str]:
@@ -16,10 +16,7 @@ def _thread_ids() -> set[str]:
 
 
 def _wait_until(condition, seconds: float = 5.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return condition()
+    return wait_until(condition, seconds, interval=0.01)
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc")

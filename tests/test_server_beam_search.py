@@ -6,8 +6,6 @@ name, other requests on the engine unharmed, no blocks left behind."""
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 
 import httpx
 import openai
@@ -19,7 +17,7 @@ from pyengine.errors import InvalidRequestError
 from pyengine.server import ServerArgs
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.live_server import LiveServer
-from pyengine.testing.serve_process import wait_until
+from pyengine.testing.waits import wait_engine_idle, wait_until
 
 EOS = [311, 135]  # tokens the tiny model emits now and then: some beams end by EOS
 PROMPTS = [[257, 378, 475, 20, 74, 412, 474, 126], [363, 82, 163, 485, 212, 259, 148, 60, 214, 312]]
@@ -27,11 +25,8 @@ PROMPTS = [[257, 378, 475, 20, 74, 412, 474, 126], [363, 82, 163, 485, 212, 259,
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    path = make_tiny_checkpoint(tmp_path_factory.mktemp("beam-server") / "qwen3", "qwen3", seed=3)
-    config = json.loads((path / "generation_config.json").read_text())
-    config["eos_token_id"] = EOS
-    (path / "generation_config.json").write_text(json.dumps(config))
-    return path
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("beam-server") / "qwen3", "qwen3", seed=3,
+                                eos_token_ids=EOS)
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +49,6 @@ def client(served):
     server, _ = served
     with openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", timeout=60, max_retries=0) as c:
         yield c
-
-
-def blocks_in_use(engine, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        used = engine.stats().scheduler["kv_blocks_used"]
-        if used == 0 or time.monotonic() > deadline:
-            return used
-        time.sleep(0.02)
 
 
 def test_n_beams_per_prompt_as_choices(client, offline):
@@ -121,7 +107,7 @@ def test_what_a_beam_search_cannot_do_is_a_400_naming_the_field(served, body, pa
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["param"] == param and words in error["message"], error
-    assert blocks_in_use(engine) == 0
+    assert wait_engine_idle(engine), engine.stats()
 
 
 def test_neutral_sampling_fields_are_accepted(client):
@@ -159,7 +145,7 @@ def test_other_requests_are_unharmed_and_no_blocks_leak(client, served, offline)
     expected = offline.beam_search(PROMPTS, BeamSearchParams(beam_width=4, max_tokens=16))
     assert [c.model_extra["token_ids"] for c in beams.choices] == \
         [s.output_token_ids for o in expected for s in o.sequences]
-    assert blocks_in_use(engine) == 0
+    assert wait_engine_idle(engine), engine.stats()
 
 
 def disconnects(server) -> float:
@@ -178,11 +164,7 @@ def test_a_client_that_leaves_aborts_the_search(served):
     before = disconnects(server)
     with pytest.raises(httpx.ReadTimeout):  # 110 steps of 24 requests each: far longer than this
         httpx.post(f"{server.url}/v1/completions", json=request, timeout=0.3)
-    assert blocks_in_use(engine) == 0
-    deadline = time.monotonic() + 10
-    while engine.health().num_unfinished and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert engine.health().num_unfinished == 0, "the search went on after its client left"
+    assert wait_engine_idle(engine), "the search went on after its client left"
     assert wait_until(lambda: disconnects(server) == before + 1, 10), "the disconnect was not counted"
     resp = httpx.post(f"{server.url}/v1/completions", json={**request, "max_tokens": 2}, timeout=30)
     assert resp.status_code == 200 and len(resp.json()["choices"]) == 24
@@ -195,7 +177,7 @@ def test_engine_client_beam_search(checkpoint, offline):
             got = await engine.beam_search(PROMPTS, BeamSearchParams(beam_width=3, max_tokens=10), "bs")
             with pytest.raises(InvalidRequestError, match="^beam_width must be <= 6"):
                 await engine.beam_search(PROMPTS, BeamSearchParams(beam_width=7, max_tokens=10), "bad")
-            assert blocks_in_use(engine) == 0
+            assert wait_engine_idle(engine), engine.stats()
             return got
         finally:
             engine.shutdown()
@@ -244,7 +226,7 @@ def test_chat_refusals_name_the_field(served, body, param):
     resp = httpx.post(f"{server.url}/v1/chat/completions", json=request, timeout=30)
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["param"] == param, resp.json()
-    assert blocks_in_use(engine) == 0
+    assert wait_engine_idle(engine), engine.stats()
 
 
 def test_multiprocess_engine_client_beam_search(checkpoint, offline):

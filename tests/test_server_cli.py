@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,12 +14,7 @@ import pytest
 
 from pyengine.server.cli import parse
 from pyengine.testing.checkpoints import make_tiny_checkpoint
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from pyengine.testing.waits import free_port
 
 
 def test_engine_flags_map_to_engine_config_fields():

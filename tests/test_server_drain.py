@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ import pytest
 
 from pyengine.server.cli import parse
 from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.waits import free_port
 
 N_STREAMS = 6
 
@@ -63,12 +63,6 @@ class Stream(threading.Thread):
             return "ended"
         assert last["choices"][0]["finish_reason"] == "length", last
         return "done"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Blocking(threading.Thread):

@@ -21,7 +21,8 @@ import pytest
 
 from pyengine.child_command import python_module_command
 from pyengine.testing.checkpoints import make_tiny_checkpoint
-from pyengine.testing.serve_process import ServeProcess, pid_alive, wait_until
+from pyengine.testing.serve_process import ServeProcess
+from pyengine.testing.waits import pid_alive, wait_until
 
 N_STREAMS = 64
 

@@ -19,7 +19,7 @@ from pyengine.config import EngineConfig
 from pyengine.errors import InvalidConfigError
 from pyengine.executor.tensor_parallel.external import join_external
 from pyengine.testing.checkpoints import make_tiny_checkpoint
-from pyengine.testing.tp_ranks import free_port
+from pyengine.testing.waits import free_port
 
 SCRIPT = """
 import sys; sys.path = [p for p in sys.path if p]  # the installed pyengine, not the checkout

@@ -8,6 +8,7 @@ itself, so the reference implementation and our loader read exactly the same fil
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -72,16 +73,20 @@ def make_tiny_checkpoint(
     vocab_size: int = DEFAULT_VOCAB_SIZE,
     max_shard_size: Optional[str] = None,
     initializer_range: float = 0.1,
+    eos_token_ids: Optional[list[int]] = None,
     **overrides: Any,
 ) -> Path:
     """Write a random ``arch`` checkpoint (float32 safetensors + tokenizer) into ``path``.
 
     ``overrides`` replace config fields (e.g. ``num_key_value_heads=1``);
-    ``max_shard_size`` (e.g. "40KB") writes a sharded checkpoint with an index file.
+    ``max_shard_size`` (e.g. "40KB") writes a sharded checkpoint with an index file;
+    ``eos_token_ids`` replace generation_config.json's ``eos_token_id`` (which transformers
+    and pyengine both read): tokens the random model emits now and then make sequences end
+    by EOS as well as by length.
     """
     if arch not in TINY_ARCHITECTURES:
         raise ValueError(f"arch must be one of {sorted(TINY_ARCHITECTURES)}, got {arch!r}")
-    return write_random_checkpoint(
+    folder = write_random_checkpoint(
         path,
         {**TINY_ARCHITECTURES[arch], **overrides},
         seed=seed,
@@ -89,3 +94,9 @@ def make_tiny_checkpoint(
         max_shard_size=max_shard_size,
         initializer_range=initializer_range,
     )
+    if eos_token_ids is not None:
+        generation = folder / "generation_config.json"
+        config = json.loads(generation.read_text()) if generation.is_file() else {}
+        config["eos_token_id"] = list(eos_token_ids)
+        generation.write_text(json.dumps(config))
+    return folder

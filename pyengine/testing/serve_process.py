@@ -1,7 +1,7 @@
 """``pyengine serve`` in a child process, for tests and benchmarks: started on a free
 loopback port, waited for (bounded) until ``/health`` answers 200, stopped with Ctrl-C and
-reaped (killed when it does not exit). Plus the small waits every multi-process test
-needs: ``wait_until`` a condition (bounded) and ``pid_alive``.
+reaped (killed when it does not exit). The waits multi-process tests use with it
+(``wait_until``, ``pid_alive``) are in ``pyengine.testing.waits``.
 
 The child runs the installed pyengine (``python_module_command``), never a source
 checkout the current folder may hold."""
@@ -10,40 +10,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from pyengine.child_command import python_module_command
-
-
-def free_port() -> int:
-    """A TCP port free on loopback now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0.05) -> bool:
-    """Polls ``predicate`` until it is true or ``timeout`` seconds have passed; its last
-    answer (so a condition met at the deadline still counts)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return bool(predicate())
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, exited but not reaped, does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+from pyengine.testing.waits import free_port, pid_alive
 
 
 class ServeProcess:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,12 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from pyengine.child_command import python_module_command
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from pyengine.testing.waits import free_port
 
 
 def run_ranks(checkpoint: Path, out: Path, world_size: int, prompts: list[list[int]], steps: int,
