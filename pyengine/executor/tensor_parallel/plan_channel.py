@@ -9,8 +9,10 @@ sized for the largest possible plan, their lengths into its header, then one byt
 each worker's pipe. A worker wakes on its pipe, reads the header and takes numpy views
 of the arrays: nothing is pickled or copied beyond the one write.
 
-Reuse is safe without locks: rank 0 writes plan N+1 only after step N's last
-collective, which every worker reaches only after it is done with plan N's arrays. The
+Reuse is safe without locks: every published plan has tokens, hence a gather (rank 0
+runs a plan without tokens alone, and refuses one that carries block-table writes), and
+rank 0 writes plan N+1 only after step N's gather, which every worker reaches only after
+it is done with plan N's arrays. The
 header's sequence number (written last) checks it: a worker that finds any number but
 the one after the plan it ran last (a plan skipped or read twice) stops with
 :class:`PlanSequenceError` instead of running a plan out of step with rank 0.

@@ -8,7 +8,7 @@ go straight back to the scheduler) and keeps one sampler, so sampling is done on
 the full logits, exactly as at size 1. Ranks 1..N-1 are worker processes
 (``worker``), started and reaped here.
 
-Per step (``execute``): fill the plan's placeholders from the tokens sampled last step
+Per step (``execute``; a plan without tokens runs on rank 0 alone): fill the plan's placeholders from the tokens sampled last step
 (known here, on the host) -> write the plan into shared memory and wake every worker ->
 the forward pass on every rank -> the vocabulary slices of the logits and every rank's
 status gathered here -> sample. A rank whose step raised fails the step (its requests
@@ -71,6 +71,11 @@ logger = logging.getLogger(__name__)
 
 class RankStepError(EngineError, RuntimeError):
     """A step failed on one or more ranks (the step's requests end with this error)."""
+
+
+class TokenlessPlanError(EngineError, ValueError):
+    """A plan without tokens carries block-table writes: it cannot reach the workers
+    (every published plan must end in a collective, see ``plan_channel``)."""
 
 
 class WorkerProcess:
@@ -153,6 +158,8 @@ class TensorParallelRunner(ModelRunner):
     def execute(self, plan: StepPlanLike, **kwargs: Any) -> StepOutput:
         if self._out_of_step is not None:
             raise EngineDeadError(self._out_of_step)
+        if not len(plan.input_ids):
+            return self._execute_locally(plan, **kwargs)
         t0, cpu0 = time.perf_counter(), time.thread_time()
         # With prompt logprobs, the workers compute logits for those positions too.
         published = self.prompt_logprobs.widen(plan)
@@ -167,12 +174,25 @@ class TensorParallelRunner(ModelRunner):
         except CollectiveError as error:
             raise self._dead_error(error) from error
         except Exception as error:
-            if len(plan.input_ids) and not count.gathers:  # the workers still wait for collectives
+            if not count.gathers:  # the workers still wait for collectives
                 self._fail_collectives(published, error)
             raise
         if len(plan.sample_rows):
             self.host_last_sampled[plan.sample_rows] = output.sampled_token_ids
         return output
+
+    def _execute_locally(self, plan: StepPlanLike, **kwargs: Any) -> StepOutput:
+        """A plan without tokens (rows freed or added, nothing to compute) runs on rank 0
+        alone: published, it would end in no collective, and the next plan could then
+        overwrite the shared segment before a worker has read it. The workers keep no row
+        state but the block table, so only block-table writes would need them: such a plan
+        is refused (the scheduler never makes one)."""
+        if len(plan.block_table_rows):
+            raise TokenlessPlanError(
+                f"step {plan.step_id} has no tokens but {len(plan.block_table_rows)} block-table write(s): a "
+                "tensor-parallel group takes block-table writes only with tokens to compute"
+            )
+        return super().execute(plan, **kwargs)
 
     def _filled_input_ids(self, plan: StepPlanLike) -> np.ndarray:
         """The plan's input ids with each placeholder replaced by its row's last sample."""

@@ -61,10 +61,7 @@ class WorkerStep:
 
     def run(self, plan: ForwardPlan) -> None:
         self.model.parallel.count.reset()
-        num_tokens = len(plan.input_ids)
-        if num_tokens == 0:
-            self._write_block_table(plan)
-            return
+        num_tokens = len(plan.input_ids)  # never 0: rank 0 publishes only plans with tokens
 
         def forward() -> tuple[torch.Tensor, torch.Tensor]:
             self._write_block_table(plan)
