@@ -157,6 +157,24 @@ def _run_failing(step: Any, plan: Any, fail: Any) -> None:
         owner.forward = forward
 
 
+#: A prompt token on which tensor-parallel rank 1's step raises past its own recovery.
+ESCAPE_TOKEN = 499
+
+
+def escape_rank1_step(stage: str, rank: int, step: Any = None) -> Any:
+    """Rank 1's step raises an exception that is not a collective's, outside the forward
+    pass's recovery, when the plan holds ``ESCAPE_TOKEN`` (a bug in the worker's loop)."""
+    if stage != "step" or rank != 1:
+        return step
+
+    def run(plan: Any) -> None:
+        if len(plan.input_ids) and (plan.input_ids == ESCAPE_TOKEN).any():
+            raise LookupError("injected: rank 1's step loop broke")
+        return step(plan)
+
+    return run
+
+
 #: A prompt token on which tensor-parallel rank 1 is killed in the middle of a step's
 #: shared-memory all-reduces.
 DIE_TOKEN = 498

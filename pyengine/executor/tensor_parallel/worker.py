@@ -12,7 +12,8 @@ plan's placeholders itself. A closed step pipe (rank 0 gone) or the exit byte en
 process; a failed collective (a peer gone) too. SIGINT and SIGTERM are ignored (the
 process also runs in a session of its own): rank 0 alone decides when a worker stops.
 Every start-up failure (joining the group, loading, building the runner) is reported
-with this rank before the process exits.
+with this rank before the process exits; any exception while serving is logged with this
+rank, and the process exits with code 1 (skipping the interpreter's teardown, always).
 """
 
 from __future__ import annotations
@@ -202,13 +203,27 @@ def _with_device(config: ExecutorConfig, device: str) -> ExecutorConfig:
     return dataclasses.replace(config, device=device)
 
 
+def run_logged(spec_json: str) -> int:
+    """``main``'s exit code; any exception that escapes it (a bug in the serving loop, not
+    only a failed collective) is logged with this rank and gives 1, so that the process
+    still leaves through ``os._exit`` below."""
+    rank = "?"
+    try:
+        spec = json.loads(spec_json)
+        rank = spec.get("rank", "?")
+        return main(spec)
+    except BaseException:  # noqa: BLE001 - logged; the exit code tells rank 0
+        logger.exception("tensor-parallel rank %s failed while serving", rank)
+        return 1
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    exit_code = main(json.loads(sys.argv[1]))
-    # Everything is released by now (plan segment closed, group left in order). The
-    # interpreter's teardown of torch can still abort a rank: gloo's threads outlive
-    # destroy_process_group() once a model runner was built (root cause open), and their
-    # destruction at exit calls std::terminate. Skip that teardown, as the engine core does.
+    exit_code = run_logged(sys.argv[1])
+    # Whatever happened, the interpreter's teardown is skipped, as the engine core does:
+    # the teardown of torch can abort a rank (gloo's threads outlive
+    # destroy_process_group() once a model runner was built, root cause open, and their
+    # destruction at exit calls std::terminate).
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
