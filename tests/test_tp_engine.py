@@ -130,6 +130,25 @@ def test_a_rank_that_fails_to_start_stops_start_up_naming_it(qwen3, wrapper, mes
     assert torch.get_num_threads() == threads
 
 
+def test_a_rank_that_fails_inside_the_join_stops_start_up_with_its_own_error(qwen3):
+    """Rank 1 said hello, then failed in the process group's join, where rank 0 is
+    joining too: rank 0's join waits out the store's timeout (it cannot be interrupted),
+    then start-up stops with rank 1's own error, not only the store's timeout; and a
+    later start-up in the same process works (torch's group counter is not left behind)."""
+    config = EngineConfig(model=str(qwen3), tensor_parallel_size=2, **ENGINE)
+    threads = torch.get_num_threads()
+    with pytest.raises(ModelLoadError, match="rank 1 failed to start .join.*injected: rank 1 cannot reach") as caught:
+        start(qwen3, config.executor_config(), 2, step_wrapper="pyengine.testing.faults:fail_rank1_in_group_join",
+              timeout_s=8.0)
+    assert "timeout" in str(caught.value.__cause__)  # rank 0's own failure, kept as the cause
+    assert _workers() == set()
+    assert torch.get_num_threads() == threads
+    assert not torch.distributed.is_initialized()
+    runner = start(qwen3, config.executor_config(), 2, timeout_s=60.0)
+    runner.close()
+    assert _workers() == set()
+
+
 def test_an_engine_that_fails_after_loading_closes_its_tensor_parallel_runner(qwen3, monkeypatch):
     threads = torch.get_num_threads()
 

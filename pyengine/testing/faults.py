@@ -131,6 +131,13 @@ def fail_rank1_join(stage: str, rank: int, step: Any = None) -> Any:
     return step
 
 
+def fail_rank1_in_group_join(stage: str, rank: int, step: Any = None) -> Any:
+    """Rank 1 fails in the process group's join, after its hello (rank 0 is joining too)."""
+    if stage == "group" and rank == 1:
+        raise ConnectionError("injected: rank 1 cannot reach the rendezvous store")
+    return step
+
+
 def fail_rank1_on_poison(stage: str, rank: int, step: Any = None) -> Any:
     """Rank 1's step raises (before its forward pass) when the plan holds ``POISON_TOKEN``."""
     if stage != "step" or rank != 1:

@@ -102,6 +102,19 @@ def join_group(
     return store
 
 
+def forget_failed_join() -> None:
+    """After a join that raised: torch names the default group from a process-wide counter
+    (``_world.group_count``), which ``init_process_group`` advances before it can fail and
+    only ``destroy_process_group`` resets. Left at 1, this process's next group would be
+    named differently from its fresh workers' and their rendezvous would never meet (the
+    next start-up waits out the store's timeout), so it is reset here: no group exists."""
+    if torch.distributed.is_initialized():
+        return
+    world = getattr(torch.distributed.distributed_c10d, "_world", None)
+    if world is not None and hasattr(world, "group_count"):
+        world.group_count = 0
+
+
 def leave_group(store: Optional[torch.distributed.Store], rank: int, world_size: int, timeout_s: float = 30.0) -> None:
     """Leaves the group in order: every rank destroys its group, then says so through the
     store, and rank 0 (which hosts the store) waits for all of them before it goes, so that

@@ -58,6 +58,7 @@ from pyengine.executor.tensor_parallel.rendezvous import (
     Rendezvous,
     backend_for,
     cuda_base_index,
+    forget_failed_join,
     host_store,
     join_group,
     leave_group,
@@ -87,6 +88,7 @@ class WorkerProcess:
         self.signal = StepPipeWriter(signal_fd)
         self.reply = os.fdopen(reply_fd, "r")
         self._buffer = ""
+        self._closed_pipe = False  # the worker's end of the reply pipe is closed (it exited)
 
     def send(self, byte: bytes) -> None:
         self.signal.send(byte)  # a worker that is gone: dead_reason reports it
@@ -97,16 +99,44 @@ class WorkerProcess:
             if "\n" in self._buffer:
                 line, self._buffer = self._buffer.split("\n", 1)
                 return json.loads(line)
+            if self._closed_pipe:
+                return {"stage": "error", "error": self._exit_text()}
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return {"stage": "error", "error": "did not answer in time"}
-            ready, _, _ = select.select([self.reply], [], [], min(remaining, 0.5))
-            if ready:
-                chunk = os.read(self.reply.fileno(), 65536).decode()
-                if not chunk:
-                    code = self.process.wait(timeout=10)
-                    return {"stage": "error", "error": f"the process exited with code {code}"}
-                self._buffer += chunk
+            self._read(min(remaining, 0.5))
+
+    def failure_now(self) -> Optional[str]:
+        """The error this worker reported, or its exit, if either happened already: reads
+        what its reply pipe holds without waiting (other messages stay for ``receive``)."""
+        while not self._closed_pipe and self._read(0.0):
+            pass
+        for line in self._buffer.split("\n")[:-1]:
+            message = json.loads(line)
+            if message.get("stage") == "error":
+                return str(message.get("error"))
+        if self._closed_pipe or self.process.poll() is not None:
+            return self._exit_text()
+        return None
+
+    def _read(self, timeout: float) -> bool:
+        """Whatever the reply pipe holds, waiting up to ``timeout`` for it: False when
+        nothing came."""
+        ready, _, _ = select.select([self.reply], [], [], timeout)
+        if not ready:
+            return False
+        chunk = os.read(self.reply.fileno(), 65536).decode()
+        if not chunk:
+            self._closed_pipe = True
+            return False
+        self._buffer += chunk
+        return True
+
+    def _exit_text(self) -> str:
+        try:
+            return f"the process exited with code {self.process.wait(timeout=10)}"
+        except subprocess.TimeoutExpired:
+            return "the process closed its reply pipe but did not exit"
 
     def exit_code(self) -> Optional[int]:
         return self.process.poll()
@@ -350,7 +380,7 @@ def start(
         deadline = time.monotonic() + timeout_s
         _expect(workers, "hello", deadline)
         torch.set_num_threads(threads)  # this process is rank 0: one share of the cores, like each worker
-        join_group(rendezvous, store, device=rendezvous.device(config.device))
+        _join_or_report(workers, rendezvous, store, rendezvous.device(config.device))
         parallel = ParallelContext(0, world_size, local=local)
         try:
             loaded = load_model(path, dtype=config.dtype, device=rendezvous.device(config.device),
@@ -414,6 +444,26 @@ def _first_worker_failure(workers: list[WorkerProcess], deadline: float) -> Opti
                 f"tensor-parallel rank {worker.rank} failed to start (runner): {message.get('error')}"
             )
     return None
+
+
+def _join_or_report(workers: list[WorkerProcess], rendezvous: Rendezvous, store: Any, device: str) -> None:
+    """Rank 0 joins the process group. When that fails (a worker that failed inside its own
+    join leaves rank 0 waiting out the store's timeout), the workers' own errors, whose
+    lines sit unread in their reply pipes, are read without waiting and raised first: they
+    say why, the store's timeout does not."""
+    try:
+        join_group(rendezvous, store, device=device)
+    except Exception as error:
+        forget_failed_join()
+        _raise_worker_failure(workers, "join", cause=error)
+        raise ModelLoadError(f"tensor-parallel rank 0 could not join the process group: {error}") from error
+
+
+def _raise_worker_failure(workers: list[WorkerProcess], stage: str, cause: Optional[BaseException] = None) -> None:
+    for worker in workers:
+        failure = worker.failure_now()
+        if failure is not None:
+            raise ModelLoadError(f"tensor-parallel rank {worker.rank} failed to start ({stage}): {failure}") from cause
 
 
 def _expect(workers: list[WorkerProcess], stage: str, deadline: float) -> None:

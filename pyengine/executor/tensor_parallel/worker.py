@@ -133,6 +133,8 @@ def main(spec: dict[str, Any]) -> int:
         return 1
     _send(reply, stage="hello")
     try:
+        if wrapper is not None:
+            wrapper("group", rank)
         store = join_group(rendezvous, device=device)
     except Exception as error:  # noqa: BLE001 - reported to rank 0, which stops start-up
         _send(reply, stage="error", error=f"joining the process group: {type(error).__name__}: {error}")
