@@ -178,7 +178,16 @@ def test_sigterm_while_the_core_starts_stops_it(checkpoint, tmp_path):
         assert wait_until(lambda: server.proc.poll() is None and bool(engine_cores()), 60.0), \
             "the core did not start"
         cores = engine_cores()
-        time.sleep(1.0)  # not a timing assert: lets the core reach the hanging read
+
+        def waits_on_a_pipe(pid: int) -> bool:  # opening a FIFO nobody writes: the kernel's wait
+            try:
+                return any((task / "wchan").read_text() == "wait_for_partner"
+                           for task in Path(f"/proc/{pid}/task").iterdir())
+            except OSError:
+                return False
+
+        assert wait_until(lambda: any(waits_on_a_pipe(pid) for pid in cores), 60.0), \
+            "the core did not reach the hanging read"
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(30) == 128 + signal.SIGTERM
         assert wait_until(lambda: not any(pid_alive(pid) for pid in cores), 5.0), "the starting core was left"
