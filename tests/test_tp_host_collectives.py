@@ -6,6 +6,7 @@ engine, however the engine ends."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from pyengine.executor.tensor_parallel.host_collectives import SEGMENT_PREFIX, H
 from pyengine.executor.tensor_parallel.runner import start
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.faults import DIE_TOKEN, FaultySink
+from pyengine.testing.waits import pid_alive
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=256)
 
@@ -159,7 +161,14 @@ llm = LLM(sys.argv[1], tensor_parallel_size=2, max_num_seqs=8, max_num_batched_t
 print(llm.engine.runner.workers[0].process.pid, flush=True)
 while True:
     llm.generate([[5, 6, 7]], SamplingParams(max_tokens=64, ignore_eos=True), use_tqdm=False)
+    print("generated", flush=True)
 """
+
+
+def read_line(proc: subprocess.Popen, timeout: float) -> str:
+    """The child's next stdout line, or "" when none comes within ``timeout``."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    return proc.stdout.readline() if ready else ""  # type: ignore[union-attr]
 
 
 def test_a_killed_engine_leaves_no_segment_and_its_worker_exits(qwen3):
@@ -169,28 +178,22 @@ def test_a_killed_engine_leaves_no_segment_and_its_worker_exits(qwen3):
                               stderr=subprocess.DEVNULL, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     worker = None
     try:
-        line = engine.stdout.readline()  # type: ignore[union-attr]
+        line = read_line(engine, 120)
         assert line.strip().isdigit(), "the engine did not start"
         worker = int(line)
-        time.sleep(1.0)  # steps are running
+        # One generate done: the loop has started the next, so the kill lands among its steps.
+        assert read_line(engine, 60).strip() == "generated", "no generate finished"
         engine.kill()
         engine.wait(timeout=10)
         deadline = time.monotonic() + 15
-        while _exists(worker) and time.monotonic() < deadline:
+        while pid_alive(worker) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _exists(worker), "the worker outlived rank 0"
+        assert not pid_alive(worker), "the worker outlived rank 0"
         assert segments_of(engine.pid) == []
     finally:
         if engine.poll() is None:
             engine.kill()
         engine.wait(timeout=10)
-        if worker is not None and _exists(worker):
+        if worker is not None and pid_alive(worker):
             os.kill(worker, signal.SIGKILL)
 
-
-def _exists(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False

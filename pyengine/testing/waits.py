@@ -40,9 +40,10 @@ def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, exited but not reaped, does not)."""
+    """Whether process ``pid`` runs (a zombie, exited but not reaped, does not; nor one
+    being torn down): what the native ``process_exists`` of ``crates/kernels`` answers."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
 
