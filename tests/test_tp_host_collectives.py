@@ -21,6 +21,7 @@ from pyengine import LLM, SamplingParams
 from pyengine.config import EngineConfig
 from pyengine.engine.core import EngineCore
 from pyengine.errors import EngineDeadError, ModelLoadError
+from pyengine.executor.tensor_parallel import host_collectives
 from pyengine.executor.tensor_parallel.host_collectives import SEGMENT_PREFIX, HostCollectives
 from pyengine.executor.tensor_parallel.runner import start
 from pyengine.testing.checkpoints import make_tiny_checkpoint
@@ -197,3 +198,21 @@ def test_a_killed_engine_leaves_no_segment_and_its_worker_exits(qwen3):
         if worker is not None and pid_alive(worker):
             os.kill(worker, signal.SIGKILL)
 
+
+
+def test_a_shared_memory_tmpfs_too_full_falls_back_to_gloo_with_a_warning(qwen3, monkeypatch, caplog):
+    """A /dev/shm without room for the segment would SIGBUS the first rank that touches a
+    page past the end of the free space: rank 0 checks first and lets gloo carry the
+    collectives, saying why with the sizes; the tokens stay those of the segment's path."""
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    with LLM(str(qwen3), tensor_parallel_size=2, **ENGINE) as llm:
+        assert llm.engine.runner.model.parallel.local is not None
+        expected = [o.outputs[0].token_ids for o in llm.generate([[5, 6, 7, 8]], params, use_tqdm=False)]
+    monkeypatch.setattr(host_collectives, "free_shared_memory_bytes", lambda path="/dev/shm": 3 << 20)
+    with caplog.at_level("WARNING", logger=host_collectives.__name__):
+        with LLM(str(qwen3), tensor_parallel_size=2, **ENGINE) as llm:
+            assert llm.engine.runner.model.parallel.local is None, "the segment was made without room for it"
+            tokens = [o.outputs[0].token_ids for o in llm.generate([[5, 6, 7, 8]], params, use_tqdm=False)]
+    assert tokens == expected
+    warning = caplog.text
+    assert "/dev/shm has 3.0 MiB free" in warning and "need 16.0 MiB" in warning and "gloo" in warning, warning

@@ -16,11 +16,15 @@ configured with ``disable_custom_all_reduce=True`` (vLLM's name for the same swi
 
 Rank 0 creates the segment (named ``pyengine_tp_<pid>_...``) before it starts the
 workers and removes its name as soon as every worker has mapped it, so no exit, not even
-a killed process, can leave it behind.
+a killed process, can leave it behind. It lives in ``/dev/shm`` (a tmpfs): one that is too
+full shows up as a SIGBUS on the first touch of a page, not as an exception, so rank 0
+checks the free space first and, short of it, lets gloo carry the collectives
+(``create_or_none``, with a warning naming the sizes).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 from multiprocessing import resource_tracker, shared_memory
@@ -36,6 +40,19 @@ SLOT_BYTES = 4 << 20
 #: Every shared segment of a tensor-parallel group is named ``pyengine_tp_<rank 0's pid>_...``.
 SEGMENT_PREFIX = "pyengine_tp"
 _ELEMENT = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+#: Where POSIX shared memory (``multiprocessing.shared_memory``) lives on Linux.
+SHARED_MEMORY_DIR = "/dev/shm"
+
+logger = logging.getLogger(__name__)
+
+
+def free_shared_memory_bytes(path: str = SHARED_MEMORY_DIR) -> Optional[int]:
+    """Bytes free for an unprivileged writer in the shared-memory tmpfs (None: unknown)."""
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize
 
 
 def segment_name(kind: str) -> str:
@@ -77,6 +94,24 @@ class HostCollectives:
         self.shm = map_segment(name, "collectives", size)
         self.memory = np.ndarray(size, dtype=np.uint8, buffer=self.shm.buf)
         _kernels.host_group_register(self.memory, rank, world_size, slot_bytes, os.getpid())
+
+    @classmethod
+    def create_or_none(cls, world_size: int, timeout_s: float, reserved_bytes: int = 0) -> Optional[HostCollectives]:
+        """Rank 0's segment, or None (with a warning) when the shared-memory tmpfs has
+        less room than it needs plus ``reserved_bytes`` (other segments made but not yet
+        touched): gloo carries the collectives then, slower but without a SIGBUS."""
+        needed = _kernels.host_group_bytes(world_size, SLOT_BYTES)
+        free = free_shared_memory_bytes()
+        if free is not None and free < needed + reserved_bytes:
+            logger.warning(
+                "tensor parallel: %s has %.1f MiB free, the shared-memory collectives need %.1f MiB (%d ranks x "
+                "2 x %.0f MiB slots) besides %.1f MiB for the step plan: gloo carries the all-reduces instead "
+                "(a larger /dev/shm, e.g. docker --shm-size, restores them)",
+                SHARED_MEMORY_DIR, free / 2**20, needed / 2**20, world_size, SLOT_BYTES / 2**20,
+                reserved_bytes / 2**20,
+            )
+            return None
+        return cls(0, world_size, timeout_s)
 
     @property
     def name(self) -> str:

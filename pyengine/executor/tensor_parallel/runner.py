@@ -373,7 +373,7 @@ def start(
     local: Optional[HostCollectives] = None
     try:
         if shared_memory_collectives and rendezvous.device(config.device) == "cpu":
-            local = HostCollectives(0, world_size, timeout_s)
+            local = HostCollectives.create_or_none(world_size, timeout_s, reserved_bytes=segment.shm.size)
         for rank in range(1, world_size):
             workers.append(_spawn(rank, rendezvous, config, capacity, segment.name, local, path, threads,
                                   step_wrapper))
