@@ -128,7 +128,8 @@ def test_a_core_whose_front_end_reads_nothing_stops(checkpoint, tmp_path):
     returns within bounds with the engine's threads joined (it used to wait forever)."""
     front = FrontEnd(tmp_path, "mute")
     config = EngineConfig(model=str(checkpoint), num_kv_blocks=64, max_num_seqs=8)
-    core = CoreProcess(config, front.input_address, front.output_address, 0, parent_pid=None, heartbeat_timeout=2)
+    core = CoreProcess(config, front.input_address, front.output_address, 0, parent_pid=None, heartbeat_timeout=2,
+                       send_timeout=2.0)
     result: list[int] = []
     thread = threading.Thread(target=lambda: result.append(core.run()), daemon=True)
     thread.start()
@@ -151,6 +152,40 @@ def test_a_core_whose_front_end_reads_nothing_stops(checkpoint, tmp_path):
         thread.join(30)
         front.commands.close(linger=0)
         front.context.term()
+
+
+def test_a_send_that_times_out_leaves_a_live_front_ends_socket_files(checkpoint, tmp_path):
+    """The front end is alive (this process's parent stands for it) but reads nothing: the
+    core's sends time out and it stops, as it must, but the front end's socket files stay
+    (it still owns them); they used to be removed as if the front end had died."""
+    context = zmq.Context()
+    commands = context.socket(zmq.ROUTER)
+    commands.bind(f"ipc://{tmp_path}/input.sock")
+    outputs = context.socket(zmq.PULL)
+    outputs.setsockopt(zmq.RCVHWM, 1)  # bound, never read: the core's queue fills soon
+    outputs.bind(f"ipc://{tmp_path}/output.sock")
+    config = EngineConfig(model=str(checkpoint), num_kv_blocks=64, max_num_seqs=8)
+    core = CoreProcess(config, f"ipc://{tmp_path}/input.sock", f"ipc://{tmp_path}/output.sock", 0,
+                       parent_pid=os.getppid(), heartbeat_timeout=2, ipc_dir=str(tmp_path), send_timeout=2.0)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(core.run()), daemon=True)
+    thread.start()
+    try:
+        assert commands.poll(60_000)
+        commands.recv_multipart()
+        to_core = wire.Codec(wire.ToCore)
+        for i in range(3000):  # more replies than the core's send queue and the socket hold
+            commands.send_multipart([wire.core_identity(0), *to_core.encode(wire.Query(i, "stats"))])
+        thread.join(60)
+        assert not thread.is_alive(), "the core waited forever on a front end that reads nothing"
+        assert result == [0] and core.link.stopping.is_set()
+        assert sorted(p.name for p in tmp_path.glob("*.sock")) == ["input.sock", "output.sock"]
+    finally:
+        core.stop_requested.set()
+        thread.join(30)
+        commands.close(linger=0)
+        outputs.close(linger=0)
+        context.term()
 
 
 @pytest.mark.parametrize("hello, says", [

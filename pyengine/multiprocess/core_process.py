@@ -12,9 +12,11 @@ the model loads and independent of every send, ends it when its parent process i
 core the front end started) or when no front-end message (heartbeats included) arrived
 for ``heartbeat_timeout`` seconds while it waited for commands (a core on another host).
 No send waits forever: a ``Status`` is dropped when the front end's queue is full, and an
-output that cannot leave within ``heartbeat_timeout`` stops the core. On every exit it
-shuts the engine down (joining its threads), and when its front end died it removes the
-front end's ipc socket files, which nobody else is left to remove. A core with a parent
+output that cannot leave within ``send_timeout`` (``SEND_TIMEOUT_S``, or twice the
+heartbeat timeout if longer: a front end slowed by a GC pause is not gone) stops the core.
+On every exit it shuts the engine down (joining its threads), and when its front end's
+process is gone it removes the front end's ipc socket files, which nobody else is left to
+remove (never those of a front end that is alive but slow: it still needs them). A core with a parent
 ignores SIGTERM (a supervisor signalling the whole process group must not end requests
 its front end is draining): it stops on ``Shutdown`` or when its parent is gone.
 """
@@ -48,6 +50,8 @@ _POLL_MS = 100
 SHUTDOWN_TIMEOUT_S = 3.0  # how long the engine's threads get to stop, unless ``Shutdown`` says
 GONE_SHUTDOWN_TIMEOUT_S = 1.0  # the same once the front end is gone: nobody waits for its results
 LOAD_FAILED_LINGER_MS = 2000  # how long a LoadFailed may take to leave before the core exits
+#: The least time an output may wait for a front end whose queue is full before the core stops.
+SEND_TIMEOUT_S = 30.0
 
 
 class CoreLink:
@@ -215,7 +219,8 @@ class CoreProcess:
 
     def __init__(self, config: EngineConfig, input_address: str, output_address: str, engine_index: int,
                  parent_pid: Optional[int], heartbeat_timeout: float, ipc_dir: Optional[str] = None,
-                 watch: Optional[FrontEndWatch] = None, freeze_heap: bool = False) -> None:
+                 watch: Optional[FrontEndWatch] = None, freeze_heap: bool = False,
+                 send_timeout: Optional[float] = None) -> None:
         self.config = config
         self.freeze_heap = freeze_heap  # the process is ours: its start-up heap frozen once loaded
         self.engine_index = engine_index
@@ -225,7 +230,7 @@ class CoreProcess:
         self.watch = watch or FrontEndWatch(engine_index, parent_pid, heartbeat_timeout, ipc_dir)
         self.context = zmq.Context()
         self.link = CoreLink(self.context, input_address, output_address, engine_index,
-                             send_timeout=heartbeat_timeout)
+                             send_timeout=send_timeout or max(SEND_TIMEOUT_S, 2 * heartbeat_timeout))
         self.outbox = Outbox(self.link)
         self.engine: Any = None
         self.stop_requested = threading.Event()  # a signal's way of asking for ``Shutdown``
@@ -277,7 +282,7 @@ class CoreProcess:
                 # A live front end reads what is queued (the failures, the last Status) at once.
                 self.link.close(linger_ms=0 if front_end_gone else LOAD_FAILED_LINGER_MS)
                 self.context.term()
-                if front_end_gone:
+                if self.watch.parent_gone():  # not a send that timed out: that front end may live
                     remove_ipc_dir(self.ipc_dir)
             return 0
         finally:

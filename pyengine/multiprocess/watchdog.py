@@ -9,8 +9,9 @@ the model loads, so a front end that dies during a long load takes its core with
 When the front end is gone: during the load (which cannot be interrupted) the process
 exits at once; while serving, ``on_gone`` asks the core to stop (it shuts the engine down
 and joins its threads) and, should that not happen within ``grace_s``, the process exits
-anyway. Either way the front end's ipc socket files, which nobody else is left to remove,
-are removed.
+anyway. Either way, when the parent process is gone, the front end's ipc socket files,
+which nobody else is left to remove, are removed (a front end that is only silent, stopped
+or slow, still owns them).
 """
 
 from __future__ import annotations
@@ -76,8 +77,13 @@ class FrontEndWatch:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=2 * CHECK_INTERVAL_S + 1.0)
 
+    def parent_gone(self) -> bool:
+        """Whether the front end's process (this core's parent) is gone: only then are its
+        socket files nobody's (a front end that is silent or slow still owns them)."""
+        return self.parent_pid is not None and os.getppid() != self.parent_pid
+
     def _reason(self) -> Optional[str]:
-        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+        if self.parent_gone():
             return f"the front end (pid {self.parent_pid}) is gone"
         if self._on_gone is not None and not self._busy:
             silent = time.monotonic() - self._last_heard
@@ -111,7 +117,8 @@ class FrontEndWatch:
         streams is all a log line to stderr needs."""
         try:
             logger.error(*message)
-            remove_ipc_dir(self.ipc_dir)
+            if self.parent_gone():
+                remove_ipc_dir(self.ipc_dir)
         finally:
             flush_standard_streams()
             os._exit(1)
