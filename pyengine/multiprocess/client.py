@@ -58,6 +58,8 @@ logger = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL_S = 1.0
 SILENCE_CHECK_S = 0.25  # how often a remote core's silence is checked
 QUERY_TIMEOUT_S = 10.0
+#: How long an abort that met a full core queue is retried (every ``SILENCE_CHECK_S``).
+ABORT_RETRY_S = 60.0
 _POLL_MS = 100
 
 
@@ -111,6 +113,9 @@ class MultiprocessEngine(EngineClient):
         self._lock = threading.Lock()  # streams, queries, core states
         self._send_lock = threading.Lock()  # the ROUTER socket
         self._streams: dict[str, RequestStream] = {}
+        # Aborts that met a full core queue, retried by the heartbeat thread: request id ->
+        # (its stream, give up at). Under _lock.
+        self._pending_aborts: dict[str, tuple[RequestStream, float]] = {}
         self._queries: dict[int, tuple[threading.Event, list[wire.Reply]]] = {}
         self._cores = [_CoreState(i) for i in range(n)]
         self._closed = False
@@ -307,10 +312,7 @@ class MultiprocessEngine(EngineClient):
                                                                                              f.message)))
         _hand_over(by_loop)
         for stream in unreadable:  # the core would go on computing it for nobody
-            try:
-                self._send(stream.engine_index, wire.Abort([stream.request_id]))
-            except zmq.ZMQError:
-                pass
+            self._send_abort(stream)
 
     def _forget(self, stream: RequestStream) -> None:
         """Unregisters a request (call with ``_lock`` held)."""
@@ -326,6 +328,7 @@ class MultiprocessEngine(EngineClient):
             beat = time.monotonic() >= next_beat
             if beat:
                 next_beat = time.monotonic() + HEARTBEAT_INTERVAL_S
+            self._retry_aborts()
             for core in self._cores:
                 if core.dead is not None:
                     continue
@@ -339,6 +342,32 @@ class MultiprocessEngine(EngineClient):
                 if core.process is None and time.monotonic() - core.last_status > self.heartbeat_timeout:
                     self._core_died(core, f"engine core {core.index} sent no status for "
                                           f"{self.heartbeat_timeout:.0f}s")
+
+    def _retry_aborts(self) -> None:
+        """Sends again each abort that met a full queue; drops one whose core is dead, whose
+        id a new request has taken meanwhile, or that waited ``ABORT_RETRY_S`` (logged)."""
+        with self._lock:
+            if not self._pending_aborts:
+                return
+            pending = list(self._pending_aborts.items())
+        now = time.monotonic()
+        for request_id, (stream, give_up_at) in pending:
+            current = self._streams.get(request_id)
+            drop = self._cores[stream.engine_index].dead is not None or current not in (None, stream)
+            if not drop and now > give_up_at:
+                logger.warning("engine core %d: the abort of request %r found its queue full for %.0fs; given up "
+                               "(the request runs on to its end)", stream.engine_index, request_id, ABORT_RETRY_S)
+                drop = True
+            if not drop:
+                try:
+                    self._send(stream.engine_index, wire.Abort([request_id]))
+                except zmq.Again:
+                    continue  # still full: the next round
+                except zmq.ZMQError:
+                    pass  # unreachable: the core is gone, its requests were failed already
+            with self._lock:
+                if self._pending_aborts.get(request_id, (None,))[0] is stream:
+                    del self._pending_aborts[request_id]
 
     def _watch_process(self, core: _CoreState) -> None:
         assert core.process is not None
@@ -431,10 +460,19 @@ class MultiprocessEngine(EngineClient):
             stream = self._streams.get(request_id)
         if stream is None or self._closed:
             return
+        self._send_abort(stream)
+
+    def _send_abort(self, stream: RequestStream) -> None:
+        """Never blocks (the event loop calls it): an abort that meets a full core queue is
+        kept for the heartbeat thread to send again (``_retry_aborts``), not dropped, or the
+        core would generate up to ``max_tokens`` for nobody."""
         try:
-            self._send(stream.engine_index, wire.Abort([request_id]))
+            self._send(stream.engine_index, wire.Abort([stream.request_id]))
+        except zmq.Again:
+            with self._lock:
+                self._pending_aborts[stream.request_id] = (stream, time.monotonic() + ABORT_RETRY_S)
         except zmq.ZMQError:
-            pass  # the core is gone: its requests were failed already
+            pass  # unreachable: the core is gone, its requests were failed already
 
     # ---- the model and its text ----
 
