@@ -17,7 +17,7 @@ from pyengine.multiprocess import wire
 from pyengine.multiprocess.client import MultiprocessEngine
 from pyengine.sampling_params import SamplingParams
 from pyengine.testing.checkpoints import make_tiny_checkpoint
-from pyengine.testing.serve_process import wait_until
+from pyengine.testing.waits import wait_until
 
 MAX_TOKENS = 3000
 
