@@ -51,6 +51,27 @@ def checked_params(
     return params
 
 
+def check_some_token_allowed(params: SamplingParams, eos_token_ids: list[int]) -> None:
+    """Refuses (``InvalidRequestError``) a request whose own restrictions leave its first
+    step no token to sample: every ``allowed_token_ids`` entry is a one-token bad word, or,
+    with ``min_tokens``, an end token (EOS, a stop token id) that the minimum forbids.
+    (What depends on the output so far, a longer bad word or a grammar, is caught per
+    step by the executor, which fails only that request.)"""
+    if not params.allowed_token_ids:
+        return
+    allowed = set(params.allowed_token_ids)
+    banned = {word[0] for word in params._bad_words_token_ids or () if len(word) == 1}
+    if allowed <= banned:
+        raise InvalidRequestError("every token of allowed_token_ids is also a bad word: no token could be sampled")
+    if params.min_tokens > 0:
+        ends = set(params.stop_token_ids or ()) | (set() if params.ignore_eos else set(eos_token_ids))
+        if allowed <= ends | banned:
+            raise InvalidRequestError(
+                f"allowed_token_ids holds only end tokens (EOS or stop_token_ids) or bad words, which min_tokens = "
+                f"{params.min_tokens} forbids: no token could be sampled"
+            )
+
+
 def truncated_prompt(prompt_token_ids: list[int], params: Union[SamplingParams, PoolingParams],
                      max_model_len: int) -> list[int]:
     """The prompt as the request runs it: with ``truncate_prompt_tokens`` = k, its last k

@@ -35,7 +35,13 @@ from pyengine.executor.model_runner import ModelRunner
 from pyengine.logits_processors.bad_words_tokens import bad_words_token_ids
 from pyengine.logits_processors.loading import resolve_processor, validate_request
 from pyengine.outputs import EngineStats, ThreadStack
-from pyengine.request_checks import checked_params, executor_params, own_cache_salt, truncated_prompt
+from pyengine.request_checks import (
+    check_some_token_allowed,
+    checked_params,
+    executor_params,
+    own_cache_salt,
+    truncated_prompt,
+)
 from pyengine.sampling_params import PoolingParams, SamplingParams, sample_params
 from pyengine.text import DecodeTable, TextStream, TokenPieces
 from pyengine.text.encode import encode_ids
@@ -168,6 +174,7 @@ class EngineCore:
         pooling = isinstance(params, PoolingParams)
         if isinstance(params, SamplingParams):
             self._prepare_processor_fields(params)
+            check_some_token_allowed(params, self.eos_token_ids)
             constraint = None
             if params.structured_outputs is not None:
                 if params.min_tokens:

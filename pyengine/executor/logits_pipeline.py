@@ -33,8 +33,9 @@ Factory = Callable[[], LogitsProcessor]
 
 
 class LogitsPipeline:
-    def __init__(self, factories: Sequence[Factory], max_rows: int) -> None:
+    def __init__(self, factories: Sequence[Factory], max_rows: int, custom: bool = False) -> None:
         self.factories = list(factories)
+        self.custom = custom  # a processor other than the built-in ones is installed
         self.batch = ProcessorBatch(max_rows)
         self.processors = [make() for make in self.factories]
         self.broken = False
@@ -54,13 +55,20 @@ class LogitsPipeline:
             lambda: BadWordsLogitsProcessor(config, device, pin),
         ]
         factories += [_factory(c, config, device, pin) for c in custom]
-        return cls(factories, int(config.max_num_seqs))
+        return cls(factories, int(config.max_num_seqs), custom=bool(custom))
 
     def install(self, row: int, params: SamplingParams, prompt: list[int], outputs: list[int]) -> None:
         self.batch.install(row, params, prompt, outputs)
 
     def free(self, rows: np.ndarray) -> None:
         self.batch.free(rows)
+
+    def maskable_samples(self, sample_rows: np.ndarray) -> np.ndarray:
+        """The step's samples (indices into ``sample_rows``) whose processors could mask
+        every token: those with allowed_token_ids or bad_words; all with a custom processor."""
+        if self.custom:
+            return np.arange(len(sample_rows), dtype=np.int64)
+        return np.flatnonzero(self.batch.restricts[sample_rows])
 
     def process(self, logits: torch.Tensor, sample_rows: np.ndarray, greedy_only: bool) -> torch.Tensor:
         """The processed logits of a step sampling ``sample_rows`` (row ``i`` of ``logits``

@@ -22,6 +22,7 @@ from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.grammar_mask import GrammarMaskApplier
 from pyengine.executor.kv_cache import KVCacheShape, PagedKVCache
 from pyengine.executor.logits_pipeline import LogitsPipeline
+from pyengine.executor.masked_rows import fail_fully_masked
 from pyengine.executor.memory_profile import decide_num_blocks
 from pyengine.executor.persistent_batch import PersistentBatch
 from pyengine.executor.plan import StepPlanLike
@@ -40,6 +41,8 @@ from pyengine.models.loader import LoadedModel, load_model
 from pyengine.models.parallel import ParallelContext
 
 logger = logging.getLogger(__name__)
+
+_NO_SAMPLES = np.zeros(0, dtype=np.int64)
 
 
 class ModelRunner:
@@ -156,6 +159,7 @@ class ModelRunner:
                     self.grammar_masks, plan, logits,
                     lambda i, error: self._row_failed(int(plan.sample_rows[i]), f"its grammar mask failed: {error!r}"),
                 )
+            self._fail_fully_masked(plan, logits)
             sample_rows = _to_device(plan.sample_rows, torch.int64, device)
             result = sample_isolated(
                 self.sampler, logits, plan.sample_rows, positions[logits_indices_t] + 1, self.batch.history,
@@ -183,6 +187,14 @@ class ModelRunner:
         if logits_indices.numel() == 0:
             return hidden, hidden.new_zeros(0, self.model.config.vocab_size, dtype=torch.float32)
         return hidden, self.model.compute_logits(hidden.index_select(0, logits_indices))
+
+    def _fail_fully_masked(self, plan: StepPlanLike, logits: torch.Tensor) -> None:
+        """Fails the samples left with no token (see ``masked_rows``), only those."""
+        pipeline = self.batch.logits_pipeline
+        samples = pipeline.maskable_samples(plan.sample_rows) if pipeline is not None else _NO_SAMPLES
+        if plan.grammar_mask is not None:
+            samples = np.union1d(samples, plan.mask_sample_indices.astype(np.int64))
+        fail_fully_masked(logits, samples, lambda i, message: self._row_failed(int(plan.sample_rows[i]), message))
 
     def _greedy_only(self, rows: np.ndarray) -> bool:
         """Every row of the step decodes greedily and none wants logprobs (argmax-invariant

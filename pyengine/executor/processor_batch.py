@@ -46,17 +46,21 @@ class ProcessorBatch:
         self.outputs_at: list[Optional[list[int]]] = [None] * max_rows  # by batch index
         self._removed: list[int] = []
         self._pending: list[int] = []  # rows installed, not yet given an index
+        # Per row: a built-in field that can mask every token (see ``masked_rows``).
+        self.restricts = np.zeros(max_rows, dtype=bool)
 
     def install(self, row: int, params: SamplingParams, prompt: list[int], outputs: list[int]) -> None:
         """A sampling sequence entered ``row`` (after any ``free`` of the same row)."""
         self.held[row] = (_FREE, params, prompt, outputs)
         self._pending.append(row)
+        self.restricts[row] = bool(params.allowed_token_ids or params._bad_words_token_ids)
 
     def free(self, rows: np.ndarray) -> None:
         """Rows released by the plan (rows this batch never held are ignored)."""
         for row in rows.tolist():
             if self.held.pop(row, None) is None:
                 continue
+            self.restricts[row] = False
             index = self.index_of[row]
             if index == _FREE:  # installed and freed before it ever took an index
                 self._pending.remove(row)
