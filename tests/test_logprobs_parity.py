@@ -113,6 +113,49 @@ def test_prompt_logprobs_match_transformers(llm, hf_model):
     assert plain.outputs[0].token_ids == out.outputs[0].token_ids
 
 
+@pytest.mark.parametrize("slice_positions", [1, 5])
+def test_prompt_logprobs_in_slices_smaller_than_a_prompt_match_transformers(llm, hf_model, monkeypatch,
+                                                                            slice_positions):
+    from pyengine.executor import prompt_logprobs
+
+    monkeypatch.setattr(prompt_logprobs, "SLICE_POSITIONS", slice_positions)
+    params = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=3, detokenize=False)
+    outs = llm.generate([PROMPT, PROMPT[::-1][:11]], params, use_tqdm=False)
+    for out, prompt in zip(outs, [PROMPT, PROMPT[::-1][:11]]):
+        assert_prompt_logprobs(out.prompt_logprobs, prompt, hf_model, 3, None)
+
+
+def test_an_lm_head_failing_on_prompt_positions_fails_only_the_asking_request(llm, monkeypatch):
+    """The LM head runs out of memory on anything wider than the step's sampled rows (the
+    prompt positions' logits, as a 128k vocabulary over a full token budget would): the
+    request that asked fails; the one in the same steps goes on."""
+    from pyengine.executor import prompt_logprobs
+
+    monkeypatch.setattr(prompt_logprobs, "SLICE_POSITIONS", 4)
+    model = llm.engine.runner.model
+    head = model.compute_logits
+
+    def small_batches_only(hidden):
+        if len(hidden) > 2:  # two requests: at most two sampled rows a step
+            raise RuntimeError("CUDA out of memory (injected)")
+        return head(hidden)
+
+    monkeypatch.setattr(model, "compute_logits", small_batches_only)
+    engine = AsyncEngine.from_engine_core(llm.engine)
+
+    async def run():
+        asking = _last(engine, PROMPT, SamplingParams(max_tokens=3, prompt_logprobs=1), "asking-oom")
+        other = _last(engine, PROMPT[:5], SamplingParams(max_tokens=3, ignore_eos=True), "other-oom")
+        return await asyncio.gather(asking, other, return_exceptions=True)
+
+    failed, fine = asyncio.run(run())
+    assert isinstance(failed, EngineError) and "computing prompt logprobs failed" in str(failed)
+    assert "out of memory (injected)" in str(failed)
+    assert not isinstance(fine, BaseException), fine
+    assert len(fine.outputs[0].token_ids) == 3 and fine.prompt_logprobs is None
+    assert llm.stats().kv_usage == 0.0
+
+
 def test_chunked_prefill_preemption_and_prefix_hits_give_the_same_prompt_logprobs(checkpoint, hf_model):
     """Small token budget (the prompt in chunks of at most 8), a KV pool that forces
     preemption, n = 2, and a prompt whose prefix another request cached first."""

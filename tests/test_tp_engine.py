@@ -267,11 +267,15 @@ def test_workers_outlive_ctrl_c_and_sigterm_so_rank_0_decides_when_they_stop(qwe
     assert _workers() == set()
 
 
-def test_prompt_logprobs_at_two_ranks_match_transformers(qwen3):
-    """The workers compute the prompt positions' logit slices too (the widened plan), in
-    chunks of a small token budget, next to a request that asks for nothing."""
+def test_prompt_logprobs_at_two_ranks_match_transformers(qwen3, monkeypatch):
+    """The workers compute the prompt positions' logit slices too (the plan carries the
+    positions and the slice size), in chunks of a small token budget and slices of 3
+    positions (smaller than a chunk), next to a request that asks for nothing."""
     import transformers
 
+    from pyengine.executor import prompt_logprobs
+
+    monkeypatch.setattr(prompt_logprobs, "SLICE_POSITIONS", 3)  # rank 0 sends it to the workers
     batch = prompts(4, 3)
     asked = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, prompt_logprobs=2, detokenize=False)
     plain = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
@@ -287,3 +291,25 @@ def test_prompt_logprobs_at_two_ranks_match_transformers(qwen3):
             entry = out.prompt_logprobs[j][prompt[j]]
             assert entry.logprob == pytest.approx(float(ref[j - 1, prompt[j]]), abs=2e-4)
             assert entry.rank == int((ref[j - 1] > ref[j - 1, prompt[j]]).sum()) + 1
+
+
+def test_prompt_logits_failing_on_one_rank_fail_only_the_asking_request(qwen3):
+    """Rank 1 runs out of memory on the prompt positions' logits: the request that asked
+    fails naming the rank; the request beside it in the same steps, and later ones, go on."""
+    core = _engine(qwen3, "pyengine.testing.faults:fail_rank1_prompt_logits")
+    try:
+        asking, plain = FaultySink(fail_on=0), FaultySink(fail_on=0)
+        core.add_request("asking", None, [5, 6, 7, 8, 9], SamplingParams(
+            temperature=0.0, max_tokens=4, ignore_eos=True, prompt_logprobs=1), asking)
+        core.add_request("plain", None, [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+                         plain)
+        assert asking.done.wait(60) and plain.done.wait(60)
+        assert "rank 1" in str(asking.error) and "out of memory on prompt logits" in str(asking.error)
+        assert plain.error is None and len(plain.outputs[-1].outputs[0].token_ids) == 8
+        healthy = _submit(core, "healthy", [5, 6, 7])
+        assert healthy.done.wait(60) and healthy.error is None
+        assert len(healthy.outputs[-1].outputs[0].token_ids) == 8
+        assert core.is_alive
+    finally:
+        core.shutdown()
+    assert _workers() == set()

@@ -2,7 +2,8 @@
 
 Flow of :meth:`ModelRunner.execute`: apply the plan's row changes to the persistent batch
 -> build input tensors (placeholders filled from ``last_sampled`` on the device) -> model
-forward over the paged KV cache -> logits of ``logits_indices`` only -> grammar masks of
+forward over the paged KV cache -> logits of ``logits_indices`` only (then, for rows that
+asked for prompt logprobs, their prompt positions' in bounded slices) -> grammar masks of
 constrained samples -> sampler -> remember the samples -> pool the embedding sequences.
 """
 
@@ -28,17 +29,17 @@ from pyengine.executor.persistent_batch import PersistentBatch
 from pyengine.executor.plan import StepPlanLike
 from pyengine.executor.pooling import pool_hidden_states
 from pyengine.executor.prompt_logprobs import (
+    SLICE_POSITIONS,
     PromptLogprobsJob,
     PromptLogprobsTable,
     compute_prompt_logprobs,
-    logits_indices,
 )
 from pyengine.executor.row_isolation import mask_isolated, process_isolated, sample_isolated
 from pyengine.executor.sampler import Sampler
 from pyengine.executor.step_output import PromptLogprobsOutput, StepOutput
 from pyengine.logits_processors.loading import resolve_processor
 from pyengine.models.loader import LoadedModel, load_model
-from pyengine.models.parallel import ParallelContext
+from pyengine.models.parallel import CollectiveError, ParallelContext
 
 logger = logging.getLogger(__name__)
 
@@ -138,16 +139,13 @@ class ModelRunner:
         input_ids = self._input_ids(plan, rows)
         positions = _to_device(plan.positions, torch.int64, device)
         layout = self._layout(plan, rows)
-        num_samples = len(plan.logits_indices)
-        forward_indices = _to_device(logits_indices(plan, prompt_job), torch.int64, device)
-        logits_indices_t = forward_indices[:num_samples]
-        hidden, logits = self._forward(input_ids, positions, layout, forward_indices)
+        logits_indices_t = _to_device(plan.logits_indices, torch.int64, device)
+        hidden, logits = self._forward(input_ids, positions, layout, logits_indices_t)
         output = StepOutput(
             plan.step_id, np.zeros(0, dtype=np.int64), hidden_states=hidden if return_hidden else None
         )
         if prompt_job is not None:  # rare: kept out of the sampled rows' path
-            output.prompt_logprobs = self._prompt_logprobs(prompt_job, logits[num_samples:])
-            logits = logits[:num_samples]
+            output.prompt_logprobs = self._prompt_logprobs(prompt_job, hidden)
         if len(plan.logits_indices):
             if self.batch.logits_pipeline is not None:
                 logits = process_isolated(
@@ -202,15 +200,27 @@ class ModelRunner:
         table = self.batch.sampling
         return bool(table.greedy[rows].all()) and not bool((table.logprobs[rows] >= 0).any())
 
-    def _prompt_logprobs(self, job: PromptLogprobsJob, logits: torch.Tensor) -> Optional[PromptLogprobsOutput]:
-        """The job's prompt log-probabilities; if computing them fails (memory), only the
-        sequences that asked fail."""
+    def _prompt_logprobs(self, job: PromptLogprobsJob, hidden: torch.Tensor) -> Optional[PromptLogprobsOutput]:
+        """The job's prompt log-probabilities, a slice of positions at a time; if computing
+        them fails (memory), only the sequences that asked fail."""
         try:
-            return compute_prompt_logprobs(job, logits, self.batch.seq_ids)
+            return compute_prompt_logprobs(job, lambda indices: self._prompt_logits(hidden, indices), self.batch.seq_ids)
+        except CollectiveError:
+            raise  # a peer is gone: not this request's failure
         except Exception as error:  # noqa: BLE001 - those rows' requests get the error
+            self._prompt_logits_abandoned(error)
             for row in job.rows.tolist():
                 self._row_failed(row, f"computing prompt logprobs failed: {error!r}")
             return None
+
+    def _prompt_logits(self, hidden: torch.Tensor, token_indices: np.ndarray) -> torch.Tensor:
+        """Float32 logits of the step's tokens ``token_indices`` (one slice of prompt positions)."""
+        return self.model.compute_logits(hidden.index_select(0, _to_device(token_indices, torch.int64, self.device)))
+
+    def _prompt_logits_abandoned(self, error: BaseException) -> None:
+        """The step's remaining prompt slices will not be computed (tensor parallelism:
+        the collectives the workers still wait in)."""
+        return None
 
     def _row_failed(self, row: int, message: str) -> None:
         self.batch.row_errors[int(self.batch.seq_ids[row])] = message
@@ -262,7 +272,12 @@ class ModelRunner:
         sampled_rows = min(self.config.max_num_seqs, tokens)
         logits = self.model.compute_logits(hidden[:sampled_rows])
         torch.softmax(logits, dim=-1).sort(dim=-1)
-        del scratch, hidden, logits
+        # One slice of prompt positions (prompt_logprobs), with the sampled logits alive.
+        prompt = self.model.compute_logits(hidden[: min(SLICE_POSITIONS, tokens)])
+        logprobs = torch.log_softmax(prompt, dim=-1)
+        del prompt
+        (logprobs > logprobs[:, :1]).sum(dim=-1)
+        del scratch, hidden, logits, logprobs
 
 
 def _max_model_len(config: ExecutorConfig, max_positions: int) -> int:

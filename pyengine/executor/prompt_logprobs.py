@@ -10,10 +10,17 @@ puts them together by position); each chunk's last position needs the first toke
 next chunk, which is why the table keeps the asking rows' prompts.
 
 Cost: nothing for a step none of whose rows asked (one host-side check). For a step that
-has such rows, their positions' logits are computed with the sampled ones, in the same
-LM-head call (and the same gather across tensor-parallel ranks: the plan the workers
-receive carries the widened ``logits_indices``), so the step holds ``[positions, vocab]``
-float32 logits more; chunked prefill (``max_num_batched_tokens``) bounds it.
+has such rows, their positions' logits are computed after the sampled rows', in slices
+of at most ``SLICE_POSITIONS`` positions (LM head, log-softmax, top-k, then the next
+slice), so the step holds at most ``[SLICE_POSITIONS, vocab]`` float32 logits more
+whatever its token budget, and the memory profile counts one slice. A failure in a slice
+(out of memory) fails only the asking rows. Under tensor parallelism the plan the
+workers receive carries the prompt positions and the slice size, and each slice is
+one gather of the LM head's vocabulary slices.
+
+A row stops being asked about once its last prompt position was computed, and a
+sequence that comes back after a preemption (it holds output tokens, so every prompt
+entry was delivered) is not asked about again.
 
 The distribution is the model's own (raw logits, no penalties, temperature or top-k /
 top-p), as vLLM reports prompt log-probabilities.
@@ -22,7 +29,7 @@ top-p), as vLLM reports prompt log-probabilities.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -30,7 +37,8 @@ import torch
 from pyengine.executor.plan import StepPlanLike
 from pyengine.executor.step_output import PromptLogprobsOutput
 
-#: Prompt positions whose log-softmax is taken at a time (bounds the step's temporaries).
+#: Prompt positions whose logits are computed at a time (bounds the step's memory: one
+#: slice's [SLICE_POSITIONS, vocab] float32 logits and log-probabilities).
 SLICE_POSITIONS = 1024
 
 
@@ -48,17 +56,23 @@ class PromptLogprobsJob:
     requested: np.ndarray  # int64 [R']: top-k asked by each row
 
 
-class WidenedPlan:
-    """A plan whose ``logits_indices`` are the sampled ones followed by the job's prompt
-    positions (what tensor-parallel workers must compute logits for); every other
-    attribute is the plan's."""
+class PromptPositionsPlan:
+    """A plan with the job's prompt positions (``prompt_logits_indices``) and the size of
+    their slices (``prompt_slice``): what tensor-parallel workers must compute logits for
+    beyond the sampled ones; every other attribute is the plan's."""
 
-    def __init__(self, plan: StepPlanLike, logits_indices: np.ndarray) -> None:
+    def __init__(self, plan: StepPlanLike, prompt_logits_indices: np.ndarray, prompt_slice: int) -> None:
         self._plan = plan
-        self.logits_indices = logits_indices
+        self.prompt_logits_indices = prompt_logits_indices
+        self.prompt_slice = prompt_slice
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._plan, name)
+
+
+def prompt_slices(num_positions: int, size: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` bounds of the slices of ``num_positions`` prompt positions."""
+    return [(lo, min(num_positions, lo + size)) for lo in range(0, num_positions, size)]
 
 
 class PromptLogprobsTable:
@@ -85,7 +99,7 @@ class PromptLogprobsTable:
     def widen(self, plan: StepPlanLike) -> StepPlanLike:
         """``plan`` as tensor-parallel workers must run it (itself without a job)."""
         job = self.job(plan)
-        return plan if job is None else WidenedPlan(plan, logits_indices(plan, job))
+        return plan if job is None else PromptPositionsPlan(plan, job.token_indices, SLICE_POSITIONS)
 
     def _update(self, plan: StepPlanLike) -> None:
         if self.prompts and len(plan.freed_rows):
@@ -96,15 +110,18 @@ class PromptLogprobsTable:
             return
         for i, (row, params) in enumerate(zip(plan.new_rows.tolist(), plan.new_params)):
             k = getattr(params, "prompt_logprobs", None)  # PoolingParams have none
-            if k is None:
+            start = int(plan.new_token_offsets[i])
+            num_prompt = int(plan.new_num_prompt_tokens[i])
+            # Outputs already (back after a preemption): every prompt entry was delivered.
+            # A one-token prompt has none.
+            resumed = int(plan.new_token_offsets[i + 1]) - start > num_prompt
+            if k is None or resumed or num_prompt < 2:
                 if self.requested[row] >= 0:
                     self.requested[row] = -1
                     self.prompts.pop(row, None)
                 continue
             self.requested[row] = self.vocab_size if k == -1 else min(int(k), self.vocab_size)
-            start = int(plan.new_token_offsets[i])
-            self.prompts[row] = np.asarray(plan.new_token_ids[start:start + int(plan.new_num_prompt_tokens[i])],
-                                           dtype=np.int64).copy()
+            self.prompts[row] = np.asarray(plan.new_token_ids[start:start + num_prompt], dtype=np.int64).copy()
 
     def _plan_job(self, plan: StepPlanLike) -> Optional[PromptLogprobsJob]:
         asking = np.flatnonzero(self.requested[plan.rows] >= 0)
@@ -125,6 +142,9 @@ class PromptLogprobsTable:
             firsts.append(p0 + 1)
             counts.append(end - p0)
             requested.append(int(self.requested[row]))
+            if end == len(prompt) - 1:  # the last entry: the row has no more to compute
+                self.requested[row] = -1
+                del self.prompts[row]
         if not rows:
             return None
         return PromptLogprobsJob(
@@ -138,33 +158,31 @@ class PromptLogprobsTable:
         )
 
 
-def logits_indices(plan: StepPlanLike, job: Optional[PromptLogprobsJob]) -> np.ndarray:
-    """The step's positions to compute logits for: the sampled ones, then the job's."""
-    if job is None:
-        return plan.logits_indices
-    return np.concatenate([plan.logits_indices.astype(np.int64), job.token_indices])
-
-
-def compute_prompt_logprobs(job: PromptLogprobsJob, logits: torch.Tensor, seq_ids: np.ndarray) -> PromptLogprobsOutput:
-    """``logits`` float32 [P, vocab], the job's positions in order; ``seq_ids`` the batch's
-    row -> sequence table."""
+def compute_prompt_logprobs(
+    job: PromptLogprobsJob, slice_logits: Callable[[np.ndarray], torch.Tensor], seq_ids: np.ndarray
+) -> PromptLogprobsOutput:
+    """The job's log-probabilities, one slice of ``SLICE_POSITIONS`` positions at a time:
+    ``slice_logits(token_indices)`` gives the float32 ``[n, vocab]`` logits of those step
+    tokens; ``seq_ids`` is the batch's row -> sequence table."""
     k = int(job.requested.max())
-    num = logits.shape[0]
+    num = len(job.token_indices)
     chosen = np.empty(num, dtype=np.float32)
     ranks = np.empty(num, dtype=np.int64)
     top_ids = np.empty((num, k), dtype=np.int64)
     top_values = np.empty((num, k), dtype=np.float32)
-    targets = torch.from_numpy(job.targets).to(logits.device)
-    for lo in range(0, num, SLICE_POSITIONS):
-        hi = min(num, lo + SLICE_POSITIONS)
-        logprobs = torch.log_softmax(logits[lo:hi].float(), dim=-1)
-        picked = logprobs.gather(1, targets[lo:hi].unsqueeze(1))
+    for lo, hi in prompt_slices(num, SLICE_POSITIONS):
+        logits = slice_logits(job.token_indices[lo:hi])
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        del logits  # one slice's logits alive at a time
+        targets = torch.from_numpy(job.targets[lo:hi]).to(logprobs.device)
+        picked = logprobs.gather(1, targets.unsqueeze(1))
         chosen[lo:hi] = picked.squeeze(1).cpu().numpy()
         ranks[lo:hi] = ((logprobs > picked).sum(dim=-1) + 1).cpu().numpy()
         if k:
             top = logprobs.topk(k, dim=-1)
             top_ids[lo:hi] = top.indices.cpu().numpy()
             top_values[lo:hi] = top.values.cpu().numpy()
+        del logprobs
     return PromptLogprobsOutput(
         seq_ids=seq_ids[job.rows].astype(np.int64),
         first_positions=job.first_positions,

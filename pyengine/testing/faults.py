@@ -153,6 +153,34 @@ def fail_rank1_on_poison(stage: str, rank: int, step: Any = None) -> Any:
     return run
 
 
+def fail_rank1_prompt_logits(stage: str, rank: int, step: Any = None) -> Any:
+    """Rank 1's LM head raises (out of memory) on a step's prompt positions
+    (prompt_logprobs), after the step's sampled rows went through it."""
+    if stage != "step" or rank != 1:
+        return step
+
+    def run(plan: Any) -> None:
+        if not len(plan.prompt_logits_indices):
+            return step(plan)
+        model = step.__self__.model
+        head = model.local_logits
+        calls: list[int] = []
+
+        def sampled_rows_only(hidden: Any) -> Any:
+            calls.append(len(hidden))
+            if len(calls) > 1:
+                raise MemoryError("injected: rank 1 out of memory on prompt logits")
+            return head(hidden)
+
+        model.local_logits = sampled_rows_only
+        try:
+            step(plan)
+        finally:
+            del model.local_logits  # the class's method again
+
+    return run
+
+
 def _run_failing(step: Any, plan: Any, fail: Any) -> None:
     """Runs the worker's step with its forward pass replaced by ``fail``."""
     owner = step.__self__

@@ -2,8 +2,9 @@
 
 What a worker rank needs to run the forward pass is a handful of integer arrays: the
 input ids (placeholders already filled by rank 0, which knows the tokens it sampled),
-positions, KV slots, the rows and their query / sequence lengths, the sampled positions
-and the block-table writes. Rank 0 writes them one after the other, with one
+positions, KV slots, the rows and their query / sequence lengths, the sampled positions,
+the block-table writes, and the prompt positions of rows that asked for prompt logprobs
+(with their slice size, in the header). Rank 0 writes them one after the other, with one
 ``np.concatenate`` straight into a shared-memory segment (``multiprocessing.shared_memory``)
 sized for the largest possible plan, their lengths into its header, then one byte into
 each worker's pipe. A worker wakes on its pipe, reads the header and takes numpy views
@@ -33,7 +34,7 @@ from pyengine.executor.tensor_parallel.host_collectives import map_segment, unli
 from pyengine.models.parallel import CollectiveError
 
 # Header: sequence number, step id, then the length of each array below.
-_HEADER = ("sequence", "step_id", "tokens", "rows", "logits", "block_writes")
+_HEADER = ("sequence", "step_id", "tokens", "rows", "logits", "block_writes", "prompt_logits", "prompt_slice")
 ARRAYS = (
     # name, length field, extra elements
     ("input_ids", "tokens", 0),
@@ -47,7 +48,9 @@ ARRAYS = (
     ("block_table_rows", "block_writes", 0),
     ("block_table_cols", "block_writes", 0),
     ("block_table_ids", "block_writes", 0),
+    ("prompt_logits_indices", "prompt_logits", 0),
 )
+_NO_POSITIONS = np.zeros(0, dtype=np.int64)
 EXIT_BYTE = b"x"
 STEP_BYTE = b"s"
 #: How long a worker polls for the next plan before it sleeps on its step pipe.
@@ -64,7 +67,7 @@ class PlanCapacity:
 
     def lengths(self) -> dict[str, int]:
         return {"tokens": self.max_tokens, "rows": self.max_rows,
-                "logits": self.max_tokens, "block_writes": self.max_block_writes}
+                "logits": self.max_tokens, "block_writes": self.max_block_writes, "prompt_logits": self.max_tokens}
 
 
 class ForwardPlan:
@@ -83,12 +86,21 @@ class ForwardPlan:
     block_table_rows: np.ndarray
     block_table_cols: np.ndarray
     block_table_ids: np.ndarray
+    # Prompt positions whose logits follow the sampled ones, gathered in slices of
+    # ``prompt_slice`` (prompt_logprobs; see ``executor.prompt_logprobs``).
+    prompt_logits_indices: np.ndarray
+    prompt_slice: int
 
 
 def plan_lengths(plan: Any, input_ids: np.ndarray) -> dict[str, int]:
     """The length fields of ``plan`` (see ``ARRAYS``)."""
     return {"tokens": len(input_ids), "rows": len(plan.rows), "logits": len(plan.logits_indices),
-            "block_writes": len(plan.block_table_rows)}
+            "block_writes": len(plan.block_table_rows), "prompt_logits": len(prompt_positions(plan))}
+
+
+def prompt_positions(plan: Any) -> np.ndarray:
+    """The plan's prompt positions (``PromptPositionsPlan``), none for a plain plan."""
+    return getattr(plan, "prompt_logits_indices", _NO_POSITIONS)
 
 
 class PlanSegment:
@@ -116,14 +128,16 @@ class PlanSegment:
         segment, in one copy (``np.concatenate`` straight into it)."""
         tokens, rows = len(input_ids), len(plan.rows)
         logits, block_writes = len(plan.logits_indices), len(plan.block_table_rows)
-        total = 3 * tokens + 4 * rows + 1 + logits + 3 * block_writes
+        prompt = prompt_positions(plan)
+        total = 3 * tokens + 4 * rows + 1 + logits + 3 * block_writes + len(prompt)
         np.concatenate(
             (input_ids, plan.positions, plan.slot_mapping, plan.rows, plan.num_scheduled_tokens, plan.seq_lens,
              plan.query_start_loc, plan.logits_indices, plan.block_table_rows, plan.block_table_cols,
-             plan.block_table_ids),
+             plan.block_table_ids, prompt),
             out=self._area[:total],
         )
-        self.header[1:] = (plan.step_id, tokens, rows, logits, block_writes)
+        self.header[1:] = (plan.step_id, tokens, rows, logits, block_writes, len(prompt),
+                           getattr(plan, "prompt_slice", 0))
         _kernels.shared_word_advance(self.header, 0)  # a reader that sees it sees the arrays
 
     def read(self) -> ForwardPlan:
@@ -131,6 +145,7 @@ class PlanSegment:
         plan = ForwardPlan()
         sizes = dict(zip(_HEADER, self.header.tolist()))
         plan.step_id = sizes["step_id"]
+        plan.prompt_slice = sizes["prompt_slice"]
         offset = 0
         for array, field, extra in ARRAYS:
             end = offset + sizes[field] + extra

@@ -37,6 +37,7 @@ from pyengine.executor.attention.metadata import StepAttentionLayout
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
 from pyengine.executor.plan import StepPlanLike
+from pyengine.executor.prompt_logprobs import prompt_slices
 from pyengine.executor.step_output import StepOutput
 from pyengine.executor.tensor_parallel.collective_step import (
     all_reduces_per_step,
@@ -52,6 +53,7 @@ from pyengine.executor.tensor_parallel.plan_channel import (
     PlanSegment,
     SharedMemoryPlanSender,
     StepPipeWriter,
+    prompt_positions,
 )
 from pyengine.executor.tensor_parallel.rendezvous import (
     DEFAULT_TIMEOUT_S,
@@ -171,6 +173,7 @@ class TensorParallelRunner(ModelRunner):
         self.channel = channel  # SharedMemoryPlanSender or BroadcastPlanSender
         self.store = store
         self._out_of_step: Optional[str] = None  # why the ranks cannot be resynchronised
+        self._published: Any = None  # the step's plan as the workers run it
         super().__init__(loaded, config)
         self.host_last_sampled = np.zeros(config.max_num_seqs, dtype=np.int64)
         # The plan broadcast's cost: wall time, and this thread's CPU time (the wall time
@@ -193,6 +196,7 @@ class TensorParallelRunner(ModelRunner):
         t0, cpu0 = time.perf_counter(), time.thread_time()
         # With prompt logprobs, the workers compute logits for those positions too.
         published = self.prompt_logprobs.widen(plan)
+        self._published = published
         self.channel.publish(published, self._filled_input_ids(plan))
         self.broadcast_seconds += time.perf_counter() - t0
         self.broadcast_cpu_seconds += time.thread_time() - cpu0
@@ -204,7 +208,7 @@ class TensorParallelRunner(ModelRunner):
         except CollectiveError as error:
             raise self._dead_error(error) from error
         except Exception as error:
-            if not count.gathers:  # the workers still wait for collectives
+            if count.gathers < gathers_per_step(published):  # the workers still wait for collectives
                 self._fail_collectives(published, error)
             raise
         if len(plan.sample_rows):
@@ -252,10 +256,40 @@ class TensorParallelRunner(ModelRunner):
         )
         gathered = gather_logits(model, local, error)
         if gathered.failures:
-            reasons = "; ".join(f"tensor-parallel rank {rank}: {text}" for rank, text in gathered.failures.items())
-            raise RankStepError(reasons) from error
+            failure = RankStepError(_reasons(gathered.failures))
+            self._issue_owed_gathers(self._published, failure)  # the workers go on to the prompt slices
+            raise failure from error
         assert hidden is not None and gathered.logits is not None
         return hidden, gathered.logits
+
+    def _prompt_logits(self, hidden: torch.Tensor, token_indices: np.ndarray) -> torch.Tensor:
+        """One slice of prompt positions: this rank's vocabulary slice, then the gather
+        (a failure on any rank raises after the gather, so the ranks stay in step)."""
+        model = self.model
+        error: Optional[BaseException] = None
+        try:
+            index = torch.from_numpy(token_indices).to(self.device)
+            local = model.local_logits(hidden.index_select(0, index))
+        except Exception as failure:  # noqa: BLE001 - reported through the gather
+            error = failure
+            rows = model.parallel.vocab_rows(model.config.vocab_size)
+            local = torch.zeros(len(token_indices), rows, device=self.device, dtype=torch.float32)
+        gathered = gather_logits(model, local, error)
+        if gathered.failures:
+            raise RankStepError(_reasons(gathered.failures)) from error
+        assert gathered.logits is not None
+        return gathered.logits
+
+    def _prompt_logits_abandoned(self, error: BaseException) -> None:
+        self._issue_owed_gathers(self._published, error)
+
+    def _issue_owed_gathers(self, plan: StepPlanLike, error: BaseException) -> None:
+        """The step's gathers this rank has not done yet (the sampled rows', then one per
+        prompt slice), with zeros and ``error``, as the workers expect them."""
+        model = self.model
+        rows = model.parallel.vocab_rows(model.config.vocab_size)
+        for size in gather_sizes(plan)[model.parallel.count.gathers:]:
+            gather_logits(model, torch.zeros(size, rows, device=self.device, dtype=torch.float32), error)
 
     def _fail_collectives(self, plan: StepPlanLike, error: BaseException) -> None:
         """This rank's step failed outside the forward pass's own recovery (before it, or
@@ -267,16 +301,14 @@ class TensorParallelRunner(ModelRunner):
         count = model.parallel.count
         try:
             issue_owed_all_reduces(model, len(plan.input_ids), self.device, self.loaded.dtype)
-            rows = model.parallel.vocab_rows(model.config.vocab_size)
-            local = torch.zeros(len(plan.logits_indices), rows, device=self.device, dtype=torch.float32)
-            gather_logits(model, local, error)
+            self._issue_owed_gathers(plan, error)
         except CollectiveError as collective:
             raise self._dead_error(collective) from collective
         except Exception as failure:  # noqa: BLE001 - the group's state is unknown: stop it
             self._out_of_step = (
                 f"tensor-parallel rank 0 could not finish step {plan.step_id}'s collectives after it failed "
-                f"({count.all_reduces} of {all_reduces_per_step(model)} all-reduces, {count.gathers} of 1 gather "
-                f"done): the ranks are out of step ({type(failure).__name__}: {failure}; the step failed with "
+                f"({count.all_reduces} of {all_reduces_per_step(model)} all-reduces, {count.gathers} of "
+                f"{gathers_per_step(plan)} gathers done): the ranks are out of step ({type(failure).__name__}: {failure}; the step failed with "
                 f"{type(error).__name__}: {error})"
             )
             raise EngineDeadError(self._out_of_step) from failure
@@ -327,6 +359,22 @@ class TensorParallelRunner(ModelRunner):
         steps = max(1, self.steps)
         return {"broadcast_s_per_step": self.broadcast_seconds / steps,
                 "broadcast_cpu_s_per_step": self.broadcast_cpu_seconds / steps, "steps": float(self.steps)}
+
+
+def gather_sizes(plan: StepPlanLike) -> list[int]:
+    """The rows of each of the step's logits gathers: the sampled rows', then each slice of
+    its prompt positions'."""
+    prompt = prompt_positions(plan)
+    slices = prompt_slices(len(prompt), getattr(plan, "prompt_slice", 0)) if len(prompt) else []
+    return [len(plan.logits_indices)] + [hi - lo for lo, hi in slices]
+
+
+def gathers_per_step(plan: StepPlanLike) -> int:
+    return len(gather_sizes(plan))
+
+
+def _reasons(failures: dict[int, str]) -> str:
+    return "; ".join(f"tensor-parallel rank {rank}: {text}" for rank, text in failures.items())
 
 
 def plan_capacity(config: ExecutorConfig, max_model_len: int) -> PlanCapacity:

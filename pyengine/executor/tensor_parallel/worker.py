@@ -31,6 +31,7 @@ import torch
 
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
+from pyengine.executor.prompt_logprobs import prompt_slices
 from pyengine.executor.tensor_parallel.collective_step import gather_logits, run_forward
 from pyengine.executor.tensor_parallel.host_collectives import HostCollectives
 from pyengine.executor.tensor_parallel.plan_channel import (
@@ -69,12 +70,33 @@ class WorkerStep:
             return self.forward(plan)
 
         runner = self.runner
-        _, error, local = run_forward(
+        hidden, error, local = run_forward(
             self.model, forward, num_tokens, len(plan.logits_indices), runner.device, runner.loaded.dtype
         )
         if error is not None:
             logger.error("rank %d: step %d failed: %r", self.rank, plan.step_id, error)
         gather_logits(self.model, local, error)
+        if len(plan.prompt_logits_indices):
+            self.gather_prompt_slices(plan, hidden, error)
+
+    def gather_prompt_slices(self, plan: ForwardPlan, hidden: Optional[torch.Tensor],
+                             error: Optional[BaseException]) -> None:
+        """One gather per slice of the plan's prompt positions, as rank 0 expects them
+        (zeros with this rank's error after a failure, so the count always matches)."""
+        device = self.runner.device
+        width = self.model.parallel.vocab_rows(self.model.config.vocab_size)
+        positions = plan.prompt_logits_indices
+        for lo, hi in prompt_slices(len(positions), plan.prompt_slice):
+            local = None
+            if error is None and hidden is not None:
+                try:
+                    local = self.model.local_logits(hidden.index_select(0, torch.from_numpy(positions[lo:hi]).to(device)))
+                except Exception as failure:  # noqa: BLE001 - reported through the gather; rank 0 fails the rows
+                    logger.error("rank %d: step %d's prompt logits failed: %r", self.rank, plan.step_id, failure)
+                    error = failure
+            if local is None:
+                local = torch.zeros(hi - lo, width, device=device, dtype=torch.float32)
+            gather_logits(self.model, local, error)
 
     def forward(self, plan: ForwardPlan) -> tuple[torch.Tensor, torch.Tensor]:
         runner = self.runner
