@@ -193,13 +193,14 @@ class EngineCore:
             stop_ids = list(params.stop_token_ids or [])
             eos = [] if params.ignore_eos else self.eos_token_ids
             candidates = params.num_candidates
+            for_executor = executor_params(params)  # once: a copy for best_of, validated again
             if candidates > params.n:  # best_of: the final output only, once the best are known
                 kind = "final"
             request = Request(
                 request_id, prompt_token_ids, max_tokens=max_tokens, min_tokens=min(params.min_tokens, max_tokens),
                 eos_token_ids=eos, ignore_eos=params.ignore_eos, stop_token_ids=stop_ids,
                 priority=priority, n=candidates,
-                sample_params=[sample_params(executor_params(params), i) for i in range(candidates)],
+                sample_params=[sample_params(for_executor, i) for i in range(candidates)],
                 constraint=constraint, cache_salt=own_cache_salt(request_id, params),
             )
         else:

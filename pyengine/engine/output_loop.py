@@ -165,7 +165,10 @@ class OutputLoop:
             try:
                 logprobs = None
                 if index_of is not None and sample.cumulative_logprob is not None and seq in index_of:
-                    logprobs = sample_logprob_dict(result.logprobs, index_of[seq], token, self._piece(state))
+                    if sample.logprobs is None:  # best_of's ranking only: the sampled token's, no dict
+                        sample.cumulative_logprob += float(result.logprobs.sampled_logprobs[index_of[seq]])
+                    else:
+                        logprobs = sample_logprob_dict(result.logprobs, index_of[seq], token, self._piece(state))
                 stop = state.add_token(sample, token, logprobs, stops=stopped_by.get(seq) == token)
                 if stop is not None:
                     state.finish_sample(sample, "stop", stop)
