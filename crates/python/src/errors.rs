@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 
 use pyengine_grammar::GrammarError;
 use pyengine_kernels::{GroupError, KernelError};
-use pyengine_sched::error::SchedError;
+use pyengine_sched::error::{panic_message, SchedError};
 
 /// An error of a core crate, and the `pyengine.errors` class it is raised as.
 pub trait NativeError: Send {
@@ -104,12 +104,7 @@ pub struct Panic(String);
 impl Panic {
     /// The panic's message (`panic!` with a literal gives a `&str`, with arguments a `String`).
     pub fn from_payload(payload: &(dyn std::any::Any + Send)) -> Self {
-        let text = payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "(no message)".to_string());
-        Panic(text)
+        Panic(panic_message(payload))
     }
 }
 

@@ -17,7 +17,7 @@ use crossbeam_channel::{bounded, select, Receiver, RecvTimeoutError, Sender, Try
 
 use crate::attachment::Attachment;
 use crate::config::SchedulerConfig;
-use crate::error::{SchedError, SchedResult};
+use crate::error::{panic_message, SchedError, SchedResult};
 use crate::plan::{FinishReason, OutputEvent, StepPlan};
 use crate::request::{RequestSpec, SeqId};
 use crate::scheduler::{Scheduler, SchedulerSnapshot};
@@ -137,11 +137,7 @@ impl EngineHandle {
                 // their errors name the panic rather than a shutdown.
                 let channels = (worker.cmd_rx.clone(), worker.plan_tx.clone(), worker.out_tx.clone());
                 if let Err(panic) = catch_unwind(AssertUnwindSafe(|| worker.run())) {
-                    let msg = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "unknown panic".into());
+                    let msg = panic_message(panic.as_ref());
                     *shared.death.lock().unwrap() = Some(format!("the scheduler thread panicked: {msg}"));
                 }
                 shared.stopped.store(true, Ordering::SeqCst);

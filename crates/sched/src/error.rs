@@ -27,3 +27,32 @@ pub enum SchedError {
 }
 
 pub type SchedResult<T> = Result<T, SchedError>;
+
+/// The message of a caught panic (`catch_unwind`'s payload): `panic!` with a literal
+/// gives a `&str`, with arguments a `String`; anything else has none.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::panic_message;
+    use std::panic::catch_unwind;
+
+    #[test]
+    fn panic_message_reads_literal_and_formatted_payloads() {
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let literal = catch_unwind(|| panic!("plain")).unwrap_err();
+        let formatted = catch_unwind(|| panic!("row {}", 3)).unwrap_err();
+        let other = catch_unwind(|| std::panic::panic_any(7_u8)).unwrap_err();
+        std::panic::set_hook(hook);
+        assert_eq!(panic_message(literal.as_ref()), "plain");
+        assert_eq!(panic_message(formatted.as_ref()), "row 3");
+        assert_eq!(panic_message(other.as_ref()), "(no message)");
+    }
+}

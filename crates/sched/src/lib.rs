@@ -27,7 +27,7 @@ pub use constraint::{
     Advance, Constraint, ConstraintHandle, ConstraintState, GrammarMask, MaskTicket, MaskWait,
 };
 pub use engine::{EngineHandle, SchedulerThreadStats};
-pub use error::{SchedError, SchedResult};
+pub use error::{panic_message, SchedError, SchedResult};
 pub use plan::{FinishReason, OutputEvent, StepPlan, FINISH_REASONS, PLACEHOLDER_TOKEN};
 pub use request::{RequestSpec, SeqId};
 pub use scheduler::{Scheduler, SchedulerCounters, SchedulerSnapshot};
