@@ -5,12 +5,13 @@ configuration, and the flash backend's choice of the in-place path for that size
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 
 import numpy as np
 import torch
 
 from pyengine.config import EngineConfig
+from pyengine.executor.attention import selector
 from pyengine.executor.attention.flash import FLASH_PAGED_BLOCK_MULTIPLE, FlashAttentionBackend
 from pyengine.executor.attention.metadata import StepAttentionLayout
 from pyengine.executor.config import ExecutorConfig
@@ -33,10 +34,8 @@ def bound(block_size: int):
 
 
 def flash_installed(monkeypatch, installed: bool) -> None:
-    """What ``default_block_size`` sees of the flash_attn package."""
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: (object() if installed else None) if name == "flash_attn" else real(name, *a))
+    """What the selector (and so ``default_block_size``) sees of the flash_attn package."""
+    monkeypatch.setattr(selector, "import_flash_varlen", lambda: varlen_with_block_table if installed else None)
 
 
 def test_cuda_default_lets_flash_attn_read_the_paged_cache_in_place(monkeypatch):
@@ -65,3 +64,16 @@ def test_explicit_sizes_are_kept(monkeypatch):
     flash_installed(monkeypatch, True)
     assert EngineConfig(device="cuda", block_size=32).block_size == 32
     assert EngineConfig(device="cpu", block_size=256).executor_config().block_size == 256
+
+
+def test_a_flash_attn_that_does_not_import_gets_sdpa_blocks(monkeypatch, tmp_path):
+    """Installed but broken (an ABI mismatch): the selector falls back to SDPA, so the
+    default block is SDPA's, not flash-attn's 256."""
+    package = tmp_path / "flash_attn"
+    package.mkdir()
+    (package / "__init__.py").write_text('raise ImportError("flash_attn_2_cuda.so: undefined symbol: _ZN3c10")\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    assert selector.flash_attn_problem(torch.device("cuda"), torch.bfloat16) != ""
+    assert EngineConfig(device="cuda").block_size == 16 == ExecutorConfig(device="cuda").block_size
+    assert type(selector.select_attention_backend("auto", torch.device("cuda"), torch.bfloat16)).__name__ == "SdpaBackend"

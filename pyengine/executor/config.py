@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
@@ -15,24 +14,29 @@ DEFAULT_CPU_KV_CACHE_BYTES = 4 * 1024**3
 #: KV block size (tokens) when none is given: 256 where flash-attn runs the attention, the
 #: smallest block upstream flash-attn reads in place through a block table (smaller
 #: blocks make every layer gather the whole context into a packed copy, see
-#: attention/flash.py); 16 everywhere else (the CPU, SDPA on CUDA), which the native
-#: decode kernel and a finer prefix cache prefer. The block is also the prefix cache's
-#: granularity: only full blocks are shared.
+#: attention/flash.py, which takes this number as its paged-block multiple); 16 everywhere
+#: else (the CPU, SDPA on CUDA), which the native decode kernel and a finer prefix cache
+#: prefer. The block is also the prefix cache's granularity: only full blocks are shared.
 FLASH_ATTN_BLOCK_SIZE = 256
 SMALL_BLOCK_SIZE = 16
 
 
 def default_block_size(device: str, attention_backend: str = "auto", dtype: str = "auto") -> int:
     """The block size used when ``block_size`` is None: 256 when the attention backend
-    that will be chosen for these settings is flash-attn (CUDA; forced, or "auto" with
-    flash-attn installed and a half-precision dtype), else 16."""
+    that will be chosen for these settings is flash-attn (forced, or "auto" where the
+    selector's ``flash_attn_usable`` says it runs), else 16. Only a CUDA device imports
+    torch and the selector here: a CPU configuration stays torch-free."""
     if not str(device).startswith("cuda") or attention_backend == "sdpa":
         return SMALL_BLOCK_SIZE
     if attention_backend == "flash_attn":
         return FLASH_ATTN_BLOCK_SIZE
-    if normalize_dtype(dtype) == "float32" or importlib.util.find_spec("flash_attn") is None:
-        return SMALL_BLOCK_SIZE  # "auto" falls back to SDPA (attention/selector.py)
-    return FLASH_ATTN_BLOCK_SIZE
+    import torch
+
+    from pyengine.executor.attention.selector import flash_attn_usable
+
+    # "auto" is a half-precision dtype on CUDA (bfloat16, or float16 where unsupported).
+    torch_dtype = torch.float32 if normalize_dtype(dtype) == "float32" else torch.bfloat16
+    return FLASH_ATTN_BLOCK_SIZE if flash_attn_usable(torch.device(str(device)), torch_dtype) else SMALL_BLOCK_SIZE
 
 
 #: Canonical dtype names, and the other spellings accepted for them (vLLM's ``half`` and

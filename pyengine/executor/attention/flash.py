@@ -18,16 +18,20 @@ import numpy as np
 import torch
 
 from pyengine.executor.attention.metadata import StepAttentionLayout
+from pyengine.executor.config import FLASH_ATTN_BLOCK_SIZE
 from pyengine.executor.kv_cache import PagedKVCache
 
-FLASH_PAGED_BLOCK_MULTIPLE = 256
+#: Block sizes upstream flash-attn reads in place through a block table are multiples of
+#: this (the default block size where flash-attn runs, ``executor.config``).
+FLASH_PAGED_BLOCK_MULTIPLE = FLASH_ATTN_BLOCK_SIZE
 
 
 def import_flash_varlen() -> Optional[Callable[..., Any]]:
-    """``flash_attn.flash_attn_varlen_func`` when flash-attn is installed, else None."""
+    """``flash_attn.flash_attn_varlen_func`` when flash-attn is installed and imports, else
+    None."""
     try:
         from flash_attn import flash_attn_varlen_func
-    except ImportError:
+    except ImportError:  # not installed, or broken (an undefined symbol is an ImportError)
         return None
     return flash_attn_varlen_func
 

@@ -24,7 +24,7 @@ def select_attention_backend(
         logger.info("attention backend: sdpa (forced by configuration)")
         return SdpaBackend()
     flash = import_flash_varlen()
-    flash_problem = _flash_problem(flash is not None, device, dtype)
+    flash_problem = flash_attn_problem(device, dtype)
     if requested == "flash_attn":
         if flash_problem:
             raise AttentionBackendUnavailableError(
@@ -41,11 +41,19 @@ def select_attention_backend(
     return FlashAttentionBackend(flash)
 
 
-def _flash_problem(importable: bool, device: torch.device, dtype: torch.dtype) -> str:
+def flash_attn_problem(device: torch.device, dtype: torch.dtype) -> str:
+    """Why flash-attn cannot run the attention for ``device`` and ``dtype`` ("" when it
+    can): it needs CUDA, float16 or bfloat16, and a flash_attn package that imports (one
+    that is installed but broken, an ABI mismatch, counts as missing)."""
     if device.type != "cuda":
         return f"device is {device.type}, flash-attn needs CUDA"
     if dtype not in (torch.float16, torch.bfloat16):
         return f"dtype is {dtype}, flash-attn needs float16 or bfloat16"
-    if not importable:
-        return "the flash_attn package is not installed"
+    if import_flash_varlen() is None:
+        return "the flash_attn package is not installed or does not import"
     return ""
+
+
+def flash_attn_usable(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether "auto" picks flash-attn for ``device`` and ``dtype`` (``flash_attn_problem``)."""
+    return not flash_attn_problem(device, dtype)
