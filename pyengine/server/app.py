@@ -27,7 +27,7 @@ from pyengine.server.logs import get_logger
 from pyengine.server.metrics import ServerMetrics
 from pyengine.server.stats_log import log_stats_forever
 from pyengine.server.template_choice import select_chat_template
-from pyengine.server.tokens import TokenText
+from pyengine.text.token_pieces import TokenPieces
 
 
 def build_context(engine: EngineClient, args: ServerArgs) -> ServerContext:
@@ -37,7 +37,7 @@ def build_context(engine: EngineClient, args: ServerArgs) -> ServerContext:
         args=args,
         metrics=ServerMetrics(engine, args.model_name),
         monitor=ProgressMonitor(engine, args.stall_timeout),
-        token_text=TokenText(engine.tokenizer, engine.token_bytes),
+        token_text=TokenPieces(engine.tokenizer, engine.token_bytes),
         logger=get_logger(model=args.model_name),
         chat_template=ChatTemplate(choice.source, engine.tokenizer_config) if choice is not None else None,
         chat_template_origin=choice.origin if choice is not None else None,

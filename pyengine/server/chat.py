@@ -34,7 +34,6 @@ from pyengine.server.protocol import (
 from pyengine.server.respond import Generation, wants_usage
 from pyengine.server.sampling import check_length, default_max_tokens, sampling_params, truncate_prompts
 from pyengine.server.structured import name_constraint_error, structured_outputs_params
-from pyengine.server.tokens import TokenText
 from pyengine.server.tools import (
     StreamedToolCalls,
     ToolPlan,
@@ -44,13 +43,14 @@ from pyengine.server.tools import (
     whole_message,
 )
 from pyengine.structured_outputs import StructuredOutputsParams
+from pyengine.text.token_pieces import TokenPieces
 
 router = APIRouter()
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # OpenAI's chat roles
 
 
-def chat_logprobs(tt: TokenText, token_ids: list[int], logprobs: SampleLogprobs, top: int) -> ChatLogprobs:
+def chat_logprobs(tt: TokenPieces, token_ids: list[int], logprobs: SampleLogprobs, top: int) -> ChatLogprobs:
     """The chat logprobs object: per token its text, logprob, bytes and the ``top`` best."""
     content = []
     for token, lps in zip(token_ids, logprobs):

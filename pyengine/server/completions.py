@@ -29,12 +29,12 @@ from pyengine.server.sampling import (
     truncate_prompts,
 )
 from pyengine.server.structured import name_constraint_error, structured_outputs_params
-from pyengine.server.tokens import TokenText
+from pyengine.text.token_pieces import TokenPieces
 
 router = APIRouter()
 
 
-def completion_logprobs(tt: TokenText, token_ids: list[int], logprobs: SampleLogprobs,
+def completion_logprobs(tt: TokenPieces, token_ids: list[int], logprobs: SampleLogprobs,
                         text_offset: int) -> CompletionLogprobs:
     """The legacy completions logprobs object for some generated tokens."""
     out = CompletionLogprobs()
@@ -50,7 +50,7 @@ def completion_logprobs(tt: TokenText, token_ids: list[int], logprobs: SampleLog
     return out
 
 
-def echoed_logprobs(tt: TokenText, prompt_ids: list[int], prompt_logprobs: PromptLogprobs, top: int,
+def echoed_logprobs(tt: TokenPieces, prompt_ids: list[int], prompt_logprobs: PromptLogprobs, top: int,
                     generated: CompletionLogprobs) -> CompletionLogprobs:
     """``echo`` with ``logprobs``: the prompt's tokens first (the first has no logprob, as
     OpenAI's), each with its top ``top``, then the generated tokens' (whose text offsets

@@ -15,7 +15,7 @@ from pyengine.server.args import ServerArgs
 from pyengine.server.errors import APIError
 from pyengine.server.health import ProgressMonitor
 from pyengine.server.metrics import ServerMetrics
-from pyengine.server.tokens import TokenText
+from pyengine.text.token_pieces import TokenPieces
 
 
 @dataclass
@@ -24,7 +24,7 @@ class ServerContext:
     args: ServerArgs
     metrics: ServerMetrics
     monitor: ProgressMonitor
-    token_text: TokenText
+    token_text: TokenPieces
     logger: Any
     chat_template: Optional[Any] = None  # a ChatTemplate, or None
     chat_template_origin: Optional[str] = None  # where it came from (template_choice.py)
