@@ -18,7 +18,8 @@ from pyengine.logits_processors import (
     LogitBiasLogitsProcessor,
     MinTokensLogitsProcessor,
 )
-from pyengine.logits_processors.index_state import update_entries
+from pyengine.logits_processors.index_state import move_rows, update_entries
+from pyengine.logits_processors.interface import MoveDirectionality
 from pyengine.sampling_params import SamplingParams
 
 VOCAB = 64
@@ -111,13 +112,37 @@ def test_bad_words_match_transformers_on_random_histories():
             histories[r].append(int(sampled[r]))
 
 
-def _layout_model_check(batch: ProcessorBatch, update, entries: dict, sample_rows: list[int], live: set):
+def _apply_as_vllm(entries: dict, update, row_of) -> None:
+    """What a processor written for vLLM does with ``update``: removed, added, then the
+    ``moved`` list one entry at a time (a SWAP trades, a UNIDIRECTIONAL move leaves ``a``
+    empty)."""
+    if update is None:
+        return
+    for index in update.removed:
+        entries.pop(index, None)
+    for index, params, _, _ in update.added:
+        entries[index] = row_of(params)
+    for a, b, direction in update.moved:
+        moving, other = entries.pop(a, None), entries.pop(b, None)
+        if moving is not None:
+            entries[b] = moving
+        if other is not None:
+            assert direction is MoveDirectionality.SWAP, f"({a}, {b}) is one-way but {b} is taken"
+            entries[a] = other
+
+
+def _layout_model_check(batch: ProcessorBatch, update, entries: dict, reference: dict, sample_rows: list[int],
+                        live: set):
     """Applying ``update`` to a per-index dict of rows leaves index i holding the i-th
-    sampled row, and every live row at one index below ``batch_size``."""
+    sampled row, and every live row at one index below ``batch_size``: through the
+    built-ins' helper (the permutation) and through vLLM's ``moved`` list alike."""
     update_entries(entries, update, lambda params, prompt, outputs: params.extra_args["row"])
-    assert [entries.get(i) for i in range(len(sample_rows))] == sample_rows
-    assert sorted(entries.values()) == sorted(live)
-    assert all(0 <= i < len(live) for i in entries)
+    _apply_as_vllm(reference, update, lambda params: params.extra_args["row"])
+    for state in (entries, reference):
+        assert [state.get(i) for i in range(len(sample_rows))] == sample_rows
+        assert sorted(state.values()) == sorted(live)
+        assert all(0 <= i < len(live) for i in state)
+    assert entries == reference
     if update is not None:
         assert update.batch_size == len(live)
 
@@ -129,6 +154,7 @@ def test_batch_layout_follows_random_installs_frees_and_sample_orders():
     max_rows = 12
     batch = ProcessorBatch(max_rows)
     entries: dict[int, int] = {}
+    reference: dict[int, int] = {}
     live: set[int] = set()
     for _ in range(400):
         free = [r for r in range(max_rows) if r not in live]
@@ -141,7 +167,32 @@ def test_batch_layout_follows_random_installs_frees_and_sample_orders():
             live -= set(gone.tolist())
         sampling = [r for r in rng.permutation(sorted(live)).tolist() if rng.random() < 0.8]
         update = batch.step(np.array(sampling, dtype=np.int32))
-        _layout_model_check(batch, update, entries, sampling, live)
+        _layout_model_check(batch, update, entries, reference, sampling, live)
+
+
+def test_a_request_leaving_the_front_is_one_permutation():
+    """The batch's first request leaves: every other index shifts by one. The update
+    carries it as one permutation (what the built-ins apply in one copy per table);
+    a row that does not sample and already sits past the sampled ones is not moved."""
+    batch = ProcessorBatch(8)
+    for row in range(6):
+        batch.install(row, SamplingParams(), [], [])
+    batch.step(np.array([0, 1, 2, 3, 4]))  # row 5 holds state, samples nothing: index 5
+    batch.free(np.array([0]))
+    update = batch.step(np.array([1, 2, 3, 4]))
+    assert update.removed == [0] and update.batch_size == 5
+    assert update.permutation.tolist() == [1, 2, 3, 4, 5]
+    table = np.array([10, 11, 12, 13, 14, 15, 16, 17])
+    move_rows(update, table)
+    assert table[:5].tolist() == [11, 12, 13, 14, 15]
+    batch.install(6, SamplingParams(), [], [])
+    update = batch.step(np.array([1, 2, 3, 4, 5, 6]))  # the new row takes the next index: nothing moves
+    assert update.added[0][0] == 5 and update.permutation is None and not update.moved
+    update = batch.step(np.array([1, 2, 3]))  # rows 4, 5, 6 sample nothing and sit past them: they stay
+    assert update.permutation is None and not update.moved
+    update = batch.step(np.array([2, 1]))  # one swap; the four rows past them stay
+    assert update.permutation.tolist() == [1, 0, 2, 3, 4, 5]
+    assert list(update.moved) == [(1, 0, MoveDirectionality.SWAP)]
 
 
 def test_steady_decode_produces_no_update():
@@ -251,3 +302,31 @@ def test_a_failed_pipeline_rebuilds_its_processors_with_every_request_added():
     (update,) = fresh.updates
     by_index = {index: (params.extra_args["row"], outputs) for index, params, _, outputs in update.added}
     assert by_index == {0: (0, [7, 6]), 1: (2, [7, 5])} and update.batch_size == 2
+
+
+def test_built_ins_follow_random_churn_of_the_batch():
+    """Model-based: random installs, frees and sample orders through the whole pipeline;
+    each request allows only its own token and EOS (which min_tokens forbids), so the
+    processed logits of sample i must leave exactly that request's token."""
+    from pyengine.executor.logits_pipeline import LogitsPipeline
+
+    rng = np.random.default_rng(11)
+    max_rows = 10
+    pipeline = LogitsPipeline.build(ExecutorConfig(max_num_seqs=max_rows), CPU, eos_token_ids=(1,))
+    live: set[int] = set()
+    for _ in range(300):
+        free = [r for r in range(max_rows) if r not in live]
+        for row in rng.choice(free, int(rng.integers(0, min(3, len(free)) + 1)), replace=False).tolist():
+            pipeline.install(row, SamplingParams(allowed_token_ids=[10 + row, 1], min_tokens=10**6,
+                                                 max_tokens=None), [5], [])
+            live.add(row)
+        if live and rng.random() < 0.4:
+            gone = rng.choice(sorted(live), int(rng.integers(1, min(3, len(live)) + 1)), replace=False)
+            pipeline.free(np.array(gone))
+            live -= set(gone.tolist())
+        sampling = np.array([r for r in rng.permutation(sorted(live)).tolist() if rng.random() < 0.8], dtype=np.int32)
+        logits = pipeline.process(torch.zeros(len(sampling), VOCAB), sampling, greedy_only=False)
+        assert torch.isfinite(logits).sum(-1).tolist() == [1] * len(sampling)
+        assert logits.argmax(-1).tolist() == [10 + r for r in sampling.tolist()]
+        tokens = torch.tensor([10 + r for r in sampling.tolist()], dtype=torch.int64)
+        pipeline.record_sampled(tokens, tokens.numpy())

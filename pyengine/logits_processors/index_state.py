@@ -1,4 +1,9 @@
-"""Helpers that apply a :class:`BatchUpdate` to a processor's per-index state."""
+"""Helpers that apply a :class:`BatchUpdate` to a processor's per-index state.
+
+An update the engine builds carries its moves as one permutation too
+(``BatchUpdate.permutation``): these helpers apply it in one step (one indexed copy per
+table, one pass over a dict's entries) and fall back to the ``moved`` list for an update
+built without one."""
 
 from __future__ import annotations
 
@@ -33,19 +38,55 @@ def update_entries(entries: dict[int, T], update: Optional[BatchUpdate], make: M
             changed = True
         else:
             changed |= entries.pop(index, None) is not None
-    for a, b, direction in update.moved if entries else ():
-        moving, other = entries.pop(a, None), entries.pop(b, None)
-        if moving is not None:
-            entries[b] = moving
-        if other is not None and direction is MoveDirectionality.SWAP:
-            entries[a] = other
-        changed |= moving is not None or other is not None
+    return move_entries(entries, update) or changed
+
+
+def move_entries(entries: dict[int, T], update: BatchUpdate) -> bool:
+    """Re-keys ``entries`` (batch index -> state) as ``update`` moves the requests.
+    Returns whether any entry moved."""
+    if not entries:
+        return False
+    permutation = update.permutation
+    if permutation is None:
+        changed = False
+        for a, b, direction in update.moved:
+            moving, other = entries.pop(a, None), entries.pop(b, None)
+            if moving is not None:
+                entries[b] = moving
+            if other is not None and direction is MoveDirectionality.SWAP:
+                entries[a] = other
+            changed |= moving is not None or other is not None
+        return changed
+    new_index = _new_indices(permutation, max(entries) + 1)
+    moved = {int(new_index[i]): state for i, state in entries.items() if new_index[i] >= 0}
+    changed = moved.keys() != entries.keys() or any(int(new_index[i]) != i for i in entries)
+    entries.clear()
+    entries.update(moved)
     return changed
+
+
+def _new_indices(permutation: np.ndarray, size: int) -> np.ndarray:
+    """Old index -> new index (-1: no request there)."""
+    new_index = np.full(max(size, int(permutation.max()) + 1 if len(permutation) else 0), -1, dtype=np.int64)
+    new_index[permutation] = np.arange(len(permutation))
+    return new_index
 
 
 def move_rows(update: BatchUpdate, *tables: "np.ndarray | torch.Tensor") -> None:
     """Moves the rows of per-index tables (numpy arrays or tensors, indexed by batch index
-    on their first axis) as ``update.moved`` says."""
+    on their first axis) as ``update`` says: one indexed copy per table."""
+    permutation = update.permutation
+    if permutation is not None:
+        n = len(permutation)
+        index: Optional[torch.Tensor] = None
+        for table in tables:
+            if isinstance(table, np.ndarray):
+                table[:n] = table[permutation]  # the right side is a copy
+            else:
+                if index is None or index.device != table.device:
+                    index = torch.from_numpy(permutation).to(table.device)
+                table[:n] = table.index_select(0, index)
+        return
     for a, b, direction in update.moved:
         for table in tables:
             if direction is MoveDirectionality.SWAP:

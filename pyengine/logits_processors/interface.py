@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from pyengine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # torch only in annotations: a front end names processors without it
+    import numpy as np
     import torch
 
 __all__ = [
@@ -68,6 +69,64 @@ class BatchUpdate:
     removed: Sequence[RemovedRequest]
     added: Sequence[AddedRequest]
     moved: Sequence[MovedRequest]
+    #: pyengine's addition: the same moves as one permutation (None when built by hand):
+    #: after the update, index ``j < batch_size`` holds what index ``permutation[j]`` held
+    #: after ``removed`` and ``added`` (an int64 numpy array). The built-in processors
+    #: apply it with one indexed copy per table (``index_state``) and never read
+    #: ``moved``, which the engine then lists (in Python) only for a processor that reads it.
+    permutation: Optional["np.ndarray"] = None
+
+
+class PermutationMoves(Sequence[MovedRequest]):
+    """``BatchUpdate.moved`` of a permutation: the swaps and one-way moves that, applied in
+    order, leave index ``j`` holding what ``permutation[j]`` held (indices not in the
+    permutation hold nothing before, and ``len(permutation)`` and above nothing after).
+    Listed on first use."""
+
+    def __init__(self, permutation: "np.ndarray") -> None:
+        self._permutation = permutation
+        self._moves: Optional[list[MovedRequest]] = None
+
+    def _list(self) -> list[MovedRequest]:
+        if self._moves is None:
+            self._moves = moves_of_permutation(self._permutation.tolist())
+        return self._moves
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._list()[i]
+
+    def __len__(self) -> int:
+        return len(self._list())
+
+    def __iter__(self):  # type: ignore[override]
+        return iter(self._list())
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    def __repr__(self) -> str:
+        return repr(self._list())
+
+
+def moves_of_permutation(permutation: list[int]) -> list[MovedRequest]:
+    """Moves (see ``PermutationMoves``) in index order: index ``j`` gets its request from
+    wherever it is now, by a swap when ``j`` holds another, else one way."""
+    holder: dict[int, int] = {index: index for index in permutation}  # slot -> the request (its first index)
+    where = dict(holder)  # request -> its slot now
+    moves: list[MovedRequest] = []
+    for target, wanted in enumerate(permutation):
+        source = where[wanted]
+        if source == target:
+            continue
+        other = holder.get(target)
+        holder[target], where[wanted] = wanted, target
+        if other is None:
+            del holder[source]
+            moves.append((source, target, MoveDirectionality.UNIDIRECTIONAL))
+        else:
+            holder[source], where[other] = other, source
+            moves.append((source, target, MoveDirectionality.SWAP))
+    return moves
 
 
 class LogitsProcessor(ABC):
