@@ -262,3 +262,34 @@ def test_processors_run_on_rank_0_under_tensor_parallelism(llm, checkpoint, exam
         got = token_ids(tp.generate(PROMPTS[:4], params, use_tqdm=False))
     assert got == [[77] * MAX_TOKENS, [9] * MAX_TOKENS, [20] * MAX_TOKENS, single[3]] == single
     assert len(got[3]) == 6 and got[3][-1] == eos
+
+
+class RecordingLogitsProcessor(LogitsProcessor):
+    """Keeps what each ``added`` entry carried (per engine: ``seen`` is set by the test)."""
+
+    seen: list = []
+
+    def __init__(self, config, device, is_pin_memory):
+        pass
+
+    def is_argmax_invariant(self):
+        return True
+
+    def update_state(self, batch_update):
+        for _index, params, prompt, outputs in batch_update.added if batch_update else ():
+            self.seen.append((params.extra_args["name"], prompt, outputs))
+
+    def apply(self, logits):
+        return logits
+
+
+def test_a_custom_processor_gets_the_prompt_and_the_running_outputs(checkpoint):
+    """vLLM's contract for custom processors: the prompt's ids, and the request's own output
+    list, appended to after every step (the built-ins alone get neither kept)."""
+    seen: list = []
+    RecordingLogitsProcessor.seen = seen
+    with LLM(str(checkpoint), max_num_seqs=4, logits_processors=[RecordingLogitsProcessor]) as engine:
+        out = engine.generate([[5, 6, 7, 8]], greedy(extra_args={"name": "a"}), use_tqdm=False)[0]
+    (name, prompt, outputs), = seen
+    assert (name, prompt) == ("a", [5, 6, 7, 8])
+    assert outputs == out.outputs[0].token_ids  # the list it was handed, appended to after every step

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -57,7 +57,7 @@ class LogitsPipeline:
         factories += [_factory(c, config, device, pin) for c in custom]
         return cls(factories, int(config.max_num_seqs), custom=bool(custom))
 
-    def install(self, row: int, params: SamplingParams, prompt: list[int], outputs: list[int]) -> None:
+    def install(self, row: int, params: SamplingParams, prompt: Optional[list[int]], outputs: list[int]) -> None:
         self.batch.install(row, params, prompt, outputs)
 
     def free(self, rows: np.ndarray) -> None:

@@ -147,9 +147,11 @@ def _install_processors(
     pipeline: LogitsPipeline, plan: StepPlanLike, entries: np.ndarray, params: list[SamplingParams]
 ) -> None:
     """Tells the logits processors about new sampling sequences (``entries``: their
-    positions among the plan's new sequences), with their prompt and outputs so far."""
+    positions among the plan's new sequences), with their outputs so far and, when a
+    custom processor is installed, their prompt (the built-in ones never read it: no
+    per-request list of the prompt otherwise)."""
     offsets, ids = plan.new_token_offsets, plan.new_token_ids
     for k, p in zip(entries.tolist(), params):
-        tokens = ids[offsets[k] : offsets[k + 1]].tolist()
-        split = int(plan.new_num_prompt_tokens[k])
-        pipeline.install(int(plan.new_rows[k]), p, tokens[:split], tokens[split:])
+        start, split = int(offsets[k]), int(offsets[k]) + int(plan.new_num_prompt_tokens[k])
+        prompt = ids[start:split].tolist() if pipeline.custom else None
+        pipeline.install(int(plan.new_rows[k]), p, prompt, ids[split : offsets[k + 1]].tolist())
