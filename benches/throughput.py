@@ -10,8 +10,10 @@ Measured in one run, output tokens per second:
 - ``hf_generate``: transformers' ``generate`` in left-padded static batches of 16 in input
   order; a batch decodes until its longest request is done, and only the tokens each
   request asked for count (what static batching costs).
-- ``hf_generate_batch``: transformers' continuous batching (``generate_batch``), one call
-  per output length.
+- ``hf_generate_batch``: transformers' continuous batching (the manager behind
+  ``generate_batch``), every request added at once with its own output length, its paged
+  cache sized to the workload as pyengine's is (``hf_cache_config``: the ``--max-num-seqs``
+  largest requests at once) and built before the timer starts.
 - ``lower_bound``: the same tokens through a plain PyTorch loop over a contiguous KV cache
   with perfect batching: total prompt tokens at the measured prefill rate plus total
   output tokens at the measured decode rate of a full batch (``--max-num-seqs``) at the
@@ -74,15 +76,24 @@ def run_pyengine(folder: Path, prompts, outputs, max_num_seqs: int) -> tuple[flo
     with LLM(str(folder), dtype="float32", max_num_seqs=max_num_seqs, max_model_len=1024) as llm:
         llm.generate([prompts[0]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)  # warm-up
         params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in outputs]
+        before = llm.stats()  # the counters are cumulative: start-up and warm-up are taken off
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - start
         stats = llm.stats()
     produced = sum(len(o.outputs[0].token_ids) for o in outs)
     assert produced == sum(outputs)
-    threads = {name: round(v["busy_s"] / elapsed, 3) for name, v in stats.threads.items()}
-    return produced / elapsed, {"thread_busy_fraction": threads, "steps": stats.steps,
-                                "step_ms_mean": round(stats.step_time_mean_ms, 2)}
+    return produced / elapsed, timed_stats(before, stats, elapsed)
+
+
+def timed_stats(before, after, elapsed: float) -> dict:
+    """Each engine thread's busy fraction and the steps over the timed run alone: the
+    difference of two ``LLM.stats()`` snapshots (their counters count from the engine's
+    start). The step time is the engine's mean over its recent steps (a window)."""
+    threads = {name: round((v["busy_s"] - before.threads.get(name, {}).get("busy_s", 0.0)) / elapsed, 3)
+               for name, v in after.threads.items()}
+    return {"thread_busy_fraction": threads, "steps": after.steps - before.steps,
+            "step_ms_mean": round(after.step_time_mean_ms, 2)}
 
 
 def _hf_model(folder: Path):
@@ -113,21 +124,48 @@ def run_hf_generate(folder: Path, prompts, outputs, batch: int = 16) -> float:
     return useful / elapsed
 
 
-def run_hf_generate_batch(folder: Path, prompts, outputs) -> float:
+#: transformers' continuous-batching page: tokens per cache block (its default).
+HF_PAGE_SIZE = 256
+
+
+def hf_cache_config(prompts, outputs, max_num_seqs: int):
+    """transformers' continuous-batching cache sized to the workload, as pyengine's is: room
+    for the ``max_num_seqs`` largest requests at once, at most ``max_num_seqs`` requests per
+    batch. Left to itself it sizes the cache from the machine's memory (all of it on CPU
+    without psutil: 14 GB on a 2-core host, and the allocation OOM-killed the bench)."""
+    from transformers import ContinuousBatchingConfig
+
+    blocks = sorted((-(-(len(p) + m) // HF_PAGE_SIZE) for p, m in zip(prompts, outputs)), reverse=True)
+    return ContinuousBatchingConfig(page_size=HF_PAGE_SIZE, num_blocks=sum(blocks[:max_num_seqs]),
+                                    max_batch_tokens=max(1024, max(map(len, prompts))),
+                                    max_requests_per_batch=max_num_seqs)
+
+
+def run_hf_generate_batch(folder: Path, prompts, outputs, max_num_seqs: int, timeout: float = 3600.0) -> float:
+    """transformers' continuous batching (the manager ``generate_batch`` uses): every request
+    added at once, each with its own output length; the cache is built (and warmed up)
+    before the timer starts."""
     from transformers import GenerationConfig
 
     model = _hf_model(folder)
-    total, elapsed = 0, 0.0
-    for length in sorted(set(outputs)):
-        group = [p for p, m in zip(prompts, outputs) if m == length]
-        if not group:
-            continue
-        config = GenerationConfig(max_new_tokens=length, min_new_tokens=length, do_sample=False,
-                                  eos_token_id=None, pad_token_id=0)
+    config = GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=0)  # no EOS: ignore_eos
+    with torch.inference_mode(), model.continuous_batching_context_manager(
+            generation_config=config, continuous_batching_config=hf_cache_config(prompts, outputs, max_num_seqs),
+            block=True, timeout=30, warmup=True) as manager:
         start = time.perf_counter()
-        results = model.generate_batch(inputs=group, generation_config=config, progress_bar=False)
-        elapsed += time.perf_counter() - start
-        total += sum(len(r.generated_tokens) for r in results.values())
+        deadline = time.monotonic() + timeout
+        for length in sorted(set(outputs)):
+            manager.add_requests(inputs=[p for p, m in zip(prompts, outputs) if m == length], max_new_tokens=length)
+        total = finished = 0
+        while finished < len(prompts):
+            if time.monotonic() > deadline or not manager.is_running():
+                raise RuntimeError(f"transformers' continuous batching finished {finished} of {len(prompts)} requests")
+            result = manager.get_result(timeout=1)
+            if result is not None and result.is_finished():
+                finished += 1
+                total += len(result.generated_tokens)
+        elapsed = time.perf_counter() - start
+    assert total == sum(outputs), (total, sum(outputs))
     return total / elapsed
 
 
@@ -205,7 +243,7 @@ def main() -> None:
         result["pyengine"], result["pyengine_detail"] = _median_run(engines)
         if not args.skip_hf:
             result["hf_generate"] = run_hf_generate(folder, prompts, outputs)
-            result["hf_generate_batch"] = run_hf_generate_batch(folder, prompts, outputs)
+            result["hf_generate_batch"] = run_hf_generate_batch(folder, prompts, outputs, args.max_num_seqs)
     for key in ("pyengine", "hf_generate", "hf_generate_batch", "lower_bound", "lower_bound_native_attention"):
         if key in result:
             result[key] = round(result[key], 1)
