@@ -28,6 +28,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -75,7 +76,7 @@ def run_transformers(folder: Path, prompts, params: BeamSearchParams, repeats: i
     return {"seconds": statistics.median(times), "sequences": sequences}
 
 
-def main() -> None:
+def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=192)
@@ -83,7 +84,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, 4000, args.prompt_len).tolist() for _ in range(args.num_prompts)]
@@ -94,7 +95,7 @@ def main() -> None:
         uncached = run_engine(folder, prompts, params, args.repeats, enable_prefix_caching=False)
         reference = run_transformers(folder, prompts, params, args.repeats)
     result = {
-        "workload": vars(args),
+        "workload": {k: v for k, v in vars(args).items() if k != "json"},
         "cached": {k: v for k, v in cached.items() if k != "sequences"},
         "uncached": {k: v for k, v in uncached.items() if k != "sequences"},
         "transformers_s": reference["seconds"],

@@ -25,6 +25,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 from bench_model import bench_checkpoint
@@ -68,14 +69,29 @@ def idle_check_us(rows: int = 256, repeats: int = 2000) -> float:
     return (time.perf_counter() - start) / repeats * 1e6
 
 
-def main() -> None:
+def format_report(result: dict) -> str:
+    """The plain-text report: the workload, each run's median, the ratios, the idle check."""
+    w, seconds = result["workload"], result["seconds"]
+    runs = result["runs"]
+    lines = [f"workload: {w['num_requests']} requests of {w['prompt_len']} prompt tokens, vocab {w['vocab']}, "
+             f"8 output tokens, median of {w['repeats']} run(s)"]
+    for key, label in (("none", "no request asks"), ("all", "every request asks"),
+                       ("one_in_8", "1 request in 8 asks")):
+        lines.append(f"{label:>22}: {seconds[key]:.3f} s  (runs: {', '.join(f'{t:.3f}' for t in runs[key])})")
+    lines.append(f"all / none time {result['ratio_all_over_none']:.3f}, "
+                 f"1 in 8 / none time {result['ratio_one_in_8_over_none']:.3f}")
+    lines.append(f"idle per-step check (256-row decode step, none asking): {result['idle_step_check_us']:.2f} µs")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, args.vocab, args.prompt_len).tolist() for _ in range(args.num_requests)]
     times: dict[str, list[float]] = {"none": [], "all": [], "one_in_8": []}
@@ -87,18 +103,14 @@ def main() -> None:
             times["one_in_8"].append(run(folder, prompts, 8))
     medians = {k: statistics.median(v) for k, v in times.items()}
     result = {
-        "workload": vars(args),
+        "workload": {k: v for k, v in vars(args).items() if k != "json"},
         "seconds": {k: round(v, 3) for k, v in medians.items()},
         "ratio_all_over_none": round(medians["all"] / medians["none"], 3),
         "ratio_one_in_8_over_none": round(medians["one_in_8"] / medians["none"], 3),
         "idle_step_check_us": round(idle_check_us(), 2),
-        "runs": times,
+        "runs": {k: [round(t, 4) for t in v] for k, v in times.items()},
     }
-    if args.json:
-        print(json.dumps(result))
-        return
-    for key, value in result.items():
-        print(f"{key}: {value}")
+    print(json.dumps(result) if args.json else format_report(result))
 
 
 if __name__ == "__main__":
