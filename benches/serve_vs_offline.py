@@ -53,6 +53,7 @@ BENCHES = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHES))
 import serve  # noqa: E402 - the load generator and report of benches/serve.py
 from bench_model import MODEL  # noqa: E402 - the benches' model
+from thread_collapse import thread_collapse_warning  # noqa: E402 - the oversubscribed-host warning
 
 ENGINE_ARGS = ["--dtype", "float32", "--max-model-len", "1024"]
 
@@ -272,13 +273,29 @@ def main() -> int:
     if len(repeats) > 1:
         summary["repeats"] = [{mode: r.get("ratio_to_offline", r["output_throughput"]) for mode, r in each.items()}
                               for each in repeats]
+    warnings = dp_warnings(runs)
     if args.json:
-        print(json.dumps({"runs": runs, "summary": summary}))
+        print(json.dumps({"runs": runs, "summary": summary, "warnings": warnings}))
         return 0
     for mode, r in runs.items():
         print(_line(mode, r))
     print("summary: " + json.dumps(summary))
+    for warning in warnings:
+        print(warning)
     return 0
+
+
+def dp_warnings(runs: dict[str, dict[str, Any]]) -> list[str]:
+    """A warning when dp1 (one core with 2 threads) was slower than half of dp2 (two cores
+    of one thread): on an oversubscribed host the 2-thread core collapses, and dp2 / dp1
+    then measures OpenMP's spin-wait, not data parallelism."""
+    if "dp1" not in runs or "dp2" not in runs:
+        return []
+    dp1, dp2 = runs["dp1"]["output_throughput"], runs["dp2"]["output_throughput"]
+    if dp1 >= dp2 / 2:
+        return []
+    return [thread_collapse_warning(f"dp1 (one core on 2 CPUs, {dp1:.1f} tok/s) was slower than half of dp2 "
+                                    f"({dp2:.1f})")]
 
 
 def _median_repeat(repeats: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:

@@ -42,6 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_model import MODEL, VOCAB_SIZE, bench_checkpoint  # noqa: E402
+from thread_collapse import thread_collapse_warning  # noqa: E402
 from throughput import workload  # noqa: E402
 
 from pyengine import LLM, SamplingParams  # noqa: E402
@@ -141,8 +142,17 @@ def time_collectives(tokens: int, iters: int = 200) -> dict:
     return result
 
 
+def threading_warnings(two_threads: float, one_thread: float) -> list[str]:
+    """A warning when TP=1 on 2 threads (tokens/s) was slower than on 1 thread: the host is
+    oversubscribed and the ratio against 2 threads measures OpenMP's spin-wait, not TP."""
+    if two_threads >= one_thread:
+        return []
+    return [thread_collapse_warning(f"TP=1 on 2 threads ({two_threads:.1f} tokens/s) was slower than on "
+                                    f"1 thread ({one_thread:.1f})")]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--max-num-seqs", type=int, default=32)
@@ -169,6 +179,7 @@ def main() -> None:
             one_thread.append(run_engine(folder, 1, prompts, outputs, args.max_num_seqs, threads=1)[0])
             gloo.append(run_engine(folder, 2, prompts, outputs, args.max_num_seqs, gloo=True)[0])
     tps = {tp: statistics.median(r[0] for r in results) for tp, results in runs.items()}
+    warnings = threading_warnings(tps[1], statistics.median(one_thread))
     collectives = time_collectives(tokens=args.max_num_seqs)
     broadcast = statistics.median(r[1]["broadcast_us_per_step"] for r in runs[2])
     broadcast_cpu = statistics.median(r[1]["broadcast_cpu_us_per_step"] for r in runs[2])
@@ -185,6 +196,7 @@ def main() -> None:
         "bars": {"ratio >= 0.8": tps[2] / tps[1] >= 0.8, "broadcast <= 100 us": broadcast <= 100},
         "load_average_1min": round(os.getloadavg()[0], 2),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(libgomp default)"),
+        "warnings": warnings,
         "details": {f"tp{tp}": [{"tokens_per_s": round(r[0], 1), **r[1]} for r in results]
                     for tp, results in runs.items()},
         "workload": {"requests": args.num_requests, "output_tokens": int(np.sum(outputs)),
@@ -198,6 +210,8 @@ def main() -> None:
                     "broadcast_cpu_us_per_step", "all_reduce_us_per_step", "gloo_all_reduce_us_per_step",
                     "gather_us_per_step", "gloo_gather_us_per_step", "load_average_1min", "omp_wait_policy"):
             print(f"{key:<28} {result[key]}")
+        for warning in warnings:
+            print(warning)
         print(f"bars: {result['bars']}")
 
 
