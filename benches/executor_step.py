@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -153,7 +152,8 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--steps", type=int, default=30, help="timed decode steps")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch intra-op threads")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                        help="torch intra-op threads (default: torch's, which follows OMP_NUM_THREADS)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
