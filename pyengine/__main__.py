@@ -94,5 +94,38 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def run() -> None:
+    """The console script and ``python -m pyengine``: runs ``main`` and exits with its status.
+
+    ``pyengine serve`` leaves through ``os._exit`` once ``main`` returned (the server
+    stopped, the engine shut down: its threads joined, its processes reaped, the log
+    listener stopped), after flushing the logs and the standard streams, as the engine-core
+    and tensor-parallel worker processes do. The interpreter's teardown would only unload
+    torch and what it imported; triton's bindings (imported through transformers and
+    ``torch._dynamo`` in a process that runs the engine) print a 30-line "nanobind: leaked
+    ..." report there. While another non-daemon thread still runs, the ordinary exit,
+    which waits for it, is kept."""
+    argv = sys.argv[1:]
+    code = main(argv)
+    if argv[:1] == ["serve"] and not _other_threads_running():
+        import logging
+        import os
+
+        from pyengine.multiprocess.watchdog import flush_standard_streams
+
+        try:
+            logging.shutdown()
+        finally:
+            flush_standard_streams()
+            os._exit(code)
+    sys.exit(code)
+
+
+def _other_threads_running() -> bool:
+    import threading
+
+    return any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
