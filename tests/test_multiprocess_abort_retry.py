@@ -13,6 +13,7 @@ import pytest
 import zmq
 
 from pyengine.config import EngineConfig
+from pyengine.errors import EngineDeadError, EngineError
 from pyengine.multiprocess import wire
 from pyengine.multiprocess.client import MultiprocessEngine
 from pyengine.sampling_params import SamplingParams
@@ -67,3 +68,34 @@ def test_an_abort_that_meets_a_full_core_queue_is_sent_once_there_is_room(checkp
     finally:
         os.kill(pid, signal.SIGCONT)
         engine.shutdown()
+
+
+def test_a_query_that_meets_a_full_core_queue_is_an_error_not_a_death(checkpoint):
+    """stats() / thread_stacks() ask every core; a full queue says so at once (try again),
+    not "unreachable" as a dead core would, and the engine stays alive."""
+    config = EngineConfig(model=str(checkpoint), max_model_len=4096, num_kv_blocks=300, max_num_seqs=4)
+    engine = MultiprocessEngine(config, heartbeat_timeout=60.0)
+    pid = engine.core_pids[0]
+    assert pid is not None
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            assert fill_queue(engine, 0) > 0
+            with pytest.raises(EngineError, match="queue is full") as caught:
+                engine.thread_stacks()
+            assert not isinstance(caught.value, EngineDeadError)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert engine.health().dead_reason is None
+        assert wait_until(lambda: _answers(engine), 60.0), "the resumed core never answered"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        engine.shutdown()
+
+
+def _answers(engine: MultiprocessEngine) -> bool:
+    try:
+        engine.stats()
+        return True
+    except EngineError:
+        return False  # its queue still holds the heartbeats that filled it

@@ -600,6 +600,11 @@ class MultiprocessEngine(EngineClient):
                 self._check_alive()
                 if time.monotonic() > deadline and len(replies) < len(self._cores):
                     raise EngineError(f"engine cores did not answer {what!r} within {QUERY_TIMEOUT_S:.0f}s")
+        except zmq.Again:
+            # A core that is not reading (stalled, or busy for longer than its queue lasts)
+            # is not dead: its process and its heartbeat decide that.
+            raise EngineError(f"an engine core's command queue is full, so {what!r} could not be asked: "
+                              "try again") from None
         except zmq.ZMQError as error:
             raise EngineDeadError(f"an engine core is unreachable: {error}") from None
         finally:
