@@ -48,11 +48,12 @@ from typing import Any, Optional
 import httpx
 
 from pyengine.testing.serve_process import ServeProcess
+from pyengine.testing.waits import child_pids
 
 BENCHES = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHES))
 import serve  # noqa: E402 - the load generator and report of benches/serve.py
-from bench_model import MODEL  # noqa: E402 - the benches' model
+from bench_model import bench_checkpoint  # noqa: E402 - the benches' model
 from thread_collapse import thread_collapse_warning  # noqa: E402 - the oversubscribed-host warning
 
 ENGINE_ARGS = ["--dtype", "float32", "--max-model-len", "1024"]
@@ -171,10 +172,6 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _children(pid: int) -> list[int]:
-    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
-
-
 def run_server(args: argparse.Namespace, serve_flags: list[str], front_cpus: Optional[list[int]],
                client_cpus: Optional[list[int]], client: str = "lean") -> dict[str, Any]:
     pin = (lambda: os.sched_setaffinity(0, front_cpus)) if front_cpus else None
@@ -193,7 +190,7 @@ def run_server(args: argparse.Namespace, serve_flags: list[str], front_cpus: Opt
                                   warmup=2, timeout=600.0, seed=args.seed, model=None,
                                   client=client)
         # The engine's CPU time: its core processes', or (in-process) the server's own.
-        cores = _children(proc.pid) or [proc.pid]
+        cores = child_pids(proc.pid) or [proc.pid]
         front = [proc.pid] if cores != [proc.pid] else []
         scrape0 = _scrape(url)
         cpu0 = [_cpu_seconds(p) for p in cores + front] + [time.process_time()]
@@ -249,9 +246,7 @@ def main() -> int:
         return 0
     core, client = _cpus(args.core_cpus), _cpus(args.client_cpus)
     with tempfile.TemporaryDirectory() as tmp:
-        from pyengine.testing.checkpoints import make_tiny_checkpoint
-
-        args.model_dir = str(make_tiny_checkpoint(Path(tmp) / "model", "qwen3", vocab_size=4096, **MODEL))
+        args.model_dir = str(bench_checkpoint(Path(tmp) / "model"))
         both = ",".join(map(str, core + client))
         plans = {
             "offline": lambda: run_offline(args),

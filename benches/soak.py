@@ -37,6 +37,7 @@ from typing import Any, Iterator, Optional
 import httpx
 
 from pyengine.testing.serve_process import ServeProcess
+from pyengine.testing.waits import child_pids
 
 #: The issue's bar: RSS may grow at most this much between 1k requests and the end.
 GROWTH_BAR_MB = 50.0
@@ -49,17 +50,6 @@ def rss_mb(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-def child_pids(pid: int) -> list[int]:
-    """The direct children of process ``pid`` (every thread's, as ``/proc`` lists them)."""
-    pids: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            pids += [int(p) for p in (task / "children").read_text().split()]
-        except OSError:
-            pass  # the thread ended meanwhile
-    return pids
 
 
 def engine_core_pids(front_end: int) -> list[int]:

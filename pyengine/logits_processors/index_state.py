@@ -59,7 +59,7 @@ def move_entries(entries: dict[int, T], update: BatchUpdate) -> bool:
         return changed
     new_index = _new_indices(permutation, max(entries) + 1)
     moved = {int(new_index[i]): state for i, state in entries.items() if new_index[i] >= 0}
-    changed = moved.keys() != entries.keys() or any(int(new_index[i]) != i for i in entries)
+    changed = any(int(new_index[i]) != i for i in entries)  # a dropped entry maps to -1
     entries.clear()
     entries.update(moved)
     return changed

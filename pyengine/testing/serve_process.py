@@ -12,12 +12,11 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Optional
 
 from pyengine.child_command import python_module_command
-from pyengine.testing.waits import free_port, pid_alive
+from pyengine.testing.waits import child_pids, free_port, pid_alive
 
 
 class ServeProcess:
@@ -56,10 +55,7 @@ class ServeProcess:
 
     def core_pids(self) -> list[int]:
         """The server's child processes (its engine cores), while it runs."""
-        pids: list[int] = []
-        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
-            pids += [int(p) for p in (task / "children").read_text().split()]
-        return pids
+        return child_pids(self.proc.pid)
 
     def stop(self, timeout: float = 30.0) -> Optional[int]:
         """Ctrl-C (the server drains and stops its cores), killed after ``timeout``

@@ -39,6 +39,17 @@ def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0
     return bool(predicate())
 
 
+def child_pids(pid: int) -> list[int]:
+    """The direct children of process ``pid`` (every thread's, as ``/proc`` lists them)."""
+    pids: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            pids += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:
+            pass  # the thread ended meanwhile
+    return pids
+
+
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` runs (a zombie, exited but not reaped, does not; nor one
     being torn down): what the native ``process_exists`` of ``crates/kernels`` answers."""
