@@ -23,10 +23,10 @@ WHEEL_NEEDS = ["pyengine/py.typed", "pyengine/_native.pyi", "pyengine/_sched.pyi
                "pyengine/_native.abi3.so", "pyengine/__init__.py"]
 # Repository trees that are not part of the product. (pyengine/testing is: the benches
 # and the test suite run against the installed package and import it.)
-WHEEL_MUST_NOT = re.compile(r"^(tests|benches|crates|docs|\.ci)/|(^|/)conftest\.py$|^pyengine/_sched.*\.so$")
-SDIST_NEEDS = ["pyproject.toml", "Cargo.toml", "Cargo.lock", "README.md", "crates/sched/Cargo.toml",
-               "crates/sched/src/lib.rs", "crates/kernels/Cargo.toml", "crates/kernels/src/lib.rs",
-               "crates/python/Cargo.toml", "crates/python/src/lib.rs", "pyengine/__init__.py",
+WHEEL_MUST_NOT = re.compile(r"^(tests|benches|rust_sched|docs|\.ci)/|(^|/)conftest\.py$|^pyengine/_sched.*\.so$")
+SDIST_NEEDS = ["pyproject.toml", "Cargo.toml", "Cargo.lock", "README.md", "rust_sched/sched/Cargo.toml",
+               "rust_sched/sched/src/lib.rs", "rust_sched/kernels/Cargo.toml", "rust_sched/kernels/src/lib.rs",
+               "rust_sched/python/Cargo.toml", "rust_sched/python/src/lib.rs", "pyengine/__init__.py",
                "pyengine/py.typed", "pyengine/_sched.pyi", "pyengine/_kernels.pyi", "pyengine/_native.pyi"]
 
 

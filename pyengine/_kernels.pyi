@@ -1,7 +1,7 @@
 """Type stubs for ``pyengine._kernels``: the executor's native CPU kernels (Rust,
-``crates/kernels``), called on numpy views of torch tensors.
+``rust_sched/kernels``), called on numpy views of torch tensors.
 
-Provided by the extension ``pyengine._native`` (``crates/python``). Every kernel runs
+Provided by the extension ``pyengine._native`` (``rust_sched/python``). Every kernel runs
 with the GIL released; a refused argument raises ``pyengine.errors.KernelError``.
 """
 

@@ -1,4 +1,4 @@
-"""Type stubs for ``pyengine._native``, the one native extension (``crates/python``).
+"""Type stubs for ``pyengine._native``, the one native extension (``rust_sched/python``).
 
 Loading it registers the modules ``pyengine._sched`` (the scheduler) and
 ``pyengine._kernels`` (the executor's CPU kernels); import those, not this.

@@ -8,7 +8,7 @@ and reports accepted tokens and finished sequences as :class:`OutputEvent`. See
 A request's per-sample parameters ride into the plan that admits each sample
 (``StepPlan.new_params``), and the executor's step result rides with its sampled ids
 into that step's event (``OutputEvent.step_result``): the scheduler moves these objects
-without reading them. Provided by the extension ``pyengine._native`` (``crates/python``).
+without reading them. Provided by the extension ``pyengine._native`` (``rust_sched/python``).
 """
 
 from typing import Final, Literal, TypeAlias, final

@@ -30,7 +30,7 @@ MASK_TIMEOUT_S = 30.0
 
 
 def fake_tokens(seq_ids: np.ndarray, positions: np.ndarray, vocab: int) -> np.ndarray:
-    """Vectorised twin of ``pyengine_sched::sim::fake_token`` (crates/sched/src/sim.rs)."""
+    """Vectorised twin of ``pyengine_sched::sim::fake_token`` (rust_sched/sched/src/sim.rs)."""
     with np.errstate(over="ignore"):
         x = (seq_ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ (
             positions.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)

@@ -268,7 +268,7 @@ class DecoderAttention(torch.nn.Module):
 
     def _native_qk_norm_rope(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
         """q/k norm and rotary on ``qkv`` in place by the native kernel (one pass, see
-        ``crates/kernels/src/norm.rs``); False, with nothing done, where it does not apply."""
+        ``rust_sched/kernels/src/norm.rs``); False, with nothing done, where it does not apply."""
         norms = [self.q_norm, self.k_norm] if self.q_norm is not None and self.k_norm is not None else []
         tensors = [qkv, cos, sin, *(norm.weight for norm in norms)]
         if not all(_native_float32(t) for t in tensors):

@@ -52,7 +52,7 @@ def child_pids(pid: int) -> list[int]:
 
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` runs (a zombie, exited but not reaped, does not; nor one
-    being torn down): what the native ``process_exists`` of ``crates/kernels`` answers."""
+    being torn down): what the native ``process_exists`` of ``rust_sched/kernels`` answers."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:

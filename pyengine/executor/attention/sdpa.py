@@ -9,7 +9,7 @@ Per step the sequences split into two groups:
   On CUDA their blocks are gathered into ``[rows, L, kv_heads, head_dim]`` and attended
   in one SDPA call. On CPU, where a gather's memory traffic would dominate, nothing is
   gathered: in float32 the native kernel ``pyengine._kernels.paged_decode_attention``
-  (``crates/kernels``) reads every key and value once, in place, on all intra-op
+  (``rust_sched/kernels``) reads every key and value once, in place, on all intra-op
   threads; other dtypes gather keys in tiles that stay in the core's cache, use ``bmm``,
   and sum the values straight from the paged cache with ``embedding_bag``, weighted by
   the attention probabilities.

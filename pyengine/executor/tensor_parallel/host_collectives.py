@@ -7,7 +7,7 @@ model's compute (docs/tensor_parallel.md has the figures). Here each rank copies
 partial into its slot of one shared segment, announces it, waits for the others (a
 bounded wait that watches their processes) and sums every slot in rank order: the same
 bits on every rank. The logits gather goes the same way. The work is a native kernel
-(``crates/kernels/src/host_group.rs``) that runs with the GIL released.
+(``rust_sched/kernels/src/host_group.rs``) that runs with the GIL released.
 
 ``torch.distributed`` (gloo) stays the process group: the rendezvous, the start-up's
 agreement on the KV cache size, tensors this path does not take (other dtypes, CUDA),

@@ -228,7 +228,7 @@ class SharedMemoryPlanReceiver:
     within that window and rank 0 writes no pipe at all (the wake-up of a sleeping worker
     preempted rank 0 for about 0.4 ms a step on a 2-core host). Then it raises its
     "asleep" word, looks at the sequence once more, and sleeps on its pipe; rank 0 writes
-    the pipe to a worker whose word is up (``crates/kernels/src/sequence_word.rs`` says why
+    the pipe to a worker whose word is up (``rust_sched/kernels/src/sequence_word.rs`` says why
     no plan can be missed). Step bytes are hints: a byte whose plan was taken already is
     ignored, and bytes left in the pipe are read off after a plan (so it never fills);
     the exit byte and a closed pipe (rank 0 gone, which raises) are commands, wherever

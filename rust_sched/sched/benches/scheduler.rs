@@ -17,7 +17,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use pyengine_sched::sim::{fake_token, uniform_requests};
 use pyengine_sched::{RequestSpec, Scheduler, SchedulerConfig};
 
-/// The same allocator the extension module uses (see `crates/python/src/lib.rs`).
+/// The same allocator the extension module uses (see `rust_sched/python/src/lib.rs`).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

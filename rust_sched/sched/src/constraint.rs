@@ -3,7 +3,7 @@
 //! matcher), advanced by every token the sequence accepts and asked, before each of its
 //! samples, which tokens are allowed (a packed bitmask the executor applies to the logits).
 //!
-//! The scheduler only calls these traits; `crates/grammar` implements them with
+//! The scheduler only calls these traits; `rust_sched/grammar` implements them with
 //! llguidance, so this crate builds, tests and benches without a grammar engine, and tests
 //! drive it with small hand-written constraints.
 

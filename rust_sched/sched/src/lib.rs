@@ -2,10 +2,10 @@
 //!
 //! A pure Rust crate: the paged KV [`block_pool`], the continuous-batching [`scheduler`],
 //! the [`plan`] it emits and the [`engine`] thread that runs it, and the [`constraint`]
-//! interface through which it drives grammar matchers (implemented in `crates/grammar`). It knows nothing of
-//! Python or of the model: the bindings (`crates/python`, the Python module
+//! interface through which it drives grammar matchers (implemented in `rust_sched/grammar`). It knows nothing of
+//! Python or of the model: the bindings (`rust_sched/python`, the Python module
 //! `pyengine._sched`) only convert and call through, and the executor's CPU kernels live
-//! in their own crate (`crates/kernels`).
+//! in their own crate (`rust_sched/kernels`).
 
 pub mod attachment;
 pub mod block_hash;

@@ -56,7 +56,7 @@ fn contiguous_mut<'a, T>(
     slice.map_err(|_| bad_kernel_argument(format!("{name} must be C-contiguous")))
 }
 
-/// Decode attention over one layer's paged cache; see `crates/kernels/src/paged_decode.rs`.
+/// Decode attention over one layer's paged cache; see `rust_sched/kernels/src/paged_decode.rs`.
 #[pyfunction]
 #[pyo3(signature = (out, query, key_cache, value_cache, block_tables, seq_lens, scale, num_threads = 1))]
 #[allow(clippy::too_many_arguments)]
@@ -109,7 +109,7 @@ pub fn paged_decode_attention(
 }
 
 /// RMSNorm of each row into `out`, after `residual += x` when a residual is given; see
-/// `crates/kernels/src/norm.rs`.
+/// `rust_sched/kernels/src/norm.rs`.
 #[pyfunction]
 #[pyo3(signature = (out, x, weight, eps, residual = None, num_threads = 1))]
 pub fn rms_norm(
@@ -133,7 +133,7 @@ pub fn rms_norm(
 }
 
 /// Per-head RMSNorm (where weights are given) and rotary embedding of the q and k heads of
-/// `qkv`, in place; see `crates/kernels/src/norm.rs`.
+/// `qkv`, in place; see `rust_sched/kernels/src/norm.rs`.
 #[pyfunction]
 #[pyo3(signature = (qkv, cos, sin, q_heads, k_heads, q_norm_weight = None, k_norm_weight = None, eps = 1e-6, num_threads = 1))]
 #[allow(clippy::too_many_arguments)]
@@ -174,14 +174,14 @@ pub fn qk_norm_rope(
     call(py, || pyengine_kernels::qk_norm_rope(qkv, &heads, num_threads))
 }
 
-/// Frees the calling thread's idle OpenMP workers; see `crates/kernels/src/parallel.rs`.
+/// Frees the calling thread's idle OpenMP workers; see `rust_sched/kernels/src/parallel.rs`.
 #[pyfunction]
 pub fn release_openmp_workers() -> bool {
     pyengine_kernels::release_calling_thread_workers()
 }
 
 /// Grammar masks applied in place: for each `rows[i]`, the logits whose bit in `bits[i]`
-/// is clear become `-inf`; see `crates/kernels/src/token_mask.rs`.
+/// is clear become `-inf`; see `rust_sched/kernels/src/token_mask.rs`.
 #[pyfunction]
 pub fn apply_token_bitmask(
     py: Python<'_>,
@@ -216,7 +216,7 @@ fn element_type(name: &str) -> PyResult<ElementType> {
     }
 }
 
-/// Bytes of a host group's shared segment; see `crates/kernels/src/host_group.rs`.
+/// Bytes of a host group's shared segment; see `rust_sched/kernels/src/host_group.rs`.
 #[pyfunction]
 pub fn host_group_bytes(world_size: usize, slot_bytes: usize) -> usize {
     pyengine_kernels::segment_bytes(world_size, slot_bytes)

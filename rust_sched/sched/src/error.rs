@@ -1,5 +1,5 @@
 //! The one error type of the core. The bindings map each variant to a specific Python
-//! exception (see `crates/python/src/errors.rs`).
+//! exception (see `rust_sched/python/src/errors.rs`).
 
 use thiserror::Error;
 
