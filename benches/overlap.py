@@ -27,7 +27,7 @@ from pyengine.testing.synthetic_runner import SleepRunner
 
 
 def run(depth: int, step_ms: float, requests: int, tokens: int) -> dict:
-    from pyengine.llm import _BatchCollector
+    from pyengine.entrypoints.llm import _BatchCollector
 
     config = EngineConfig(pipeline_depth=depth, max_num_seqs=requests, max_num_batched_tokens=max(8192, requests))
     core = EngineCore(config, runner=SleepRunner(step_ms / 1e3, max_rows=requests))

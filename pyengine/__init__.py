@@ -60,8 +60,8 @@ from pyengine.sampling_params import PoolingParams, SamplingParams, StructuredOu
 # The engine classes import torch; load them on first use so that `import pyengine`
 # stays light for scheduler-only use.
 _LAZY = {
-    "LLM": "pyengine.llm",
-    "AsyncEngine": "pyengine.async_engine",
+    "LLM": "pyengine.entrypoints.llm",
+    "AsyncEngine": "pyengine.entrypoints.async_engine",
     "LogitsProcessor": "pyengine.logits_processors",
     "BatchUpdate": "pyengine.logits_processors",
     "MoveDirectionality": "pyengine.logits_processors",

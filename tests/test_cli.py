@@ -9,7 +9,7 @@ import signal
 import pytest
 
 import pyengine
-from pyengine.__main__ import COMMANDS, main
+from pyengine.cli.main import COMMANDS, main
 
 
 def test_help_lists_every_command_with_one_line(capsys):

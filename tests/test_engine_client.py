@@ -15,7 +15,7 @@ import pytest
 
 from pyengine import AsyncEngine, EngineConfig, InvalidRequestError
 from pyengine.engine.core import EngineCore
-from pyengine.engine_client import EngineClient
+from pyengine.entrypoints.engine_client import EngineClient
 from pyengine.outputs import (
     CompletionOutput,
     EmbeddingRequestOutput,

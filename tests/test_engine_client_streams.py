@@ -1,4 +1,4 @@
-"""What both engine clients share (``pyengine/engine_client.py``): a request's stream up to
+"""What both engine clients share (``pyengine/entrypoints/engine_client.py``): a request's stream up to
 its finished output, aborted at once when the consumer leaves early, and a long text
 prompt tokenized off the event loop, so that other streams go on meanwhile. Each runs on
 the in-process ``AsyncEngine`` and on ``MultiprocessEngine``; every wait is bounded."""
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from pyengine import AsyncEngine, SamplingParams
-from pyengine.engine_client import until_finished
+from pyengine.entrypoints.engine_client import until_finished
 from pyengine.errors import EngineError, InvalidRequestError
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.waits import wait_engine_idle

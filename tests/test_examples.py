@@ -29,7 +29,7 @@ RUNS = [
 
 def run_example(script: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     # A script's own folder goes first on sys.path, not the current one: from any folder it
-    # imports the installed pyengine (as pyengine/child_command.py ensures for modules).
+    # imports the installed pyengine (as pyengine/processes/child_command.py ensures for modules).
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, str(EXAMPLES / script), *args], capture_output=True, text=True,
                           timeout=TIMEOUT_S, cwd=cwd, env=env, check=False)

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 import pyengine
-from pyengine.__main__ import main
-from pyengine.progress import RequestBar, TokenProgress
+from pyengine.cli.main import main
+from pyengine.entrypoints.progress import RequestBar, TokenProgress
 from pyengine.sampling_params import SamplingParams
 
 ENGINE = ["--num-kv-blocks", "64", "--max-num-seqs", "4", "--max-num-batched-tokens", "128"]

@@ -82,7 +82,7 @@ def test_llm_generates_from_a_hub_id_like_from_the_folder(hub_cache, tiny):
 
 
 def test_generate_command_takes_a_hub_id(hub_cache, capsys):
-    from pyengine.__main__ import main
+    from pyengine.cli.main import main
 
     assert main(["generate", "--model", REPO, "--prompt", "Hi", "--max-tokens", "3"]) == 0
     assert "--- 'Hi'" in capsys.readouterr().out
@@ -94,7 +94,7 @@ def test_id_missing_from_the_cache_offline_is_named(hub_cache):
 
 
 def test_serve_names_the_missing_id(hub_cache, capsys):
-    from pyengine.__main__ import main
+    from pyengine.cli.main import main
 
     assert main(["serve", "tiny-org/absent", "--port", "1"]) == 2
     err = capsys.readouterr().err

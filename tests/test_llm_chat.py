@@ -11,7 +11,7 @@ import pytest
 from transformers import PreTrainedTokenizerFast
 
 from pyengine import LLM, InvalidRequestError, SamplingParams
-from pyengine.chat_template import ChatTemplateError
+from pyengine.inputs.chat_template import ChatTemplateError
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)

@@ -9,7 +9,7 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
-from pyengine.llm import LLM, _BatchCollector
+from pyengine.entrypoints.llm import LLM, _BatchCollector
 
 
 class _CountingDict(dict):

@@ -23,9 +23,9 @@ import pytest
 import torch
 
 from pyengine import AsyncEngine, SamplingParams
-from pyengine.child_command import python_module_command
 from pyengine.errors import DuplicateRequestError, EngineDeadError, InvalidRequestError, ModelLoadError
 from pyengine.multiprocess import MultiprocessEngine
+from pyengine.processes.child_command import python_module_command
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.waits import free_ports, pid_alive, wait_until
 
@@ -339,7 +339,7 @@ def test_a_front_end_killed_with_streams_in_flight_takes_its_core_with_it(checkp
 FRONT_END_LOADING = """
 import sys; sys.path = [p for p in sys.path if p]  # the installed pyengine, not the checkout
 import os, subprocess, sys, time
-from pyengine.child_command import python_module_command
+from pyengine.processes.child_command import python_module_command
 core = subprocess.Popen(python_module_command("pyengine", "core", sys.argv[1], "--input", sys.argv[2],
                                               "--output", sys.argv[3], "--parent-pid", str(os.getpid())))
 print(core.pid, flush=True)

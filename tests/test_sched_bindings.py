@@ -20,7 +20,7 @@ from pyengine import (
     StepResultError,
     UnknownRequestError,
 )
-from pyengine.fake_executor import FakeExecutor
+from pyengine.devtools.fake_executor import FakeExecutor
 
 
 def make(num_blocks: int = 64, **kw) -> Scheduler:

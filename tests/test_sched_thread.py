@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pyengine import EngineDeadError, Request, Scheduler, SchedulerConfig, SchedulerThread
-from pyengine.fake_executor import FakeExecutor, drive
+from pyengine.devtools.fake_executor import FakeExecutor, drive
 
 
 def workload(n: int = 300, seed: int = 0, shared_prefix: int = 0, eos: bool = False) -> list[Request]:

@@ -36,7 +36,7 @@ def test_the_in_process_server_exits_0_with_its_logs_and_no_teardown_report(tmp_
 
 
 def test_other_commands_exit_through_sys_exit(monkeypatch, capsys):
-    from pyengine.__main__ import run
+    from pyengine.cli.main import run
 
     monkeypatch.setattr(sys, "argv", ["pyengine", "--version"])
     with pytest.raises(SystemExit) as leaving:

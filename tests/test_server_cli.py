@@ -100,7 +100,7 @@ def test_serve_subprocess_answers_and_exits_on_ctrl_c(tmp_path):
 def test_a_failed_start_gives_the_caller_its_signal_handlers_back(monkeypatch):
     """main() runs inside other programs (tests among them): a start-up that fails must not
     leave its start-up SIGINT / SIGTERM handler installed in the caller's process."""
-    from pyengine.async_engine import AsyncEngine
+    from pyengine.entrypoints.async_engine import AsyncEngine
     from pyengine.errors import ModelLoadError
     from pyengine.server.cli import main
 
@@ -128,7 +128,7 @@ def test_a_signal_once_the_engine_is_built_shuts_it_down(monkeypatch):
     signal, and the built engine is shut down, never left running."""
     import os
 
-    from pyengine.async_engine import AsyncEngine
+    from pyengine.entrypoints.async_engine import AsyncEngine
     from pyengine.server.cli import main
 
     built = _BuiltEngine()

@@ -85,7 +85,7 @@ def serve(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen[str], int]:
     if not ckpt.exists():
         make_tiny_checkpoint(ckpt)
     port = free_port()
-    code = "import sys; from pyengine.__main__ import main; sys.exit(main())"
+    code = "import sys; from pyengine.cli.main import main; sys.exit(main())"
     cmd = [sys.executable, "-c", code, "serve", str(ckpt), "--port", str(port), "--max-num-seqs", "16",
            "--max-model-len", "4096", "--stats-interval", "0", *flags]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -19,7 +19,7 @@ from typing import Optional
 import httpx
 import pytest
 
-from pyengine.child_command import python_module_command
+from pyengine.processes.child_command import python_module_command
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.serve_process import ServeProcess
 from pyengine.testing.waits import pid_alive, wait_until

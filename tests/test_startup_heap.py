@@ -11,7 +11,7 @@ CHILD = r"""
 import sys
 sys.path = [p for p in sys.path if p]  # the installed pyengine, not the checkout (see child_command)
 import gc
-from pyengine.startup_heap import freeze_startup_heap
+from pyengine.processes.startup_heap import freeze_startup_heap
 
 class Node:
     pass

@@ -11,8 +11,8 @@ import numpy as np
 
 from pyengine import LLM, SamplingParams, StructuredOutputsParams
 from pyengine.config import EngineConfig
+from pyengine.devtools.fake_executor import allowed_pick
 from pyengine.engine.core import EngineCore
-from pyengine.fake_executor import allowed_pick
 from pyengine.testing.synthetic_runner import SleepRunner
 
 REGEX = r"[0-9]{2,6}-[a-z]{1,4}"

@@ -150,7 +150,7 @@ def test_a_hub_tokenizer_resolves_from_the_cache(model, words, tmp_path, monkeyp
 
 
 def test_serve_and_generate_take_tokenizer_flags(model, words):
-    from pyengine.generate_cli import build_parser
+    from pyengine.cli.generate import build_parser
     from pyengine.server.cli import parse
 
     _, engine_kwargs, _ = parse([str(model), "--tokenizer", str(words), "--generation-config", "vllm"])

@@ -153,7 +153,7 @@ def test_the_switch_sends_every_collective_through_gloo_with_the_same_tokens(qwe
 
 
 # The current folder off sys.path, so that the child imports the installed package (as
-# pyengine/child_command.py does for the engine's own children).
+# pyengine/processes/child_command.py does for the engine's own children).
 _KILLED_ENGINE = """
 import sys
 sys.path = [p for p in sys.path if p]

@@ -18,9 +18,9 @@ from pyengine.beam_search.outputs import BeamSearchOutput
 from pyengine.beam_search.params import BeamSearchParams
 from pyengine.beam_search.search import BeamSearch
 from pyengine.errors import EngineError, InvalidRequestError
+from pyengine.inputs.prompts import PromptType, normalize_prompt
 from pyengine.logprobs import Logprob
 from pyengine.outputs import RequestOutput
-from pyengine.prompts import PromptType, normalize_prompt
 from pyengine.sampling_params import SamplingParams
 
 #: A step's batch: the sequences to extend, and the parameters of their engine requests.

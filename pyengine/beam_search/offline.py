@@ -9,7 +9,7 @@ from pyengine.beam_search.driver import Batch, Candidates, check_params, finish,
 from pyengine.beam_search.outputs import BeamSearchOutput
 from pyengine.beam_search.params import BeamSearchParams
 from pyengine.errors import InvalidRequestError
-from pyengine.prompts import PromptType, is_single_prompt
+from pyengine.inputs.prompts import PromptType, is_single_prompt
 
 if TYPE_CHECKING:
     from pyengine.engine.core import EngineCore

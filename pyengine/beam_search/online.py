@@ -24,11 +24,11 @@ from pyengine.beam_search.driver import (
 from pyengine.beam_search.outputs import BeamSearchOutput
 from pyengine.beam_search.params import BeamSearchParams
 from pyengine.errors import EngineError
-from pyengine.prompts import PromptType
+from pyengine.inputs.prompts import PromptType
 from pyengine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from pyengine.engine_client import EngineClient
+    from pyengine.entrypoints.engine_client import EngineClient
 
 
 async def beam_search(engine: EngineClient, prompts: Sequence[PromptType], params: BeamSearchParams,

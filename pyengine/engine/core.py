@@ -32,16 +32,16 @@ from pyengine.engine.request_state import OutputKind, OutputSink, RequestState
 from pyengine.engine.request_table import RequestTable
 from pyengine.errors import DuplicateRequestError, EngineDeadError, InvalidConfigError, InvalidRequestError
 from pyengine.executor.model_runner import ModelRunner
-from pyengine.logits_processors.bad_words_tokens import bad_words_token_ids
-from pyengine.logits_processors.loading import resolve_processor, validate_request
-from pyengine.outputs import EngineStats, ThreadStack
-from pyengine.request_checks import (
+from pyengine.inputs.request_checks import (
     check_some_token_allowed,
     checked_params,
     executor_params,
     own_cache_salt,
     truncated_prompt,
 )
+from pyengine.logits_processors.bad_words_tokens import bad_words_token_ids
+from pyengine.logits_processors.loading import resolve_processor, validate_request
+from pyengine.outputs import EngineStats, ThreadStack
 from pyengine.sampling_params import PoolingParams, SamplingParams, sample_params
 from pyengine.text import DecodeTable, TextStream, TokenPieces
 from pyengine.text.encode import encode_ids

@@ -31,8 +31,10 @@ import zmq
 
 from pyengine.config import EngineConfig
 from pyengine.engine.grammar import ConstraintCompiler
-from pyengine.engine_client import EngineClient, normalize_off_loop, until_finished
+from pyengine.entrypoints.engine_client import EngineClient, normalize_off_loop, until_finished
 from pyengine.errors import DuplicateRequestError, EngineDeadError, EngineError, InvalidRequestError
+from pyengine.inputs.prompts import PromptType
+from pyengine.inputs.request_checks import checked_params, truncated_prompt
 from pyengine.multiprocess import wire
 from pyengine.multiprocess.core_main import DEFAULT_HEARTBEAT_TIMEOUT_S
 from pyengine.multiprocess.front_text import FrontEndText, makes_text_in_front_end
@@ -47,8 +49,6 @@ from pyengine.outputs import (
     RequestOutput,
     ThreadStack,
 )
-from pyengine.prompts import PromptType
-from pyengine.request_checks import checked_params, truncated_prompt
 from pyengine.sampling_params import PoolingParams, SamplingParams
 from pyengine.text import DecodeTable
 from pyengine.text.encode import encode_ids

@@ -40,8 +40,8 @@ from pyengine.multiprocess import wire
 from pyengine.multiprocess.watchdog import FrontEndWatch, remove_ipc_dir
 from pyengine.multiprocess.wire_logprobs import logprobs_to_wire
 from pyengine.outputs import EmbeddingRequestOutput
+from pyengine.processes.startup_heap import freeze_startup_heap
 from pyengine.sampling_params import PoolingParams, SamplingParams
-from pyengine.startup_heap import freeze_startup_heap
 
 logger = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from typing import Optional, Sequence
 
 import msgspec
 
-from pyengine.child_command import python_module_command
 from pyengine.config import EngineConfig
 from pyengine.errors import InvalidConfigError
 from pyengine.logits_processors.loading import qualified_name
+from pyengine.processes.child_command import python_module_command
 
 
 def config_json(config: EngineConfig) -> str:

@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP server (``pyengine serve``): ``create_app(engine, args)``.
 
-``engine`` is an ``EngineClient`` (``pyengine.engine_client``; ``AsyncEngine`` in-process)
+``engine`` is an ``EngineClient`` (``pyengine.entrypoints.engine_client``; ``AsyncEngine`` in-process)
 and the server uses nothing else of the engine: no module here imports ``pyengine.engine``
 (``tests/test_server_boundary.py`` holds it to that), so the engine core can move to its
 own process behind another client.

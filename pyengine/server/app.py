@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from pyengine import __version__
-from pyengine.engine_client import EngineClient
+from pyengine.entrypoints.engine_client import EngineClient
 from pyengine.server import chat, completions, embeddings, info, tokenizer_api
 from pyengine.server.args import ServerArgs
 from pyengine.server.chat_template import ChatTemplate

@@ -1,4 +1,4 @@
-"""The checkpoint's chat template for the server: ``pyengine.chat_template.ChatTemplate``
+"""The checkpoint's chat template for the server: ``pyengine.inputs.chat_template.ChatTemplate``
 (where rendering lives, shared with ``LLM.chat``) with its failures answered as a 400 on
 ``messages``, never a 500."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from pyengine.chat_template import ChatTemplate as _ChatTemplate
-from pyengine.chat_template import ChatTemplateError
+from pyengine.inputs.chat_template import ChatTemplate as _ChatTemplate
+from pyengine.inputs.chat_template import ChatTemplateError
 from pyengine.server.errors import bad_request
 
 

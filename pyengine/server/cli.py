@@ -176,12 +176,12 @@ def main(argv: list[str]) -> int:
         return 2
     import uvicorn
 
-    from pyengine.async_engine import AsyncEngine
+    from pyengine.entrypoints.async_engine import AsyncEngine
+    from pyengine.processes.startup_heap import freeze_startup_heap
     from pyengine.server.app import create_app
     from pyengine.server.drain import BACKSTOP_S, Drain, DrainingServer, DrainMiddleware
     from pyengine.server.http_protocol import uvicorn_options
     from pyengine.server.logs import configure_logging, get_logger
-    from pyengine.startup_heap import freeze_startup_heap
 
     listener = configure_logging(args.log_format, args.log_level)
     logger = get_logger(model=args.model_name)

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Optional
 
 from fastapi import Depends, Request
 
-from pyengine.engine_client import EngineClient
+from pyengine.entrypoints.engine_client import EngineClient
 from pyengine.server.args import ServerArgs
 from pyengine.server.errors import APIError
 from pyengine.server.health import ProgressMonitor

@@ -16,7 +16,7 @@ from typing import Optional, Union
 
 from starlette.requests import Request
 
-from pyengine.engine_client import EngineClient
+from pyengine.entrypoints.engine_client import EngineClient
 from pyengine.outputs import RequestOutput
 from pyengine.sampling_params import SamplingParams
 

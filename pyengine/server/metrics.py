@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from pyengine.engine_client import EngineClient
+from pyengine.entrypoints.engine_client import EngineClient
 from pyengine.errors import EngineError
 from pyengine.outputs import EngineStats, RequestMetrics, RequestOutput
 

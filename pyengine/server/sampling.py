@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Optional, Union
 
 from pyengine.errors import InvalidRequestError
-from pyengine.request_checks import truncated_prompt
+from pyengine.inputs.request_checks import truncated_prompt
 from pyengine.sampling_params import SamplingParams
 from pyengine.server.context import ServerContext
 from pyengine.server.errors import bad_request, from_value_error

@@ -21,8 +21,13 @@ import codecs
 from pathlib import Path
 from typing import Optional
 
-from pyengine.chat_template import TEMPLATE_FILE, TemplateChoice, checkpoint_chat_template, is_template_path  # noqa: F401
-from pyengine.engine_client import EngineClient
+from pyengine.entrypoints.engine_client import EngineClient
+from pyengine.inputs.chat_template import (  # noqa: F401
+    TEMPLATE_FILE,
+    TemplateChoice,
+    checkpoint_chat_template,
+    is_template_path,
+)
 
 
 def load_chat_template(value: str) -> str:
@@ -62,7 +67,7 @@ def _check_syntax(text: str, where: str) -> None:
     """Compiled as it will be rendered (the same environment: loop controls included)."""
     from jinja2 import TemplateSyntaxError
 
-    from pyengine.chat_template import ChatTemplate
+    from pyengine.inputs.chat_template import ChatTemplate
 
     try:
         ChatTemplate(text, {})

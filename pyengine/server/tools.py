@@ -26,8 +26,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from pyengine.chat_template import template_tool_calls
 from pyengine.errors import InvalidRequestError
+from pyengine.inputs.chat_template import template_tool_calls
 from pyengine.server.errors import bad_request
 from pyengine.server.protocol import (
     ChatCompletionRequest,

@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from pyengine.engine_client import EngineClient
+from pyengine.entrypoints.engine_client import EngineClient
 from pyengine.server.app import create_app
 from pyengine.server.args import ServerArgs
 from pyengine.server.http_protocol import uvicorn_options

@@ -15,7 +15,7 @@ import time
 from types import TracebackType
 from typing import Any, Optional
 
-from pyengine.child_command import python_module_command
+from pyengine.processes.child_command import python_module_command
 from pyengine.testing.waits import child_pids, free_port, pid_alive
 
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from pyengine.devtools.fake_executor import FakeExecutor
 from pyengine.executor.step_output import StepOutput
-from pyengine.fake_executor import FakeExecutor
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pyengine.child_command import python_module_command
+from pyengine.processes.child_command import python_module_command
 from pyengine.testing.waits import free_port
 
 

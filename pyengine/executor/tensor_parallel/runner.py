@@ -31,7 +31,6 @@ from typing import Any, Optional, Union
 import numpy as np
 import torch
 
-from pyengine.child_command import python_module_command
 from pyengine.errors import EngineDeadError, EngineError, InvalidConfigError, ModelLoadError
 from pyengine.executor.attention.metadata import StepAttentionLayout
 from pyengine.executor.config import ExecutorConfig
@@ -68,6 +67,7 @@ from pyengine.executor.tensor_parallel.rendezvous import (
 from pyengine.models.architectures import check_tensor_parallel
 from pyengine.models.loader import LoadedModel, load_model, read_model_config
 from pyengine.models.parallel import CollectiveError, ParallelContext
+from pyengine.processes.child_command import python_module_command
 
 logger = logging.getLogger(__name__)
 

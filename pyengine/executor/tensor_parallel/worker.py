@@ -45,7 +45,7 @@ from pyengine.executor.tensor_parallel.plan_channel import (
 from pyengine.executor.tensor_parallel.rendezvous import Rendezvous, join_group, leave_group
 from pyengine.models.loader import load_model
 from pyengine.models.parallel import CollectiveError, ParallelContext
-from pyengine.startup_heap import freeze_startup_heap
+from pyengine.processes.startup_heap import freeze_startup_heap
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ jsonl``, the default with ``--input``), or a readable listing (``text``, the def
 otherwise). Engine arguments are ``EngineConfig``'s fields as flags, as for ``pyengine
 serve``; sampling flags set what a JSONL line does not, over the checkpoint's
 generation_config.json defaults. Progress goes to stderr: a bar of generated tokens on a
-terminal, a line every few seconds otherwise (``pyengine.progress``).
+terminal, a line every few seconds otherwise (``pyengine.entrypoints.progress``).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def main(argv: list[str]) -> int:
     output_format = ns.output_format or ("jsonl" if ns.input is not None else "text")
     want_stats = ns.stats if ns.stats is not None else output_format == "text"
     from pyengine import LLM
-    from pyengine.progress import TokenProgress
+    from pyengine.entrypoints.progress import TokenProgress
 
     with LLM(model, **engine_kwargs) as llm:
         base = llm.get_default_sampling_params()

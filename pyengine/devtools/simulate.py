@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pyengine._sched import Request, SchedulerConfig, SchedulerThread
-from pyengine.fake_executor import FakeExecutor, drive
+from pyengine.devtools.fake_executor import FakeExecutor, drive
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from pyengine.errors import InvalidRequestError
 
-_log = logging.getLogger("pyengine.chat_template")
+_log = logging.getLogger("pyengine.inputs.chat_template")
 
 
 class ChatTemplateError(InvalidRequestError):

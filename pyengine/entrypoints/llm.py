@@ -14,15 +14,15 @@ from pyengine.beam_search.outputs import BeamSearchOutput
 from pyengine.beam_search.params import BeamSearchParams
 from pyengine.config import EngineConfig
 from pyengine.engine.core import EngineCore
+from pyengine.entrypoints.llm_unsupported import UnsupportedVllmMethods
 from pyengine.errors import EngineDeadError, InvalidRequestError
-from pyengine.llm_unsupported import UnsupportedVllmMethods
+from pyengine.inputs.prompts import PromptType, is_single_prompt, normalize_prompt
 from pyengine.outputs import EmbeddingRequestOutput, EngineStats, RequestOutput
-from pyengine.prompts import PromptType, is_single_prompt, normalize_prompt
 from pyengine.sampling_params import PoolingParams, SamplingParams
 
 if TYPE_CHECKING:
-    from pyengine.chat_template import ChatTemplate
-    from pyengine.progress import Progress
+    from pyengine.entrypoints.progress import Progress
+    from pyengine.inputs.chat_template import ChatTemplate
 
 Conversation = Sequence[Mapping[str, Any]]  # [{"role": "user", "content": "..."}, ...], as OpenAI's
 _WAIT_SLICE_S = 0.2  # how often the waiting caller refreshes the progress bar
@@ -83,7 +83,7 @@ class LLM(UnsupportedVllmMethods):
         returns): ``encode`` / ``decode`` on lists, ``eos_token_id``, ``apply_chat_template``.
         Built once from the same tokenizer.json the engine uses; None without a tokenizer."""
         if getattr(self, "_hf_tokenizer", None) is None:
-            from pyengine.tokenizer import hf_tokenizer
+            from pyengine.inputs.tokenizer import hf_tokenizer
 
             engine = self.engine
             self._hf_tokenizer = hf_tokenizer(self._checkpoint_folder(), engine.tokenizer, engine.tokenizer_config)
@@ -211,7 +211,7 @@ class LLM(UnsupportedVllmMethods):
     def _chat_template(self, source: Optional[str]) -> ChatTemplate:
         from jinja2 import TemplateError
 
-        from pyengine.chat_template import ChatTemplate, ChatTemplateError, is_template_path
+        from pyengine.inputs.chat_template import ChatTemplate, ChatTemplateError, is_template_path
 
         config = self.engine.tokenizer_config
         if source is None:
@@ -337,8 +337,8 @@ class LLM(UnsupportedVllmMethods):
 def _progress(use_tqdm: Any, what: str) -> Optional[Progress]:
     """``use_tqdm``: True (vLLM's bar over finished requests), False (none), a tqdm-like
     class (vLLM's ``use_tqdm=<callable>``: the bar it makes), or a progress object with
-    ``start`` / ``update`` / ``close`` (``pyengine.progress``)."""
-    from pyengine.progress import RequestBar
+    ``start`` / ``update`` / ``close`` (``pyengine.entrypoints.progress``)."""
+    from pyengine.entrypoints.progress import RequestBar
 
     if use_tqdm is True:
         return RequestBar(what)
@@ -374,7 +374,7 @@ def _chat_messages(conversation: Any, keep_parts: bool, index: int, count: int) 
     """The conversation as the template sees it: plain dicts, text content (a list of text
     parts joined with newlines unless ``keep_parts``), tool calls' JSON-text arguments
     parsed (as the server passes them: ``template_tool_calls``)."""
-    from pyengine.chat_template import template_tool_calls
+    from pyengine.inputs.chat_template import template_tool_calls
 
     where = "messages" if count == 1 else f"messages[{index}]"
     if isinstance(conversation, (str, bytes, Mapping)) or not isinstance(conversation, Sequence):
@@ -422,8 +422,8 @@ def _cut_after_final_message(text: str, chat: list[dict[str, Any]]) -> str:
 
 def _checkpoint_template_source(tokenizer_config: dict[str, Any], folder: Optional[Path]) -> Optional[str]:
     """The checkpoint's template text, chosen as the server chooses it
-    (:func:`pyengine.chat_template.checkpoint_chat_template`)."""
-    from pyengine.chat_template import checkpoint_chat_template
+    (:func:`pyengine.inputs.chat_template.checkpoint_chat_template`)."""
+    from pyengine.inputs.chat_template import checkpoint_chat_template
 
     choice = checkpoint_chat_template(folder, tokenizer_config.get("chat_template"))
     return choice.source if choice is not None else None

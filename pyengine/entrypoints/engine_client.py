@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, TypeVar, Union
 
 from pyengine.beam_search import BeamSearchOutput, BeamSearchParams
 from pyengine.errors import EngineError
+from pyengine.inputs.prompts import PromptType, normalize_prompt
 from pyengine.outputs import (
     EmbeddingRequestOutput,
     EngineHealth,
@@ -31,7 +32,6 @@ from pyengine.outputs import (
     RequestOutput,
     ThreadStack,
 )
-from pyengine.prompts import PromptType, normalize_prompt
 from pyengine.sampling_params import PoolingParams, SamplingParams
 from pyengine.text.encode import LONG_TEXT_CHARS
 
