@@ -17,7 +17,7 @@ import zmq
 
 from pyengine.config import EngineConfig
 from pyengine.multiprocess import wire
-from pyengine.multiprocess.core_process import CoreProcess
+from pyengine.multiprocess.core_loop import CoreMainLoop
 from pyengine.sampling_params import SamplingParams
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 
@@ -52,7 +52,7 @@ def test_a_load_failure_sent_right_before_exit_arrives(tmp_path, caplog):
     for i in range(20):
         front = FrontEnd(tmp_path, f"f{i}")
         try:
-            core = CoreProcess(config, front.input_address, front.output_address, 0, parent_pid=None,
+            core = CoreMainLoop(config, front.input_address, front.output_address, 0, parent_pid=None,
                                heartbeat_timeout=10.0)
             assert core.run() == 1
             if not front.commands.poll(2000):
@@ -83,7 +83,7 @@ def test_bad_messages_fail_one_request_and_the_core_serves_on(checkpoint, tmp_pa
     serves a good request and stops on ``Shutdown``."""
     front = FrontEnd(tmp_path, "bad")
     config = EngineConfig(model=str(checkpoint), num_kv_blocks=32, max_num_seqs=4)
-    core = CoreProcess(config, front.input_address, front.output_address, 0, parent_pid=None, heartbeat_timeout=60)
+    core = CoreMainLoop(config, front.input_address, front.output_address, 0, parent_pid=None, heartbeat_timeout=60)
     result: list[int] = []
     thread = threading.Thread(target=lambda: result.append(core.run()), daemon=True)
     thread.start()
@@ -128,7 +128,7 @@ def test_a_core_whose_front_end_reads_nothing_stops(checkpoint, tmp_path):
     returns within bounds with the engine's threads joined (it used to wait forever)."""
     front = FrontEnd(tmp_path, "mute")
     config = EngineConfig(model=str(checkpoint), num_kv_blocks=64, max_num_seqs=8)
-    core = CoreProcess(config, front.input_address, front.output_address, 0, parent_pid=None, heartbeat_timeout=2,
+    core = CoreMainLoop(config, front.input_address, front.output_address, 0, parent_pid=None, heartbeat_timeout=2,
                        send_timeout=2.0)
     result: list[int] = []
     thread = threading.Thread(target=lambda: result.append(core.run()), daemon=True)
@@ -165,7 +165,7 @@ def test_a_send_that_times_out_leaves_a_live_front_ends_socket_files(checkpoint,
     outputs.setsockopt(zmq.RCVHWM, 1)  # bound, never read: the core's queue fills soon
     outputs.bind(f"ipc://{tmp_path}/output.sock")
     config = EngineConfig(model=str(checkpoint), num_kv_blocks=64, max_num_seqs=8)
-    core = CoreProcess(config, f"ipc://{tmp_path}/input.sock", f"ipc://{tmp_path}/output.sock", 0,
+    core = CoreMainLoop(config, f"ipc://{tmp_path}/input.sock", f"ipc://{tmp_path}/output.sock", 0,
                        parent_pid=os.getppid(), heartbeat_timeout=2, ipc_dir=str(tmp_path), send_timeout=2.0)
     result: list[int] = []
     thread = threading.Thread(target=lambda: result.append(core.run()), daemon=True)
@@ -341,7 +341,7 @@ def test_constrained_requests_compile_off_the_main_thread_and_fail_alone(checkpo
 
     front = FrontEnd(tmp_path, "grammar")
     config = EngineConfig(model=str(checkpoint), num_kv_blocks=64, max_num_seqs=8)
-    core = CoreProcess(config, front.input_address, front.output_address, 0, parent_pid=None, heartbeat_timeout=60)
+    core = CoreMainLoop(config, front.input_address, front.output_address, 0, parent_pid=None, heartbeat_timeout=60)
     result: list[int] = []
     thread = threading.Thread(target=lambda: result.append(core.run()), daemon=True)
     thread.start()

@@ -19,7 +19,7 @@ import pytest
 from pyengine import SamplingParams
 from pyengine.config import EngineConfig
 from pyengine.errors import EngineDeadError
-from pyengine.multiprocess import MultiprocessEngine
+from pyengine.multiprocess.client import MultiprocessEngine
 from pyengine.server import ServerArgs
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.live_server import LiveServer

@@ -24,7 +24,7 @@ import torch
 
 from pyengine import AsyncEngine, SamplingParams
 from pyengine.errors import DuplicateRequestError, EngineDeadError, InvalidRequestError, ModelLoadError
-from pyengine.multiprocess import MultiprocessEngine
+from pyengine.multiprocess.client import MultiprocessEngine
 from pyengine.processes.child_command import python_module_command
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.waits import free_ports, pid_alive, wait_until
@@ -165,7 +165,7 @@ def test_a_failure_after_the_cores_are_ready_reaps_them(checkpoint, tmp_path, mo
     from pyengine.multiprocess import client
 
     started = []
-    real_core_process = client.CoreProcess
+    real_core_process = client.CoreProcessHandle
 
     def recording(*args, **kwargs):
         process = real_core_process(*args, **kwargs)
@@ -178,7 +178,7 @@ def test_a_failure_after_the_cores_are_ready_reaps_them(checkpoint, tmp_path, mo
     private = tmp_path / "tmp"
     private.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(private))
-    monkeypatch.setattr(client, "CoreProcess", recording)
+    monkeypatch.setattr(client, "CoreProcessHandle", recording)
     monkeypatch.setattr(client, "_tokenizer", broken_tokenizer)
     try:
         with pytest.raises(ValueError, match="cannot read"):
@@ -208,7 +208,7 @@ def test_setting_abandon_ends_the_start_up(checkpoint, tmp_path, monkeypatch):
     (model / "generation_config.json").unlink()
     os.mkfifo(model / "generation_config.json")  # nobody writes it: the core's load hangs
     started = []
-    real_core_process = client.CoreProcess
+    real_core_process = client.CoreProcessHandle
 
     def recording(*args, **kwargs):
         process = real_core_process(*args, **kwargs)
@@ -218,7 +218,7 @@ def test_setting_abandon_ends_the_start_up(checkpoint, tmp_path, monkeypatch):
     private = tmp_path / "tmp"
     private.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(private))
-    monkeypatch.setattr(client, "CoreProcess", recording)
+    monkeypatch.setattr(client, "CoreProcessHandle", recording)
     abandon = threading.Event()
     timer = threading.Timer(1.0, abandon.set)
     timer.start()
@@ -266,7 +266,7 @@ def test_a_killed_core_fails_every_request_in_flight(checkpoint):
 FRONT_END = """
 import sys; sys.path = [p for p in sys.path if p]  # the installed pyengine, not the checkout
 import json, sys, time
-from pyengine.multiprocess import MultiprocessEngine
+from pyengine.multiprocess.client import MultiprocessEngine
 from pyengine.config import EngineConfig
 eng = MultiprocessEngine(EngineConfig(model=sys.argv[1], num_kv_blocks=64, max_num_seqs=8))
 print(json.dumps({"pid": eng.info.pid, "ipc_dir": eng.ipc_dir}), flush=True)
@@ -298,7 +298,7 @@ FRONT_END_STREAMING = """
 import sys; sys.path = [p for p in sys.path if p]  # the installed pyengine, not the checkout
 import asyncio, json, sys, time
 from pyengine import SamplingParams
-from pyengine.multiprocess import MultiprocessEngine
+from pyengine.multiprocess.client import MultiprocessEngine
 from pyengine.config import EngineConfig
 eng = MultiprocessEngine(EngineConfig(model=sys.argv[1], num_kv_blocks=256, max_num_seqs=8))
 
@@ -490,7 +490,7 @@ def test_a_core_on_another_host_over_tcp(checkpoint):
 FRONT_END_TCP = """
 import sys; sys.path = [p for p in sys.path if p]  # the installed pyengine, not the checkout
 import sys, time
-from pyengine.multiprocess import MultiprocessEngine
+from pyengine.multiprocess.client import MultiprocessEngine
 from pyengine.config import EngineConfig
 eng = MultiprocessEngine(EngineConfig(model=sys.argv[1], num_kv_blocks=64, max_num_seqs=8), transport="tcp",
                          input_port=int(sys.argv[2]), output_port=int(sys.argv[3]), local_cores=0, start_timeout=90)

@@ -18,7 +18,7 @@ ENGINE_NAMES = {"engine", "_engine"}  # what the server calls its EngineClient
 
 
 def _client_api() -> set[str]:
-    tree = ast.parse((ROOT / "engine_client.py").read_text())
+    tree = ast.parse((ROOT / "entrypoints" / "engine_client.py").read_text())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "EngineClient")
     return {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
@@ -65,8 +65,8 @@ def test_the_server_reads_only_the_engine_client_api():
 def test_the_multiprocess_client_implements_the_interface_without_the_engine():
     """``MultiprocessEngine`` is the other ``EngineClient``: it defines every abstract
     method itself, and the front end's modules never import the engine core (that runs in
-    the core process: ``core_process.py`` / ``core_main.py``)."""
-    tree = ast.parse((ROOT / "engine_client.py").read_text())
+    the core process: ``core_loop.py`` / ``core_main.py``)."""
+    tree = ast.parse((ROOT / "entrypoints" / "engine_client.py").read_text())
     base = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "EngineClient")
     abstract = {n.name for n in base.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                 and any(ast.unparse(d) == "abstractmethod" for d in n.decorator_list)}

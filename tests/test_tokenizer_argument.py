@@ -102,7 +102,7 @@ def test_the_server_renders_the_tokenizer_folders_template(model, words):
 
 def test_the_multiprocess_front_end_learns_the_tokenizer_folder(llm, words):
     from pyengine.multiprocess import wire
-    from pyengine.multiprocess.core_process import core_info
+    from pyengine.multiprocess.core_loop import core_info
 
     codec = wire.Codec(wire.Hello)
     ready = codec.decode([bytes(f) for f in codec.encode(wire.Ready(0, core_info(llm.engine, 1),

@@ -82,7 +82,7 @@ class AsyncEngine(EngineClient):
         """Builds the engine from an already validated config (the CLI's): in this process,
         or (``multiprocess``) a ``MultiprocessEngine`` given ``link_options``."""
         if multiprocess:
-            from pyengine.multiprocess import MultiprocessEngine
+            from pyengine.multiprocess.client import MultiprocessEngine
 
             return MultiprocessEngine(config, **link_options)
         return cls.from_engine_core(EngineCore(config))

@@ -36,9 +36,8 @@ from pyengine.errors import DuplicateRequestError, EngineDeadError, EngineError,
 from pyengine.inputs.prompts import PromptType
 from pyengine.inputs.request_checks import checked_params, truncated_prompt
 from pyengine.multiprocess import wire
-from pyengine.multiprocess.core_main import DEFAULT_HEARTBEAT_TIMEOUT_S
 from pyengine.multiprocess.front_text import FrontEndText, makes_text_in_front_end
-from pyengine.multiprocess.processes import CoreProcess, cpu_shares, device_env
+from pyengine.multiprocess.processes import CoreProcessHandle, cpu_shares, device_env
 from pyengine.multiprocess.stats_merge import merge_stats
 from pyengine.multiprocess.streams import AnyOutput, RequestStream, deliver
 from pyengine.outputs import (
@@ -55,7 +54,6 @@ from pyengine.text.encode import encode_ids
 
 logger = logging.getLogger(__name__)
 
-HEARTBEAT_INTERVAL_S = 1.0
 SILENCE_CHECK_S = 0.25  # how often a remote core's silence is checked
 QUERY_TIMEOUT_S = 10.0
 #: How long an abort that met a full core queue is retried (every ``SILENCE_CHECK_S``).
@@ -68,7 +66,7 @@ class _CoreState:
 
     def __init__(self, index: int) -> None:
         self.index = index
-        self.process: Optional[CoreProcess] = None  # None for a core on another host
+        self.process: Optional[CoreProcessHandle] = None  # None for a core on another host
         self.info: Optional[wire.CoreInfo] = None
         self.outstanding = 0
         self.steps = 0
@@ -97,7 +95,7 @@ class MultiprocessEngine(EngineClient):
     def __init__(self, config: EngineConfig, *, transport: str = "ipc", host: str = "127.0.0.1",
                  input_port: int = 0, output_port: int = 0, local_cores: Optional[int] = None,
                  core_cpus: Optional[Sequence[int]] = None, start_timeout: float = 600.0,
-                 heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
+                 heartbeat_timeout: float = wire.DEFAULT_HEARTBEAT_TIMEOUT_S,
                  abandon: Optional[threading.Event] = None) -> None:
         if transport not in ("ipc", "tcp"):
             raise EngineError(f"transport must be 'ipc' or 'tcp', got {transport!r}")
@@ -135,7 +133,7 @@ class MultiprocessEngine(EngineClient):
             self.context = zmq.Context()
             self._bind(transport, host, input_port, output_port)
             for i in range(local):
-                self._cores[i].process = CoreProcess(config, i, self._local_address(self.input_address),
+                self._cores[i].process = CoreProcessHandle(config, i, self._local_address(self.input_address),
                                                      self._local_address(self.output_address), shares[i],
                                                      heartbeat_timeout, self.ipc_dir)
             self._wait_ready(start_timeout, abandon)
@@ -181,7 +179,7 @@ class MultiprocessEngine(EngineClient):
         deadline = time.monotonic() + timeout
         waiting = {c.index for c in self._cores}
         exited_at: dict[int, float] = {}
-        next_beat = time.monotonic() + HEARTBEAT_INTERVAL_S
+        next_beat = time.monotonic() + wire.HEARTBEAT_INTERVAL_S
         while waiting:
             if abandon is not None and abandon.is_set():
                 raise EngineError(f"start-up abandoned while engine core(s) {sorted(waiting)} were not ready")
@@ -196,7 +194,7 @@ class MultiprocessEngine(EngineClient):
                 continue
             now = time.monotonic()
             if now >= next_beat:
-                next_beat = now + HEARTBEAT_INTERVAL_S
+                next_beat = now + wire.HEARTBEAT_INTERVAL_S
                 for core in self._cores:
                     if core.index not in waiting:
                         self._send(core.index, wire.Heartbeat())
@@ -323,11 +321,11 @@ class MultiprocessEngine(EngineClient):
         """A ``Heartbeat`` to every core each second; a remote core's silence checked every
         ``SILENCE_CHECK_S``, so that it is declared dead at most that long after
         ``heartbeat_timeout``."""
-        next_beat = time.monotonic() + HEARTBEAT_INTERVAL_S
+        next_beat = time.monotonic() + wire.HEARTBEAT_INTERVAL_S
         while not self._stopping.wait(SILENCE_CHECK_S):
             beat = time.monotonic() >= next_beat
             if beat:
-                next_beat = time.monotonic() + HEARTBEAT_INTERVAL_S
+                next_beat = time.monotonic() + wire.HEARTBEAT_INTERVAL_S
             self._retry_aborts()
             for core in self._cores:
                 if core.dead is not None:

@@ -18,13 +18,9 @@ import signal
 import sys
 from typing import Any, Optional
 
-# Three missed front-end heartbeats (one a second): a remote core's death is seen, and a
-# core whose front end died exits, within 5 s (the watch adds 0.1 s and at most
-# ``GONE_GRACE_S`` of shutdown; the front end checks silence every 0.25 s).
-DEFAULT_HEARTBEAT_TIMEOUT_S = 3.0
-
 
 def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
+    from pyengine.multiprocess.wire import DEFAULT_HEARTBEAT_TIMEOUT_S
     from pyengine.server.cli import add_engine_flags
 
     parser = argparse.ArgumentParser(prog="pyengine core",
@@ -81,7 +77,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         torch.set_num_threads(len(ns.cpus.split(",")))
     from pyengine.multiprocess import wire
-    from pyengine.multiprocess.core_process import LOAD_FAILED_LINGER_MS, CoreLink, CoreProcess
+    from pyengine.multiprocess.core_loop import LOAD_FAILED_LINGER_MS, CoreLink, CoreMainLoop
 
     try:
         config = config_from(ns, engine_names)
@@ -95,7 +91,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         link.close(linger_ms=LOAD_FAILED_LINGER_MS)
         context.term()
         return 2
-    core = CoreProcess(config, ns.input, ns.output, ns.engine_index, ns.parent_pid, ns.heartbeat_timeout,
+    core = CoreMainLoop(config, ns.input, ns.output, ns.engine_index, ns.parent_pid, ns.heartbeat_timeout,
                        ns.ipc_dir, watch=watch, freeze_heap=True)
     # SIGINT (and SIGTERM for a core started by hand): the shutdown a front end would ask
     # for (requests in flight fail, threads joined), not a traceback. A core with a parent

@@ -70,7 +70,7 @@ def device_env(config: EngineConfig, index: int) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": devices[index]}
 
 
-class CoreProcess:
+class CoreProcessHandle:
     """One local engine-core process; ``stop`` always reaps it."""
 
     def __init__(self, config: EngineConfig, index: int, input_address: str, output_address: str,

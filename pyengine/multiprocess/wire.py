@@ -34,6 +34,13 @@ from pyengine.outputs import EngineStats, ThreadStack
 _ARRAY_EXT = 1  # msgpack extension code of an array reference
 PROTOCOL_VERSION = 4  # in ``Ready``: front end and core must speak the same one
 
+#: How often the front end sends each core a ``Heartbeat`` (when it has nothing else to send).
+HEARTBEAT_INTERVAL_S = 1.0
+#: Three missed front-end heartbeats: a remote core's death is seen, and a core whose front
+#: end died exits, within 5 s (the watch adds 0.1 s and at most ``GONE_GRACE_S`` of
+#: shutdown; the front end checks silence every 0.25 s). Both sides' default.
+DEFAULT_HEARTBEAT_TIMEOUT_S = 3.0
+
 
 # ---- front end -> core ----
 

@@ -214,7 +214,7 @@ def core_info(engine: Any, pid: int) -> wire.CoreInfo:
     )
 
 
-class CoreProcess:
+class CoreMainLoop:
     """What runs in an engine-core process's main thread (see the module docstring)."""
 
     def __init__(self, config: EngineConfig, input_address: str, output_address: str, engine_index: int,
