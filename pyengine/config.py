@@ -95,6 +95,9 @@ class EngineConfig:
       ``LLM.get_default_sampling_params()`` and of every server request that does not
       set them, as vLLM does; "vllm" ignores them; a folder path reads them from that
       folder's generation_config.json instead (vLLM's three forms).
+    - ``quantization``: None, "int8" (weight-only, per output channel) or "int4"
+      (weight-only, groups of 128, asymmetric): a float checkpoint's linear weights
+      quantized at load, as vLLM's online quantization does (CPU; docs/quantization.md).
     """
 
     model: Optional[Union[str, Path]] = None
@@ -130,6 +133,7 @@ class EngineConfig:
     distributed_executor_backend: str = "mp"
     disable_custom_all_reduce: bool = False
     logits_processors: tuple[Any, ...] = ()
+    quantization: Optional[str] = None
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, requirement: str) -> None:

@@ -71,6 +71,8 @@ class ExecutorConfig:
     - ``max_num_seqs``: rows of the persistent batch; ``max_model_len``: longest sequence
       (defaults to the model's ``max_position_embeddings``).
     - ``attention_backend``: "auto" picks flash-attn on CUDA when importable, else SDPA.
+    - ``quantization``: None, or "int8" / "int4" to quantize a float checkpoint's linear
+      weights at load (weight-only; docs/quantization.md).
     - ``logits_processors``: custom ``LogitsProcessor`` classes (or qualified names) run
       after the built-in ones, on tensor-parallel rank 0 (docs/logits_processors.md).
     """
@@ -89,6 +91,7 @@ class ExecutorConfig:
     seed: int = 0
     max_logprobs: int = 20
     logits_processors: tuple[Any, ...] = ()
+    quantization: Optional[str] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
@@ -117,6 +120,8 @@ EXECUTOR_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("attention_backend", lambda v: v in ("auto", "sdpa", "flash_attn"), "must be 'auto', 'sdpa' or 'flash_attn'"),
     ("load_format", lambda v: v in ("auto", "safetensors", "dummy"), "must be 'auto', 'safetensors' or 'dummy'"),
     ("max_logprobs", lambda v: v >= 0, "must be >= 0"),
+    ("quantization", lambda v: v is None or v in ("int8", "int4", "fp8"),
+     "must be None, 'int8' or 'int4' (weight-only, CPU; 'fp8' is not supported on CPU yet)"),
 )
 
 

@@ -109,7 +109,7 @@ class ModelRunner:
         config = config if config is not None else ExecutorConfig()
         loaded = load_model(
             path, dtype=config.dtype, device=config.device, load_format=config.load_format, seed=config.seed,
-            parallel=parallel,
+            parallel=parallel, quantization=config.quantization,
         )
         return cls(loaded, config)
 

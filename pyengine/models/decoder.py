@@ -20,6 +20,8 @@ from pyengine.models import cpu_linear
 from pyengine.models.config import DecoderConfig
 from pyengine.models.layers import AttentionOp, DecoderAttention, GatedMLP, RMSNorm, WeightTarget
 from pyengine.models.parallel import ParallelContext
+from pyengine.models.quantization.linear import QuantizedMatmul
+from pyengine.models.quantization.packed import PackedWeight, QuantizationError
 from pyengine.models.rope import RotaryEmbedding
 from pyengine.models.vocab_parallel import VocabParallelEmbedding, vocab_target, zero_vocab_padding
 
@@ -92,6 +94,7 @@ class DecoderForCausalLM(torch.nn.Module):
         )
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings)
         self.packed_head: torch.Tensor | None = None
+        self.quantized_head: QuantizedMatmul | None = None
 
     @property
     def output_embedding(self) -> torch.Tensor:
@@ -127,6 +130,8 @@ class DecoderForCausalLM(torch.nn.Module):
     def local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits of this rank's vocabulary slice [N, vocab_rows] (padding columns
         past the vocabulary's end are zeros; every column at world size 1)."""
+        if self.quantized_head is not None:
+            return self.quantized_head(hidden).float()
         if self.packed_head is not None:
             return cpu_linear.linear(hidden, self.packed_head)
         return F.linear(hidden, self.output_embedding).float()
@@ -146,12 +151,29 @@ class DecoderForCausalLM(torch.nn.Module):
         is packed as a copy, as the input embedding still needs the dense matrix (vocab x
         hidden more memory).
         """
-        if self.packed_head is not None or not cpu_linear.can_pack(self.output_embedding):
-            return
         for layer in self.layers:
             layer.pack_for_cpu()
+        if self.packed_head is not None or self.quantized_head is not None:
+            return
+        if not cpu_linear.can_pack(self.output_embedding):
+            return
         self.packed_head = cpu_linear.pack(self.output_embedding)
         if self.lm_head is not None:
+            cpu_linear.release_dense(self.lm_head)
+
+    def set_packed_head(self, weight: PackedWeight) -> None:
+        """Multiply by ``weight`` (this rank's vocabulary rows) in the LM head from now on.
+        When tied, the embedding looks its rows up in it too, and no dense copy is kept."""
+        rows, hidden = self.output_embedding.shape
+        if (weight.out_features, weight.in_features) != (rows, hidden):
+            raise QuantizationError(
+                f"packed LM head is [{weight.out_features}, {weight.in_features}], the model's is [{rows}, {hidden}]"
+            )
+        self.quantized_head = QuantizedMatmul(weight)
+        self.packed_head = None
+        if self.lm_head is None:
+            self.embed_tokens.use_packed(self.quantized_head)
+        else:
             cpu_linear.release_dense(self.lm_head)
 
     def weight_targets(self) -> dict[str, WeightTarget]:

@@ -6,7 +6,10 @@ row-parallel linear owns a slice of the input features and all-reduces its outpu
 linear also says which checkpoint tensors fill which rows of its parameters
 (:class:`WeightTarget`), so the loader can check names and shapes without knowing layers.
 On CPU float32, ``pack_for_cpu`` switches the linears to oneDNN-packed weights
-(:mod:`pyengine.models.cpu_linear`) once the weights are loaded.
+(:mod:`pyengine.models.cpu_linear`) once the weights are loaded. A linear given a
+:class:`~pyengine.models.quantization.packed.PackedWeight` (``set_packed_weight``: online
+quantization at load, or a quantized checkpoint) multiplies by it instead
+(:mod:`pyengine.models.quantization.linear`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from pyengine import _kernels
 from pyengine.models import cpu_linear
 from pyengine.models.config import DecoderConfig
 from pyengine.models.parallel import ParallelContext, Shard
+from pyengine.models.quantization.linear import QuantizedMatmul
+from pyengine.models.quantization.packed import PackedWeight, QuantizationError
 from pyengine.models.rope import apply_rotary
 
 
@@ -115,11 +120,19 @@ class ColumnParallelLinear(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.empty(sum(self.local_sizes), input_size))
         self.bias = torch.nn.Parameter(torch.empty(sum(self.local_sizes))) if bias else None
         self.packed: Optional[torch.Tensor] = None
+        self.quantized: Optional[QuantizedMatmul] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None:
+            return self.quantized(x, self.bias)
         if self.packed is not None:
             return cpu_linear.linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+    def set_packed_weight(self, weight: PackedWeight) -> None:
+        """Multiply by ``weight`` (this rank's rows, the parts in order) from now on; the
+        dense weight is released."""
+        self.quantized = _quantized_for(self, weight)
 
     def pack_for_cpu(self) -> None:
         """Use a oneDNN-packed weight from now on (see ``cpu_linear``); no-op off CPU float32."""
@@ -153,12 +166,15 @@ class RowParallelLinear(torch.nn.Module):
         self.input_shard = parallel.split(input_size, what)
         self.weight = torch.nn.Parameter(torch.empty(output_size, self.input_shard.size))
         self.packed: Optional[torch.Tensor] = None
+        self.quantized: Optional[QuantizedMatmul] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.parallel.all_reduce(self.partial(x))
 
     def partial(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's term of the sum (the whole result at world size 1)."""
+        if self.quantized is not None:
+            return self.quantized(x)
         if self.packed is not None:
             return cpu_linear.linear(x, self.packed)
         return F.linear(x, self.weight)
@@ -166,6 +182,11 @@ class RowParallelLinear(torch.nn.Module):
     def pack_for_cpu(self) -> None:
         """Use a oneDNN-packed weight from now on (see ``cpu_linear``); no-op off CPU float32."""
         self.packed = self.packed if self.packed is not None else _pack_weight_of(self)
+
+    def set_packed_weight(self, weight: PackedWeight) -> None:
+        """Multiply by ``weight`` (this rank's input columns, ``PackedWeight.columns`` of the
+        whole) from now on; the dense weight is released."""
+        self.quantized = _quantized_for(self, weight)
 
     def weight_targets(self, name: str) -> dict[str, WeightTarget]:
         shape = (self.weight.shape[0], self.input_size)
@@ -298,6 +319,19 @@ class DecoderAttention(torch.nn.Module):
             targets.update(self.q_norm.weight_targets(f"{prefix}.q_norm.weight"))
             targets.update(self.k_norm.weight_targets(f"{prefix}.k_norm.weight"))
         return targets
+
+
+def _quantized_for(linear: torch.nn.Module, weight: PackedWeight) -> QuantizedMatmul:
+    """``weight`` checked against ``linear``'s dense shape, the dense weight released."""
+    out_features, in_features = linear.weight.shape
+    if (weight.out_features, weight.in_features) != (out_features, in_features):
+        raise QuantizationError(
+            f"packed weight is [{weight.out_features}, {weight.in_features}], the layer's is "
+            f"[{out_features}, {in_features}]"
+        )
+    cpu_linear.release_dense(linear)
+    linear.packed = None
+    return QuantizedMatmul(weight)
 
 
 def _pack_weight_of(linear: torch.nn.Module) -> Optional[torch.Tensor]:

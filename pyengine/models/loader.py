@@ -6,6 +6,8 @@ the weights (safetensors, one file or sharded with ``model.safetensors.index.jso
 ``checkpoint``), ``generation_config.json`` (EOS ids and the sampling defaults
 ``LoadedModel.generation_config``) and ``tokenizer.json``. ``load_format="dummy"``
 fills the weights with seeded random values from the config alone (for benchmarks).
+``quantization="int8"`` / ``"int4"`` quantizes the float weights once loaded
+(``pyengine.models.quantization``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from pyengine.models.decoder import DecoderForCausalLM
 from pyengine.models.errors import ModelLoadError, WeightMismatchError
 from pyengine.models.layers import WeightTarget
 from pyengine.models.parallel import ParallelContext
+from pyengine.models.quantization.apply import quantize_model
+from pyengine.models.quantization.online import check_method
 from pyengine.models.rope import RotaryEmbedding
 
 LoadFormat = Literal["auto", "safetensors", "dummy"]
@@ -93,19 +97,24 @@ def load_model(
     load_format: LoadFormat = "auto",
     parallel: Optional[ParallelContext] = None,
     seed: int = 0,
+    quantization: Optional[str] = None,
 ) -> LoadedModel:
-    """Build the model for ``path`` and fill its weights (see the module docstring)."""
+    """Build the model for ``path`` and fill its weights (see the module docstring);
+    ``quantization`` ("int8", "int4") quantizes the float weights once loaded."""
     if load_format not in ("auto", "safetensors", "dummy"):
         raise InvalidConfigError(f"load_format must be 'auto', 'safetensors' or 'dummy', got {load_format!r}")
     folder = _existing_folder(path)
     config = read_model_config(folder)
     device = torch.device(device)
+    check_method(quantization, device)
     torch_dtype = resolve_dtype(dtype, device)
     model = instantiate_model(config, torch_dtype, device, parallel)
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
     else:
         load_checkpoint_weights(model, folder, allow_bin=load_format == "auto")
+    if quantization is not None:
+        quantize_model(model, quantization)
     model.eval().requires_grad_(False)
     tokenizer, tokenizer_config = load_tokenizer(folder)
     generation = read_generation_config(folder)  # read once: EOS ids and sampling defaults

@@ -10,11 +10,15 @@ gathers put them together.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
+from pyengine.models import cpu_linear
 from pyengine.models.layers import WeightTarget
 from pyengine.models.parallel import ParallelContext
+from pyengine.models.quantization.linear import QuantizedMatmul
 
 
 class VocabParallelEmbedding(torch.nn.Module):
@@ -26,15 +30,30 @@ class VocabParallelEmbedding(torch.nn.Module):
         self.vocab_size = vocab_size
         self.shard = parallel.vocab(vocab_size)
         self.weight = torch.nn.Parameter(torch.empty(parallel.vocab_rows(vocab_size), hidden_size))
+        # A tied model quantized at load looks its rows up in the LM head's packed weight.
+        self.quantized: Optional[QuantizedMatmul] = None
+        self.dtype = self.weight.dtype
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.parallel.world_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return self._lookup(input_ids)
         local = input_ids - self.shard.start
         outside = (local < 0) | (local >= self.shard.size)
-        hidden = F.embedding(local.masked_fill(outside, 0), self.weight)
+        hidden = self._lookup(local.masked_fill(outside, 0))
         hidden.masked_fill_(outside.unsqueeze(-1), 0.0)
         return self.parallel.all_reduce(hidden)
+
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None:
+            return self.quantized.embedding(ids.reshape(-1), self.dtype).view(*ids.shape, -1)
+        return F.embedding(ids, self.weight)
+
+    def use_packed(self, quantized: QuantizedMatmul) -> None:
+        """Look rows up in ``quantized`` (the tied LM head's packed weight); the dense
+        matrix is released."""
+        self.dtype = self.weight.dtype
+        self.quantized = quantized
+        cpu_linear.release_dense(self)
 
     def weight_targets(self, name: str) -> dict[str, WeightTarget]:
         return {name: vocab_target(self.weight, self.shard.full, self.parallel)}

@@ -33,6 +33,8 @@ _ENGINE_HELP = {
                          "requests that leave them unset; 'vllm': ignore them; or a folder with another one",
     "tensor_parallel_size": "split the model over N ranks (N-1 worker processes on this host)",
     "dtype": "auto, float32 (float), bfloat16, float16 (half)",
+    "quantization": "quantize a float checkpoint's linear weights at load: int8 (per channel) or int4 "
+                    "(group 128), weight-only, CPU",
 }
 _TYPES = {"int": int, "float": float, "str": str, "Optional[int]": int, "Optional[float]": float}
 

@@ -71,7 +71,7 @@ def join_external(path: Union[str, Path], config: ExecutorConfig, world_size: in
         error = ""
         try:
             loaded = load_model(path, dtype=config.dtype, device=device, load_format=config.load_format,
-                                parallel=parallel, seed=config.seed)
+                                parallel=parallel, seed=config.seed, quantization=config.quantization)
         except Exception as failure:  # noqa: BLE001 - every rank learns it below
             error = f"{type(failure).__name__}: {failure}"
         failures = _exchange_status(error, world_size, group)

@@ -432,7 +432,8 @@ def start(
         parallel = ParallelContext(0, world_size, local=local)
         try:
             loaded = load_model(path, dtype=config.dtype, device=rendezvous.device(config.device),
-                                load_format=config.load_format, parallel=parallel, seed=config.seed)
+                                load_format=config.load_format, parallel=parallel, seed=config.seed,
+                                quantization=config.quantization)
         except Exception as error:
             raise ModelLoadError(f"tensor-parallel rank 0 could not load its shard: {error}") from error
         _expect(workers, "loaded", time.monotonic() + timeout_s)

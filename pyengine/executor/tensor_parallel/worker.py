@@ -169,7 +169,7 @@ def main(spec: dict[str, Any]) -> int:
                 wrapper("load", rank)
             loaded = load_model(
                 spec["model"], dtype=config.dtype, device=device,
-                load_format=config.load_format, parallel=parallel, seed=config.seed,
+                load_format=config.load_format, parallel=parallel, seed=config.seed, quantization=config.quantization,
             )
         except Exception as error:  # noqa: BLE001 - reported to rank 0, which stops start-up
             _send(reply, stage="error", error=f"{type(error).__name__}: {error}")

@@ -1,0 +1,59 @@
+"""A float checkpoint holding the dequantized weights of a quantized model, for tests: the
+reference that transformers runs to check pyengine's quantized products."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from pyengine.models.decoder import DecoderForCausalLM
+
+
+def dequantized_tensors(model: DecoderForCausalLM) -> dict[str, torch.Tensor]:
+    """Hugging Face name -> float32 tensor of a model (world size 1) quantized at load: the
+    packed linears dequantized, the rest (norms) as they are."""
+    tensors: dict[str, torch.Tensor] = {}
+    for index, layer in enumerate(model.layers):
+        prefix = f"model.layers.{index}"
+        attn, mlp = layer.self_attn, layer.mlp
+        q, k, v = _dense(attn.qkv_proj).split(attn.qkv_proj.local_sizes)
+        tensors.update({f"{prefix}.self_attn.q_proj.weight": q, f"{prefix}.self_attn.k_proj.weight": k,
+                        f"{prefix}.self_attn.v_proj.weight": v})
+        if attn.qkv_proj.bias is not None:
+            qb, kb, vb = attn.qkv_proj.bias.detach().split(attn.qkv_proj.local_sizes)
+            tensors.update({f"{prefix}.self_attn.q_proj.bias": qb, f"{prefix}.self_attn.k_proj.bias": kb,
+                            f"{prefix}.self_attn.v_proj.bias": vb})
+        tensors[f"{prefix}.self_attn.o_proj.weight"] = _dense(attn.o_proj)
+        gate, up = _dense(mlp.gate_up_proj).chunk(2)
+        tensors.update({f"{prefix}.mlp.gate_proj.weight": gate, f"{prefix}.mlp.up_proj.weight": up,
+                        f"{prefix}.mlp.down_proj.weight": _dense(mlp.down_proj)})
+        for name, norm in (("input_layernorm", layer.input_layernorm),
+                           ("post_attention_layernorm", layer.post_attention_layernorm),
+                           ("self_attn.q_norm", attn.q_norm), ("self_attn.k_norm", attn.k_norm)):
+            if norm is not None:
+                tensors[f"{prefix}.{name}.weight"] = norm.weight.detach()
+    tensors["model.norm.weight"] = model.norm.weight.detach()
+    if model.quantized_head is None:
+        raise ValueError("the model's LM head is not quantized")
+    head = model.quantized_head.weight.dequantize()[: model.config.vocab_size]
+    tensors["model.embed_tokens.weight" if model.lm_head is None else "lm_head.weight"] = head
+    if model.lm_head is not None:
+        tensors["model.embed_tokens.weight"] = model.embed_tokens.weight.detach()[: model.config.vocab_size]
+    return {name: t.float().contiguous().clone() for name, t in tensors.items()}
+
+
+def write_dequantized_checkpoint(model: DecoderForCausalLM, source: Path, target: Path) -> Path:
+    """``source``'s folder (config, tokenizer) with ``model``'s dequantized weights."""
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "*.index.json"))
+    save_file(dequantized_tensors(model), str(target / "model.safetensors"), metadata={"format": "pt"})
+    return target
+
+
+def _dense(linear: torch.nn.Module) -> torch.Tensor:
+    quantized = getattr(linear, "quantized", None)
+    if quantized is None:
+        raise ValueError(f"{type(linear).__name__} is not quantized")
+    return quantized.weight.dequantize()
