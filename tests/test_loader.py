@@ -73,7 +73,7 @@ def test_wrong_shape_and_unexpected_tensor_are_named(qwen3, tmp_path):
     ("changes", "field"),
     [
         (dict(architectures=["GPT2LMHeadModel"]), "architectures"),
-        (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}), "rope_type"),
+        (dict(rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e4}), "rope_type"),
         (dict(hidden_act="gelu"), "hidden_act"),
         (dict(use_sliding_window=True, sliding_window=128), "sliding_window"),
         (dict(num_key_value_heads=3), "num_key_value_heads"),

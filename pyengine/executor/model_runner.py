@@ -18,10 +18,15 @@ import torch
 
 from pyengine.errors import InvalidConfigError
 from pyengine.executor.attention.metadata import StepAttentionLayout
-from pyengine.executor.attention.selector import select_attention_backend
+from pyengine.executor.attention.selector import (
+    AttentionBackendChoice,
+    select_attention_backend,
+    select_latent_attention_backend,
+)
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.grammar_mask import GrammarMaskApplier
 from pyengine.executor.kv_cache import KVCacheShape, PagedKVCache
+from pyengine.executor.latent_kv_cache import LatentKVCache, LatentKVCacheShape
 from pyengine.executor.logits_pipeline import LogitsPipeline
 from pyengine.executor.masked_rows import fail_fully_masked
 from pyengine.executor.memory_profile import decide_num_blocks
@@ -59,14 +64,26 @@ class ModelRunner:
         self.max_model_len = _max_model_len(config, model_config.max_position_embeddings)
         self.block_size = config.block_size
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
-        self.attention_backend = select_attention_backend(config.attention_backend, self.device, loaded.dtype)
-        self.kv_shape = KVCacheShape(
-            num_layers=model_config.num_hidden_layers,
-            num_kv_heads=self.model.num_kv_heads,
-            head_dim=model_config.head_dim,
-            block_size=self.block_size,
-            dtype=loaded.dtype,
-        )
+        self.attention_backend: AttentionBackendChoice
+        self.kv_shape: Union[KVCacheShape, LatentKVCacheShape]
+        if model_config.mla is not None:  # DeepSeek: one latent row per token, its own attention
+            self.attention_backend = select_latent_attention_backend(config.attention_backend)
+            self.kv_shape = LatentKVCacheShape(
+                num_layers=model_config.num_hidden_layers,
+                latent_dim=model_config.mla.latent_dim,
+                value_dim=model_config.mla.kv_lora_rank,
+                block_size=self.block_size,
+                dtype=loaded.dtype,
+            )
+        else:
+            self.attention_backend = select_attention_backend(config.attention_backend, self.device, loaded.dtype)
+            self.kv_shape = KVCacheShape(
+                num_layers=model_config.num_hidden_layers,
+                num_kv_heads=self.model.num_kv_heads,
+                head_dim=model_config.head_dim,
+                block_size=self.block_size,
+                dtype=loaded.dtype,
+            )
         num_blocks = decide_num_blocks(
             config,
             self.kv_shape,
@@ -75,7 +92,7 @@ class ModelRunner:
             self._profile_forward,
         )
         num_blocks = self.model.parallel.min_over_ranks(num_blocks)  # every rank must hold them
-        self.kv_cache = PagedKVCache(self.kv_shape, num_blocks, self.device)
+        self.kv_cache = new_kv_cache(self.kv_shape, num_blocks, self.device)
         logger.info(
             "KV cache: %d blocks of %d tokens (%.1f MiB), attention backend %s",
             num_blocks,
@@ -257,7 +274,7 @@ class ModelRunner:
         """Run the largest step (one prefill of max_num_batched_tokens) on a scratch cache."""
         tokens = min(self.config.max_num_batched_tokens, self.max_model_len)
         blocks = -(-tokens // self.block_size)
-        scratch = PagedKVCache(self.kv_shape, blocks, self.device)
+        scratch = new_kv_cache(self.kv_shape, blocks, self.device)
         layout = StepAttentionLayout(
             query_start_loc=np.array([0, tokens], dtype=np.int64),
             seq_lens=np.array([tokens], dtype=np.int64),
@@ -278,6 +295,15 @@ class ModelRunner:
         del prompt
         (logprobs > logprobs[:, :1]).sum(dim=-1)
         del scratch, hidden, logits, logprobs
+
+
+def new_kv_cache(
+    shape: Union[KVCacheShape, LatentKVCacheShape], num_blocks: int, device: torch.device
+) -> Union[PagedKVCache, LatentKVCache]:
+    """The cache a shape describes: K/V per head, or one latent row per token (MLA)."""
+    if isinstance(shape, LatentKVCacheShape):
+        return LatentKVCache(shape, num_blocks, device)
+    return PagedKVCache(shape, num_blocks, device)
 
 
 def _max_model_len(config: ExecutorConfig, max_positions: int) -> int:

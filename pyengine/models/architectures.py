@@ -10,6 +10,7 @@ from pyengine.models.decoder import (
     Qwen2ForCausalLM,
     Qwen3ForCausalLM,
 )
+from pyengine.models.deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from pyengine.models.errors import UnsupportedModelError
 from pyengine.models.parallel import ParallelContext
 
@@ -18,6 +19,8 @@ MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
 }
 
 

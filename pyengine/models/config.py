@@ -5,14 +5,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from pyengine.models.deepseek_config import (
+    DEEPSEEK_ARCHITECTURES,
+    DeepseekMoeConfig,
+    MlaConfig,
+    parse_deepseek_moe,
+    parse_mla,
+    refuse_deepseek_extras,
+)
 from pyengine.models.errors import UnsupportedModelError
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 @dataclass(frozen=True, slots=True)
 class RopeConfig:
-    """Rotary embedding parameters (``rope_type`` "default", "linear" or "llama3")."""
+    """Rotary embedding parameters (``rope_type`` "default", "linear", "llama3" or "yarn";
+    the yarn fields are read by ``models/rope_yarn.py``)."""
 
     theta: float = 10000.0
     rope_type: str = "default"
@@ -20,6 +29,12 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: Optional[float] = None
+    mscale_all_dim: Optional[float] = None
+    attention_factor: Optional[float] = None
+    truncate: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +57,9 @@ class DecoderConfig:
     qk_norm: bool = False
     bos_token_id: Optional[int] = None
     eos_token_ids: tuple[int, ...] = ()
+    # DeepSeek-V2 / V3 (``deepseek_config``): latent attention, and experts when any layer has them.
+    mla: Optional[MlaConfig] = None
+    deepseek_moe: Optional[DeepseekMoeConfig] = None
 
     @property
     def model_type(self) -> str:
@@ -55,12 +73,16 @@ _ARCH_FLAVOURS = {
     "MistralForCausalLM": (False, False),
     "Qwen2ForCausalLM": (True, False),
     "Qwen3ForCausalLM": (False, True),
+    "DeepseekV2ForCausalLM": (False, False),
+    "DeepseekV3ForCausalLM": (False, False),
 }
 _MODEL_TYPE_TO_ARCH = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
 }
 
 
@@ -77,6 +99,10 @@ def parse_decoder_config(raw: dict[str, Any]) -> DecoderConfig:
     a non-SiLU activation, biases other than Qwen2's qkv bias).
     """
     architecture = _architecture(raw)
+    if architecture in DEEPSEEK_ARCHITECTURES:  # num_key_value_heads means nothing under MLA
+        _refuse_unsupported_features(raw, architecture, int(raw.get("max_position_embeddings") or 2048))
+        refuse_deepseek_extras(raw, architecture)
+        return _deepseek_config(raw, architecture)
     qkv_bias_default, qk_norm = _ARCH_FLAVOURS[architecture]
     hidden_size = _required_int(raw, "hidden_size")
     num_heads = _required_int(raw, "num_attention_heads")
@@ -111,6 +137,34 @@ def parse_decoder_config(raw: dict[str, Any]) -> DecoderConfig:
         qk_norm=qk_norm,
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=eos_ids,
+    )
+
+
+def _deepseek_config(raw: dict[str, Any], architecture: str) -> DecoderConfig:
+    """DeepSeek-V2 / V3: one latent "head" per token in the cache, ``head_dim`` the rotary
+    part's width (what the rope tables span), as transformers sets it."""
+    rope = _rope_config(raw)
+    num_heads = _required_int(raw, "num_attention_heads")
+    num_layers = _required_int(raw, "num_hidden_layers")
+    mla = parse_mla(raw, architecture, rope)
+    eos = raw.get("eos_token_id")
+    return DecoderConfig(
+        architecture=architecture,
+        vocab_size=_required_int(raw, "vocab_size"),
+        hidden_size=_required_int(raw, "hidden_size"),
+        intermediate_size=_required_int(raw, "intermediate_size"),
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        head_dim=mla.qk_rope_head_dim,
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=int(raw.get("max_position_embeddings") or 2048),
+        rope=rope,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),)),
+        mla=mla,
+        deepseek_moe=parse_deepseek_moe(raw, architecture, num_layers),
     )
 
 
@@ -172,6 +226,8 @@ def _rope_config(raw: dict[str, Any]) -> RopeConfig:
         )
     if raw.get("partial_rotary_factor", 1.0) != 1.0:
         raise UnsupportedModelError("partial_rotary_factor: only 1.0 is supported")
+    if rope_type == "yarn":
+        return yarn_rope_config(merged, theta, int(raw.get("max_position_embeddings") or 2048))
     return RopeConfig(
         theta=theta,
         rope_type=rope_type,
@@ -179,4 +235,28 @@ def _rope_config(raw: dict[str, Any]) -> RopeConfig:
         low_freq_factor=float(merged.get("low_freq_factor", 1.0)),
         high_freq_factor=float(merged.get("high_freq_factor", 4.0)),
         original_max_position_embeddings=int(merged.get("original_max_position_embeddings", 8192)),
+    )
+
+
+def yarn_rope_config(merged: dict[str, Any], theta: float, max_positions: int) -> RopeConfig:
+    """YaRN's fields as transformers reads them: the original context defaults to
+    ``max_position_embeddings`` and a missing ``factor`` is their ratio."""
+    original = int(merged.get("original_max_position_embeddings") or max_positions)
+    factor = merged.get("factor")
+
+    def optional(name: str) -> Optional[float]:
+        value = merged.get(name)
+        return None if value is None else float(value)
+
+    return RopeConfig(
+        theta=theta,
+        rope_type="yarn",
+        factor=float(factor) if factor is not None else max_positions / original,
+        original_max_position_embeddings=original,
+        beta_fast=float(merged.get("beta_fast") or 32.0),
+        beta_slow=float(merged.get("beta_slow") or 1.0),
+        mscale=optional("mscale"),
+        mscale_all_dim=optional("mscale_all_dim"),
+        attention_factor=optional("attention_factor"),
+        truncate=bool(merged.get("truncate", True)),
     )

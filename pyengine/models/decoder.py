@@ -83,7 +83,7 @@ class DecoderForCausalLM(torch.nn.Module):
         # Embedding and LM head: this rank's slice of the vocabulary (see vocab_parallel).
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel)
         self.layers = torch.nn.ModuleList(
-            DecoderLayer(config, index, parallel) for index in range(config.num_hidden_layers)
+            self.build_layer(config, index, parallel) for index in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # A tied model has no LM head parameter of its own (see ``output_embedding``).
@@ -95,6 +95,10 @@ class DecoderForCausalLM(torch.nn.Module):
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings)
         self.packed_head: torch.Tensor | None = None
         self.quantized_head: QuantizedMatmul | None = None
+
+    def build_layer(self, config: DecoderConfig, layer_index: int, parallel: ParallelContext) -> torch.nn.Module:
+        """One decoder layer (an architecture with other layers overrides this)."""
+        return DecoderLayer(config, layer_index, parallel)
 
     @property
     def output_embedding(self) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Rotary position embeddings (rotate-half / NeoX layout) with Llama-3 and linear scaling."""
+"""Rotary position embeddings (rotate-half / NeoX layout) with Llama-3, linear and YaRN
+scaling (``rope_yarn``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 import torch
 
 from pyengine.models.config import RopeConfig
+from pyengine.models.rope_yarn import yarn_attention_factor, yarn_inverse_frequencies
 
 
 def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
@@ -17,7 +19,14 @@ def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
         return inv_freq / rope.factor
     if rope.rope_type == "llama3":
         return _llama3_scaled(inv_freq, rope)
+    if rope.rope_type == "yarn":
+        return yarn_inverse_frequencies(rope, head_dim)
     return inv_freq
+
+
+def rope_attention_factor(rope: RopeConfig) -> float:
+    """What the cos / sin tables are multiplied by (YaRN's magnitude correction; else 1)."""
+    return yarn_attention_factor(rope) if rope.rope_type == "yarn" else 1.0
 
 
 def _llama3_scaled(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
@@ -43,8 +52,9 @@ class RotaryEmbedding(torch.nn.Module):
         positions = torch.arange(max_positions, dtype=torch.int64).to(torch.float32)
         freqs = torch.outer(positions, inv_freq)
         table = torch.cat([freqs, freqs], dim=-1)
-        self.register_buffer("cos_table", table.cos(), persistent=False)
-        self.register_buffer("sin_table", table.sin(), persistent=False)
+        factor = rope_attention_factor(rope)
+        self.register_buffer("cos_table", table.cos() * factor, persistent=False)
+        self.register_buffer("sin_table", table.sin() * factor, persistent=False)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin for each token, shaped [T, 1, head_dim] to broadcast over heads."""

@@ -14,6 +14,23 @@ from typing import Any, Optional, Union
 
 from pyengine.models.default_model import DEFAULT_SHAPE, DEFAULT_VOCAB_SIZE, write_random_checkpoint
 
+_DEEPSEEK_DENSE: dict[str, Any] = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    first_k_dense_replace=2,
+    tie_word_embeddings=False,
+)
+_DEEPSEEK_YARN: dict[str, Any] = dict(
+    rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=1024,
+    beta_fast=32, beta_slow=1,
+)
+
 # Small shapes that still exercise GQA, explicit head_dim, biases and rope scaling.
 TINY_ARCHITECTURES: dict[str, dict[str, Any]] = {
     "llama": dict(
@@ -62,6 +79,23 @@ TINY_ARCHITECTURES: dict[str, dict[str, Any]] = {
         tie_word_embeddings=True,
     ),
     "qwen3": dict(DEFAULT_SHAPE),
+    # DeepSeek (multi-head latent attention); dense layers only (first_k_dense_replace =
+    # num_hidden_layers). V2 without q_lora_rank (V2-Lite's form), V3 with it; YaRN as
+    # the published configs use it (V2's mscale != mscale_all_dim scales the rope tables).
+    "deepseek_v2": dict(
+        config_class="DeepseekV2Config",
+        **_DEEPSEEK_DENSE,
+        q_lora_rank=None,
+        v_head_dim=16,
+        rope_parameters={**_DEEPSEEK_YARN, "mscale": 0.707, "mscale_all_dim": 0.9},
+    ),
+    "deepseek_v3": dict(
+        config_class="DeepseekV3Config",
+        **_DEEPSEEK_DENSE,
+        q_lora_rank=24,
+        v_head_dim=12,
+        rope_parameters={**_DEEPSEEK_YARN, "mscale": 1.0, "mscale_all_dim": 1.0},
+    ),
 }
 
 

@@ -9,11 +9,27 @@ import torch
 
 from pyengine.errors import AttentionBackendUnavailableError, InvalidConfigError
 from pyengine.executor.attention.flash import FlashAttentionBackend, import_flash_varlen
+from pyengine.executor.attention.mla_sdpa import MlaSdpaBackend
 from pyengine.executor.attention.sdpa import SdpaBackend
 
 logger = logging.getLogger(__name__)
 
-AttentionBackendChoice = Union[SdpaBackend, FlashAttentionBackend]
+AttentionBackendChoice = Union[SdpaBackend, FlashAttentionBackend, MlaSdpaBackend]
+
+
+def select_latent_attention_backend(requested: str) -> MlaSdpaBackend:
+    """Multi-head latent attention (DeepSeek) has one backend, over the latent cache: the
+    native decode kernel (CPU float32) and SDPA. flash-attn's kernels take keys and
+    values of one head size per head, not MLA's shared latent row."""
+    if requested == "flash_attn":
+        raise AttentionBackendUnavailableError(
+            "attention_backend='flash_attn' cannot run multi-head latent attention (DeepSeek-V2 / V3): "
+            "use 'auto' or 'sdpa'"
+        )
+    if requested not in ("auto", "sdpa"):
+        raise InvalidConfigError(f"attention_backend must be 'auto', 'sdpa' or 'flash_attn', got {requested!r}")
+    logger.info("attention backend: mla_sdpa (multi-head latent attention over the latent cache)")
+    return MlaSdpaBackend()
 
 
 def select_attention_backend(

@@ -1,0 +1,139 @@
+"""Multi-head latent attention (DeepSeek-V2 / V3).
+
+Each token's keys and values come from one ``kv_lora_rank`` latent ``c`` (normed output
+of ``kv_a_proj_with_mqa``) plus a ``qk_rope_head_dim`` rotary key ``k_r`` that every head
+shares; head h's key is ``[W_UK_h c, k_r]`` and its value ``W_UV_h c`` (``kv_b_proj``
+holds ``W_UK_h`` and ``W_UV_h`` row after row). The cache stores ``[c, k_r]`` only. The
+up-projections are absorbed (``q_h . W_UK_h c = (W_UK_h^T q_h) . c``): the layer turns
+its queries into latent space, the attention op attends over the cached rows as they are
+(``LatentAttentionOp``), and ``W_UV_h`` maps each head's weighted latent to its value
+space before ``o_proj``.
+
+Rotary: DeepSeek's weights rotate interleaved pairs ``(x0, x1), (x2, x3), ...``
+(transformers' V2 always, V3 under ``rope_interleave``); the rotated halves are written
+evens first, odds after, for queries and keys alike, which leaves every dot product as
+the checkpoint means it.
+
+Tensor parallelism: the heads split (``q_proj`` / ``q_b_proj`` and ``kv_b_proj`` by
+column, ``o_proj`` by row, one all-reduce); the low-rank projections ``q_a_proj`` and
+``kv_a_proj_with_mqa`` are replicated, so every rank computes and caches the same latent.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol
+
+import torch
+
+from pyengine.models.config import DecoderConfig
+from pyengine.models.layers import ColumnParallelLinear, RMSNorm, RowParallelLinear, WeightTarget
+from pyengine.models.parallel import ParallelContext, Shard
+from pyengine.models.rope import apply_rotary
+
+
+class LatentAttentionOp(Protocol):
+    """What a latent attention layer calls: write this step's latent rows, attend over them."""
+
+    def attend_latent(self, layer_index: int, q: torch.Tensor, latent: torch.Tensor, scale: float) -> torch.Tensor:
+        """q [T, heads, latent_dim], latent [T, latent_dim] -> [T, heads, kv_lora_rank]."""
+        ...
+
+
+def _replicated(size: int) -> Shard:
+    return Shard(size, 0, size)
+
+
+class LatentAttention(torch.nn.Module):
+    """MLA with the up-projections absorbed (see the module docstring)."""
+
+    def __init__(self, config: DecoderConfig, layer_index: int, parallel: ParallelContext) -> None:
+        super().__init__()
+        mla = config.mla
+        if mla is None:
+            raise ValueError("LatentAttention needs a config with MLA fields (DeepSeek-V2 / V3)")
+        self.layer_index = layer_index
+        self.mla = mla
+        heads = parallel.split(config.num_attention_heads, "num_attention_heads")
+        self.num_heads = heads.size
+        hidden = config.hidden_size
+        qk, per_head_kv = mla.qk_head_dim, mla.qk_nope_head_dim + mla.v_head_dim
+        q_part = Shard(heads.full * qk, heads.start * qk, heads.size * qk)
+        self.q_proj: Optional[ColumnParallelLinear] = None
+        self.q_a_proj: Optional[ColumnParallelLinear] = None
+        self.q_a_layernorm: Optional[RMSNorm] = None
+        self.q_b_proj: Optional[ColumnParallelLinear] = None
+        if mla.q_lora_rank is None:
+            self.q_proj = ColumnParallelLinear(hidden, [q_part], False, parallel)
+        else:
+            self.q_a_proj = ColumnParallelLinear(hidden, [_replicated(mla.q_lora_rank)], False, parallel)
+            self.q_a_layernorm = RMSNorm(mla.q_lora_rank, config.rms_norm_eps)
+            self.q_b_proj = ColumnParallelLinear(mla.q_lora_rank, [q_part], False, parallel)
+        self.kv_a_proj_with_mqa = ColumnParallelLinear(hidden, [_replicated(mla.latent_dim)], False, parallel)
+        self.kv_a_layernorm = RMSNorm(mla.kv_lora_rank, config.rms_norm_eps)
+        # Never run as a linear: its rows are W_UK / W_UV, read per head (``_up_projections``).
+        kv_part = Shard(heads.full * per_head_kv, heads.start * per_head_kv, heads.size * per_head_kv)
+        self.kv_b_proj = ColumnParallelLinear(mla.kv_lora_rank, [kv_part], False, parallel)
+        self.o_proj = RowParallelLinear(
+            heads.full * mla.v_head_dim, hidden, parallel, "num_attention_heads x v_head_dim"
+        )
+
+    def forward(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: LatentAttentionOp
+    ) -> torch.Tensor:
+        mla, tokens = self.mla, hidden.shape[0]
+        if self.q_proj is not None:
+            q = self.q_proj(hidden)
+        else:
+            assert self.q_a_proj is not None and self.q_a_layernorm is not None and self.q_b_proj is not None
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden)))
+        q = q.view(tokens, self.num_heads, mla.qk_head_dim)
+        q_nope, q_rope = q.split([mla.qk_nope_head_dim, mla.qk_rope_head_dim], dim=-1)
+        compressed = self.kv_a_proj_with_mqa(hidden)
+        latent, k_rope = compressed.split([mla.kv_lora_rank, mla.qk_rope_head_dim], dim=-1)
+        latent = self.kv_a_layernorm(latent.contiguous())
+        k_rope = self._rotate(k_rope.unsqueeze(1), cos, sin).squeeze(1)
+        w_uk, w_uv = self._up_projections()
+        # Queries into latent space: [heads, T, nope] x [heads, nope, rank] -> [T, heads, rank].
+        q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)
+        query = torch.cat([q_latent, self._rotate(q_rope, cos, sin)], dim=-1)
+        rows = torch.cat([latent, k_rope], dim=-1)
+        attended = attention.attend_latent(self.layer_index, query, rows, mla.softmax_scale)
+        # Weighted latents to values: [heads, T, rank] x [heads, rank, v] -> [T, heads * v].
+        values = torch.bmm(attended.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)
+        return self.o_proj(values.reshape(tokens, self.num_heads * mla.v_head_dim))
+
+    def _up_projections(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``W_UK`` [heads, nope, rank] and ``W_UV`` [heads, v, rank]: views of kv_b_proj."""
+        mla = self.mla
+        per_head = self.kv_b_proj.weight.view(self.num_heads, mla.qk_nope_head_dim + mla.v_head_dim, mla.kv_lora_rank)
+        return per_head[:, : mla.qk_nope_head_dim], per_head[:, mla.qk_nope_head_dim :]
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotary on [T, heads, rope_dim] (cos / sin [T, 1, rope_dim], rotate-half tables)."""
+        if not self.mla.rope_interleave:
+            return apply_rotary(x, cos, sin)
+        half = x.shape[-1] // 2
+        cos, sin = cos[..., :half], sin[..., :half]
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.cat([even * cos - odd * sin, odd * cos + even * sin], dim=-1)
+
+    def pack_for_cpu(self) -> None:
+        """Pack the linears for oneDNN (``cpu_linear``); kv_b_proj stays dense (read per head)."""
+        for linear in (self.q_proj, self.q_a_proj, self.q_b_proj, self.kv_a_proj_with_mqa, self.o_proj):
+            if linear is not None:
+                linear.pack_for_cpu()
+
+    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
+        targets: dict[str, WeightTarget] = {}
+        if self.q_proj is not None:
+            targets.update(self.q_proj.weight_targets([f"{prefix}.q_proj"]))
+        else:
+            assert self.q_a_proj is not None and self.q_a_layernorm is not None and self.q_b_proj is not None
+            targets.update(self.q_a_proj.weight_targets([f"{prefix}.q_a_proj"]))
+            targets.update(self.q_a_layernorm.weight_targets(f"{prefix}.q_a_layernorm.weight"))
+            targets.update(self.q_b_proj.weight_targets([f"{prefix}.q_b_proj"]))
+        targets.update(self.kv_a_proj_with_mqa.weight_targets([f"{prefix}.kv_a_proj_with_mqa"]))
+        targets.update(self.kv_a_layernorm.weight_targets(f"{prefix}.kv_a_layernorm.weight"))
+        targets.update(self.kv_b_proj.weight_targets([f"{prefix}.kv_b_proj"]))
+        targets.update(self.o_proj.weight_targets(f"{prefix}.o_proj"))
+        return targets

@@ -1,0 +1,115 @@
+"""Latent attention over the paged latent cache against a naive computation: decode rows
+through the native kernel and through the SDPA gather (CUDA's and non-float32 CPU's
+path), chunks with and without earlier context, in one step; and the DeepSeek config
+fields as the published checkpoints write them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pyengine.errors import AttentionBackendUnavailableError
+from pyengine.executor.attention.metadata import StepAttentionLayout
+from pyengine.executor.attention.mla_sdpa import MlaStepAttention
+from pyengine.executor.attention.selector import select_latent_attention_backend
+from pyengine.executor.latent_kv_cache import LatentKVCache, LatentKVCacheShape
+from pyengine.models.config import parse_decoder_config
+from pyengine.models.errors import UnsupportedModelError
+from pyengine.models.rope_yarn import yarn_mscale
+
+HEADS, RANK, ROPE, BLOCK = 4, 16, 8, 4
+
+
+def _step(seq_lens: list[int], scheduled: list[int], seed: int = 0):
+    """A cache with every row's earlier context filled, the step's layout and inputs."""
+    rng = torch.Generator().manual_seed(seed)
+    dim = RANK + ROPE
+    width = max(-(-n // BLOCK) for n in seq_lens)
+    cache = LatentKVCache(LatentKVCacheShape(1, dim, RANK, BLOCK, torch.float32), len(seq_lens) * width + 1, torch.device("cpu"))
+    permutation = torch.randperm(cache.num_blocks - 1, generator=rng)[: len(seq_lens) * width] + 1
+    tables = permutation.view(len(seq_lens), width).to(torch.int32)
+    contexts, slots = [], []
+    for row, (length, new) in enumerate(zip(seq_lens, scheduled)):
+        context = torch.randn(length, dim, generator=rng)
+        contexts.append(context)
+        positions = torch.arange(length)
+        row_slots = tables[row].long()[positions // BLOCK] * BLOCK + positions % BLOCK
+        cache.layer_slots(0)[row_slots[: length - new]] = context[: length - new]
+        slots.append(row_slots[length - new :])
+    starts = np.concatenate([[0], np.cumsum(scheduled)])
+    layout = StepAttentionLayout(
+        query_start_loc=starts, seq_lens=np.array(seq_lens), num_scheduled_tokens=np.array(scheduled),
+        slot_mapping=torch.cat(slots), block_tables=tables, block_size=BLOCK,
+    )
+    q = torch.randn(int(starts[-1]), HEADS, dim, generator=rng)
+    latent = torch.cat([c[len(c) - n :] for c, n in zip(contexts, scheduled)])
+    return cache, layout, q, latent, contexts
+
+
+def _naive(q, contexts, scheduled, scale):
+    out, start = [], 0
+    for context, new in zip(contexts, scheduled):
+        for i in range(new):
+            visible = context[: len(context) - new + i + 1]
+            probs = torch.softmax(q[start + i] @ visible.T * scale, dim=-1)
+            out.append(probs @ visible[:, :RANK])
+        start += new
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_decodes_and_chunks_match_a_naive_computation(native):
+    seq_lens, scheduled = [9, 1, 14, 6, 5], [1, 1, 4, 6, 1]  # decodes, a chunk after context, a whole prompt
+    cache, layout, q, latent, contexts = _step(seq_lens, scheduled)
+    step = MlaStepAttention(cache, layout, native=native)  # False: the gather path CUDA and bfloat16 take
+    out = step.attend_latent(0, q, latent, 0.3)
+    torch.testing.assert_close(out, _naive(q, contexts, scheduled, 0.3), atol=1e-5, rtol=1e-5)
+
+
+def test_flash_attn_is_refused_for_latent_attention():
+    with pytest.raises(AttentionBackendUnavailableError, match="latent attention"):
+        select_latent_attention_backend("flash_attn")
+    assert select_latent_attention_backend("auto").name == "mla_sdpa"
+
+
+# The published DeepSeek-V3 config.json's fields (bf16 conversion: no quantization_config).
+V3_PUBLISHED = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": 129280,
+    "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+    "num_attention_heads": 128, "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256,
+    "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "qk_nope_head_dim": 128, "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4,
+    "num_experts_per_tok": 8, "moe_layer_freq": 1, "first_k_dense_replace": 3, "norm_topk_prob": True,
+    "scoring_func": "sigmoid", "hidden_act": "silu", "max_position_embeddings": 163840, "rms_norm_eps": 1e-06,
+    "rope_theta": 10000, "num_nextn_predict_layers": 1, "tie_word_embeddings": False,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+}
+
+
+def test_the_published_v3_config_parses():
+    config = parse_decoder_config(V3_PUBLISHED)
+    mla, moe = config.mla, config.deepseek_moe
+    assert (mla.kv_lora_rank, mla.qk_rope_head_dim, mla.latent_dim, mla.q_lora_rank) == (512, 64, 576, 1536)
+    assert config.head_dim == 64 and config.rope.rope_type == "yarn" and config.rope.factor == 40
+    assert mla.softmax_scale == pytest.approx(192**-0.5 * yarn_mscale(40, 1.0) ** 2)
+    assert (moe.scoring_func, moe.topk_method, moe.n_group, moe.topk_group) == ("sigmoid", "noaux_tc", 8, 4)
+    assert [moe.is_moe_layer(i) for i in range(4)] == [False, False, False, True]
+    # Expanded K/V would hold 128 heads x (192 + 128) values per token; the latent holds 576.
+    assert 128 * (192 + 128) / mla.latent_dim == pytest.approx(71.1, abs=0.1)
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        (dict(quantization_config={"quant_method": "fp8"}), "quantization_config"),
+        (dict(topk_method="greedy"), "topk_method"),
+        (dict(qk_rope_head_dim=7), "qk_rope_head_dim"),
+        (dict(attention_bias=True), "attention_bias"),
+        (dict(n_group=7), "n_group"),
+    ],
+)
+def test_unsupported_deepseek_fields_are_refused_naming_them(changes, field):
+    with pytest.raises(UnsupportedModelError, match=field):
+        parse_decoder_config({**V3_PUBLISHED, **changes})
