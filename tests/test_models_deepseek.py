@@ -134,3 +134,19 @@ def test_bfloat16_on_cpu_takes_the_gather_path_and_tracks_float32(checkpoint):
         out16 = runner16.execute(plan, return_logits=True)
         assert torch.allclose(out16.logits.float(), out32.logits, atol=0.15), step
         planner.record(plan, out32.sampled_token_ids)
+
+
+def test_int8_quantization_leaves_the_up_projections_dense(checkpoint):
+    """Online int8 quantizes the linears; kv_b_proj, read per head by the absorbed
+    attention, stays dense, and the logits stay near the float model's."""
+    settings = dict(max_num_seqs=4, max_model_len=256, num_kv_blocks=32)
+    prompt = np.random.default_rng(2).integers(0, VOCAB, 20).tolist()
+    logits = []
+    for quantization in (None, "int8"):
+        runner = ModelRunner.from_pretrained(checkpoint, ExecutorConfig(quantization=quantization, **settings))
+        planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=4)
+        planner.add(prompt)
+        logits.append(runner.execute(planner.next_plan(), return_logits=True).logits)
+    attention = runner.model.layers[0].self_attn
+    assert attention.o_proj.quantized is not None and attention.kv_b_proj.weight.device.type == "cpu"
+    assert torch.allclose(logits[0], logits[1], atol=0.1)

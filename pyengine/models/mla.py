@@ -43,6 +43,20 @@ def _replicated(size: int) -> Shard:
     return Shard(size, 0, size)
 
 
+class HeadUpProjections(torch.nn.Module):
+    """``kv_b_proj``: this rank's heads' ``W_UK`` / ``W_UV`` rows, read per head by the
+    absorbed attention and never run as a linear (so neither packed nor quantized)."""
+
+    def __init__(self, rank: int, part: Shard) -> None:
+        super().__init__()
+        self.part = part
+        self.weight = torch.nn.Parameter(torch.empty(part.size, rank))
+
+    def weight_targets(self, name: str) -> dict[str, WeightTarget]:
+        shape = (self.part.full, self.weight.shape[1])
+        return {f"{name}.weight": WeightTarget(self.weight, shape, shard_dim=0, shard=self.part)}
+
+
 class LatentAttention(torch.nn.Module):
     """MLA with the up-projections absorbed (see the module docstring)."""
 
@@ -70,9 +84,8 @@ class LatentAttention(torch.nn.Module):
             self.q_b_proj = ColumnParallelLinear(mla.q_lora_rank, [q_part], False, parallel)
         self.kv_a_proj_with_mqa = ColumnParallelLinear(hidden, [_replicated(mla.latent_dim)], False, parallel)
         self.kv_a_layernorm = RMSNorm(mla.kv_lora_rank, config.rms_norm_eps)
-        # Never run as a linear: its rows are W_UK / W_UV, read per head (``_up_projections``).
         kv_part = Shard(heads.full * per_head_kv, heads.start * per_head_kv, heads.size * per_head_kv)
-        self.kv_b_proj = ColumnParallelLinear(mla.kv_lora_rank, [kv_part], False, parallel)
+        self.kv_b_proj = HeadUpProjections(mla.kv_lora_rank, kv_part)
         self.o_proj = RowParallelLinear(
             heads.full * mla.v_head_dim, hidden, parallel, "num_attention_heads x v_head_dim"
         )
@@ -134,6 +147,6 @@ class LatentAttention(torch.nn.Module):
             targets.update(self.q_b_proj.weight_targets([f"{prefix}.q_b_proj"]))
         targets.update(self.kv_a_proj_with_mqa.weight_targets([f"{prefix}.kv_a_proj_with_mqa"]))
         targets.update(self.kv_a_layernorm.weight_targets(f"{prefix}.kv_a_layernorm.weight"))
-        targets.update(self.kv_b_proj.weight_targets([f"{prefix}.kv_b_proj"]))
+        targets.update(self.kv_b_proj.weight_targets(f"{prefix}.kv_b_proj"))
         targets.update(self.o_proj.weight_targets(f"{prefix}.o_proj"))
         return targets
