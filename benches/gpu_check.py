@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from pyengine.executor.attention.flash import FLASH_PAGED_BLOCK_MULTIPLE, import_flash_varlen
-from pyengine.executor.config import ExecutorConfig, default_block_size
+from pyengine.executor.attention.selector import default_block_size
+from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
 from pyengine.sampling_params import SamplingParams
 from pyengine.testing.checkpoints import make_tiny_checkpoint

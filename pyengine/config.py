@@ -15,12 +15,8 @@ from typing import Any, Literal, Optional, Union
 
 from pyengine._sched import SchedulerConfig
 from pyengine.errors import InvalidConfigError
-from pyengine.executor.config import (
-    ExecutorConfig,
-    check_executor_settings,
-    default_block_size,
-    normalize_dtype,
-)
+from pyengine.executor.config import ExecutorConfig, check_executor_settings
+from pyengine.models.dtypes import normalize_dtype
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 TASKS = ("auto", "generate", "embed")
@@ -43,9 +39,11 @@ class EngineConfig:
       (``torch.float16``), are stored as these canonical names.
     - ``device``: "cpu", "cuda", "cuda:N".
     - ``block_size``: tokens per KV block, and the prefix cache's granularity; None (the
-      default) is 256 when flash-attn runs the attention (CUDA, with flash-attn installed
-      or forced, and a half-precision dtype), the smallest block upstream flash-attn reads
-      in place through its block table; else 16 (the CPU, SDPA on CUDA).
+      default) leaves it to the model runner, which decides it when it starts (the
+      configuration stays plain data and probes nothing): 256 when flash-attn runs the
+      attention (CUDA, with flash-attn installed or forced, and a half-precision dtype),
+      the smallest block upstream flash-attn reads in place through its block table; else
+      16 (the CPU, SDPA on CUDA). ``EngineCore.block_size`` is the size in use.
     - ``kv_cache_bytes`` / ``num_kv_blocks``: the KV cache budget (default: 4 GiB on CPU, a
       fraction ``gpu_memory_utilization`` of the GPU), or an exact block count.
     - ``max_num_seqs``: running sequences at most; ``max_num_batched_tokens``: tokens per step.
@@ -146,10 +144,6 @@ class EngineConfig:
 
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         check_executor_settings(self)
-        if self.block_size is None:  # 256 where flash-attn runs (it reads that in place), else 16
-            object.__setattr__(
-                self, "block_size", default_block_size(self.device, self.attention_backend, self.dtype)
-            )
         need(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold", "must be >= 0")
         need(self.pipeline_depth in (1, 2), "pipeline_depth", "must be 1 or 2")
         need(isinstance(self.data_parallel_size, int) and self.data_parallel_size >= 1, "data_parallel_size",
@@ -194,11 +188,12 @@ class EngineConfig:
         """The executor's settings: every ExecutorConfig field, taken by name from here."""
         return ExecutorConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ExecutorConfig)})
 
-    def scheduler_config(self, num_blocks: int, max_model_len: int) -> SchedulerConfig:
-        """The scheduler's settings, once the KV cache size and the model's length are known."""
+    def scheduler_config(self, num_blocks: int, block_size: int, max_model_len: int) -> SchedulerConfig:
+        """The scheduler's settings, once the runner has decided the KV cache (its blocks and
+        their size) and the model's length is known."""
         return SchedulerConfig(
             num_blocks,
-            block_size=self.block_size,
+            block_size=block_size,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=max_model_len,

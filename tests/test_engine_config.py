@@ -22,7 +22,7 @@ def test_the_executor_config_takes_every_field_from_the_engine_config():
 def test_the_scheduler_config_carries_the_engine_arguments():
     config = EngineConfig(block_size=32, max_num_seqs=7, max_num_batched_tokens=64, long_prefill_token_threshold=16,
                           enable_prefix_caching=False, scheduling_policy="priority", pipeline_depth=1)
-    sched = config.scheduler_config(num_blocks=123, max_model_len=256)
+    sched = config.scheduler_config(num_blocks=123, block_size=config.block_size, max_model_len=256)
     assert (sched.num_blocks, sched.max_model_len) == (123, 256)
     for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold",
                  "enable_prefix_caching", "pipeline_depth"):

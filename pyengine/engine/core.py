@@ -103,12 +103,14 @@ class EngineCore:
             self.decode_table = DecodeTable.from_tokenizer(self.tokenizer) if self.tokenizer is not None else None
             self.eos_token_ids = list(self.runner.loaded.eos_token_ids)
             self.max_model_len = self.runner.max_model_len
+            # Tokens per KV block: config.block_size, or the platform default the runner chose.
+            self.block_size: int = self.runner.block_size
             # What one request can hold: max_model_len, or the whole KV pool when that is
             # smaller (the scheduler refuses a request needing more blocks than the pool has).
-            self.max_request_tokens = min(self.max_model_len, self.runner.num_kv_blocks * config.block_size)
+            self.max_request_tokens = min(self.max_model_len, self.runner.num_kv_blocks * self.block_size)
             # The vocabulary goes to Rust once, for structured outputs (docs/structured_outputs.md).
             self.constraints = ConstraintCompiler.for_engine(self.decode_table, self.eos_token_ids, self.vocab_size)
-            self.sched = SchedulerThread(config.scheduler_config(self.runner.num_kv_blocks, self.max_model_len))
+            self.sched = SchedulerThread(config.scheduler_config(self.runner.num_kv_blocks, self.block_size, self.max_model_len))
             self.requests = RequestTable()
             self.executor = ExecutorLoop(self.runner, self.sched, lambda: len(self.requests) > 0)
             pieces = TokenPieces(self.tokenizer) if self.tokenizer is not None else None

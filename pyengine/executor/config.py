@@ -1,4 +1,9 @@
-"""Executor settings: one frozen object passed explicitly to the ModelRunner."""
+"""Executor settings: one frozen object passed explicitly to the ModelRunner.
+
+Plain data: nothing here imports torch or looks at the platform. What depends on the
+platform (the KV block size where none is given: 256 where flash-attn will run) is
+resolved by the runner that starts on it (``executor/attention/selector.py``,
+``resolve_block_size``)."""
 
 from __future__ import annotations
 
@@ -6,53 +11,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
 from pyengine.errors import InvalidConfigError
+from pyengine.models.dtypes import DTYPE_NAMES, normalize_dtype
 
 AttentionBackendName = Literal["auto", "sdpa", "flash_attn"]
 
 DEFAULT_CPU_KV_CACHE_BYTES = 4 * 1024**3
-
-#: KV block size (tokens) when none is given: 256 where flash-attn runs the attention, the
-#: smallest block upstream flash-attn reads in place through a block table (smaller
-#: blocks make every layer gather the whole context into a packed copy, see
-#: attention/flash.py, which takes this number as its paged-block multiple); 16 everywhere
-#: else (the CPU, SDPA on CUDA), which the native decode kernel and a finer prefix cache
-#: prefer. The block is also the prefix cache's granularity: only full blocks are shared.
-FLASH_ATTN_BLOCK_SIZE = 256
-SMALL_BLOCK_SIZE = 16
-
-
-def default_block_size(device: str, attention_backend: str = "auto", dtype: str = "auto") -> int:
-    """The block size used when ``block_size`` is None: 256 when the attention backend
-    that will be chosen for these settings is flash-attn (forced, or "auto" where the
-    selector's ``flash_attn_usable`` says it runs), else 16. Only a CUDA device imports
-    torch and the selector here: a CPU configuration stays torch-free."""
-    if not str(device).startswith("cuda") or attention_backend == "sdpa":
-        return SMALL_BLOCK_SIZE
-    if attention_backend == "flash_attn":
-        return FLASH_ATTN_BLOCK_SIZE
-    import torch
-
-    from pyengine.executor.attention.selector import flash_attn_usable
-
-    # "auto" is a half-precision dtype on CUDA (bfloat16, or float16 where unsupported).
-    torch_dtype = torch.float32 if normalize_dtype(dtype) == "float32" else torch.bfloat16
-    return FLASH_ATTN_BLOCK_SIZE if flash_attn_usable(torch.device(str(device)), torch_dtype) else SMALL_BLOCK_SIZE
-
-
-#: Canonical dtype names, and the other spellings accepted for them (vLLM's ``half`` and
-#: ``float`` among them); torch dtypes (``torch.float16``) are accepted too.
-DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
-DTYPE_ALIASES = {"float": "float32", "fp32": "float32", "bf16": "bfloat16", "half": "float16", "fp16": "float16"}
-
-
-def normalize_dtype(dtype: Any) -> Any:
-    """The canonical name of ``dtype`` ("half" -> "float16", ``torch.bfloat16`` -> "bfloat16");
-    anything else unchanged, for the dtype rule to refuse with the argument's name."""
-    if type(dtype).__module__ == "torch" and str(dtype).startswith("torch."):  # a torch.dtype; no torch import
-        dtype = str(dtype)[len("torch."):]
-    if isinstance(dtype, str):
-        return DTYPE_ALIASES.get(dtype.strip().lower(), dtype.strip().lower())
-    return dtype
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +29,9 @@ class ExecutorConfig:
       ``gpu_memory_utilization`` of the device minus weights and the activation peak
       measured by a profiling forward, unless this is set.
     - ``num_kv_blocks``: force an exact number of blocks (tests), overriding the budget.
-    - ``block_size``: tokens per KV block; None: ``default_block_size`` (256 when
-      flash-attn runs the attention on CUDA, else 16).
+    - ``block_size``: tokens per KV block; None: the runner's platform default
+      (``selector.default_block_size``: 256 when flash-attn runs the attention on CUDA,
+      else 16), resolved when the runner starts.
     - ``max_num_seqs``: rows of the persistent batch; ``max_model_len``: longest sequence
       (defaults to the model's ``max_position_embeddings``).
     - ``attention_backend``: "auto" picks flash-attn on CUDA when importable, else SDPA.
@@ -97,10 +61,6 @@ class ExecutorConfig:
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         object.__setattr__(self, "logits_processors", tuple(self.logits_processors or ()))
         check_executor_settings(self)
-        if self.block_size is None:
-            object.__setattr__(
-                self, "block_size", default_block_size(self.device, self.attention_backend, self.dtype)
-            )
 
 
 # The executor's settings and what each must satisfy: checked here for an ExecutorConfig

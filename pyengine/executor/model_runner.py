@@ -20,6 +20,7 @@ from pyengine.errors import InvalidConfigError
 from pyengine.executor.attention.metadata import StepAttentionLayout
 from pyengine.executor.attention.selector import (
     AttentionBackendChoice,
+    resolve_block_size,
     select_attention_backend,
     select_latent_attention_backend,
 )
@@ -55,6 +56,7 @@ class ModelRunner:
     """Owns the model, the KV cache, the persistent batch and the sampler (one device)."""
 
     def __init__(self, loaded: LoadedModel, config: ExecutorConfig) -> None:
+        config = resolve_block_size(config)  # block_size=None: this platform's default
         self.config = config
         self.loaded = loaded
         self.model = loaded.model

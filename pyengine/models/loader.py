@@ -21,11 +21,11 @@ from typing import Any, Literal, Optional, Union
 import torch
 
 from pyengine.errors import InvalidConfigError
-from pyengine.executor.config import normalize_dtype
 from pyengine.models.architectures import build_model
 from pyengine.models.checkpoint import checkpoint_files, checkpoint_shapes, iterate_shards
 from pyengine.models.config import DecoderConfig, parse_decoder_config
 from pyengine.models.decoder import DecoderForCausalLM
+from pyengine.models.dtypes import normalize_dtype
 from pyengine.models.errors import ModelLoadError, WeightMismatchError
 from pyengine.models.layers import WeightTarget
 from pyengine.models.parallel import ParallelContext

@@ -39,6 +39,7 @@ class SleepRunner:
         tokenizer_folder: Optional[Path] = None,
         max_rows: int = 4096,
         eos_token_ids: tuple[int, ...] = (),
+        block_size: int = 16,
     ) -> None:
         from tokenizers import Tokenizer
 
@@ -49,6 +50,7 @@ class SleepRunner:
         self.loaded = _Loaded(tokenizer, eos_token_ids)  # no EOS by default: every request runs to max_tokens
         self.step_seconds = step_seconds
         self.num_kv_blocks = num_kv_blocks
+        self.block_size = block_size
         self.max_model_len = max_model_len
         self.fake = FakeExecutor(vocab=tokenizer.get_vocab_size(), max_rows=max_rows)
 

@@ -18,12 +18,11 @@ import numpy as np
 import torch
 
 from pyengine.executor.attention.metadata import StepAttentionLayout
-from pyengine.executor.config import FLASH_ATTN_BLOCK_SIZE
 from pyengine.executor.kv_cache import PagedKVCache
 
 #: Block sizes upstream flash-attn reads in place through a block table are multiples of
-#: this (the default block size where flash-attn runs, ``executor.config``).
-FLASH_PAGED_BLOCK_MULTIPLE = FLASH_ATTN_BLOCK_SIZE
+#: this (so it is the default block size where flash-attn runs: ``selector.default_block_size``).
+FLASH_PAGED_BLOCK_MULTIPLE = 256
 
 
 def import_flash_varlen() -> Optional[Callable[..., Any]]:

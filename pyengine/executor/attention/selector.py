@@ -1,16 +1,24 @@
-"""Choose the attention backend for a device, with a logged reason."""
+"""Choose the attention backend for a device, with a logged reason, and the KV block
+size that goes with it when the configuration leaves it to the platform."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Union
 
 import torch
 
 from pyengine.errors import AttentionBackendUnavailableError, InvalidConfigError
-from pyengine.executor.attention.flash import FlashAttentionBackend, import_flash_varlen
+from pyengine.executor.attention.flash import (
+    FLASH_PAGED_BLOCK_MULTIPLE,
+    FlashAttentionBackend,
+    import_flash_varlen,
+)
 from pyengine.executor.attention.mla_sdpa import MlaSdpaBackend
 from pyengine.executor.attention.sdpa import SdpaBackend
+from pyengine.executor.config import ExecutorConfig
+from pyengine.models.dtypes import normalize_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -73,3 +81,37 @@ def flash_attn_problem(device: torch.device, dtype: torch.dtype) -> str:
 def flash_attn_usable(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether "auto" picks flash-attn for ``device`` and ``dtype`` (``flash_attn_problem``)."""
     return not flash_attn_problem(device, dtype)
+
+
+#: KV block size (tokens) when none is given: 256 where flash-attn runs the attention, the
+#: smallest block upstream flash-attn reads in place through a block table (smaller
+#: blocks make every layer gather the whole context into a packed copy, see flash.py);
+#: 16 everywhere else (the CPU, SDPA on CUDA), which the native decode kernel and a finer
+#: prefix cache prefer. The block is also the prefix cache's granularity: only full
+#: blocks are shared.
+FLASH_ATTN_BLOCK_SIZE = FLASH_PAGED_BLOCK_MULTIPLE
+SMALL_BLOCK_SIZE = 16
+
+
+def default_block_size(device: str, attention_backend: str = "auto", dtype: str = "auto") -> int:
+    """The block size for ``block_size=None``: 256 when the attention backend that will be
+    chosen for these settings is flash-attn (forced, or "auto" where ``flash_attn_usable``
+    says it runs), else 16. The runner decides it when it starts, before the model loads
+    (tensor-parallel ranks size their plan channel with it), so that building a
+    configuration never probes the platform."""
+    if not str(device).startswith("cuda") or attention_backend == "sdpa":
+        return SMALL_BLOCK_SIZE
+    if attention_backend == "flash_attn":
+        return FLASH_ATTN_BLOCK_SIZE
+    # "auto" is a half-precision dtype on CUDA (bfloat16, or float16 where unsupported).
+    torch_dtype = torch.float32 if normalize_dtype(dtype) == "float32" else torch.bfloat16
+    return FLASH_ATTN_BLOCK_SIZE if flash_attn_usable(torch.device(str(device)), torch_dtype) else SMALL_BLOCK_SIZE
+
+
+def resolve_block_size(config: ExecutorConfig) -> ExecutorConfig:
+    """``config`` with its block size decided: the given one, else ``default_block_size``."""
+    if config.block_size is not None:
+        return config
+    return dataclasses.replace(
+        config, block_size=default_block_size(config.device, config.attention_backend, config.dtype)
+    )

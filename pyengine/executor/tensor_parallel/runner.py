@@ -33,6 +33,7 @@ import torch
 
 from pyengine.errors import EngineDeadError, EngineError, InvalidConfigError, ModelLoadError
 from pyengine.executor.attention.metadata import StepAttentionLayout
+from pyengine.executor.attention.selector import resolve_block_size
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
 from pyengine.executor.plan import StepPlanLike
@@ -410,6 +411,7 @@ def start(
     model_config = read_model_config(path)
     check_tensor_parallel(model_config, world_size)
     check_devices(config.device, world_size)
+    config = resolve_block_size(config)  # decided once, here: the workers get rank 0's
     max_model_len = config.max_model_len or model_config.max_position_embeddings
     threads = threads_per_rank or max(1, torch.get_num_threads() // world_size)
     store = host_store("127.0.0.1", 0, world_size, timeout_s)
