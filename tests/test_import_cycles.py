@@ -158,6 +158,21 @@ def test_no_import_cycle_in_the_package():
     )
 
 
+def test_the_model_code_imports_nothing_of_the_executor():
+    """The executor runs the models (attention backends hand the layers an ``AttentionOp``),
+    so ``pyengine/models/`` must not import ``pyengine.executor``, lazily or not: the two
+    packages would depend on each other."""
+    offenders = []
+    for path in sorted((PACKAGE / "models").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            offenders += [f"{path.name}:{node.lineno} {n}" for n in names if n.startswith("pyengine.executor")]
+            if isinstance(node, ast.ImportFrom) and node.level >= 2 and (node.module or "").startswith("executor"):
+                offenders.append(f"{path.name}:{node.lineno} ..{node.module}")
+    assert not offenders, "pyengine/models imports the executor:\n" + "\n".join(offenders)
+
+
 def test_the_scan_sees_a_planted_cycle(tmp_path):
     """The scan itself: a cycle through a relative import and a ``from package import
     submodule`` is found and reported as a loop; an import inside a function, one under
