@@ -20,10 +20,11 @@ import openai
 import pytest
 
 from pyengine import AsyncEngine, InvalidRequestError
+from pyengine.inputs.chat_template import ChatTemplate, ChatTemplateError
 from pyengine.models.default_tokenizer import IM_START_TOKEN
 from pyengine.server import ServerArgs
-from pyengine.server.chat_template import ChatTemplate
-from pyengine.server.errors import APIError, from_value_error
+from pyengine.server.chat import chat_request_error
+from pyengine.server.errors import from_value_error
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.live_server import LiveServer
 
@@ -117,9 +118,10 @@ def test_client_mistakes_are_400_naming_the_field(served, path, body, param):
 
 def test_a_template_include_is_a_400_on_messages():
     for source in ("{% include 'secrets.txt' %}", "{% extends '/etc/passwd' %}", "{% import 'x' as y %}{{ y }}"):
-        with pytest.raises(APIError) as info:
+        with pytest.raises(ChatTemplateError) as info:
             ChatTemplate(source, {}).render([{"role": "user", "content": "x"}], True)
-        assert (info.value.status, info.value.param) == (400, "messages")
+        error = chat_request_error(info.value)
+        assert (error.status, error.param) == (400, "messages")
 
 
 def test_a_genuine_500_does_not_echo_the_exception(served, monkeypatch):
@@ -196,8 +198,6 @@ def test_models_shows_no_filesystem_path(served):
 
 
 def test_the_template_tojson_keeps_text_as_it_is():
-    from pyengine.server.chat_template import ChatTemplate
-
     template = ChatTemplate("{{ tools | tojson }}|{{ tools | tojson(indent=2) }}", {})
     out = template.render([], False, {"tools": [{"description": "café <b> \ue000"}]})
     assert out.startswith('[{"description": "café <b> \ue000"}]|[\n  {')

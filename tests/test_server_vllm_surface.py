@@ -15,10 +15,10 @@ import pytest
 from pyengine import AsyncEngine
 from pyengine.config import EngineConfig
 from pyengine.engine.core import EngineCore
+from pyengine.inputs.chat_template import checkpoint_chat_template, load_chat_template
 from pyengine.models.default_tokenizer import CHAT_TEMPLATE
 from pyengine.server import ServerArgs
 from pyengine.server.cli import parse, uvicorn_log_level
-from pyengine.server.template_choice import checkpoint_chat_template, load_chat_template
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.live_server import LiveServer
 from pyengine.testing.synthetic_runner import SleepRunner
@@ -153,7 +153,7 @@ def test_tokenize_messages_renders_the_chat_template(synthetic, http):
     messages = [{"role": "system", "content": "Be brief."},
                 {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}]
     body = http.post("/tokenize", json={"messages": messages}).json()
-    text = "[system] Be brief.\n[user] Hi there\n[assistant]"
+    text = "[system] Be brief.\n[user] Hi \nthere\n[assistant]"  # text parts joined with newlines, as vLLM does
     assert body["tokens"] == engine.tokenize(text, add_special_tokens=False)
     no_prompt = http.post("/tokenize", json={"messages": messages, "add_generation_prompt": False}).json()
     assert no_prompt["tokens"] == engine.tokenize(text[:-len("[assistant]")], add_special_tokens=False)

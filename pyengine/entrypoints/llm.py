@@ -23,6 +23,7 @@ from pyengine.sampling_params import PoolingParams, SamplingParams
 if TYPE_CHECKING:
     from pyengine.entrypoints.progress import Progress
     from pyengine.inputs.chat_template import ChatTemplate
+    from pyengine.inputs.chat_text import ChatTokenizer
 
 Conversation = Sequence[Mapping[str, Any]]  # [{"role": "user", "content": "..."}, ...], as OpenAI's
 _WAIT_SLICE_S = 0.2  # how often the waiting caller refreshes the progress bar
@@ -69,13 +70,14 @@ class LLM(UnsupportedVllmMethods):
         self._request_ids = itertools.count()
         self._hf_tokenizer: Any = None  # built on first get_tokenizer()
         self._checkpoint_template: Optional[ChatTemplate] = None  # compiled on first chat()
+        self._chat_tokenizer: Optional[ChatTokenizer] = None
 
     @classmethod
     def from_engine_core(cls, core: EngineCore) -> LLM:
         """Wraps an already built engine (e.g. one with a synthetic executor)."""
         llm = cls.__new__(cls)
         llm.config, llm.engine, llm._request_ids = core.config, core, itertools.count()
-        llm._hf_tokenizer = llm._checkpoint_template = None
+        llm._hf_tokenizer = llm._checkpoint_template = llm._chat_tokenizer = None
         return llm
 
     def get_tokenizer(self) -> Any:
@@ -170,7 +172,9 @@ class LLM(UnsupportedVllmMethods):
     ) -> list[RequestOutput]:
         """Generates a reply to each conversation, as vLLM's ``LLM.chat``: renders it with the
         checkpoint's chat template (or ``chat_template``, the template's text or a file
-        holding it), tokenizes the text as it is (its special tokens parsed, none added) and
+        holding it, read as the server reads ``--chat-template``), tokenizes the text (the
+        template's special tokens parsed, none added; one typed inside a message stays
+        text, as on the server: ``pyengine.inputs.chat_template.render_chat``) and
         generates; returns the outputs in input order.
 
         ``messages``: one conversation (a list of ``{"role", "content"}`` dicts) or a list
@@ -192,52 +196,47 @@ class LLM(UnsupportedVllmMethods):
                                       "pass add_generation_prompt=False to continue the final message")
         if self.engine.tokenizer is None:
             raise InvalidRequestError("this checkpoint has no tokenizer.json: LLM.chat needs one")
+        from pyengine.inputs.chat_template import render_chat
+
         conversations = _conversations(messages)
-        template = self._chat_template(chat_template)
-        extra = {**(chat_template_kwargs or {}), "tools": tools, "documents": None}
+        template, tokens = self._chat_template(chat_template), self._chat_tokens()
         items = []
         for i, conversation in enumerate(conversations):
-            chat = _chat_messages(conversation, chat_template_content_format == "openai", i, len(conversations))
-            text = template.render(chat, add_generation_prompt, extra)
-            if continue_final_message:
-                text = _cut_after_final_message(text, chat)
-            ids = list(self.engine.tokenizer.encode(text, add_special_tokens=False).ids)
-            items.append({"prompt": text, "prompt_token_ids": ids})
+            chat = render_chat(template, tokens, conversation, add_generation_prompt=add_generation_prompt,
+                               continue_final_message=continue_final_message, tools=tools,
+                               template_kwargs=chat_template_kwargs,
+                               keep_parts=chat_template_content_format == "openai",
+                               where="messages" if len(conversations) == 1 else f"messages[{i}]")
+            items.append({"prompt": chat.text, "prompt_token_ids": chat.token_ids})
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         params = _per_prompt(sampling_params, len(items), "sampling_params")
         return self._run(items, params, [0] * len(items), use_tqdm, "chat")
 
-    def _chat_template(self, source: Optional[str]) -> ChatTemplate:
-        from jinja2 import TemplateError
+    def _chat_template(self, given: Optional[str]) -> ChatTemplate:
+        """``chat_template`` (a file or its text, read as the server reads --chat-template),
+        else the checkpoint's, chosen as the server chooses it (compiled once)."""
+        from pyengine.inputs.chat_template import ChatTemplate, choose_chat_template, load_chat_template
 
-        from pyengine.inputs.chat_template import ChatTemplate, ChatTemplateError, is_template_path
-
-        config = self.engine.tokenizer_config
-        if source is None:
-            cached = getattr(self, "_checkpoint_template", None)
-            if cached is not None:
-                return cached
-            source = _checkpoint_template_source(config, self._checkpoint_folder())
-            if source is None:
+        if given is not None:
+            return ChatTemplate(load_chat_template(given, "chat_template"), self.engine.tokenizer_config,
+                                "chat_template")
+        if self._checkpoint_template is None:
+            config = self.engine.tokenizer_config
+            choice = choose_chat_template(None, self._checkpoint_folder(), config.get("chat_template"))
+            if choice is None:
                 raise InvalidRequestError("this checkpoint has no chat template (no chat_template in "
                                           "tokenizer_config.json nor chat_template.jinja): pass chat_template=")
-            what = "the checkpoint's chat template"
-        else:
-            if is_template_path(source):  # the server's --chat-template rule
-                try:
-                    source = Path(source).expanduser().read_text(encoding="utf-8")
-                except OSError as error:
-                    raise InvalidRequestError(f"chat_template {source!r} looks like a file path, but it cannot "
-                                              f"be read ({error.strerror or error})") from None
-            what = "chat_template"
-        try:
-            template = ChatTemplate(source, config)
-        except TemplateError as error:
-            raise ChatTemplateError(f"{what} does not compile: {error}") from error
-        if what != "chat_template":
-            self._checkpoint_template = template
-        return template
+            self._checkpoint_template = ChatTemplate(choice.source, config, f"the checkpoint's {choice.origin} template")
+        return self._checkpoint_template
+
+    def _chat_tokens(self) -> ChatTokenizer:
+        """The tokenizer chats are encoded with (built once: it copies the tokenizer)."""
+        if self._chat_tokenizer is None:
+            from pyengine.inputs.chat_text import ChatTokenizer
+
+            self._chat_tokenizer = ChatTokenizer(self.engine.tokenizer)
+        return self._chat_tokenizer
 
     def _run(self, items: list, params: list, priorities: list[int], use_tqdm: Any, what: str) -> list:
         engine = self.engine
@@ -368,62 +367,3 @@ def _conversations(messages: Any) -> list[Conversation]:
     if messages and not isinstance(messages[0], Mapping):
         return list(messages)
     return [messages]
-
-
-def _chat_messages(conversation: Any, keep_parts: bool, index: int, count: int) -> list[dict[str, Any]]:
-    """The conversation as the template sees it: plain dicts, text content (a list of text
-    parts joined with newlines unless ``keep_parts``), tool calls' JSON-text arguments
-    parsed (as the server passes them: ``template_tool_calls``)."""
-    from pyengine.inputs.chat_template import template_tool_calls
-
-    where = "messages" if count == 1 else f"messages[{index}]"
-    if isinstance(conversation, (str, bytes, Mapping)) or not isinstance(conversation, Sequence):
-        raise InvalidRequestError(f"{where} must be a list of {{'role', 'content'}} dicts, "
-                                  f"got {type(conversation).__name__}")
-    out = []
-    for i, message in enumerate(conversation):
-        if not isinstance(message, Mapping) or "role" not in message:
-            raise InvalidRequestError(f"{where}[{i}] must be a dict with a 'role', got {message!r:.80}")
-        message = dict(message)
-        content = message.get("content")
-        if isinstance(content, Sequence) and not isinstance(content, str):
-            parts = []
-            for j, part in enumerate(content):
-                kind = part.get("type") if isinstance(part, Mapping) else None
-                if kind != "text" or not isinstance(part.get("text"), str):
-                    raise InvalidRequestError(f"{where}[{i}].content[{j}] must be a text part "
-                                              f"({{'type': 'text', 'text': ...}}): the model takes text only")
-                parts.append(dict(part))
-            message["content"] = parts if keep_parts else "\n".join(p["text"] for p in parts)
-        elif content is not None and not isinstance(content, str):
-            raise InvalidRequestError(f"{where}[{i}].content must be a string or a list of text parts")
-        if message.get("tool_calls"):
-            message["tool_calls"] = template_tool_calls(message["tool_calls"], f"{where}[{i}].tool_calls")
-        out.append(message)
-    return out
-
-
-def _cut_after_final_message(text: str, chat: list[dict[str, Any]]) -> str:
-    """The rendered chat cut right after the final message's text (transformers'
-    ``continue_final_message``): the template's end-of-turn marker goes."""
-    final = chat[-1].get("content") if chat else None
-    if isinstance(final, list):
-        final = next((p["text"] for p in reversed(final) if "text" in p), None)
-    if not isinstance(final, str):
-        raise InvalidRequestError("continue_final_message is set but the final message has no text to continue")
-    if final.strip() not in text:
-        raise InvalidRequestError("continue_final_message is set but the final message does not appear in the "
-                                  "rendered chat (the template changes it)")
-    at = text.rindex(final.strip())
-    if text[at:at + len(final.lstrip())] == final:  # the template kept its spacing
-        return text[:at + len(final.lstrip())]
-    return text[:at + len(final.strip())]
-
-
-def _checkpoint_template_source(tokenizer_config: dict[str, Any], folder: Optional[Path]) -> Optional[str]:
-    """The checkpoint's template text, chosen as the server chooses it
-    (:func:`pyengine.inputs.chat_template.checkpoint_chat_template`)."""
-    from pyengine.inputs.chat_template import checkpoint_chat_template
-
-    choice = checkpoint_chat_template(folder, tokenizer_config.get("chat_template"))
-    return choice.source if choice is not None else None

@@ -10,11 +10,10 @@ Module map (one concept each):
 - ``cli``: ``pyengine serve`` flags (server options + ``EngineConfig`` fields), uvicorn.
 - ``app``: the app factory; ``context``: the per-app ``ServerContext`` handlers share.
 - ``args``: ``ServerArgs``; ``protocol``: pydantic request / response bodies.
-- ``completions``, ``chat`` (+ ``chat_template``), ``embeddings``: the ``/v1`` endpoints;
+- ``completions``, ``chat``, ``embeddings``: the ``/v1`` endpoints (chats render through
+  ``pyengine.inputs.chat_template``, as ``LLM.chat`` does, template choice included);
   ``info``: ``/v1/models`` (+ ``/{id}``), ``/version``, ``/health`` / ``/ping``, ``/metrics``;
   ``tokenizer_api``: vLLM's ``/tokenize`` and ``/detokenize``.
-- ``template_choice``: which chat template is used (``--chat-template``, the checkpoint's
-  ``chat_template.jinja``, tokenizer_config.json); rendering is ``chat_template``'s.
 - ``sampling``: request -> ``SamplingParams`` and token-id prompts, with 400s naming fields.
 - ``generation``: the engine requests of one HTTP request; client disconnects abort them.
 - ``respond``: what completions and chat share: start, collect a whole response, or

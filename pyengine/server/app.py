@@ -9,15 +9,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Optional
 
 from fastapi import FastAPI
 
 from pyengine import __version__
 from pyengine.entrypoints.engine_client import EngineClient
+from pyengine.inputs.chat_template import ChatTemplate, choose_chat_template
+from pyengine.inputs.chat_text import ChatTokenizer
 from pyengine.server import chat, completions, embeddings, info, tokenizer_api
 from pyengine.server.args import ServerArgs
-from pyengine.server.chat_template import ChatTemplate
-from pyengine.server.chat_text import ChatTokenizer
 from pyengine.server.context import ServerContext
 from pyengine.server.errors import install_error_handlers
 from pyengine.server.guard import GuardMiddleware
@@ -26,12 +28,12 @@ from pyengine.server.limits import LimitsMiddleware
 from pyengine.server.logs import get_logger
 from pyengine.server.metrics import ServerMetrics
 from pyengine.server.stats_log import log_stats_forever
-from pyengine.server.template_choice import select_chat_template
 from pyengine.text.token_pieces import TokenPieces
 
 
 def build_context(engine: EngineClient, args: ServerArgs) -> ServerContext:
-    choice = select_chat_template(args.chat_template, engine)  # --chat-template, .jinja, or tokenizer_config
+    # --chat-template, else the tokenizer folder's chat_template.jinja, else tokenizer_config's
+    choice = choose_chat_template(args.chat_template, _tokenizer_folder(engine), engine.chat_template)
     return ServerContext(
         engine=engine,
         args=args,
@@ -39,11 +41,20 @@ def build_context(engine: EngineClient, args: ServerArgs) -> ServerContext:
         monitor=ProgressMonitor(engine, args.stall_timeout),
         token_text=TokenPieces(engine.tokenizer, engine.token_bytes),
         logger=get_logger(model=args.model_name),
-        chat_template=ChatTemplate(choice.source, engine.tokenizer_config) if choice is not None else None,
+        chat_template=ChatTemplate(choice.source, engine.tokenizer_config, f"the {choice.origin} chat template")
+        if choice is not None else None,
         chat_template_origin=choice.origin if choice is not None else None,
         chat_tokenizer=ChatTokenizer(engine.tokenizer) if engine.tokenizer is not None else None,
         sampling_defaults=engine.generation_defaults,
     )
+
+
+def _tokenizer_folder(engine: EngineClient) -> Optional[Path]:
+    try:
+        folder = Path(engine.tokenizer_path)
+    except (TypeError, ValueError):
+        return None
+    return folder if folder.is_dir() else None
 
 
 def create_app(engine: EngineClient, args: ServerArgs) -> FastAPI:

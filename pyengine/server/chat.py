@@ -2,7 +2,8 @@
 then generated like a completion; streamed as role / content / tool-call deltas or
 returned whole. Tools: ``tools.py``.
 
-Roles are OpenAI's; special tokens a client types stay text (``chat_text.py``); without
+Roles are OpenAI's; the prompt is rendered as ``LLM.chat`` renders it (special tokens a
+client types stay text: ``pyengine/inputs/chat_template.py``); without
 ``max_tokens`` a chat may generate up to what one request can hold, not a 400."""
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Any, Optional, Union
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from pyengine.errors import InvalidRequestError
+from pyengine.inputs.chat_template import render_chat
 from pyengine.outputs import LOGPROB_FLOOR, SampleLogprobs
 from pyengine.server.beam_search import beam_search_chat, check_chat
 from pyengine.server.choices import ChoiceDelta
@@ -38,7 +41,6 @@ from pyengine.server.tools import (
     StreamedToolCalls,
     ToolPlan,
     check_history,
-    template_calls,
     tool_plan,
     whole_message,
 )
@@ -89,30 +91,44 @@ def check_messages(messages: list[ChatMessage]) -> None:
 def render_prompt(ctx: ServerContext, messages: list[ChatMessage], add_generation_prompt: bool,
                   template_kwargs: Optional[dict[str, Any]] = None, add_special_tokens: bool = False,
                   tools: Optional[list[dict[str, Any]]] = None) -> list[int]:
-    """The chat's prompt token ids (a 400 when there is no chat template). Only the
-    template's own special tokens become control tokens (``chat_text.py``). ``tools``
-    reach the template as ``tools`` (None: no tools, as transformers passes it)."""
+    """The chat's prompt token ids, rendered as ``LLM.chat`` renders them
+    (``pyengine.inputs.chat_template.render_chat``: only the template's own special tokens
+    become control tokens); a 400 when there is no chat template or the template fails,
+    naming the message at fault where the error does. ``tools`` reach the template as
+    ``tools`` (None: no tools, as transformers passes it)."""
     if ctx.chat_template is None:
         raise bad_request("this model has no chat template (no chat_template.jinja or chat_template in "
                           "tokenizer_config.json); start the server with --chat-template, or use "
                           "/v1/completions", "messages", "chat_template_missing")
     if ctx.chat_tokenizer is None:
         raise bad_request("this model has no tokenizer; use /v1/completions with token ids", "messages")
-    escapes = ctx.chat_tokenizer.session()
-    rendered = [_template_message(m, i) for i, m in enumerate(messages)]
-    extra = {"tools": tools, **(template_kwargs or {})}  # as vLLM merges them: the client's kwargs win
-    text = ctx.chat_template.render(escapes.escape(rendered), add_generation_prompt, escapes.escape(extra))
-    return escapes.encode(text, add_special_tokens)
+    try:
+        return render_chat(ctx.chat_template, ctx.chat_tokenizer, [_template_message(m) for m in messages],
+                           add_generation_prompt=add_generation_prompt, tools=tools,
+                           template_kwargs=template_kwargs, add_special_tokens=add_special_tokens).token_ids
+    except InvalidRequestError as error:
+        raise chat_request_error(error) from None
 
 
-def _template_message(message: ChatMessage, i: int) -> dict[str, Any]:
-    """A message as templates read it (transformers' keys): role, text content, and
-    ``name``, ``tool_calls`` (arguments parsed), ``tool_call_id`` when given."""
-    out: dict[str, Any] = {"role": message.role, "content": message.text()}
+def chat_request_error(error: InvalidRequestError) -> APIError:
+    """A 400 for a chat that did not render: ``param`` is the ``messages[i]...`` path the
+    message starts with, else ``messages``."""
+    first = str(error).split(" ", 1)[0]
+    return bad_request(str(error), first if first.startswith("messages") else "messages")
+
+
+def _template_message(message: ChatMessage) -> dict[str, Any]:
+    """A message as ``render_chat`` takes it (OpenAI's keys, as ``LLM.chat`` gets them):
+    role, content (text or text parts), and ``name``, ``tool_calls``, ``tool_call_id``
+    when given."""
+    content: Any = message.content
+    if isinstance(content, list):
+        content = [{"type": part.type, "text": part.text} for part in content]
+    out: dict[str, Any] = {"role": message.role, "content": content}
     if message.name:
         out["name"] = message.name
     if message.tool_calls:
-        out["tool_calls"] = template_calls(message, i)
+        out["tool_calls"] = [call.model_dump(exclude_none=True) for call in message.tool_calls]
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
     return out

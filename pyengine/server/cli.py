@@ -15,6 +15,7 @@ import time
 from typing import Any, Optional
 
 from pyengine.config import EngineConfig
+from pyengine.inputs.chat_template import load_chat_template
 from pyengine.server.args import (
     UVICORN_LOG_LEVELS,
     ServerArgs,
@@ -23,7 +24,6 @@ from pyengine.server.args import (
     limit_kwargs,
     tool_kwargs,
 )
-from pyengine.server.template_choice import load_chat_template
 
 _ENGINE_SKIP = {"model"}
 # Help for the engine flags a vLLM user looks for (the rest: EngineConfig's docstring).

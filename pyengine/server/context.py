@@ -26,8 +26,8 @@ class ServerContext:
     monitor: ProgressMonitor
     token_text: TokenPieces
     logger: Any
-    chat_template: Optional[Any] = None  # a ChatTemplate, or None
-    chat_template_origin: Optional[str] = None  # where it came from (template_choice.py)
+    chat_template: Optional[Any] = None  # a ChatTemplate (pyengine.inputs.chat_template), or None
+    chat_template_origin: Optional[str] = None  # where it came from (choose_chat_template)
     chat_tokenizer: Optional[Any] = None  # a ChatTokenizer (user-typed special tokens stay text)
     # Default SamplingParams fields for what a request leaves unset (the checkpoint's
     # generation_config.json, as --generation-config chooses; EngineClient.generation_defaults).

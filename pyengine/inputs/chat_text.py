@@ -1,4 +1,5 @@
-"""A chat's token ids in which only the template makes control tokens.
+"""A chat's token ids in which only the template makes control tokens (used by
+``chat_template.render_chat``, for ``LLM.chat`` and the server alike).
 
 The template writes its turn markers (``<|im_start|>system``...) as text, so the rendered
 prompt has to be tokenized with special tokens parsed. Tokenizing it whole, as
@@ -21,7 +22,7 @@ import re
 import secrets
 from typing import Any
 
-from pyengine.server.errors import bad_request
+from pyengine.errors import InvalidRequestError
 from pyengine.text.encode import encode
 
 
@@ -79,7 +80,8 @@ class ChatEscapes:
         try:
             rendered.encode("utf-8")
         except UnicodeEncodeError:
-            raise bad_request("the rendered chat is not valid Unicode text (a lone surrogate)", "messages") from None
+            raise InvalidRequestError("messages render to text that is not valid Unicode (a lone surrogate)") \
+                from None
         encodings = []
         pieces = self._split.split(rendered)
         # split() alternates: text, placeholder number, text, ...
@@ -94,3 +96,7 @@ class ChatEscapes:
 
             return list(self.owner.tokenizer.post_process(Encoding.merge(encodings, growing_offsets=True)).ids)
         return [token for encoding in encodings for token in encoding.ids]
+
+    def restore(self, rendered: str) -> str:
+        """The rendered chat with each placeholder back to the text the caller typed."""
+        return self._split.sub(lambda match: self.typed[int(match.group(1))], rendered)
