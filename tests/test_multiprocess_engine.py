@@ -162,10 +162,10 @@ def test_a_failure_after_the_cores_are_ready_reaps_them(checkpoint, tmp_path, mo
     ready: the constructor still kills and reaps the cores and removes the ipc folder."""
     import tempfile
 
-    from pyengine.multiprocess import client
+    from pyengine.multiprocess import cores, request_prep
 
     started = []
-    real_core_process = client.CoreProcessHandle
+    real_core_process = cores.CoreProcessHandle
 
     def recording(*args, **kwargs):
         process = real_core_process(*args, **kwargs)
@@ -178,8 +178,8 @@ def test_a_failure_after_the_cores_are_ready_reaps_them(checkpoint, tmp_path, mo
     private = tmp_path / "tmp"
     private.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(private))
-    monkeypatch.setattr(client, "CoreProcessHandle", recording)
-    monkeypatch.setattr(client, "_tokenizer", broken_tokenizer)
+    monkeypatch.setattr(cores, "CoreProcessHandle", recording)
+    monkeypatch.setattr(request_prep, "_tokenizer", broken_tokenizer)
     try:
         with pytest.raises(ValueError, match="cannot read"):
             MultiprocessEngine(_config(checkpoint), start_timeout=60)
@@ -201,14 +201,14 @@ def test_setting_abandon_ends_the_start_up(checkpoint, tmp_path, monkeypatch):
     import threading
 
     from pyengine.errors import EngineError
-    from pyengine.multiprocess import client
+    from pyengine.multiprocess import cores
 
     model = tmp_path / "hanging"
     shutil.copytree(checkpoint, model)
     (model / "generation_config.json").unlink()
     os.mkfifo(model / "generation_config.json")  # nobody writes it: the core's load hangs
     started = []
-    real_core_process = client.CoreProcessHandle
+    real_core_process = cores.CoreProcessHandle
 
     def recording(*args, **kwargs):
         process = real_core_process(*args, **kwargs)
@@ -218,7 +218,7 @@ def test_setting_abandon_ends_the_start_up(checkpoint, tmp_path, monkeypatch):
     private = tmp_path / "tmp"
     private.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(private))
-    monkeypatch.setattr(client, "CoreProcessHandle", recording)
+    monkeypatch.setattr(cores, "CoreProcessHandle", recording)
     abandon = threading.Event()
     timer = threading.Timer(1.0, abandon.set)
     timer.start()

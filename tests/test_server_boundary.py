@@ -74,7 +74,8 @@ def test_the_multiprocess_client_implements_the_interface_without_the_engine():
     cls = next(n for n in client.body if isinstance(n, ast.ClassDef) and n.name == "MultiprocessEngine")
     defined = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     assert abstract and abstract <= defined, sorted(abstract - defined)
-    for name in ("client.py", "streams.py", "processes.py", "stats_merge.py", "wire.py"):
+    for name in ("client.py", "transport.py", "cores.py", "processes.py", "request_prep.py", "queries.py",
+                 "streams.py", "front_text.py", "stats_merge.py", "wire.py"):
         imported = _imports(ast.parse((ROOT / "multiprocess" / name).read_text()))
         # The constraint compiler is the one exception: the front end compiles a request's
         # grammar too, to refuse a bad one before sending it.

@@ -9,8 +9,12 @@ and, for a core started here, from its process: a core that dies fails its reque
 flight with ``EngineDeadError`` at once, and from then on the front end is dead
 (``health()``, new requests refused) until it is shut down.
 
-Sockets: the front end binds (ipc:// files in a private temporary folder, or tcp://), the
-cores connect; ``docs/multiprocess.md`` shows how to run cores on other hosts.
+This object keeps the requests in flight and the threads (receiver, heartbeat, one
+watcher per local core process); the rest is in its own module: the sockets
+(``transport.py``), starting, waiting for and stopping the cores (``cores.py``,
+``processes.py``), turning a caller's prompt and parameters into a checked request
+(``request_prep.py``) and the stats and stack queries (``queries.py``).
+``docs/multiprocess.md`` shows how to run cores on other hosts.
 """
 
 from __future__ import annotations
@@ -18,8 +22,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -30,16 +32,17 @@ import numpy as np
 import zmq
 
 from pyengine.config import EngineConfig
-from pyengine.engine.grammar import ConstraintCompiler
-from pyengine.entrypoints.engine_client import EngineClient, normalize_off_loop, until_finished
-from pyengine.errors import DuplicateRequestError, EngineDeadError, EngineError, InvalidRequestError
+from pyengine.entrypoints.engine_client import EngineClient, until_finished
+from pyengine.errors import DuplicateRequestError, EngineDeadError, EngineError
 from pyengine.inputs.prompts import PromptType
-from pyengine.inputs.request_checks import checked_params, truncated_prompt
+from pyengine.multiprocess import cores as core_set
 from pyengine.multiprocess import wire
-from pyengine.multiprocess.front_text import FrontEndText, makes_text_in_front_end
-from pyengine.multiprocess.processes import CoreProcessHandle, cpu_shares, device_env
+from pyengine.multiprocess.cores import POLL_MS, CoreState
+from pyengine.multiprocess.queries import QUERY_TIMEOUT_S, CoreQueries
+from pyengine.multiprocess.request_prep import RequestPreparer
 from pyengine.multiprocess.stats_merge import merge_stats
 from pyengine.multiprocess.streams import AnyOutput, RequestStream, deliver
+from pyengine.multiprocess.transport import FrontEndLink, UnreadableMessage, check_transport
 from pyengine.outputs import (
     EmbeddingRequestOutput,
     EngineHealth,
@@ -49,31 +52,12 @@ from pyengine.outputs import (
     ThreadStack,
 )
 from pyengine.sampling_params import PoolingParams, SamplingParams
-from pyengine.text import DecodeTable
-from pyengine.text.encode import encode_ids
 
 logger = logging.getLogger(__name__)
 
 SILENCE_CHECK_S = 0.25  # how often a remote core's silence is checked
-QUERY_TIMEOUT_S = 10.0
 #: How long an abort that met a full core queue is retried (every ``SILENCE_CHECK_S``).
 ABORT_RETRY_S = 60.0
-_POLL_MS = 100
-
-
-class _CoreState:
-    """What the front end knows of one core."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.process: Optional[CoreProcessHandle] = None  # None for a core on another host
-        self.info: Optional[wire.CoreInfo] = None
-        self.outstanding = 0
-        self.steps = 0
-        self.num_unfinished = 0
-        self.reported_dead: Optional[str] = None  # the core's own word (a thread died)
-        self.dead: Optional[str] = None  # gone: its process exited, or it fell silent
-        self.last_status = time.monotonic()
 
 
 class MultiprocessEngine(EngineClient):
@@ -97,130 +81,36 @@ class MultiprocessEngine(EngineClient):
                  core_cpus: Optional[Sequence[int]] = None, start_timeout: float = 600.0,
                  heartbeat_timeout: float = wire.DEFAULT_HEARTBEAT_TIMEOUT_S,
                  abandon: Optional[threading.Event] = None) -> None:
-        if transport not in ("ipc", "tcp"):
-            raise EngineError(f"transport must be 'ipc' or 'tcp', got {transport!r}")
-        n = config.data_parallel_size
-        local = n if local_cores is None else local_cores
-        if not 0 <= local <= n or (transport == "ipc" and local != n):
-            raise EngineError(f"local_cores = {local_cores}: between 0 and data_parallel_size = {n}, and all of "
-                              "them with transport='ipc' (cores on other hosts need tcp)")
+        check_transport(transport)
+        shares = core_set.check_local_cores(config, transport, local_cores, core_cpus)
         self.config = config
         self.heartbeat_timeout = heartbeat_timeout
         self._auto_ids = itertools.count()
-        self._query_ids = itertools.count()
         self._lock = threading.Lock()  # streams, queries, core states
-        self._send_lock = threading.Lock()  # the ROUTER socket
         self._streams: dict[str, RequestStream] = {}
         # Aborts that met a full core queue, retried by the heartbeat thread: request id ->
         # (its stream, give up at). Under _lock.
         self._pending_aborts: dict[str, tuple[RequestStream, float]] = {}
-        self._queries: dict[int, tuple[threading.Event, list[wire.Reply]]] = {}
-        self._cores = [_CoreState(i) for i in range(n)]
+        self._cores = [CoreState(i) for i in range(config.data_parallel_size)]
         self._closed = False
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._codec = wire.Codec(wire.ToCore)  # used under _send_lock
-        self._hello_codec = wire.Codec(wire.Hello)
-        shares = cpu_shares(local, core_cpus) if local else []
-        for i in range(local):
-            device_env(config, i)  # a device setting that cannot work fails here, before any process starts
-        self._decode_table: Optional[DecodeTable] = None
-        self._compiler: Optional[ConstraintCompiler] = None
-        self._compiler_lock = threading.Lock()
-        self.ipc_dir: Optional[str] = None
+        self.link = FrontEndLink(transport, host, input_port, output_port)  # closes what it opened if it fails
+        self._send = self.link.send
+        self._queries = CoreQueries(self._cores, self._send, self._check_alive)
         try:
-            self.ipc_dir = tempfile.mkdtemp(prefix="pyengine-") if transport == "ipc" else None
-            self.context = zmq.Context()
-            self._bind(transport, host, input_port, output_port)
-            for i in range(local):
-                self._cores[i].process = CoreProcessHandle(config, i, self._local_address(self.input_address),
-                                                     self._local_address(self.output_address), shares[i],
-                                                     heartbeat_timeout, self.ipc_dir)
-            self._wait_ready(start_timeout, abandon)
+            core_set.start_local_cores(self._cores, config, self.link, shares, heartbeat_timeout)
+            core_set.wait_ready(self._cores, self.link, start_timeout, abandon)
             info = self._cores[0].info
             assert info is not None
             self.info = info
-            self._tokenizer = _tokenizer(info.tokenizer_json)
-            # Built once (a pass over the vocabulary): streamed text is made here (front_text.py),
-            # the token table and a constraint compiler come from it.
-            self._decode_table = DecodeTable.from_tokenizer(self._tokenizer) if self._tokenizer is not None else None
+            self._requests = RequestPreparer(info)
             self._start_threads()
         except BaseException:
             self._abandon()
             raise
 
-    # ---- start-up and the sockets ----
-
-    def _bind(self, transport: str, host: str, input_port: int, output_port: int) -> None:
-        self._commands = self.context.socket(zmq.ROUTER)
-        self._commands.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a core that is gone raises
-        self._commands.setsockopt(zmq.LINGER, 0)
-        self._outputs = self.context.socket(zmq.PULL)
-        self._outputs.setsockopt(zmq.LINGER, 0)
-        if transport == "ipc":
-            self._commands.bind(f"ipc://{self.ipc_dir}/input.sock")
-            self._outputs.bind(f"ipc://{self.ipc_dir}/output.sock")
-        else:
-            self._commands.bind(f"tcp://{host}:{input_port or '*'}")
-            self._outputs.bind(f"tcp://{host}:{output_port or '*'}")
-        self.input_address = self._commands.getsockopt(zmq.LAST_ENDPOINT).decode()
-        self.output_address = self._outputs.getsockopt(zmq.LAST_ENDPOINT).decode()
-
-    @staticmethod
-    def _local_address(address: str) -> str:
-        """Where a core on this host connects: a wildcard bind is reached on loopback."""
-        return address.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:").replace("tcp://[::]:", "tcp://[::1]:")
-
-    def _wait_ready(self, timeout: float, abandon: Optional[threading.Event]) -> None:
-        """Every core's ``Ready``; a ``LoadFailed`` (or a core that exits first) raises its
-        error, and so does a hello this front end cannot read or whose protocol version is
-        not its own, or ``abandon`` set. Cores already ready get heartbeats meanwhile
-        (another may load long)."""
-        deadline = time.monotonic() + timeout
-        waiting = {c.index for c in self._cores}
-        exited_at: dict[int, float] = {}
-        next_beat = time.monotonic() + wire.HEARTBEAT_INTERVAL_S
-        while waiting:
-            if abandon is not None and abandon.is_set():
-                raise EngineError(f"start-up abandoned while engine core(s) {sorted(waiting)} were not ready")
-            if self._commands.poll(_POLL_MS):
-                hello = self._read_hello(self._commands.recv_multipart(copy=False))
-                if hello.engine_index not in waiting:
-                    raise EngineError(f"engine core {hello.engine_index} said ready twice, or is not one of the "
-                                      f"{len(self._cores)} cores (check --engine-index)")
-                core = self._cores[hello.engine_index]
-                core.info, core.last_status = hello.info, time.monotonic()  # its load is not silence
-                waiting.discard(hello.engine_index)
-                continue
-            now = time.monotonic()
-            if now >= next_beat:
-                next_beat = now + wire.HEARTBEAT_INTERVAL_S
-                for core in self._cores:
-                    if core.index not in waiting:
-                        self._send(core.index, wire.Heartbeat())
-            for core in self._cores:
-                if core.process is not None and core.index in waiting and core.process.exit_status() is not None:
-                    # Its LoadFailed, sent before it exited, may still be on its way.
-                    if now - exited_at.setdefault(core.index, now) > 1.0:
-                        raise EngineError(f"{core.process.describe_exit()} before it was ready (see its log above)")
-            if now > deadline:
-                raise EngineError(f"engine core(s) {sorted(waiting)} not ready within {timeout:.0f}s")
-
-    def _read_hello(self, frames: list[Any]) -> wire.Ready:
-        """A core's ``Ready``; its ``LoadFailed`` raised as its error; anything else (another
-        version's hello, stray bytes) an ``EngineError`` that says so."""
-        try:
-            hello = self._hello_codec.decode(frames[1:])
-        except Exception as error:  # noqa: BLE001 - a peer's bytes: a clear error, not a decoder's traceback
-            raise EngineError(f"an engine core ({bytes(frames[0].bytes)!r}) sent a hello this front end cannot "
-                              f"read (a different pyengine version?): {error}") from None
-        if isinstance(hello, wire.LoadFailed):
-            raise wire.error_from_wire(hello.error_type, f"engine core {hello.engine_index} failed to "
-                                       f"load: {hello.message}")
-        if hello.protocol_version != wire.PROTOCOL_VERSION:
-            raise EngineError(f"engine core {hello.engine_index} speaks link protocol {hello.protocol_version}, "
-                              f"this front end {wire.PROTOCOL_VERSION}: run the same pyengine version on both")
-        return hello
+    # ---- the threads ----
 
     def _start_threads(self) -> None:
         targets = [("pyengine-mp-recv", self._receive_forever), ("pyengine-mp-beat", self._heartbeat_forever)]
@@ -231,27 +121,12 @@ class MultiprocessEngine(EngineClient):
             thread.start()
             self._threads.append(thread)
 
-    def _send(self, index: int, message: Any) -> None:
-        """Never blocks (the event loop calls it): ``zmq.Again`` when core ``index``'s queue
-        is full, another ``zmq.ZMQError`` when the core is not connected."""
-        frames = [wire.core_identity(index)]
-        with self._send_lock:
-            frames += self._codec.encode(message)
-            self._commands.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-
-    # ---- the threads ----
-
     def _receive_forever(self) -> None:
-        codec = wire.Codec(wire.ToFrontEnd)
-        poller = zmq.Poller()
-        poller.register(self._outputs, zmq.POLLIN)
+        link = self.link
         while not self._stopping.is_set():
-            if not poller.poll(_POLL_MS):
-                continue
-            frames = self._outputs.recv_multipart(copy=False)
             try:
-                message = codec.decode(frames)
-            except Exception as error:  # noqa: BLE001 - the receiver must outlive any one message
+                message = link.receive(POLL_MS)
+            except UnreadableMessage as error:
                 # Which core sent it is unknown (the PULL socket says nothing): a peer that
                 # breaks the protocol may have lost anything, so every core counts as failed
                 # rather than leaving streams waiting for outputs that will not come.
@@ -259,6 +134,8 @@ class MultiprocessEngine(EngineClient):
                 logger.error("%s", reason)
                 for core in self._cores:
                     self._core_died(core, reason)
+                continue
+            if message is None:
                 continue
             try:
                 self._dispatch(message)
@@ -277,11 +154,7 @@ class MultiprocessEngine(EngineClient):
                 core.steps, core.num_unfinished = message.steps, message.num_unfinished
                 core.reported_dead, core.last_status = message.dead_reason, time.monotonic()
         elif isinstance(message, wire.Reply):
-            with self._lock:
-                waiter = self._queries.get(message.query_id)
-            if waiter is not None:
-                waiter[1].append(message)
-                waiter[0].set()
+            self._queries.file(message)
 
     def _step_outputs(self, message: wire.StepOutputs) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Union[AnyOutput, BaseException]]]] = {}
@@ -367,13 +240,13 @@ class MultiprocessEngine(EngineClient):
                 if self._pending_aborts.get(request_id, (None,))[0] is stream:
                     del self._pending_aborts[request_id]
 
-    def _watch_process(self, core: _CoreState) -> None:
+    def _watch_process(self, core: CoreState) -> None:
         assert core.process is not None
         core.process.wait()
         if not self._closed:
             self._core_died(core, core.process.describe_exit())
 
-    def _core_died(self, core: _CoreState, reason: str) -> None:
+    def _core_died(self, core: CoreState, reason: str) -> None:
         """Fails the core's requests in flight and its pending queries; the front end is
         dead from now on."""
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Union[AnyOutput, BaseException]]]] = {}
@@ -384,11 +257,9 @@ class MultiprocessEngine(EngineClient):
             for stream in [s for s in self._streams.values() if s.engine_index == core.index]:
                 self._forget(stream)
                 by_loop.setdefault(stream.loop, []).append((stream, EngineDeadError(reason)))
-            waiters = list(self._queries.values())
         logger.error("%s: %d request(s) in flight failed", reason, sum(len(v) for v in by_loop.values()))
         _hand_over(by_loop)
-        for event, _ in waiters:
-            event.set()  # the asker sees the core dead
+        self._queries.wake_all()  # an asker sees the core dead
 
     # ---- requests ----
 
@@ -414,17 +285,9 @@ class MultiprocessEngine(EngineClient):
                       request_id: Optional[str], kind: OutputKind, priority: int) -> AsyncIterator[AnyOutput]:
         self._check_alive()
         rid = request_id if request_id is not None else f"mp-{next(self._auto_ids)}"
-        text, ids = await normalize_off_loop(prompt, self.tokenize)
-        params = checked_params(params, ids, self.vocab_size, self.max_logprobs)
-        ids = truncated_prompt(ids, params, self.max_model_len)  # the output's prompt_token_ids are the truncated ones
-        if isinstance(params, SamplingParams):
-            await self.prepare(params)
-        pooling = isinstance(params, PoolingParams)
-        if not ids:
-            raise InvalidRequestError("prompt is empty: at least one token is needed")
-        stream = RequestStream(rid, 0, kind, text, ids, pooling)
-        if isinstance(params, SamplingParams) and makes_text_in_front_end(params, self._decode_table, stream.wire_kind):
-            stream.text = FrontEndText(self._decode_table, ids, params, self.info.eos_token_ids)
+        request = await self._requests.prepare(prompt, params, kind, self.tokenize)
+        ids = request.prompt_token_ids
+        stream = RequestStream(rid, 0, kind, request.prompt, ids, request.pooling, request.text)
         with self._lock:
             self._check_alive()
             if rid in self._streams:
@@ -433,8 +296,8 @@ class MultiprocessEngine(EngineClient):
             stream.engine_index = core.index
             core.outstanding += 1
             self._streams[rid] = stream
-        message = wire.AddRequest(rid, np.asarray(ids, dtype=np.int64), params, pooling, stream.wire_kind, priority,
-                                  text_in_front_end=stream.text is not None)
+        message = wire.AddRequest(rid, np.asarray(ids, dtype=np.int64), request.params, request.pooling,
+                                  stream.wire_kind, priority, text_in_front_end=stream.text is not None)
         try:
             self._send(core.index, message)
         except BaseException as error:
@@ -496,9 +359,7 @@ class MultiprocessEngine(EngineClient):
 
     @property
     def vocab_size(self) -> Optional[int]:
-        if self.info.vocab_size:
-            return self.info.vocab_size
-        return self._tokenizer.get_vocab_size() if self._tokenizer is not None else None
+        return self._requests.vocab_size
 
     @property
     def max_logprobs(self) -> int:
@@ -514,43 +375,35 @@ class MultiprocessEngine(EngineClient):
 
     @property
     def tokenizer(self) -> Any:
-        return self._tokenizer
+        return self._requests.tokenizer
 
     @property
     def token_bytes(self) -> Optional[Sequence[bytes]]:
-        return self._decode_table.token_bytes if self._decode_table is not None else None
+        return self._requests.token_bytes
 
     async def prepare(self, sampling_params: SamplingParams) -> None:
-        """Compiles the request's constraint here too (a worker thread, the GIL released;
-        at once when cached), so that a bad schema or grammar is refused before anything is
-        sent, as in-process, not one round trip later in the middle of a stream. The core
-        compiles it again for its scheduler."""
-        constraint = sampling_params.structured_outputs
-        if constraint is None:
-            return
-        constraint.validate()
-        compiler = self._compiler
-        if compiler is not None and compiler.native is not None and compiler.is_cached(constraint):
-            return
-        await asyncio.to_thread(self._compile, constraint)
-
-    def _compile(self, constraint: Any) -> None:
-        """Compiles ``constraint`` as the core will (``InvalidRequestError`` when it is bad)."""
-        with self._compiler_lock:
-            if self._compiler is None:
-                self._compiler = ConstraintCompiler.for_engine(self._decode_table, list(self.info.eos_token_ids),
-                                                               self.vocab_size)
-        self._compiler.compile(constraint)
+        """Compiles the request's constraint here (``RequestPreparer.prepare_constraint``):
+        a bad schema or grammar is refused before anything is sent, as in-process."""
+        await self._requests.prepare_constraint(sampling_params)
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        if self._tokenizer is None:
-            raise InvalidRequestError("this checkpoint has no tokenizer.json: pass token ids instead of text")
-        return encode_ids(self._tokenizer, text, add_special_tokens)
+        return self._requests.tokenize(text, add_special_tokens)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        if self._tokenizer is None:
-            return ""
-        return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+        return self._requests.decode(token_ids, skip_special_tokens)
+
+    @property
+    def input_address(self) -> str:
+        """Where the cores send commands from (a core on another host connects its DEALER here)."""
+        return self.link.input_address
+
+    @property
+    def output_address(self) -> str:
+        return self.link.output_address
+
+    @property
+    def ipc_dir(self) -> Optional[str]:
+        return self.link.ipc_dir
 
     @property
     def core_pids(self) -> list[Optional[int]]:
@@ -581,71 +434,13 @@ class MultiprocessEngine(EngineClient):
         with self._lock:
             return [EngineHealth(c.dead or c.reported_dead, c.steps, c.num_unfinished) for c in self._cores]
 
-    def _ask(self, what: str) -> list[wire.Reply]:
-        """Every core's answer to ``what``; ``EngineDeadError`` when one cannot answer."""
-        self._check_alive()
-        query_id = next(self._query_ids)
-        event, replies = threading.Event(), []
-        with self._lock:
-            self._queries[query_id] = (event, replies)
-        try:
-            for core in self._cores:
-                self._send(core.index, wire.Query(query_id, what))
-            deadline = time.monotonic() + QUERY_TIMEOUT_S
-            while len(replies) < len(self._cores):
-                event.wait(max(0.0, deadline - time.monotonic()))
-                event.clear()
-                self._check_alive()
-                if time.monotonic() > deadline and len(replies) < len(self._cores):
-                    raise EngineError(f"engine cores did not answer {what!r} within {QUERY_TIMEOUT_S:.0f}s")
-        except zmq.Again:
-            # A core that is not reading (stalled, or busy for longer than its queue lasts)
-            # is not dead: its process and its heartbeat decide that.
-            raise EngineError(f"an engine core's command queue is full, so {what!r} could not be asked: "
-                              "try again") from None
-        except zmq.ZMQError as error:
-            raise EngineDeadError(f"an engine core is unreachable: {error}") from None
-        finally:
-            with self._lock:
-                self._queries.pop(query_id, None)
-        for reply in replies:
-            if reply.error is not None:
-                raise EngineDeadError(f"engine core {reply.engine_index}: {reply.error}")
-        return sorted(replies, key=lambda r: r.engine_index)
-
-    def _ask_live(self, what: str) -> dict[int, wire.Reply]:
-        """The answer to ``what`` of every core that is alive, by engine index; a core that
-        is dead, dies meanwhile, answers with an error or not within ``QUERY_TIMEOUT_S`` is
-        left out (one dead core must not hide the others' figures)."""
+    def engine_stats(self) -> dict[int, EngineStats]:
         if self._closed:
             return {}
-        query_id = next(self._query_ids)
-        event, replies = threading.Event(), []
         with self._lock:
-            self._queries[query_id] = (event, replies)
             asked = [c for c in self._cores if c.dead is None]
-        try:
-            sent = []
-            for core in asked:
-                try:
-                    self._send(core.index, wire.Query(query_id, what))
-                    sent.append(core)
-                except zmq.ZMQError:
-                    pass  # unreachable or its queue is full: left out
-            deadline = time.monotonic() + QUERY_TIMEOUT_S
-            while time.monotonic() < deadline:
-                answered = {r.engine_index for r in list(replies)}
-                if all(c.index in answered or c.dead is not None for c in sent):
-                    break
-                event.wait(min(0.1, max(0.0, deadline - time.monotonic())))
-                event.clear()
-        finally:
-            with self._lock:
-                self._queries.pop(query_id, None)
-        return {r.engine_index: r for r in list(replies) if r.error is None}
-
-    def engine_stats(self) -> dict[int, EngineStats]:
-        return {i: r.stats for i, r in sorted(self._ask_live("stats").items()) if r.stats is not None}
+        replies = self._queries.ask_live("stats", asked)
+        return {i: r.stats for i, r in sorted(replies.items()) if r.stats is not None}
 
     def stats(self) -> EngineStats:
         """Every core's figures added up; ``EngineDeadError`` once one is dead (as
@@ -659,7 +454,7 @@ class MultiprocessEngine(EngineClient):
         return merge_stats([parts[i] for i in sorted(parts)])
 
     def thread_stacks(self) -> list[ThreadStack]:
-        return [stack for r in self._ask("stacks") for stack in (r.stacks or [])]
+        return [stack for r in self._queries.ask("stacks") for stack in (r.stacks or [])]
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Tells every core to stop, waits for them (killing one that does not exit within
@@ -675,10 +470,8 @@ class MultiprocessEngine(EngineClient):
                     self._send(core.index, wire.Shutdown(timeout=max(0.1, timeout - 2.0)))
                 except zmq.ZMQError:
                     pass  # already gone
-        for core in self._cores:
-            if core.process is not None:
-                core.process.stop(deadline - time.monotonic())
-        time.sleep(_POLL_MS / 1000)  # the cores' last messages (failures of what ran) are read
+        core_set.stop_local_cores(self._cores, deadline)
+        time.sleep(POLL_MS / 1000)  # the cores' last messages (failures of what ran) are read
         self._stopping.set()
         for thread in self._threads:
             thread.join(timeout=2.0)
@@ -688,7 +481,7 @@ class MultiprocessEngine(EngineClient):
                 self._forget(stream)
                 by_loop.setdefault(stream.loop, []).append((stream, EngineDeadError("the engine was shut down")))
         _hand_over(by_loop)
-        self._close_sockets()
+        self.link.close()
 
     def _abandon(self) -> None:
         """Start-up failed: kill and reap what was started, close and remove everything."""
@@ -696,22 +489,8 @@ class MultiprocessEngine(EngineClient):
         self._stopping.set()
         for thread in self._threads:
             thread.join(timeout=2.0)
-        for core in self._cores:
-            if core.process is not None:
-                core.process.popen.kill()
-                core.process.popen.wait(10.0)
-        self._close_sockets()
-
-    def _close_sockets(self) -> None:
-        for name in ("_commands", "_outputs"):
-            socket = getattr(self, name, None)
-            if socket is not None:
-                socket.close(linger=0)
-        context = getattr(self, "context", None)  # None: the start-up failed before it was made
-        if context is not None:
-            context.term()
-        if self.ipc_dir is not None:
-            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+        core_set.kill_local_cores(self._cores)
+        self.link.close()
 
     def __enter__(self) -> MultiprocessEngine:
         return self
@@ -733,10 +512,3 @@ def _hand_over(by_loop: dict[asyncio.AbstractEventLoop, list[Any]]) -> None:
         except RuntimeError:
             pass  # the caller's loop is closed: nobody is listening any more
 
-
-def _tokenizer(tokenizer_json: Optional[str]) -> Any:
-    if tokenizer_json is None:
-        return None
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_str(tokenizer_json)

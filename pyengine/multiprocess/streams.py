@@ -23,6 +23,13 @@ from pyengine.outputs import (
 AnyOutput = Union[RequestOutput, EmbeddingRequestOutput]
 
 
+def wire_kind(kind: OutputKind) -> str:
+    """What the core sends for a caller who asked for ``kind``: deltas (a cumulative
+    caller's are added up here, so the link never carries a request's whole text again
+    each step), or the final output."""
+    return "final" if kind == "final" else "delta"
+
+
 class RequestStream:
     """Built on the caller's loop; ``output`` runs on the link's receiver thread."""
 
@@ -42,9 +49,7 @@ class RequestStream:
 
     @property
     def wire_kind(self) -> str:
-        """What the core sends: deltas (a cumulative caller's are added up here, so the
-        link never carries a request's whole text again each step), or the final output."""
-        return "final" if self.kind == "final" else "delta"
+        return wire_kind(self.kind)
 
     def output(self, w: wire.WireOutput) -> AnyOutput:
         # The core always sends a request's metrics; a peer that did not gets empty ones.
