@@ -11,7 +11,7 @@ same from the shell.
 import argparse
 
 from pyengine import LLM
-from pyengine.server.cli import add_engine_flags
+from pyengine.cli.engine_flags import add_engine_flags, engine_kwargs
 
 
 def parse_args() -> tuple[argparse.Namespace, dict]:
@@ -24,7 +24,7 @@ def parse_args() -> tuple[argparse.Namespace, dict]:
     sampling.add_argument("--top-k", type=int)
     engine_names = add_engine_flags(parser)
     args = parser.parse_args()
-    engine_args = {name: getattr(args, name) for name in engine_names if getattr(args, name) is not None}
+    engine_args = engine_kwargs(args, engine_names)
     return args, engine_args
 
 

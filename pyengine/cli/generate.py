@@ -51,7 +51,7 @@ class _Item:
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
-    from pyengine.server.cli import add_engine_flags
+    from pyengine.cli.engine_flags import add_engine_flags
 
     parser = argparse.ArgumentParser(prog="pyengine generate", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -92,7 +92,9 @@ def main(argv: list[str]) -> int:
     if ns.input is not None and ns.prompt:
         parser.error("--prompt and --input cannot be combined")
     model = ns.model or ns.model_arg
-    engine_kwargs = {name: getattr(ns, name) for name in engine_names if getattr(ns, name) is not None}
+    from pyengine.cli.engine_flags import engine_kwargs
+
+    engine_args = engine_kwargs(ns, engine_names)
     flags = {name: getattr(ns, name) for name in (*_SAMPLING_FLAGS, "stop", "ignore_eos")
              if getattr(ns, name) is not None}
     _check_sampling(flags, {}, "sampling flags")
@@ -102,7 +104,7 @@ def main(argv: list[str]) -> int:
     from pyengine import LLM
     from pyengine.entrypoints.progress import TokenProgress
 
-    with LLM(model, **engine_kwargs) as llm:
+    with LLM(model, **engine_args) as llm:
         base = llm.get_default_sampling_params()
         params = [_params(base, flags, item) for item in items]
         results: list[Any] = [None] * len(items)

@@ -20,8 +20,7 @@ from typing import Any, Optional
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
-    from pyengine.multiprocess.wire import DEFAULT_HEARTBEAT_TIMEOUT_S
-    from pyengine.server.cli import add_engine_flags
+    from pyengine.cli.engine_flags import add_engine_flags
 
     parser = argparse.ArgumentParser(prog="pyengine core",
                                      description="an engine-core process serving a front end over zmq")
@@ -30,8 +29,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
                         help="the front end's command address (tcp://HOST:PORT or ipc://PATH)")
     parser.add_argument("--output", required=True, metavar="ADDRESS", help="the front end's output address")
     parser.add_argument("--engine-index", type=int, default=0, help="this core's index among the front end's cores")
-    parser.add_argument("--heartbeat-timeout", type=float, default=DEFAULT_HEARTBEAT_TIMEOUT_S,
-                        help="exit after this many seconds without a word from the front end")
+    # Its default is the protocol's (wire.DEFAULT_HEARTBEAT_TIMEOUT_S), read after the
+    # CPUs are pinned: nothing that starts threads (numpy's, torch's) is imported before.
+    parser.add_argument("--heartbeat-timeout", type=float, default=None,
+                        help="exit after this many seconds without a word from the front end (default: 3, "
+                        "as the front end's)")
     parser.add_argument("--cpus", default=None, help="pin to these CPUs (comma-separated ids)")
     parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--ipc-dir", default=None, help=argparse.SUPPRESS)
@@ -52,7 +54,9 @@ def config_from(ns: argparse.Namespace, engine_names: list[str]) -> Any:
     if ns.config_json is not None:
         fields = json.loads(ns.config_json)
         return EngineConfig(**{**fields, "data_parallel_size": 1})
-    kwargs = {name: getattr(ns, name) for name in engine_names if getattr(ns, name) is not None}
+    from pyengine.cli.engine_flags import engine_kwargs
+
+    kwargs = engine_kwargs(ns, engine_names)
     kwargs["data_parallel_size"] = 1  # the front end's setting; this process is one core
     return EngineConfig.from_kwargs(ns.model, **kwargs)
 
@@ -63,6 +67,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if ns.cpus:
         pin_cpus([int(c) for c in ns.cpus.split(",")])
     logging.basicConfig(level=logging.WARNING, format=f"engine core {ns.engine_index}: %(levelname)s %(message)s")
+    if ns.heartbeat_timeout is None:
+        from pyengine.multiprocess.wire import DEFAULT_HEARTBEAT_TIMEOUT_S
+
+        ns.heartbeat_timeout = DEFAULT_HEARTBEAT_TIMEOUT_S
     from pyengine.multiprocess.watchdog import FrontEndWatch, flush_standard_streams
 
     # Watching the parent before anything slow (imports, reading the config, the load): a

@@ -1,7 +1,8 @@
 """``pyengine serve [MODEL] [--host H] [--port P] [server options] [engine args]``.
 
 Engine arguments are ``EngineConfig``'s fields spelled as flags (``--max-num-seqs 64``,
-``--pipeline-depth 1``, ``--dtype bfloat16``, ``--no-enable-prefix-caching``...).
+``--pipeline-depth 1``, ``--dtype bfloat16``, ``--no-enable-prefix-caching``...), added by
+``pyengine.cli.engine_flags`` as for ``pyengine core`` and ``pyengine generate``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import threading
 import time
 from typing import Any, Optional
 
+from pyengine.cli.engine_flags import add_engine_flags, engine_kwargs
 from pyengine.config import EngineConfig
 from pyengine.inputs.chat_template import load_chat_template
 from pyengine.server.args import (
@@ -24,38 +26,6 @@ from pyengine.server.args import (
     limit_kwargs,
     tool_kwargs,
 )
-
-_ENGINE_SKIP = {"model"}
-# Help for the engine flags a vLLM user looks for (the rest: EngineConfig's docstring).
-_ENGINE_HELP = {
-    "tokenizer": "a tokenizer folder or hub id other than the model's (its chat_template.jinja too)",
-    "generation_config": "'auto' (default): the checkpoint's generation_config.json sampling defaults for "
-                         "requests that leave them unset; 'vllm': ignore them; or a folder with another one",
-    "tensor_parallel_size": "split the model over N ranks (N-1 worker processes on this host)",
-    "dtype": "auto, float32 (float), bfloat16, float16 (half)",
-    "quantization": "quantize a float checkpoint's linear weights at load: int8 (per channel) or int4 "
-                    "(group 128), weight-only, CPU",
-}
-_TYPES = {"int": int, "float": float, "str": str, "Optional[int]": int, "Optional[float]": float}
-
-
-def add_engine_flags(parser: argparse.ArgumentParser) -> list[str]:
-    """EngineConfig's fields as flags (shared with ``pyengine core``); returns their names."""
-    group = parser.add_argument_group("engine arguments (EngineConfig)")
-    names = []
-    for f in dataclasses.fields(EngineConfig):
-        if f.name in _ENGINE_SKIP:
-            continue
-        flag = f"--{f.name.replace('_', '-')}"
-        kind = str(f.type)
-        if kind == "bool":
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
-                               help=_ENGINE_HELP.get(f.name))
-        else:
-            group.add_argument(flag, type=_TYPES.get(kind, str), default=None, metavar=f.name.upper(),
-                               help=_ENGINE_HELP.get(f.name))
-        names.append(f.name)
-    return names
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
@@ -133,7 +103,6 @@ def parse(argv: list[str]) -> tuple[Optional[str], dict[str, Any], ServerArgs]:
 def _parse(argv: list[str]) -> tuple[Optional[str], dict[str, Any], ServerArgs, argparse.Namespace]:
     parser, engine_names = build_parser()
     ns = parser.parse_args(argv)
-    engine_kwargs = {name: getattr(ns, name) for name in engine_names if getattr(ns, name) is not None}
     # vLLM's default: the model argument as given (a hub id stays "org/name").
     names = ns.served_model_name or [ns.model if ns.model else "pyengine-tiny"]
     chat_template = load_chat_template(ns.chat_template) if ns.chat_template is not None else None
@@ -143,7 +112,7 @@ def _parse(argv: list[str]) -> tuple[Optional[str], dict[str, Any], ServerArgs, 
                       stats_interval=ns.stats_interval, log_format=ns.log_format, log_level=ns.log_level,
                       log_requests=not ns.no_log_requests, drain_timeout=ns.drain_timeout, **limit_kwargs(ns),
                       **tool_kwargs(ns))
-    return ns.model, engine_kwargs, args, ns
+    return ns.model, engine_kwargs(ns, engine_names), args, ns
 
 
 def uvicorn_log_level(args: ServerArgs) -> str:
