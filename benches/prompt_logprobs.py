@@ -31,7 +31,7 @@ import numpy as np
 from bench_model import bench_checkpoint
 
 from pyengine import LLM, SamplingParams
-from pyengine.executor.plan import StepPlan
+from pyengine.executor.plan import HandBuiltPlan
 from pyengine.executor.prompt_logprobs import PromptLogprobsTable
 
 
@@ -52,7 +52,7 @@ def idle_check_us(rows: int = 256, repeats: int = 2000) -> float:
     """Microseconds of ``PromptLogprobsTable.job`` for a decode step none of whose rows asked."""
     table = PromptLogprobsTable(rows, 32000)
     empty_i32, empty_i64 = np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64)
-    plan = StepPlan(
+    plan = HandBuiltPlan(
         step_id=0, rows=np.arange(rows, dtype=np.int32), num_scheduled_tokens=np.ones(rows, dtype=np.int32),
         query_start_loc=np.arange(rows + 1, dtype=np.int32), seq_lens=np.full(rows, 100, dtype=np.int32),
         input_ids=np.full(rows, -1, dtype=np.int64), positions=np.full(rows, 99, dtype=np.int64),

@@ -39,7 +39,7 @@ def test_plan_fields_are_listed_once_and_agree():
     fields = list(StepPlan.FIELDS)
     assert stub_properties("StepPlan") == fields
     assert contract_table("StepPlan") == [f for f in fields if f not in DERIVED]
-    dataclass_fields = [f.name for f in dataclasses.fields(py_plan.StepPlan)]
+    dataclass_fields = [f.name for f in dataclasses.fields(py_plan.HandBuiltPlan)]
     assert dataclass_fields == [f for f in fields if f not in DERIVED]
     assert list(typing.get_type_hints(py_plan.StepPlanLike)) == dataclass_fields
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from pyengine import SamplingParams
-from pyengine.executor.plan import StepPlan
+from pyengine.executor.plan import HandBuiltPlan
 from pyengine.executor.prompt_logprobs import PromptLogprobsTable
 
 I32 = np.int32
@@ -16,12 +16,12 @@ I64 = np.int64
 
 
 def plan(step: int, row: int, start: int, count: int, install: list[int] | None = None,
-         num_prompt: int = 0, params: SamplingParams | None = None) -> StepPlan:
+         num_prompt: int = 0, params: SamplingParams | None = None) -> HandBuiltPlan:
     """One row scheduled for positions start .. start + count - 1 (installed with tokens
     ``install``, of which the first ``num_prompt`` are the prompt)."""
     new = install is not None
     tokens = np.asarray(install or [], dtype=I64)
-    return StepPlan(
+    return HandBuiltPlan(
         step_id=step, rows=np.array([row], dtype=I32), num_scheduled_tokens=np.array([count], dtype=I32),
         query_start_loc=np.array([0, count], dtype=I32), seq_lens=np.array([start + count], dtype=I32),
         input_ids=np.full(count, -1, dtype=I64), positions=np.arange(start, start + count, dtype=I64),

@@ -2,7 +2,7 @@
 
 The Rust scheduler hands over an object with these attributes as numpy arrays (and
 ``new_params``, the new sequences' parameters, as a list); the executor only reads
-attributes, so any object with the same names works. :class:`StepPlan` is the
+attributes, so any object with the same names works. :class:`HandBuiltPlan` is the
 pure-Python twin used by tests and benchmarks. The native class's ``FIELDS`` is the one
 list of names: tests check these classes, the stub and the contract document against it.
 """
@@ -47,7 +47,7 @@ class StepPlanLike(Protocol):
 
 
 @dataclass
-class StepPlan:
+class HandBuiltPlan:
     """A plan built in Python (same fields, dtypes and meaning as the scheduler's; no
     grammar masks unless given)."""
 

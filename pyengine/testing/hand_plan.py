@@ -1,7 +1,7 @@
 """Build valid step plans by hand: a toy scheduler for executor tests and benchmarks.
 
 :class:`HandPlanner` keeps sequences, rows and blocks the way the Rust scheduler does and
-emits :class:`~pyengine.executor.plan.StepPlan` objects that honour docs/contract.md:
+emits :class:`~pyengine.executor.plan.HandBuiltPlan` objects that honour docs/contract.md:
 chunked prefill, decode with placeholders, block tables written once per new block,
 contiguous or randomly scattered block ids, pooling sequences, freed rows.
 
@@ -24,7 +24,7 @@ from typing import Optional, Union
 
 import numpy as np
 
-from pyengine.executor.plan import PLACEHOLDER_TOKEN, StepPlan
+from pyengine.executor.plan import PLACEHOLDER_TOKEN, HandBuiltPlan
 from pyengine.sampling_params import PoolingParams, SamplingParams
 
 
@@ -121,7 +121,7 @@ class HandPlanner:
         seq = self._sequences[seq_id]
         return [t for t in seq.tokens[seq.num_prompt :] if t is not None]
 
-    def record(self, plan: StepPlan, sampled: np.ndarray) -> None:
+    def record(self, plan: HandBuiltPlan, sampled: np.ndarray) -> None:
         """Feed back the tokens the executor sampled for ``plan``."""
         by_row = {seq.row: seq for seq in self._sequences.values()}
         for row, token in zip(plan.sample_rows.tolist(), np.asarray(sampled).tolist()):
@@ -133,7 +133,7 @@ class HandPlanner:
                 seq.tokens[index] = int(token)
 
     # ----- planning -----------------------------------------------------------------
-    def next_plan(self, max_chunk: Optional[int] = None, max_tokens: Optional[int] = None) -> StepPlan:
+    def next_plan(self, max_chunk: Optional[int] = None, max_tokens: Optional[int] = None) -> HandBuiltPlan:
         """Schedule live sequences in arrival order: decodes 1 token, prefills up to
         ``max_chunk``, at most ``max_tokens`` tokens in all (the rest wait)."""
         builder = _PlanBuilder(self.block_size)
@@ -240,11 +240,11 @@ class _PlanBuilder:
             self.pool_indices.append(index)
             self.pooled_seq_ids.append(seq.seq_id)
 
-    def build(self, step_id: int, freed_rows: list[int]) -> StepPlan:
+    def build(self, step_id: int, freed_rows: list[int]) -> HandBuiltPlan:
         i32, i64 = np.int32, np.int64
         lengths = [len(t) for t in self.new_tokens]
         writes = np.array(self.table_writes, dtype=i32).reshape(-1, 3)
-        return StepPlan(
+        return HandBuiltPlan(
             step_id=step_id,
             rows=np.array(self.rows, dtype=i32),
             num_scheduled_tokens=np.array(self.counts, dtype=i32),

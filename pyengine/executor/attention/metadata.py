@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Optional, Protocol
 
 import numpy as np
 import torch
@@ -31,6 +31,32 @@ class StepAttentionLayout:
     @property
     def num_tokens(self) -> int:
         return int(self.query_start_loc[-1])
+
+
+@dataclass
+class PrefillChunk:
+    """A sequence with more than one token in the step (a prompt chunk), which the
+    backends attend over on its own."""
+
+    token_start: int
+    token_end: int
+    seq_len: int
+    block_ids: Optional[torch.Tensor]  # int64 [blocks]; None when the chunk is the whole sequence
+
+
+def prefill_chunks(layout: StepAttentionLayout) -> list[PrefillChunk]:
+    """The step's sequences with more than one scheduled token, and the blocks of their
+    earlier context (None when the chunk is the whole sequence so far)."""
+    chunks = []
+    for index in np.flatnonzero(layout.num_scheduled_tokens > 1):
+        start, end = int(layout.query_start_loc[index]), int(layout.query_start_loc[index + 1])
+        seq_len = int(layout.seq_lens[index])
+        block_ids = None
+        if seq_len != end - start:  # earlier context lives in the cache
+            width = -(-seq_len // layout.block_size)
+            block_ids = layout.block_tables[index, :width].to(torch.int64)
+        chunks.append(PrefillChunk(start, end, seq_len, block_ids))
+    return chunks
 
 
 class AttentionBackend(Protocol):

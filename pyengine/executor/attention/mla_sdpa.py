@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from pyengine import _kernels
-from pyengine.executor.attention.metadata import StepAttentionLayout
+from pyengine.executor.attention.metadata import PrefillChunk, StepAttentionLayout, prefill_chunks
 from pyengine.executor.latent_kv_cache import LatentKVCache
 
 
@@ -38,14 +38,6 @@ class _DecodeRows:
     native: bool
     block_ids: Optional[torch.Tensor] = None  # int64 [R * width] (gather path)
     mask: Optional[torch.Tensor] = None  # bool [R, 1, 1, kv_len] (gather path, unequal lengths)
-
-
-@dataclass
-class _Chunk:
-    token_start: int
-    token_end: int
-    seq_len: int
-    block_ids: Optional[torch.Tensor]  # int64 [blocks]; None when the chunk is the whole sequence
 
 
 class MlaSdpaBackend:
@@ -68,7 +60,7 @@ class MlaStepAttention:
         if native is None:
             native = layout.slot_mapping.device.type == "cpu" and cache.latents.dtype == torch.float32
         self.decodes = _decode_rows(layout, native)
-        self.chunks = _chunks(layout)
+        self.chunks = prefill_chunks(layout)
 
     def attend_latent(
         self, layer_index: int, q: torch.Tensor, latent: torch.Tensor, scale: float
@@ -107,7 +99,7 @@ class MlaStepAttention:
         return out.squeeze(1)
 
     def _attend_chunk(
-        self, chunk: _Chunk, q: torch.Tensor, latent: torch.Tensor, blocks: torch.Tensor, scale: float
+        self, chunk: PrefillChunk, q: torch.Tensor, latent: torch.Tensor, blocks: torch.Tensor, scale: float
     ) -> torch.Tensor:
         start, end = chunk.token_start, chunk.token_end
         value_dim = self.cache.shape.value_dim
@@ -153,16 +145,3 @@ def _decode_rows(layout: StepAttentionLayout, native: bool) -> Optional[_DecodeR
                 single.size, 1, 1, kv_len
             )
     return rows
-
-
-def _chunks(layout: StepAttentionLayout) -> list[_Chunk]:
-    chunks = []
-    for index in np.flatnonzero(layout.num_scheduled_tokens > 1):
-        start, end = int(layout.query_start_loc[index]), int(layout.query_start_loc[index + 1])
-        seq_len = int(layout.seq_lens[index])
-        block_ids = None
-        if seq_len != end - start:  # earlier context lives in the cache
-            width = -(-seq_len // layout.block_size)
-            block_ids = layout.block_tables[index, :width].to(torch.int64)
-        chunks.append(_Chunk(start, end, seq_len, block_ids))
-    return chunks

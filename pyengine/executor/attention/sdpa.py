@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from pyengine import _kernels
-from pyengine.executor.attention.metadata import StepAttentionLayout
+from pyengine.executor.attention.metadata import PrefillChunk, StepAttentionLayout, prefill_chunks
 from pyengine.executor.kv_cache import PagedKVCache
 
 # Gathered keys of one CPU tile should stay in the cores' caches (per intra-op thread).
@@ -52,14 +52,6 @@ class _SingleQueryGroup:
     bag_offsets: Optional[torch.Tensor] = None  # start of each (row, query head) bag
 
 
-@dataclass
-class _Chunk:
-    token_start: int
-    token_end: int
-    seq_len: int
-    block_ids: Optional[torch.Tensor]  # int64 [blocks]; None when the chunk is the whole sequence
-
-
 class SdpaBackend:
     """Attention backend built on ``torch.nn.functional.scaled_dot_product_attention``."""
 
@@ -77,7 +69,7 @@ class SdpaStepAttention:
         self.slot_mapping = layout.slot_mapping
         self.block_size = layout.block_size
         self.single = _single_query_group(layout, cache)
-        self.chunks = _multi_token_chunks(layout)
+        self.chunks = prefill_chunks(layout)
 
     def attend(self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         key_slots, value_slots = self.cache.layer_slots(layer_index)
@@ -153,7 +145,7 @@ class SdpaStepAttention:
 
     def _attend_chunk(
         self,
-        chunk: _Chunk,
+        chunk: PrefillChunk,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
@@ -264,16 +256,3 @@ def _single_query_group(layout: StepAttentionLayout, cache: PagedKVCache) -> Opt
         token_indices, block_ids, tables, int(single.size), width, kv_len, mask,
         np.ascontiguousarray(lengths, dtype=np.int32), tile_rows, on_cpu, native,
     )
-
-
-def _multi_token_chunks(layout: StepAttentionLayout) -> list[_Chunk]:
-    chunks = []
-    for index in np.flatnonzero(layout.num_scheduled_tokens > 1):
-        start, end = int(layout.query_start_loc[index]), int(layout.query_start_loc[index + 1])
-        seq_len = int(layout.seq_lens[index])
-        block_ids = None
-        if seq_len != end - start:  # earlier context lives in the cache
-            width = -(-seq_len // layout.block_size)
-            block_ids = layout.block_tables[index, :width].to(torch.int64)
-        chunks.append(_Chunk(start, end, seq_len, block_ids))
-    return chunks
