@@ -111,6 +111,11 @@ def parse_deepseek_moe(raw: dict[str, Any], architecture: str, num_layers: int) 
             f"scoring_func {scoring!r} with topk_method {method!r} is not supported for {architecture} "
             f"(supported: {supported})"
         )
+    if not v3 and raw.get("norm_topk_prob"):
+        raise UnsupportedModelError(
+            "norm_topk_prob: true is not supported for DeepseekV2ForCausalLM (the published V2 checkpoints "
+            "use false, and implementations disagree on whether it replaces routed_scaling_factor)"
+        )
     experts = _positive(raw, "n_routed_experts", experts)
     n_group = _positive(raw, "n_group", raw.get("n_group") or 1)
     topk_group = _positive(raw, "topk_group", raw.get("topk_group") or n_group)

@@ -1,0 +1,37 @@
+"""DeepSeek (multi-head latent attention) at tensor-parallel size 2: the heads split, the
+latent replicated, and the engine's greedy tokens are transformers' (one gloo worker
+process, loopback)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from pyengine import LLM, SamplingParams
+from pyengine.testing.checkpoints import make_tiny_checkpoint
+
+MAX_TOKENS = 10
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v2", "deepseek_v3"])
+def test_two_ranks_generate_transformers_tokens(arch, tmp_path):
+    checkpoint = make_tiny_checkpoint(tmp_path / arch, arch, seed=11)
+    rng = np.random.default_rng(4)
+    shared = rng.integers(3, 500, 24).tolist()
+    prompts = [(shared if i % 2 else []) + rng.integers(3, 500, int(rng.integers(2, 30))).tolist() for i in range(8)]
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        reference = [
+            model.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None)[
+                0, len(p):
+            ].tolist()
+            for p in prompts
+        ]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    with LLM(str(checkpoint), tensor_parallel_size=2, max_num_seqs=8, max_model_len=256) as llm:
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        stats = llm.stats()
+    assert got == reference
+    assert stats.prefix_cache_hit_rate > 0
