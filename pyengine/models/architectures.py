@@ -12,6 +12,7 @@ from pyengine.models.decoder import (
 )
 from pyengine.models.deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from pyengine.models.errors import UnsupportedModelError
+from pyengine.models.moe_families import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 from pyengine.models.parallel import ParallelContext
 
 MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
@@ -21,6 +22,9 @@ MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
 }
 
 

@@ -14,6 +14,7 @@ from pyengine.models.deepseek_config import (
     refuse_deepseek_extras,
 )
 from pyengine.models.errors import UnsupportedModelError
+from pyengine.models.moe_config import MoeConfig, parse_moe_config
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -60,6 +61,7 @@ class DecoderConfig:
     # DeepSeek-V2 / V3 (``deepseek_config``): latent attention, and experts when any layer has them.
     mla: Optional[MlaConfig] = None
     deepseek_moe: Optional[DeepseekMoeConfig] = None
+    moe: Optional[MoeConfig] = None  # mixture-of-experts fields (moe_config.py); None: dense
 
     @property
     def model_type(self) -> str:
@@ -75,6 +77,9 @@ _ARCH_FLAVOURS = {
     "Qwen3ForCausalLM": (False, True),
     "DeepseekV2ForCausalLM": (False, False),
     "DeepseekV3ForCausalLM": (False, False),
+    "Qwen2MoeForCausalLM": (True, False),
+    "Qwen3MoeForCausalLM": (False, True),
+    "MixtralForCausalLM": (False, False),
 }
 _MODEL_TYPE_TO_ARCH = {
     "llama": "LlamaForCausalLM",
@@ -83,6 +88,9 @@ _MODEL_TYPE_TO_ARCH = {
     "qwen3": "Qwen3ForCausalLM",
     "deepseek_v2": "DeepseekV2ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
 
 
@@ -114,10 +122,11 @@ def parse_decoder_config(raw: dict[str, Any]) -> DecoderConfig:
         )
     max_positions = int(raw.get("max_position_embeddings") or 2048)
     _refuse_unsupported_features(raw, architecture, max_positions)
-    if architecture != "Qwen2ForCausalLM" and raw.get("attention_bias"):
+    if architecture not in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM") and raw.get("attention_bias"):
         # Llama/Mistral put the bias on o_proj as well, which the layers do not implement.
         raise UnsupportedModelError(f"attention_bias: true is not supported for {architecture}")
-    qkv_bias = qkv_bias_default
+    qkv_bias = bool(raw.get("qkv_bias", True)) if architecture == "Qwen2MoeForCausalLM" else qkv_bias_default
+    num_layers = _required_int(raw, "num_hidden_layers")
     eos = raw.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
     return DecoderConfig(
@@ -125,7 +134,7 @@ def parse_decoder_config(raw: dict[str, Any]) -> DecoderConfig:
         vocab_size=_required_int(raw, "vocab_size"),
         hidden_size=hidden_size,
         intermediate_size=_required_int(raw, "intermediate_size"),
-        num_hidden_layers=_required_int(raw, "num_hidden_layers"),
+        num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         head_dim=int(head_dim),
@@ -137,6 +146,7 @@ def parse_decoder_config(raw: dict[str, Any]) -> DecoderConfig:
         qk_norm=qk_norm,
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=eos_ids,
+        moe=parse_moe_config(raw, architecture, num_layers),
     )
 
 
@@ -199,7 +209,7 @@ def _refuse_unsupported_features(raw: dict[str, Any], architecture: str, max_pos
     if raw.get("mlp_bias"):
         raise UnsupportedModelError("mlp_bias: true is not supported")
     window = raw.get("sliding_window")
-    uses_window = raw.get("use_sliding_window", architecture == "MistralForCausalLM")
+    uses_window = raw.get("use_sliding_window", architecture in ("MistralForCausalLM", "MixtralForCausalLM"))
     if uses_window and window is not None and int(window) < max_positions:
         raise UnsupportedModelError(
             f"sliding_window: {window} is not supported (sliding-window attention is not implemented; "

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from pyengine.models import cpu_linear
 from pyengine.models.config import DecoderConfig
-from pyengine.models.layers import AttentionOp, DecoderAttention, GatedMLP, RMSNorm, WeightTarget
+from pyengine.models.layers import AttentionOp, DecoderAttention, RMSNorm, WeightTarget
+from pyengine.models.moe import build_mlp, mlp_checkpoint_name
 from pyengine.models.parallel import ParallelContext
 from pyengine.models.quantization.linear import QuantizedMatmul
 from pyengine.models.quantization.packed import PackedWeight, QuantizationError
@@ -27,14 +28,14 @@ from pyengine.models.vocab_parallel import VocabParallelEmbedding, vocab_target,
 
 
 class DecoderLayer(torch.nn.Module):
-    """Pre-norm attention block followed by a pre-norm gated MLP block."""
+    """Pre-norm attention block followed by a pre-norm gated MLP block (or experts)."""
 
     def __init__(self, config: DecoderConfig, layer_index: int, parallel: ParallelContext) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = DecoderAttention(config, layer_index, parallel)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = GatedMLP(config, parallel)
+        self.mlp = build_mlp(config, layer_index, parallel)
 
     def forward(
         self,
@@ -64,7 +65,7 @@ class DecoderLayer(torch.nn.Module):
             **self.input_layernorm.weight_targets(f"{prefix}.input_layernorm.weight"),
             **self.self_attn.weight_targets(f"{prefix}.self_attn"),
             **self.post_attention_layernorm.weight_targets(f"{prefix}.post_attention_layernorm.weight"),
-            **self.mlp.weight_targets(f"{prefix}.mlp"),
+            **self.mlp.weight_targets(f"{prefix}.{mlp_checkpoint_name(self.mlp)}"),
         }
 
 

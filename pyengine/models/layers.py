@@ -206,20 +206,33 @@ class GatedMLP(torch.nn.Module):
 
     token_chunk = 2048
 
-    def __init__(self, config: DecoderConfig, parallel: ParallelContext) -> None:
+    def __init__(
+        self,
+        config: DecoderConfig,
+        parallel: ParallelContext,
+        intermediate_size: Optional[int] = None,
+        what: str = "intermediate_size",
+    ) -> None:
+        """``intermediate_size`` (default: the config's) and its field name ``what`` for
+        errors: an MoE layer's shared expert has a size of its own."""
         super().__init__()
-        inter = config.intermediate_size
-        part = parallel.split(inter, "intermediate_size")
+        inter = config.intermediate_size if intermediate_size is None else intermediate_size
+        part = parallel.split(inter, what)
         self.gate_up_proj = ColumnParallelLinear(config.hidden_size, [part, part], bias=False, parallel=parallel)
-        self.down_proj = RowParallelLinear(inter, config.hidden_size, parallel, "intermediate_size")
+        self.down_proj = RowParallelLinear(inter, config.hidden_size, parallel, what)
         self.parallel = parallel
         # Packed gate and up weights (CPU float32): silu and the product run inside the matmuls.
         self.packed_gate_up: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.parallel.all_reduce(self.partial(x))
+
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's term of the output (the caller all-reduces it, e.g. with an MoE
+        layer's routed experts)."""
         if x.shape[0] <= self.token_chunk:
-            return self.parallel.all_reduce(self._forward(x))
-        return self.parallel.all_reduce(torch.cat([self._forward(part) for part in x.split(self.token_chunk)]))
+            return self._forward(x)
+        return torch.cat([self._forward(part) for part in x.split(self.token_chunk)])
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed_gate_up is not None:
