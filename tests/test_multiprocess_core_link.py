@@ -106,7 +106,7 @@ def test_bad_messages_fail_one_request_and_the_core_serves_on(checkpoint, tmp_pa
         deadline = time.monotonic() + 30
         while not finished and time.monotonic() < deadline:
             message = _receive(front.outputs, from_core)
-            if isinstance(message, wire.StepOutputs):
+            if isinstance(message, wire.EngineCoreOutputs):
                 failed += [f.request_id for f in message.failures]
                 for out in message.outputs:
                     assert out.request_id == "good"
@@ -312,7 +312,7 @@ def test_an_unreadable_output_fails_its_request_only_and_a_broken_message_fails_
                 add = await asyncio.to_thread(fake.next_add)
                 adds["embed" if add.pooling else "text"] = add.request_id
             # One step: an embedding that is not an array (unreadable) and a good token.
-            fake.send(wire.StepOutputs(0, [wire.WireOutput(adds["embed"], True, [], (0.0, None, None, None, None,
+            fake.send(wire.EngineCoreOutputs(0, [wire.WireOutput(adds["embed"], True, [], (0.0, None, None, None, None,
                                                                                    0, 0), 0, "not an array"),
                                            _token(adds["text"], 7, False)]))
             with pytest.raises(EngineError, match="could not be read"):
@@ -366,7 +366,7 @@ def test_constrained_requests_compile_off_the_main_thread_and_fail_alone(checkpo
         deadline = time.monotonic() + 60
         while {"choice", "plain", "aborted"} - finished and time.monotonic() < deadline:
             message = _receive(front.outputs, from_core)
-            if isinstance(message, wire.StepOutputs):
+            if isinstance(message, wire.EngineCoreOutputs):
                 failed += [f.request_id for f in message.failures]
                 for out in message.outputs:
                     text[out.request_id] = text.get(out.request_id, "") + out.completions[0].text

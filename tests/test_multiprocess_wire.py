@@ -109,13 +109,13 @@ def test_outputs_stats_and_stacks_cross_as_their_types():
     out = wire.WireOutput("r", True, [wire.WireCompletion(0, "hi", [1, 2], -0.5, logprobs_to_wire(sample),
                                                           "stop", "\n")],
                           (1.0, 2.0, 3.0, 4.0, 5.0, 6, 0), 6, vector, prompt_logprobs=logprobs_to_wire(prompt))
-    messages = [wire.StepOutputs(0, [out], [wire.WireFailure("q", "EngineDeadError", "gone")]),
+    messages = [wire.EngineCoreOutputs(0, [out], [wire.WireFailure("q", "EngineDeadError", "gone")]),
                 wire.Reply(1, 7, stats=stats, stacks=stacks), wire.Status(0, 5, 1, None)]
     send, receive = wire.Codec(wire.ToFrontEnd), wire.Codec(wire.ToFrontEnd)
     for message in messages:
         frames = send.encode(message)
         got = receive.decode([bytes(f) for f in frames])
-        if isinstance(message, wire.StepOutputs):
+        if isinstance(message, wire.EngineCoreOutputs):
             np.testing.assert_array_equal(got.outputs[0].embedding, vector)
             got.outputs[0].embedding = message.outputs[0].embedding = None
             # Log-probabilities ride as raw array frames, and come back as they left.

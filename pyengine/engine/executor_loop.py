@@ -21,7 +21,7 @@ from pyengine.engine.clock import StepTimes, ThreadClock
 from pyengine.engine.step_result import StepResult
 from pyengine.engine.thread_names import name_current_thread
 from pyengine.errors import EngineDeadError
-from pyengine.executor.step_output import StepOutput
+from pyengine.executor.runner_output import ModelRunnerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ EXEC_THREAD_NAME = "pyengine-exec"
 
 
 class ExecutorLoop:
-    """``runner`` is anything with ``execute(plan) -> StepOutput`` (the model runner, a
+    """``runner`` is anything with ``execute(plan) -> ModelRunnerOutput`` (the model runner, a
     synthetic runner, a fault-injecting wrapper in tests); ``has_requests`` tells whether
     requests are live, to count pipeline bubbles."""
 
@@ -90,7 +90,7 @@ class ExecutorLoop:
         self.step_times.add(time.perf_counter() - t0)
 
 
-def _result(plan: Any, out: StepOutput, started_at: float) -> Optional[StepResult]:
+def _result(plan: Any, out: ModelRunnerOutput, started_at: float) -> Optional[StepResult]:
     """The step's result beyond the sampled ids, or None when it has nothing to carry (a
     steady decode step): nothing is built or moved through the channel then."""
     if not (len(plan.new_seq_ids) or out.logprobs is not None or out.pooled is not None or out.row_errors

@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from pyengine.executor.step_output import LogprobsOutput, PromptLogprobsOutput
+from pyengine.executor.runner_output import LogprobsOutput, PromptLogprobsOutput
 
 
 @dataclass(frozen=True)

@@ -5,5 +5,6 @@ Modules: ``config`` (ExecutorConfig), ``plan`` (the StepPlan fields of docs/cont
 backends, automatic selection), ``persistent_batch`` (per-row block tables, sampling
 parameters, token history, last sampled token), ``sampler`` / ``penalties`` /
 ``seeded_noise`` (batched sampling, log-probabilities), ``pooling`` (embedding requests),
-``step_output`` (what a step returns) and ``model_runner`` (ties it together).
+``runner_output`` (``ModelRunnerOutput``, what the runner returns for a step) and
+``model_runner`` (ties it together).
 """

@@ -41,8 +41,8 @@ from pyengine.executor.prompt_logprobs import (
     compute_prompt_logprobs,
 )
 from pyengine.executor.row_isolation import mask_isolated, process_isolated, sample_isolated
+from pyengine.executor.runner_output import ModelRunnerOutput, PromptLogprobsOutput
 from pyengine.executor.sampler import Sampler
-from pyengine.executor.step_output import PromptLogprobsOutput, StepOutput
 from pyengine.logits_processors.loading import resolve_processor
 from pyengine.models.loader import LoadedModel, load_model
 from pyengine.models.parallel import CollectiveError, ParallelContext
@@ -144,7 +144,7 @@ class ModelRunner:
         *,
         return_logits: bool = False,
         return_hidden: bool = False,
-    ) -> StepOutput:
+    ) -> ModelRunnerOutput:
         """Run one plan (the parameters of its new sequences come in ``plan.new_params``)."""
         if self.batch.row_errors:
             self.batch.take_row_errors()  # a failed step's leftovers are not this step's
@@ -152,7 +152,7 @@ class ModelRunner:
         self.batch.apply_plan(plan)
         num_tokens = len(plan.input_ids)
         if num_tokens == 0:
-            return StepOutput(plan.step_id, np.zeros(0, dtype=np.int64), row_errors=self.batch.take_row_errors())
+            return ModelRunnerOutput(plan.step_id, np.zeros(0, dtype=np.int64), row_errors=self.batch.take_row_errors())
         device = self.device
         rows = _to_device(plan.rows, torch.int64, device)
         input_ids = self._input_ids(plan, rows)
@@ -160,7 +160,7 @@ class ModelRunner:
         layout = self._layout(plan, rows)
         logits_indices_t = _to_device(plan.logits_indices, torch.int64, device)
         hidden, logits = self._forward(input_ids, positions, layout, logits_indices_t)
-        output = StepOutput(
+        output = ModelRunnerOutput(
             plan.step_id, np.zeros(0, dtype=np.int64), hidden_states=hidden if return_hidden else None
         )
         if prompt_job is not None:  # rare: kept out of the sampled rows' path

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from pyengine.executor.plan import StepPlanLike
-from pyengine.executor.step_output import PromptLogprobsOutput
+from pyengine.executor.runner_output import PromptLogprobsOutput
 
 #: Prompt positions whose logits are computed at a time (bounds the step's memory: one
 #: slice's [SLICE_POSITIONS, vocab] float32 logits and log-probabilities).

@@ -24,8 +24,8 @@ import torch
 
 from pyengine.executor.grammar_mask import GrammarMaskApplier
 from pyengine.executor.logits_pipeline import LogitsPipeline
+from pyengine.executor.runner_output import LogprobsOutput
 from pyengine.executor.sampler import Sampler, SamplerOutput
-from pyengine.executor.step_output import LogprobsOutput
 from pyengine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)

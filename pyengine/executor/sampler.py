@@ -13,9 +13,9 @@ import numpy as np
 import torch
 
 from pyengine.executor.penalties import TokenHistory, apply_penalties
+from pyengine.executor.runner_output import LogprobsOutput
 from pyengine.executor.sampling_table import SamplingTable
 from pyengine.executor.seeded_noise import seeded_uniform
-from pyengine.executor.step_output import LogprobsOutput
 
 
 @dataclass

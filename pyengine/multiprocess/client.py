@@ -2,7 +2,7 @@
 
 The front end (this object, in the server's process) tokenizes, sends each request to the
 core with the fewest requests outstanding, and streams back what the cores send: one
-``StepOutputs`` per engine step, read by one receiver thread and handed to each caller's
+``EngineCoreOutputs`` per engine step, read by one receiver thread and handed to each caller's
 event loop with one ``call_soon_threadsafe`` per loop and message. Figures (stats, thread
 stacks) are asked for over the link; health comes from each core's ``Status`` heartbeat
 and, for a core started here, from its process: a core that dies fails its requests in
@@ -146,7 +146,7 @@ class MultiprocessEngine(EngineClient):
                     self._core_died(core, f"engine core {index} broke the link's protocol: {error!r}")
 
     def _dispatch(self, message: Any) -> None:
-        if isinstance(message, wire.StepOutputs):
+        if isinstance(message, wire.EngineCoreOutputs):
             self._step_outputs(message)
         elif isinstance(message, wire.Status):
             with self._lock:
@@ -156,7 +156,7 @@ class MultiprocessEngine(EngineClient):
         elif isinstance(message, wire.Reply):
             self._queries.file(message)
 
-    def _step_outputs(self, message: wire.StepOutputs) -> None:
+    def _step_outputs(self, message: wire.EngineCoreOutputs) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Union[AnyOutput, BaseException]]]] = {}
         unreadable: list[RequestStream] = []
         with self._lock:

@@ -133,7 +133,7 @@ class CoreLink:
 
 
 class Outbox:
-    """Outputs and failures of the current step, sent as one ``StepOutputs``."""
+    """Outputs and failures of the current step, sent as one ``EngineCoreOutputs``."""
 
     def __init__(self, link: CoreLink) -> None:
         self.link = link
@@ -161,7 +161,7 @@ class Outbox:
                 self._outputs, self._failures = [], []
             if outputs or failures:
                 try:
-                    self.link.send(wire.StepOutputs(self.link.engine_index, outputs, failures))
+                    self.link.send(wire.EngineCoreOutputs(self.link.engine_index, outputs, failures))
                 except zmq.ZMQError:
                     logger.exception("could not send a step's outputs to the front end")
 

@@ -9,7 +9,7 @@ decode into these Structs, plain values and arrays.
 Front end -> core (over the front end's ROUTER, one DEALER per core): ``AddRequest``,
 ``Abort``, ``Query``, ``Heartbeat``, ``Shutdown``. Core -> front end: ``Ready`` or
 ``LoadFailed`` once (on the DEALER, so the front end's ROUTER knows the core before it
-sends it anything), then over a PUSH socket ``StepOutputs`` (one per engine step: every
+sends it anything), then over a PUSH socket ``EngineCoreOutputs`` (one per engine step: every
 request's output of that step, and the requests that failed), ``Status`` (a heartbeat
 with the core's progress) and ``Reply`` (to a ``Query``). ``docs/multiprocess.md``
 describes it for someone writing a peer.
@@ -32,7 +32,7 @@ from pyengine.multiprocess.wire_logprobs import WireLogprobs
 from pyengine.outputs import EngineStats, ThreadStack
 
 _ARRAY_EXT = 1  # msgpack extension code of an array reference
-PROTOCOL_VERSION = 4  # in ``Ready``: front end and core must speak the same one
+PROTOCOL_VERSION = 5  # in ``Ready``: front end and core must speak the same one (5: EngineCoreOutputs tag)
 
 #: How often the front end sends each core a ``Heartbeat`` (when it has nothing else to send).
 HEARTBEAT_INTERVAL_S = 1.0
@@ -145,7 +145,7 @@ class WireFailure(msgspec.Struct, array_like=True):
     message: str
 
 
-class StepOutputs(msgspec.Struct, tag=True, array_like=True):
+class EngineCoreOutputs(msgspec.Struct, tag=True, array_like=True):
     """Everything one engine step (one output-loop event) produced, for every request."""
 
     engine_index: int
@@ -170,7 +170,7 @@ class Reply(msgspec.Struct, tag=True, array_like=True):
     error: Optional[str] = None
 
 
-ToFrontEnd = Union[StepOutputs, Status, Reply]
+ToFrontEnd = Union[EngineCoreOutputs, Status, Reply]
 Hello = Union[Ready, LoadFailed]
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from pyengine.devtools.fake_executor import FakeExecutor
-from pyengine.executor.step_output import StepOutput
+from pyengine.executor.runner_output import ModelRunnerOutput
 
 
 @dataclass(frozen=True)
@@ -54,10 +54,10 @@ class SleepRunner:
         self.max_model_len = max_model_len
         self.fake = FakeExecutor(vocab=tokenizer.get_vocab_size(), max_rows=max_rows)
 
-    def execute(self, plan: Any) -> StepOutput:
+    def execute(self, plan: Any) -> ModelRunnerOutput:
         sampled = self.fake.run(plan)
         time.sleep(self.step_seconds)
-        return StepOutput(plan.step_id, sampled)
+        return ModelRunnerOutput(plan.step_id, sampled)
 
 
 class ScriptedRunner(SleepRunner):
@@ -69,7 +69,7 @@ class ScriptedRunner(SleepRunner):
         self.script = script
         self._prompt_len: dict[int, int] = {}
 
-    def execute(self, plan: Any) -> StepOutput:
+    def execute(self, plan: Any) -> ModelRunnerOutput:
         import numpy as np
 
         for row, n in zip(plan.new_rows.tolist(), plan.new_num_prompt_tokens.tolist()):
@@ -80,4 +80,4 @@ class ScriptedRunner(SleepRunner):
             out.append(self.script[min(k, len(self.script) - 1)])
         if self.step_seconds:
             time.sleep(self.step_seconds)
-        return StepOutput(plan.step_id, np.array(out, dtype=np.int64))
+        return ModelRunnerOutput(plan.step_id, np.array(out, dtype=np.int64))

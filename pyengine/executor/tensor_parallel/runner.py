@@ -38,7 +38,7 @@ from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
 from pyengine.executor.plan import StepPlanLike
 from pyengine.executor.prompt_logprobs import prompt_slices
-from pyengine.executor.step_output import StepOutput
+from pyengine.executor.runner_output import ModelRunnerOutput
 from pyengine.executor.tensor_parallel.collective_step import (
     all_reduces_per_step,
     gather_logits,
@@ -189,7 +189,7 @@ class TensorParallelRunner(ModelRunner):
     def world_size(self) -> int:
         return self.model.parallel.world_size
 
-    def execute(self, plan: StepPlanLike, **kwargs: Any) -> StepOutput:
+    def execute(self, plan: StepPlanLike, **kwargs: Any) -> ModelRunnerOutput:
         if self._out_of_step is not None:
             raise EngineDeadError(self._out_of_step)
         if not len(plan.input_ids):
@@ -216,7 +216,7 @@ class TensorParallelRunner(ModelRunner):
             self.host_last_sampled[plan.sample_rows] = output.sampled_token_ids
         return output
 
-    def _execute_locally(self, plan: StepPlanLike, **kwargs: Any) -> StepOutput:
+    def _execute_locally(self, plan: StepPlanLike, **kwargs: Any) -> ModelRunnerOutput:
         """A plan without tokens (rows freed or added, nothing to compute) runs on rank 0
         alone: published, it would end in no collective, and the next plan could then
         overwrite the shared segment before a worker has read it. The workers keep no row

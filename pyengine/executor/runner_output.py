@@ -1,4 +1,4 @@
-"""What one executed step returns."""
+"""What the model runner returns for one executed step (``ModelRunnerOutput``)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class PromptLogprobsOutput:
 
 
 @dataclass
-class StepOutput:
+class ModelRunnerOutput:
     """Result of :meth:`ModelRunner.execute` for one plan.
 
     ``sampled_token_ids`` is aligned with the plan's ``logits_indices`` (what
