@@ -1,0 +1,200 @@
+"""Multi-head latent attention (DeepSeek): KV bytes per token and decode step time.
+
+Model: DeepSeek-V2-Lite's attention (16 heads, qk_nope 128 + qk_rope 64, v 128,
+kv_lora_rank 512, no q_lora_rank) on a small body (hidden 1024, 2 dense layers,
+intermediate 1024, vocabulary 4096), random weights, float32, CPU. Measured in one run:
+
+- KV bytes per token and layer: the latent cache as the runner sized it
+  (``kv_shape.bytes_per_block``) against the same model's expanded K and V
+  (``heads * (qk_head_dim + v_head_dim)`` values), and the blocks a 1 GiB budget buys
+  each way; plus the ratios the published V2-Lite and V3 dimensions imply.
+- decode step time (``ModelRunner.execute``, ``--batch`` rows of ``--context`` tokens):
+  "absorbed" is what pyengine runs (``W_UK`` folded into the query, attention over the
+  latent rows in place, ``W_UV`` after); "expanded" is the same model and the same latent
+  cache, but each step expands every context row into per-head K and V (``kv_b_proj``)
+  and attends over those, the straightforward alternative. Steps alternate between the
+  two so both see the same machine.
+
+Usage: python benches/mla.py [--json] [--steps N] [--batch N] [--context N] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pyengine.executor.config import ExecutorConfig
+from pyengine.executor.kv_cache import KVCacheShape, blocks_for_budget
+from pyengine.executor.model_runner import ModelRunner
+from pyengine.sampling_params import SamplingParams
+from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.hand_plan import HandPlanner
+
+MODEL = dict(hidden_size=1024, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=16,
+             num_key_value_heads=16, q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128,
+             qk_rope_head_dim=64, v_head_dim=128, first_k_dense_replace=2)
+VOCAB = 4096
+BLOCK_SIZE = 16
+BUDGET = 1 << 30
+# (heads, qk_nope, qk_rope, v, kv_lora_rank) of the published checkpoints.
+PUBLISHED = {"DeepSeek-V2-Lite": (16, 128, 64, 128, 512), "DeepSeek-V3": (128, 128, 64, 128, 512)}
+
+
+def expanded_forward(self, hidden, cos, sin, attention):
+    """``LatentAttention.forward`` without the absorption: queries stay per head, and the
+    attention op expands the cached latents into K and V (bench only)."""
+    mla, tokens = self.mla, hidden.shape[0]
+    q = self.q_proj(hidden).view(tokens, self.num_heads, mla.qk_head_dim)
+    q_nope, q_rope = q.split([mla.qk_nope_head_dim, mla.qk_rope_head_dim], dim=-1)
+    latent, k_rope = self.kv_a_proj_with_mqa(hidden).split([mla.kv_lora_rank, mla.qk_rope_head_dim], dim=-1)
+    rows = torch.cat([self.kv_a_layernorm(latent.contiguous()), self._rotate(k_rope.unsqueeze(1), cos, sin).squeeze(1)], -1)
+    query = torch.cat([q_nope, self._rotate(q_rope, cos, sin)], dim=-1)
+    out = attention.attend_expanded(self.layer_index, query, rows, self.kv_b_proj.weight, mla)
+    return self.o_proj(out.reshape(tokens, self.num_heads * mla.v_head_dim))
+
+
+class ExpandingDecode:
+    """Decode-only step over the latent cache that expands every context row per step."""
+
+    def __init__(self, cache, layout) -> None:
+        self.cache, self.layout = cache, layout
+
+    def attend_expanded(self, layer_index, q, rows, kv_b_weight, mla):
+        layout = self.layout
+        self.cache.layer_slots(layer_index).index_copy_(0, layout.slot_mapping, rows)
+        num_rows, heads = q.shape[0], q.shape[1]
+        length = int(layout.seq_lens.max())
+        width = -(-length // layout.block_size)
+        ids = layout.block_tables[:, :width].reshape(-1).to(torch.int64)
+        context = self.cache.layer_blocks(layer_index).index_select(0, ids).view(num_rows, -1, mla.latent_dim)[:, :length]
+        kv = F.linear(context[..., : mla.kv_lora_rank], kv_b_weight).view(num_rows, length, heads, -1)
+        k_nope, v = kv.split([mla.qk_nope_head_dim, mla.v_head_dim], dim=-1)
+        k_rope = context[..., mla.kv_lora_rank :].unsqueeze(2).expand(-1, -1, heads, -1)
+        k = torch.cat([k_nope, k_rope], dim=-1).transpose(1, 2)
+        lengths = torch.from_numpy(layout.seq_lens.astype(np.int64))
+        mask = (torch.arange(length)[None, :] < lengths[:, None]).view(num_rows, 1, 1, length)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2), k, v.transpose(1, 2), attn_mask=mask, scale=mla.softmax_scale
+        )
+        return out.squeeze(2)
+
+
+class ExpandingBackend:
+    name = "mla_expanded_bench"
+
+    def bind(self, cache, layout):
+        return ExpandingDecode(cache, layout)
+
+
+class Decoder:
+    """``batch`` requests prefilled to ``context - 1`` tokens; ``step()`` times one decode."""
+
+    def __init__(self, folder: Path, batch: int, context: int, expanded: bool) -> None:
+        blocks = batch * (-(-(context + 64) // BLOCK_SIZE))
+        self.runner = ModelRunner.from_pretrained(
+            folder, ExecutorConfig(dtype="float32", max_num_seqs=batch, max_model_len=context + 64,
+                                   block_size=BLOCK_SIZE, num_kv_blocks=blocks)
+        )
+        self.planner = HandPlanner(block_size=BLOCK_SIZE, num_blocks=blocks, max_rows=batch, seed=1)
+        rng = np.random.default_rng(0)
+        for _ in range(batch):
+            self.planner.add(rng.integers(0, VOCAB, size=context - 1).tolist(), SamplingParams(temperature=0.0))
+        for _ in range(batch):  # one prompt per step, through the absorbed path (the cache is the same)
+            self.step()
+        if expanded:
+            self.runner.attention_backend = ExpandingBackend()
+            for layer in self.runner.model.layers:
+                layer.self_attn.forward = types.MethodType(expanded_forward, layer.self_attn)
+
+    def step(self) -> float:
+        plan = self.planner.next_plan()
+        start = time.perf_counter()
+        out = self.runner.execute(plan)
+        elapsed = time.perf_counter() - start
+        self.planner.record(plan, out.sampled_token_ids)
+        self.last_tokens = out.sampled_token_ids.tolist()
+        return elapsed
+
+
+def kv_figures(runner: ModelRunner) -> dict:
+    config, shape = runner.loaded.config, runner.kv_shape
+    mla = config.mla
+    latent = shape.bytes_per_block // (shape.block_size * shape.num_layers)
+    expanded = config.num_attention_heads * (mla.qk_head_dim + mla.v_head_dim) * 4
+    # Expanded K and V have different head sizes; as one KVCacheShape: K and V of their mean width.
+    expanded_shape = KVCacheShape(config.num_hidden_layers, config.num_attention_heads,
+                                  (mla.qk_head_dim + mla.v_head_dim) // 2, BLOCK_SIZE, torch.float32)
+    most = 1 << 40
+    return {
+        "latent_bytes_per_token_per_layer": latent,
+        "expanded_bytes_per_token_per_layer": expanded,
+        "expanded_over_latent": round(expanded / latent, 2),
+        "blocks_per_GiB_latent": blocks_for_budget(shape, BUDGET, most),
+        "blocks_per_GiB_expanded": blocks_for_budget(expanded_shape, BUDGET, most),
+        "implied_by_published": {
+            name: round(heads * (nope + rope + v) / (rank + rope), 1)
+            for name, (heads, nope, rope, v, rank) in PUBLISHED.items()
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--steps", type=int, default=8, help="timed decode steps of each kind")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = make_tiny_checkpoint(Path(tmp) / "mla", "deepseek_v2", vocab_size=VOCAB, seed=0, **MODEL)
+        absorbed = Decoder(folder, args.batch, args.context, expanded=False)
+        expanded = Decoder(folder, args.batch, args.context, expanded=True)
+        times: dict[str, list[float]] = {"absorbed": [], "expanded": []}
+        agree = total = 0
+        for index in range(args.steps + 2):  # 2 warm-up steps each
+            a, e = absorbed.step(), expanded.step()
+            agree += sum(x == y for x, y in zip(absorbed.last_tokens, expanded.last_tokens))
+            total += len(absorbed.last_tokens)
+            if index >= 2:
+                times["absorbed"].append(a)
+                times["expanded"].append(e)
+        kv = kv_figures(absorbed.runner)
+    absorbed_ms = statistics.median(times["absorbed"]) * 1e3
+    expanded_ms = statistics.median(times["expanded"]) * 1e3
+    result = {
+        "threads": args.threads,
+        "model": {**MODEL, "vocab_size": VOCAB},
+        **kv,
+        "decode_batch": args.batch,
+        "decode_context": args.context,
+        "decode_step_ms_absorbed": round(absorbed_ms, 2),
+        "decode_step_ms_expanded": round(expanded_ms, 2),
+        "decode_expanded_over_absorbed": round(expanded_ms / absorbed_ms, 2),
+        # The two forms are the same function: their greedy tokens agree (bar float ties).
+        "decode_tokens_agree": f"{agree}/{total}",
+        "note": "shared, noisy machine: medians of alternating steps",
+    }
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"KV per token and layer: latent {kv['latent_bytes_per_token_per_layer']} B, expanded K/V "
+          f"{kv['expanded_bytes_per_token_per_layer']} B ({kv['expanded_over_latent']}x); blocks per GiB: "
+          f"{kv['blocks_per_GiB_latent']} vs {kv['blocks_per_GiB_expanded']}")
+    print(f"implied by published dims: {kv['implied_by_published']}")
+    print(f"decode, batch {args.batch}, context {args.context} ({args.threads} threads): absorbed "
+          f"{absorbed_ms:.2f} ms/step, expanded {expanded_ms:.2f} ms/step ({result['decode_expanded_over_absorbed']}x)")
+
+
+if __name__ == "__main__":
+    main()
