@@ -49,7 +49,8 @@ def test_routing_matches_transformers(case):
             ours.e_score_correction_bias.copy_(theirs.e_score_correction_bias)
         x = torch.randn(50, HIDDEN)
         _, their_weights, their_ids = theirs(x)
-        our_ids, our_weights = ours(x)
+        routing = ours(x)
+        our_ids, our_weights = routing.expert_ids, routing.weights
     their_ids, their_weights = _sorted(their_ids, their_weights)
     our_ids, our_weights = _sorted(our_ids, our_weights)
     assert torch.equal(our_ids, their_ids)

@@ -1,7 +1,8 @@
-"""DeepSeek-V2 / V3 (multi-head latent attention) against transformers on tiny random
-checkpoints written by transformers itself: logits of a prefill, and greedy tokens
-through ``LLM.generate`` with a prefix-cache hit, chunked prefill and preemption. The
-KV cache holds one latent row per token and layer, and the block count says so."""
+"""DeepSeek-V2 / V3 (multi-head latent attention; dense and with experts) against
+transformers on tiny random checkpoints written by transformers itself: logits of a
+prefill, and greedy tokens through ``LLM.generate`` with a prefix-cache hit, chunked
+prefill and preemption. The KV cache holds one latent row per token and layer, and the
+block count says so."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.latent_kv_cache import LatentKVCacheShape
 from pyengine.executor.model_runner import ModelRunner
 from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.deepseek_checkpoints import DEEPSEEK_MOE, set_correction_bias
 from pyengine.testing.hand_plan import HandPlanner
 
 VOCAB = 512
@@ -23,13 +25,18 @@ VARIANTS = {
     "v2_lite_form": ("deepseek_v2", {}),  # no q_lora_rank, mscale != mscale_all_dim
     "v3": ("deepseek_v3", {}),
     "v3_rotate_half": ("deepseek_v3", dict(rope_interleave=False)),
+    "v2_moe_group_limited": ("deepseek_v2", dict(
+        DEEPSEEK_MOE, n_shared_experts=2, topk_method="group_limited_greedy", routed_scaling_factor=2.0)),
+    "v3_moe_noaux_tc": ("deepseek_v3", dict(DEEPSEEK_MOE, n_shared_experts=1, routed_scaling_factor=2.5)),
 }
 
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
 def checkpoint(request, tmp_path_factory):
     arch, overrides = VARIANTS[request.param]
-    return make_tiny_checkpoint(tmp_path_factory.mktemp(request.param), arch, seed=5, **overrides)
+    folder = make_tiny_checkpoint(tmp_path_factory.mktemp(request.param), arch, seed=5, **overrides)
+    set_correction_bias(folder)
+    return folder
 
 
 def _reference(path):
@@ -117,9 +124,17 @@ def test_the_cache_holds_one_latent_row_per_token_and_layer(checkpoint):
     assert runner.kv_cache.num_bytes * expanded // latent <= budget * expanded // latent
 
 
-def test_bfloat16_on_cpu_takes_the_gather_path_and_tracks_float32(checkpoint):
+@pytest.fixture(scope="module", params=["v2_lite_form", "v3"])
+def dense_checkpoint(request, tmp_path_factory):
+    arch, overrides = VARIANTS[request.param]
+    return make_tiny_checkpoint(tmp_path_factory.mktemp(request.param), arch, seed=5, **overrides)
+
+
+def test_bfloat16_on_cpu_takes_the_gather_path_and_tracks_float32(dense_checkpoint):
     """bfloat16 runs the gather path (no native kernel); fed the float32 run's tokens, its
-    logits stay close (its own greedy choices may differ where two logits nearly tie)."""
+    logits stay close (its own greedy choices may differ where two logits nearly tie).
+    Dense layers only: with experts, a near-tie in routing sends a token elsewhere."""
+    checkpoint = dense_checkpoint
     settings = dict(max_num_seqs=4, max_model_len=256, num_kv_blocks=32)
     runner32 = ModelRunner.from_pretrained(checkpoint, ExecutorConfig(dtype="float32", **settings))
     runner16 = ModelRunner.from_pretrained(checkpoint, ExecutorConfig(dtype="bfloat16", **settings))

@@ -1,6 +1,6 @@
-"""DeepSeek (multi-head latent attention) at tensor-parallel size 2: the heads split, the
-latent replicated, and the engine's greedy tokens are transformers' (one gloo worker
-process, loopback)."""
+"""DeepSeek (multi-head latent attention, and experts) at tensor-parallel size 2: the
+heads split, the latent replicated, every expert split by its intermediate features, and
+the engine's greedy tokens are transformers' (one gloo worker process, loopback)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,24 @@ import transformers
 
 from pyengine import LLM, SamplingParams
 from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.deepseek_checkpoints import DEEPSEEK_MOE, set_correction_bias
 
 MAX_TOKENS = 10
 
 
-@pytest.mark.parametrize("arch", ["deepseek_v2", "deepseek_v3"])
-def test_two_ranks_generate_transformers_tokens(arch, tmp_path):
-    checkpoint = make_tiny_checkpoint(tmp_path / arch, arch, seed=11)
+# V2's form (no q_lora_rank, dense); V3 with routed experts from layer 1, a correction
+# bias, and a shared expert (each rank a slice of every expert).
+VARIANTS = {
+    "v2_dense": ("deepseek_v2", {}),
+    "v3_moe": ("deepseek_v3", dict(DEEPSEEK_MOE, n_shared_experts=1, routed_scaling_factor=2.5)),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_two_ranks_generate_transformers_tokens(variant, tmp_path):
+    arch, overrides = VARIANTS[variant]
+    checkpoint = make_tiny_checkpoint(tmp_path / variant, arch, seed=11, **overrides)
+    set_correction_bias(checkpoint)
     rng = np.random.default_rng(4)
     shared = rng.integers(3, 500, 24).tolist()
     prompts = [(shared if i % 2 else []) + rng.integers(3, 500, int(rng.integers(2, 30))).tolist() for i in range(8)]

@@ -2,8 +2,10 @@
 (``models/mla.py``) in every layer.
 
 The residual stream, norms, embeddings and LM head are ``DecoderForCausalLM``'s; a
-layer's MLP is the gated MLP (the first ``first_k_dense_replace`` layers, or all of them
-in a checkpoint without routed experts). The cache holds one latent row per token and
+layer's MLP is the gated MLP for the first ``first_k_dense_replace`` layers (all of them
+in a checkpoint without routed experts), then DeepSeek's experts (``deepseek_moe.py``:
+grouped top-k routing, shared experts, ``routed_scaling_factor``; layers
+``i % moe_layer_freq == 0``, DeepSeek's rule). The cache holds one latent row per token and
 layer (``executor/latent_kv_cache.py``). Published V3 checkpoints carry the
 multi-token-prediction layers after the last decoder layer (``model.layers.61`` for 61
 layers); generation does not use them and the loader skips them, as transformers does.
@@ -17,7 +19,7 @@ import torch
 
 from pyengine.models.config import DecoderConfig
 from pyengine.models.decoder import DecoderForCausalLM
-from pyengine.models.errors import UnsupportedModelError
+from pyengine.models.deepseek_moe import DeepseekMoeBlock
 from pyengine.models.layers import GatedMLP, RMSNorm, WeightTarget
 from pyengine.models.mla import LatentAttention, LatentAttentionOp
 from pyengine.models.parallel import ParallelContext
@@ -26,21 +28,17 @@ _LAYER_TENSOR = re.compile(r"model\.layers\.(\d+)\.")
 
 
 class DeepseekDecoderLayer(torch.nn.Module):
-    """Pre-norm latent attention, then a pre-norm MLP (dense here)."""
+    """Pre-norm latent attention, then a pre-norm MLP: routed and shared experts
+    (``deepseek_moe``) past the first ``first_k_dense_replace`` layers, else dense."""
 
     def __init__(self, config: DecoderConfig, layer_index: int, parallel: ParallelContext) -> None:
         super().__init__()
-        moe = config.deepseek_moe
-        if moe is not None and moe.is_moe_layer(layer_index):
-            raise UnsupportedModelError(
-                f"{config.architecture}: layer {layer_index} has routed experts (n_routed_experts = "
-                f"{moe.n_routed_experts}, first_k_dense_replace = {moe.first_k_dense_replace}); "
-                "DeepSeek's mixture-of-experts layers are not supported yet"
-            )
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = LatentAttention(config, layer_index, parallel)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = GatedMLP(config, parallel)
+        moe = config.deepseek_moe
+        sparse = moe is not None and moe.is_moe_layer(layer_index)
+        self.mlp: torch.nn.Module = DeepseekMoeBlock(config, parallel) if sparse else GatedMLP(config, parallel)
 
     def forward(
         self,

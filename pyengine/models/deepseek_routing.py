@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from pyengine.models.deepseek_config import DeepseekMoeConfig
 from pyengine.models.layers import WeightTarget
+from pyengine.models.router import Routing
 
 
 def deepseek_route(
@@ -70,10 +71,11 @@ class DeepseekRouter(torch.nn.Module):
             torch.nn.Parameter(torch.empty(moe.n_routed_experts)) if moe.topk_method == "noaux_tc" else None
         )
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(expert ids, weights) of every token of ``x`` ``[T, hidden]``."""
+    def forward(self, x: torch.Tensor) -> Routing:
+        """The experts and weights of every token of ``x`` ``[T, hidden]``."""
         logits = F.linear(x.float(), self.weight.float())
-        return deepseek_route(logits, self.moe, self.e_score_correction_bias)
+        ids, weights = deepseek_route(logits, self.moe, self.e_score_correction_bias)
+        return Routing(ids, weights)
 
     def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
         targets = {f"{prefix}.weight": WeightTarget(self.weight, tuple(self.weight.shape))}
