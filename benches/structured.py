@@ -130,8 +130,8 @@ def compile_times(llm: LLM) -> dict[str, dict[str, float]]:
     """Cold: the first compile of each schema in this engine; cached: the same again."""
     out = {}
     for name in SCHEMAS:
-        cold = llm.engine.constraints.compile(constraint(name))
-        cached = llm.engine.constraints.compile(constraint(name))
+        cold = llm.engine_core.constraints.compile(constraint(name))
+        cached = llm.engine_core.constraints.compile(constraint(name))
         assert not cold.cached and cached.cached
         out[name] = {"cold_ms": 1e3 * cold.compile_seconds, "cached_ms": 1e3 * cached.compile_seconds}
     return out
@@ -240,7 +240,7 @@ def main() -> None:
                 seconds, outs, _ = timed(llm, prompts, free)
                 assert sum(len(o.outputs[0].token_ids) for o in outs) == tokens
                 runs["unconstrained"].append(tokens / seconds)
-            masks = llm.engine.runner.grammar_masks.summary()
+            masks = llm.engine_core.runner.grammar_masks.summary()
             # What constraining adds to the executor's own time: applying masks, and waiting
             # for those not ready when sampling came (the window holds every constrained step).
             mask_exec_s = masks.get("apply_s_total", 0.0) + masks.get("wait_s_total", 0.0)

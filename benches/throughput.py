@@ -173,7 +173,7 @@ def run_lower_bound(folder: Path, prompts, outputs, batch: int) -> tuple[float, 
     """Output tokens/s of the two bounds: decode attention by SDPA (plain PyTorch, the bar's
     bound) and by the engine's native kernel over the same contiguous cache."""
     with LLM(str(folder), dtype="float32", max_num_seqs=1, num_kv_blocks=8) as llm:
-        model = llm.engine.runner.model  # the same weights the engine runs
+        model = llm.engine_core.runner.model  # the same weights the engine runs
     mean_context = int(statistics.mean(map(len, prompts)) + statistics.mean(outputs) / 2)
     batch = min(batch, len(prompts))
     gen = torch.Generator().manual_seed(0)

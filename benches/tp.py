@@ -55,7 +55,7 @@ def run_engine(folder: Path, tp: int, prompts, outputs, max_num_seqs: int, threa
     with LLM(str(folder), dtype="float32", max_num_seqs=max_num_seqs, max_model_len=1024,
              tensor_parallel_size=tp, disable_custom_all_reduce=gloo) as llm:
         llm.generate([prompts[0]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)  # warm-up
-        runner = llm.engine.runner
+        runner = llm.engine_core.runner
         if tp > 1:
             runner.broadcast_seconds, runner.broadcast_cpu_seconds, runner.steps = 0.0, 0.0, 0
         params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in outputs]

@@ -114,7 +114,7 @@ def test_text_prompts_and_text(llm):
     outs = llm.beam_search(["hello there", {"prompt": "a cat"}], BeamSearchParams(beam_width=2, max_tokens=6))
     assert [o.prompt for o in outs] == ["hello there", "a cat"]
     for out in outs:
-        assert out.prompt_token_ids == llm.engine.tokenize(out.prompt)
+        assert out.prompt_token_ids == llm.engine_core.tokenize(out.prompt)
         for seq in out.sequences:
             shown = seq.output_token_ids[:-1] if seq.finish_reason == "stop" else seq.output_token_ids
             assert seq.text == tokenizer.decode(shown)
@@ -129,7 +129,7 @@ def test_include_stop_str_in_output_keeps_the_eos_text(llm, prompts):
             assert x.tokens == y.tokens
             if x.finish_reason == "stop":
                 stopped += 1
-                assert y.text == x.text + llm.engine.decode([x.tokens[-1]], skip_special_tokens=False)
+                assert y.text == x.text + llm.engine_core.decode([x.tokens[-1]], skip_special_tokens=False)
             else:
                 assert y.text == x.text
     assert stopped

@@ -40,7 +40,7 @@ def test_best_of_returns_the_n_candidates_of_highest_cumulative_logprob(llm):
 
 
 def test_best_of_streams_only_its_final_output(llm):
-    engine = AsyncEngine.from_engine_core(llm.engine)
+    engine = AsyncEngine.from_engine_core(llm.engine_core)
 
     async def run(kind):
         params = SamplingParams(n=1, best_of=3, temperature=1.0, seed=3, max_tokens=6, ignore_eos=True)

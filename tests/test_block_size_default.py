@@ -109,9 +109,9 @@ def test_the_engine_reports_the_size_its_runner_chose(tmp_path):
     from pyengine import LLM, SamplingParams
 
     with LLM(num_kv_blocks=8, max_num_seqs=2, max_num_batched_tokens=64) as llm:
-        assert llm.engine.config.block_size is None
-        assert llm.engine.block_size == llm.engine.runner.block_size == 16
-        assert llm.engine.max_request_tokens == 8 * 16
+        assert llm.engine_core.config.block_size is None
+        assert llm.engine_core.block_size == llm.engine_core.runner.block_size == 16
+        assert llm.engine_core.max_request_tokens == 8 * 16
         out = llm.generate([list(range(3, 20))], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)[0]
         assert len(out.outputs[0].token_ids) == 2
 

@@ -55,7 +55,7 @@ def llm(tmp_path_factory):
 def servers(llm):
     """Two servers over the LLM's own engine core: the checkpoint's template, and TEMPLATE
     (given as --chat-template)."""
-    client = AsyncEngine.from_engine_core(llm.engine)
+    client = AsyncEngine.from_engine_core(llm.engine_core)
     with LiveServer(client, ServerArgs(stats_interval=0)) as checkpoint, \
             LiveServer(client, ServerArgs(stats_interval=0, chat_template=TEMPLATE)) as given:
         yield {"checkpoint": checkpoint, "given": given}
@@ -88,7 +88,7 @@ def test_a_given_template_with_tools_and_kwargs_gives_the_same_prompt(llm, serve
 
 
 def test_a_typed_special_token_stays_text_on_both_paths(llm, servers):
-    tokenizer = llm.engine.tokenizer
+    tokenizer = llm.engine_core.tokenizer
     im_start, im_end = tokenizer.token_to_id(IM_START_TOKEN), tokenizer.token_to_id(IM_END_TOKEN)
     messages = CONVERSATIONS["special token typed"]
     out = llm.chat(messages, ONE_TOKEN, use_tqdm=False)[0]

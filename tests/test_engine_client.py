@@ -66,7 +66,7 @@ def test_async_engine_is_an_engine_client_of_plain_data(synthetic):
     for value in (after, engine.thread_stacks(), engine.stats()):
         pickle.dumps(value)  # crosses a process boundary as it is
     assert engine.model_path == "<synthetic>" and engine.max_model_len == 4096
-    assert engine.max_logprobs == engine.engine.config.max_logprobs
+    assert engine.max_logprobs == engine.engine_core.config.max_logprobs
     assert engine.tokenizer_config == {} and engine.chat_template is None
     assert engine.vocab_size == engine.tokenizer.get_vocab_size()  # no model config: the tokenizer's
 
@@ -95,7 +95,7 @@ def test_tiny_checkpoint_surface(tmp_path):
                          num_kv_blocks=64)
     try:
         assert isinstance(engine.chat_template, str) and "chat_template" in engine.tokenizer_config
-        assert engine.vocab_size == engine.engine.vocab_size and engine.max_model_len == 128
+        assert engine.vocab_size == engine.engine_core.vocab_size and engine.max_model_len == 128
         assert engine.model_path == str(tmp_path / "ckpt")
     finally:
         engine.shutdown()

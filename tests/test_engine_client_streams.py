@@ -92,9 +92,9 @@ def test_leaving_a_stream_early_aborts_at_once(engine, monkeypatch):
     """``aclose`` of ``generate`` closes the inner generators at once (``aclosing``): the
     abort has happened when ``aclose`` returns, not when a garbage collector runs."""
     aborted: list[str] = []
-    if hasattr(engine, "engine"):  # in-process: the core's abort
-        real = engine.engine.abort
-        monkeypatch.setattr(engine.engine, "abort", lambda rid: (aborted.append(rid), real(rid)))
+    if hasattr(engine, "engine_core"):  # in-process: the core's abort
+        real = engine.engine_core.abort
+        monkeypatch.setattr(engine.engine_core, "abort", lambda rid: (aborted.append(rid), real(rid)))
     else:
         real = engine._abort_now
         monkeypatch.setattr(engine, "_abort_now", lambda rid: (aborted.append(rid), real(rid)))

@@ -45,7 +45,7 @@ def test_without_max_tokens_a_request_gets_what_the_kv_pool_holds():
 
     llm = LLM(num_kv_blocks=8, block_size=16, max_num_seqs=4, max_num_batched_tokens=128)
     try:
-        assert llm.engine.max_request_tokens == 8 * 16 < llm.engine.max_model_len
+        assert llm.engine_core.max_request_tokens == 8 * 16 < llm.engine_core.max_model_len
         prompt = [5, 6, 7, 8]
         out = llm.generate([prompt], SamplingParams(max_tokens=None, ignore_eos=True), use_tqdm=False)[0]
         assert len(out.outputs[0].token_ids) == 8 * 16 - len(prompt)

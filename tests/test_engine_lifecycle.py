@@ -40,20 +40,20 @@ def test_three_named_threads_are_visible_while_running(llm):
 
 
 def test_executor_exception_fails_the_batch_and_the_engine_recovers(llm):
-    install_faulty_runner(llm.engine).fail_after(3)
+    install_faulty_runner(llm.engine_core).fail_after(3)
     with pytest.raises(EngineError, match="injected failure"):
         llm.generate([[5, 6, 7, 8]] * 8, SamplingParams(max_tokens=30, ignore_eos=True), use_tqdm=False)
     assert_idle(llm)
     outs = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=5, ignore_eos=True), use_tqdm=False)
     assert len(outs[0].outputs[0].token_ids) == 5
-    assert llm.engine.is_alive
+    assert llm.engine_core.is_alive
 
 
 def test_output_exception_fails_the_requests_and_the_engine_recovers(llm):
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     faulty, healthy = FaultySink(fail_on=3), FaultySink(fail_on=0)
-    llm.engine.add_request("faulty-sink", None, [9, 9, 9], params, faulty)
-    llm.engine.add_request("healthy-sink", None, [9, 9, 8], params, healthy)
+    llm.engine_core.add_request("faulty-sink", None, [9, 9, 9], params, faulty)
+    llm.engine_core.add_request("healthy-sink", None, [9, 9, 8], params, healthy)
     assert faulty.done.wait(30) and healthy.done.wait(30)
     assert isinstance(faulty.error, EngineError) and "output processing failed" in str(faulty.error)
     assert healthy.error is None and len(healthy.outputs[-1].outputs[0].token_ids) == 10
@@ -79,10 +79,10 @@ class _BrokenStream:
 
 
 def test_a_processing_error_fails_its_request_and_the_engine_recovers(llm, monkeypatch):
-    make_stream = llm.engine._text_stream
-    monkeypatch.setattr(llm.engine, "_text_stream", lambda *args: _BrokenStream(make_stream(*args)))
+    make_stream = llm.engine_core._text_stream
+    monkeypatch.setattr(llm.engine_core, "_text_stream", lambda *args: _BrokenStream(make_stream(*args)))
     sink = FaultySink(fail_on=0)
-    llm.engine.add_request("broken-stream", None, [9, 9, 9], SamplingParams(max_tokens=10, ignore_eos=True), sink)
+    llm.engine_core.add_request("broken-stream", None, [9, 9, 9], SamplingParams(max_tokens=10, ignore_eos=True), sink)
     assert sink.done.wait(30)
     assert isinstance(sink.error, EngineError) and "injected detokenizer failure" in str(sink.error)
     monkeypatch.undo()
@@ -142,7 +142,7 @@ def test_ten_thousand_short_requests_finish_and_memory_stays_flat(llm):
 
 def test_shutdown_joins_all_threads_with_requests_in_flight():
     engine = LLM(max_num_seqs=8)
-    tids = [engine.engine.executor.native_id, engine.engine.output.native_id]
+    tids = [engine.engine_core.executor.native_id, engine.engine_core.output.native_id]
     errors = []
 
     def run():
@@ -169,7 +169,7 @@ def test_shutdown_joins_all_threads_with_requests_in_flight():
     while any(os.path.exists(f"/proc/self/task/{tid}") for tid in tids) and time.time() < deadline:
         time.sleep(0.01)
     assert not any(os.path.exists(f"/proc/self/task/{tid}") for tid in tids)
-    assert not engine.engine.sched.is_alive
+    assert not engine.engine_core.sched.is_alive
     with pytest.raises(EngineDeadError):
         engine.generate([[1]], use_tqdm=False)
 
@@ -215,18 +215,18 @@ class _StreamFailingAt:
 def test_an_output_fault_at_any_position_fails_only_its_request(llm, monkeypatch, victim, at):
     # Four requests decode in lockstep, so each event carries one token of each; the fault
     # hits one of them (every position of the event over the parametrisation).
-    make_stream = llm.engine._text_stream
+    make_stream = llm.engine_core._text_stream
     made = []
 
     def stream(*args):
         made.append(None)
         return _StreamFailingAt(make_stream(*args), at if len(made) - 1 == victim else None)
 
-    monkeypatch.setattr(llm.engine, "_text_stream", stream)
+    monkeypatch.setattr(llm.engine_core, "_text_stream", stream)
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     sinks = [FaultySink(fail_on=0) for _ in range(4)]
     for i, sink in enumerate(sinks):
-        llm.engine.add_request(f"pos-{victim}-{at}-{i}", None, [7, 7, 7], params, sink)
+        llm.engine_core.add_request(f"pos-{victim}-{at}-{i}", None, [7, 7, 7], params, sink)
     for i, sink in enumerate(sinks):
         assert sink.done.wait(30), f"request {i} was left waiting"
         if i == victim:
@@ -253,7 +253,7 @@ def test_a_failure_outside_per_request_work_fails_every_request_the_event_names(
     monkeypatch.setattr(OutputLoop, "_mark_scheduled", broken)
     sink = FaultySink(fail_on=0)
     params = PoolingParams() if pooling else SamplingParams(max_tokens=5, ignore_eos=True)
-    llm.engine.add_request(f"outside-{pooling}", None, [4, 5, 6], params, sink)
+    llm.engine_core.add_request(f"outside-{pooling}", None, [4, 5, 6], params, sink)
     assert sink.done.wait(30), "the caller was left waiting"
     assert isinstance(sink.error, EngineError) and "injected fault outside" in str(sink.error)
     monkeypatch.undo()

@@ -76,8 +76,8 @@ def run_beside_a_neighbour(llm, prompt, restricted: SamplingParams):
     neighbour = params(1.0)
     alone = llm.generate([NEIGHBOUR], neighbour, use_tqdm=False)[0].outputs[0].token_ids
     sinks = {"restricted": FaultySink(fail_on=0), "neighbour": FaultySink(fail_on=0)}
-    llm.engine.add_request("neighbour", None, NEIGHBOUR, neighbour, sinks["neighbour"])
-    llm.engine.add_request("restricted", None, prompt, restricted, sinks["restricted"])
+    llm.engine_core.add_request("neighbour", None, NEIGHBOUR, neighbour, sinks["neighbour"])
+    llm.engine_core.add_request("restricted", None, prompt, restricted, sinks["restricted"])
     for sink in sinks.values():
         assert sink.done.wait(60), "a caller was left waiting"
     assert sinks["neighbour"].error is None
@@ -87,7 +87,7 @@ def run_beside_a_neighbour(llm, prompt, restricted: SamplingParams):
 
 @pytest.mark.parametrize("ignore_eos", [False, True])
 def test_allowed_end_tokens_under_min_tokens_are_refused(llm, ignore_eos):
-    eos = llm.engine.eos_token_ids
+    eos = llm.engine_core.eos_token_ids
     stop = [] if not ignore_eos else [11]
     allowed = list(eos) if not ignore_eos else [11]
     with pytest.raises(InvalidRequestError, match="allowed_token_ids holds only end tokens"):
@@ -115,11 +115,11 @@ def test_a_longer_bad_word_that_exhausts_allowed_tokens_fails_only_its_request(l
     assert isinstance(sink.error, EngineError)
     assert "no token can be sampled" in str(sink.error)
     assert all(token == 9 for o in sink.outputs for c in o.outputs for token in c.token_ids)
-    assert llm.engine.is_alive
+    assert llm.engine_core.is_alive
 
 
 def test_a_grammar_and_allowed_tokens_with_nothing_in_common_fail_only_their_request(llm):
-    tokenizer = llm.engine.tokenizer
+    tokenizer = llm.engine_core.tokenizer
     outside = tokenizer.encode("x", add_special_tokens=False).ids[0]
     restricted = params(1.0, allowed_token_ids=[outside], structured_outputs=StructuredOutputsParams(choice=["hello"]))
     sink = run_beside_a_neighbour(llm, [1, 2, 3], restricted)
@@ -136,6 +136,6 @@ def test_a_custom_processor_that_masks_everything_fails_only_its_request(checkpo
             sink = run_beside_a_neighbour(engine, [1, 2, 3], params(temperature, extra_args={"mask_all": True}))
             assert isinstance(sink.error, EngineError)
             assert "no token can be sampled" in str(sink.error)
-        assert engine.engine.is_alive
+        assert engine.engine_core.is_alive
     finally:
         engine.shutdown()

@@ -73,7 +73,7 @@ def llm(tmp_path_factory):
 
 
 def test_a_failed_step_with_constrained_rows_through_the_engine(llm):
-    core = llm.engine
+    core = llm.engine_core
     regex = StructuredOutputsParams(regex="[ab]{4,30}")
     faulty = install_faulty_runner(core)
     faulty.fail_after(3)  # mid-generation: the matchers have advanced

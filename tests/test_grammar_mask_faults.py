@@ -27,7 +27,7 @@ def llm(tmp_path_factory):
 
 def run_together(llm, constrained: int):
     """The unconstrained requests and ``constrained`` constrained ones, all in flight at once."""
-    core = llm.engine
+    core = llm.engine_core
     sinks = {}
     for i, prompt in enumerate(PROMPTS):
         sinks[f"free-{i}"] = FaultySink(fail_on=0)
@@ -49,13 +49,13 @@ def completion(sink):
 
 def test_a_failed_mask_fails_only_the_constrained_requests(llm):
     reference = {rid: completion(s).token_ids for rid, s in run_together(llm, constrained=0).items()}
-    faulty = install_faulty_runner(llm.engine)
+    faulty = install_faulty_runner(llm.engine_core)
     faulty.fail_masks.set()
     try:
         sinks = run_together(llm, constrained=3)
     finally:
         faulty.fail_masks.clear()
-    assert_idle(llm.engine)
+    assert_idle(llm.engine_core)
     for i in range(3):
         error = sinks[f"regex-{i}"].error
         assert isinstance(error, EngineError), error
@@ -68,7 +68,7 @@ def test_a_failed_mask_fails_only_the_constrained_requests(llm):
         assert out.finish_reason in ("stop", "length")
         assert set(out.text) <= {"a", "b"}, out.text
     assert {rid: completion(s).token_ids for rid, s in sinks.items() if rid.startswith("free")} == reference
-    assert_idle(llm.engine)
+    assert_idle(llm.engine_core)
 
 
 def assert_idle(core):

@@ -144,7 +144,7 @@ def test_get_tokenizer_is_a_transformers_tokenizer(llm, checkpoint):
     assert isinstance(tok, PreTrainedTokenizerFast) and llm.get_tokenizer() is tok
     text = "Hello, world! 你好 😀"
     ids = tok.encode(text, add_special_tokens=False)
-    assert isinstance(ids, list) and ids == llm.engine.tokenize(text)
+    assert isinstance(ids, list) and ids == llm.engine_core.tokenize(text)
     assert tok.decode(ids) == text
     config = json.loads((checkpoint / "tokenizer_config.json").read_text())
     assert tok.eos_token == config["eos_token"] and tok.eos_token_id == tok.convert_tokens_to_ids(config["eos_token"])

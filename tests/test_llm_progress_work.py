@@ -60,7 +60,7 @@ class _LockstepProgress:
 def test_each_finished_request_is_read_a_bounded_number_of_times():
     n = 400
     llm = LLM.__new__(LLM)
-    llm.engine = SimpleNamespace(output=None, is_alive=True, dead_reason=lambda: None)
+    llm.engine_core = SimpleNamespace(output=None, is_alive=True, dead_reason=lambda: None)
     collector = _BatchCollector()
     collector.results = _CountingDict()
     ids = [f"r{i}" for i in range(n)]

@@ -154,7 +154,7 @@ def test_bad_words_token_sequences_match_transformers(llm, hf_model):
 
 
 def test_bad_words_strings_are_tokenized_as_vllm_does(llm, checkpoint, hf_model):
-    tokenizer = llm.engine.tokenizer
+    tokenizer = llm.engine_core.tokenizer
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
     # "hello": the spaced form has another length, so only the plain one is kept;
     # "world": same length, another first token, so both are kept.
@@ -185,7 +185,7 @@ def test_token_ids_outside_the_vocabulary_are_refused(llm, kwargs, message):
 def test_requests_finishing_mid_batch_keep_each_others_state(llm):
     """Requests of different lengths, each with its own bias / minimum / allowed set, run
     together (rows finish and the layout moves) and alone: the same tokens."""
-    eos = llm.engine.eos_token_ids[0]
+    eos = llm.engine_core.eos_token_ids[0]
     variants = [
         dict(logit_bias={77: 60.0}, max_tokens=3),
         dict(min_tokens=6, max_tokens=9, logit_bias={eos: 100.0}, ignore_eos=False),
@@ -210,7 +210,7 @@ def test_preempted_requests_resume_with_their_processor_state(checkpoint):
     for blocks in (None, 12):
         args = dict(max_num_seqs=6) | ({"num_kv_blocks": blocks} if blocks else {})
         with LLM(str(checkpoint), **args) as engine:
-            eos = engine.engine.eos_token_ids[0]
+            eos = engine.engine_core.eos_token_ids[0]
             params = [SamplingParams(temperature=0.0, max_tokens=40, min_tokens=30, logit_bias={eos: 100.0, 9: 5.0})
                       for _ in prompts]
             results.append(token_ids(engine.generate(prompts, params, use_tqdm=False)))
@@ -224,7 +224,7 @@ def run_with_sinks(llm, requests):
     sinks = {}
     for rid, prompt, params in requests:
         sinks[rid] = FaultySink(fail_on=0)
-        llm.engine.add_request(rid, None, prompt, params, sinks[rid])
+        llm.engine_core.add_request(rid, None, prompt, params, sinks[rid])
     for sink in sinks.values():
         assert sink.done.wait(60), "a caller was left waiting"
     return sinks
@@ -235,7 +235,7 @@ def test_a_failing_custom_processor_fails_its_step_not_the_engine(llm):
     sinks = run_with_sinks(llm, [("boom", [1, 2, 3], greedy(extra_args={"explode": True}))])
     assert isinstance(sinks["boom"].error, EngineError)
     assert "injected processor fault" in str(sinks["boom"].error)
-    assert llm.engine.is_alive
+    assert llm.engine_core.is_alive
     # Later requests are served, with the processors' state rebuilt.
     after = token_ids(llm.generate(PROMPTS[:2], [greedy(logit_bias={9: 4.0}), greedy()], use_tqdm=False))
     assert after == reference
@@ -251,14 +251,14 @@ def test_a_processor_that_cannot_be_imported_is_a_config_error(checkpoint):
 def test_processors_run_on_rank_0_under_tensor_parallelism(llm, checkpoint, example):
     """At tensor-parallel size 2 the processors (built-in and custom) run once, on rank 0
     in this process (the worker gets none), with the tokens of size 1."""
-    eos = llm.engine.eos_token_ids[0]
+    eos = llm.engine_core.eos_token_ids[0]
     params = [greedy(logit_bias={77: 100.0}), greedy(extra_args={"target_token": 9}),
               greedy(allowed_token_ids=[10, 20], logit_bias={20: 100.0}),
               SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, min_tokens=5, logit_bias={eos: 100.0})]
     single = token_ids(llm.generate(PROMPTS[:4], params, use_tqdm=False))
     with LLM(str(checkpoint), tensor_parallel_size=2, max_num_seqs=8, max_num_batched_tokens=64,
              logits_processors=[example.TargetTokenLogitsProcessor]) as tp:
-        assert tp.engine.runner.batch.logits_pipeline is not None
+        assert tp.engine_core.runner.batch.logits_pipeline is not None
         got = token_ids(tp.generate(PROMPTS[:4], params, use_tqdm=False))
     assert got == [[77] * MAX_TOKENS, [9] * MAX_TOKENS, [20] * MAX_TOKENS, single[3]] == single
     assert len(got[3]) == 6 and got[3][-1] == eos

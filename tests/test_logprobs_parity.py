@@ -132,7 +132,7 @@ def test_an_lm_head_failing_on_prompt_positions_fails_only_the_asking_request(ll
     from pyengine.executor import prompt_logprobs
 
     monkeypatch.setattr(prompt_logprobs, "SLICE_POSITIONS", 4)
-    model = llm.engine.runner.model
+    model = llm.engine_core.runner.model
     head = model.compute_logits
 
     def small_batches_only(hidden):
@@ -141,7 +141,7 @@ def test_an_lm_head_failing_on_prompt_positions_fails_only_the_asking_request(ll
         return head(hidden)
 
     monkeypatch.setattr(model, "compute_logits", small_batches_only)
-    engine = AsyncEngine.from_engine_core(llm.engine)
+    engine = AsyncEngine.from_engine_core(llm.engine_core)
 
     async def run():
         asking = _last(engine, PROMPT, SamplingParams(max_tokens=3, prompt_logprobs=1), "asking-oom")
@@ -196,7 +196,7 @@ def test_bad_logprob_counts_are_refused_naming_the_field(llm, field, value, matc
 
 def test_prompt_logprobs_minus_one_is_the_whole_vocabulary(checkpoint):
     with LLM(str(checkpoint), max_logprobs=100_000) as llm:
-        vocab = llm.engine.vocab_size
+        vocab = llm.engine_core.vocab_size
         out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=1, prompt_logprobs=-1, detokenize=False),
                            use_tqdm=False)[0]
     assert [len(e) for e in out.prompt_logprobs[1:]] == [vocab, vocab]
@@ -210,7 +210,7 @@ def test_a_failure_computing_prompt_logprobs_fails_only_that_request(llm, monkey
         raise RuntimeError("out of memory (injected)")
 
     monkeypatch.setattr(model_runner, "compute_prompt_logprobs", broken)
-    engine = AsyncEngine.from_engine_core(llm.engine)
+    engine = AsyncEngine.from_engine_core(llm.engine_core)
 
     async def run():
         asking = _last(engine, PROMPT, SamplingParams(max_tokens=3, prompt_logprobs=1), "asking")
@@ -237,7 +237,7 @@ def test_async_and_multiprocess_engines_deliver_prompt_logprobs(checkpoint, llm)
     engine's (arrays across the link) equal the in-process engine's."""
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, prompt_logprobs=3, logprobs=2)
     want = llm.generate([PROMPT], params, use_tqdm=False)[0]
-    local = AsyncEngine.from_engine_core(llm.engine)
+    local = AsyncEngine.from_engine_core(llm.engine_core)
     remote = AsyncEngine(str(checkpoint), multiprocess=True, max_num_seqs=8)
     try:
         for engine in (local, remote):

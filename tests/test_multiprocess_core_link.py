@@ -146,7 +146,7 @@ def test_a_core_whose_front_end_reads_nothing_stops(checkpoint, tmp_path):
             front.commands.send_multipart([wire.core_identity(0), *to_core.encode(wire.Query(i, "stats"))])
         thread.join(30)
         assert not thread.is_alive(), "the core waited forever on a front end that reads nothing"
-        assert result == [0] and not core.engine.is_alive
+        assert result == [0] and not core.engine_core.is_alive
     finally:
         core.stop_requested.set()
         thread.join(30)

@@ -27,7 +27,7 @@ def healthy_params() -> SamplingParams:
 
 def run_together(llm, guilty: bool):
     """The 8 healthy requests, plus (when ``guilty``) one marked request, all in flight at once."""
-    core = llm.engine
+    core = llm.engine_core
     sinks = {}
     for i, prompt in enumerate(PROMPTS):
         sinks[f"ok-{i}"] = FaultySink(fail_on=0)

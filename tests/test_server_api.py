@@ -25,7 +25,7 @@ def served(tmp_path_factory):
     path = make_tiny_checkpoint(tmp_path_factory.mktemp("ckpt"))
     engine = AsyncEngine(path, max_num_seqs=256, max_model_len=512, num_kv_blocks=1024)
     with LiveServer(engine, ServerArgs(model_name=MODEL, stats_interval=0)) as server:
-        yield server, engine, LLM.from_engine_core(engine.engine)
+        yield server, engine, LLM.from_engine_core(engine.engine_core)
     engine.shutdown()
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "pyengine"
 SERVER = sorted((ROOT / "server").glob("*.py"))
-ENGINE_NAMES = {"engine", "_engine"}  # what the server calls its EngineClient
+ENGINE_NAMES = {"engine", "_engine", "engine_client"}  # what the server calls its EngineClient
 
 
 def _client_api() -> set[str]:
@@ -34,7 +34,7 @@ def _imports(tree: ast.AST) -> list[str]:
 
 
 def _is_engine(node: ast.expr) -> bool:
-    """``engine``, ``ctx.engine``, ``self.engine``..., the client as the server names it."""
+    """``engine``, ``ctx.engine_client``, ``self.engine_client``..., the client as the server names it."""
     return (isinstance(node, ast.Name) and node.id in ENGINE_NAMES) or (
         isinstance(node, ast.Attribute) and node.attr in ENGINE_NAMES)
 

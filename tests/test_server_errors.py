@@ -224,7 +224,7 @@ def test_chat_without_a_template_is_a_clear_400(synthetic):
 
 def test_a_failed_step_is_an_error_response_or_an_error_event(synthetic):
     server, engine = synthetic
-    faults = install_faulty_runner(engine.engine)
+    faults = install_faulty_runner(engine.engine_core)
     body = {"prompt": [1, 2], "max_tokens": 50, "ignore_eos": True}
     faults.fail_after(3)
     resp = post(server, "/v1/completions", body)
@@ -296,7 +296,7 @@ def _errors_500(server) -> float:
 
 def test_a_dead_engine_is_503_and_unhealthy(synthetic):
     server, engine = synthetic
-    engine.engine.sched._inject_panic()
+    engine.engine_core.sched._inject_panic()
     deadline = time.monotonic() + 5
     while engine.is_alive and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -45,7 +45,7 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 
 def test_health_turns_503_while_the_executor_hangs_and_recovers(served):
     server, engine = served
-    faults = install_faulty_runner(engine.engine)
+    faults = install_faulty_runner(engine.engine_core)
     assert health(server).status_code == 200
     watchdog = server.app.state.watchdog
     dumps = watchdog.dumps

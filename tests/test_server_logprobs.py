@@ -23,7 +23,7 @@ def served(tmp_path_factory):
     path = make_tiny_checkpoint(tmp_path_factory.mktemp("srvlp") / "qwen3", "qwen3", seed=5)
     engine = AsyncEngine(path, max_num_seqs=16, max_model_len=256)
     with LiveServer(engine, ServerArgs(model_name=MODEL, stats_interval=0)) as server:
-        yield server, LLM.from_engine_core(engine.engine)
+        yield server, LLM.from_engine_core(engine.engine_core)
     engine.shutdown()
 
 

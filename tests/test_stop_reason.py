@@ -23,7 +23,7 @@ def checkpoints(tmp_path_factory):
     try:
         first = llm.generate(PROMPT, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True),
                              use_tqdm=False)[0].outputs[0].token_ids[0]
-        eos = list(llm.engine.eos_token_ids)
+        eos = list(llm.engine_core.eos_token_ids)
     finally:
         llm.shutdown()
     assert first not in eos

@@ -103,8 +103,8 @@ def test_invalid_constraints_are_refused_before_queueing(llm, so, message):
         return
     with pytest.raises(InvalidRequestError, match=message):
         llm.generate(PROMPTS[:1], SamplingParams(structured_outputs=so), use_tqdm=False)
-    assert llm.engine.num_unfinished() == 0
-    assert llm.engine.is_alive
+    assert llm.engine_core.num_unfinished() == 0
+    assert llm.engine_core.is_alive
 
 
 def test_min_tokens_is_refused_with_a_constraint(llm):
@@ -125,7 +125,7 @@ def test_schema_references_resolve_locally(llm):
 
 
 def test_the_same_constraint_compiles_once(llm):
-    compiler = llm.engine.constraints.native
+    compiler = llm.engine_core.constraints.native
     schema = {"type": "object", "properties": {"k": {"enum": [1, 2, 3]}}, "required": ["k"]}
     before = compiler.stats()
     run(llm, StructuredOutputsParams(json=schema), prompts=PROMPTS[:2])
@@ -133,7 +133,7 @@ def test_the_same_constraint_compiles_once(llm):
     after = compiler.stats()
     assert after["compiled"] == before["compiled"] + 1
     assert after["cache_hits"] >= before["cache_hits"] + 3
-    first = llm.engine.constraints.compile(StructuredOutputsParams(json=schema))
+    first = llm.engine_core.constraints.compile(StructuredOutputsParams(json=schema))
     assert first.cached and first.kind == "json"
 
 
@@ -153,13 +153,13 @@ def test_pipeline_depth_one_and_two_give_the_same_tokens(checkpoint):
 def test_async_engine_compiles_off_the_event_loop(checkpoint):
     engine = AsyncEngine(str(checkpoint), max_num_seqs=8)
     threads = []
-    original = engine.engine.compile_structured_outputs
+    original = engine.engine_core.compile_structured_outputs
 
     def recording(params):
         threads.append(threading.current_thread())
         return original(params)
 
-    engine.engine.compile_structured_outputs = recording
+    engine.engine_core.compile_structured_outputs = recording
 
     async def main():
         loop_thread = threading.current_thread()
@@ -184,13 +184,13 @@ def test_greedy_choice_matches_transformers_with_a_brute_force_allowed_set(check
     import transformers
 
     choices = ["The quick brown fox", "The lazy dog", "Hello, world!", "scheduler plans"]
-    table = llm.engine.decode_table
-    eos = set(llm.engine.eos_token_ids)
+    table = llm.engine_core.decode_table
+    eos = set(llm.engine_core.eos_token_ids)
     special = {i for i, (a, b) in enumerate(zip(table.token_bytes, table.token_bytes_skipping_special)) if a and not b}
     targets = [c.encode() for c in choices]
     model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     for prompt in PROMPTS:
-        ids = llm.engine.tokenize(prompt)
+        ids = llm.engine_core.tokenize(prompt)
         out, text = [], b""
         while True:
             if any(t == text for t in targets) and not any(t.startswith(text) and t != text for t in targets):

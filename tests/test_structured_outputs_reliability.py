@@ -115,10 +115,10 @@ def test_concurrent_constrained_streams_with_preemption_aborts_and_n(checkpoint)
         results = asyncio.run(main())
         deadline = time.monotonic() + 10
         # Blocks return once no in-flight step references them: just after the last finish.
-        while (engine.engine.num_unfinished() or engine.engine.stats().kv_usage > 0) and time.monotonic() < deadline:
+        while (engine.engine_core.num_unfinished() or engine.engine_core.stats().kv_usage > 0) and time.monotonic() < deadline:
             time.sleep(0.05)
-        stats = engine.engine.stats()
-        compiled = [engine.engine.constraints.compile(constraint_of(schema)) for schema in SCHEMAS]
+        stats = engine.engine_core.stats()
+        compiled = [engine.engine_core.constraints.compile(constraint_of(schema)) for schema in SCHEMAS]
     finally:
         engine.shutdown()
 

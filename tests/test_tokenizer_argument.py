@@ -105,7 +105,7 @@ def test_the_multiprocess_front_end_learns_the_tokenizer_folder(llm, words):
     from pyengine.multiprocess.core_loop import core_info
 
     codec = wire.Codec(wire.Hello)
-    ready = codec.decode([bytes(f) for f in codec.encode(wire.Ready(0, core_info(llm.engine, 1),
+    ready = codec.decode([bytes(f) for f in codec.encode(wire.Ready(0, core_info(llm.engine_core, 1),
                                                                        wire.PROTOCOL_VERSION))])
     assert ready.info.tokenizer_path == str(words)
     assert Tokenizer.from_str(ready.info.tokenizer_json).encode("hello").ids == [2]

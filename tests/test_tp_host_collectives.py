@@ -147,7 +147,7 @@ def test_the_switch_sends_every_collective_through_gloo_with_the_same_tokens(qwe
     tokens = {}
     for disabled in (False, True):
         with LLM(str(qwen3), tensor_parallel_size=2, disable_custom_all_reduce=disabled, **ENGINE) as llm:
-            assert (llm.engine.runner.model.parallel.local is None) == disabled
+            assert (llm.engine_core.runner.model.parallel.local is None) == disabled
             tokens[disabled] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert tokens[False] == tokens[True]
 
@@ -159,7 +159,7 @@ import sys
 sys.path = [p for p in sys.path if p]
 from pyengine import LLM, SamplingParams
 llm = LLM(sys.argv[1], tensor_parallel_size=2, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=256)
-print(llm.engine.runner.workers[0].process.pid, flush=True)
+print(llm.engine_core.runner.workers[0].process.pid, flush=True)
 while True:
     llm.generate([[5, 6, 7]], SamplingParams(max_tokens=64, ignore_eos=True), use_tqdm=False)
     print("generated", flush=True)
@@ -206,12 +206,12 @@ def test_a_shared_memory_tmpfs_too_full_falls_back_to_gloo_with_a_warning(qwen3,
     collectives, saying why with the sizes; the tokens stay those of the segment's path."""
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     with LLM(str(qwen3), tensor_parallel_size=2, **ENGINE) as llm:
-        assert llm.engine.runner.model.parallel.local is not None
+        assert llm.engine_core.runner.model.parallel.local is not None
         expected = [o.outputs[0].token_ids for o in llm.generate([[5, 6, 7, 8]], params, use_tqdm=False)]
     monkeypatch.setattr(host_collectives, "free_shared_memory_bytes", lambda path="/dev/shm": 3 << 20)
     with caplog.at_level("WARNING", logger=host_collectives.__name__):
         with LLM(str(qwen3), tensor_parallel_size=2, **ENGINE) as llm:
-            assert llm.engine.runner.model.parallel.local is None, "the segment was made without room for it"
+            assert llm.engine_core.runner.model.parallel.local is None, "the segment was made without room for it"
             tokens = [o.outputs[0].token_ids for o in llm.generate([[5, 6, 7, 8]], params, use_tqdm=False)]
     assert tokens == expected
     warning = caplog.text

@@ -3,7 +3,7 @@
 The output thread hands each output to the caller's loop with
 ``loop.call_soon_threadsafe``; cancelling the consuming task (or leaving the ``async for``
 early) aborts the request. It is the in-process ``EngineClient``: the server sees only
-that interface, never the ``EngineCore`` behind ``self.engine``.
+that interface, never the ``EngineCore`` behind ``self.engine_core``.
 """
 
 from __future__ import annotations
@@ -67,14 +67,14 @@ class AsyncEngine(EngineClient):
     def __init__(self, model: Optional[Union[str, Path]] = None, *, multiprocess: bool = False,
                  **engine_args: Any) -> None:
         self.config = EngineConfig.from_kwargs(model, **engine_args)
-        self.engine = EngineCore(self.config)
+        self.engine_core = EngineCore(self.config)
         self._auto_ids = itertools.count()
 
     @classmethod
     def from_engine_core(cls, core: EngineCore) -> AsyncEngine:
         """Wraps an already built engine (e.g. one with a synthetic executor)."""
         engine = cls.__new__(cls)
-        engine.config, engine.engine, engine._auto_ids = core.config, core, itertools.count()
+        engine.config, engine.engine_core, engine._auto_ids = core.config, core, itertools.count()
         return engine
 
     @classmethod
@@ -119,8 +119,8 @@ class AsyncEngine(EngineClient):
         if isinstance(params, SamplingParams) and params.structured_outputs is not None:
             await self.prepare(params)
         sink = _LoopSink(asyncio.get_running_loop())
-        self.engine.add_request(rid, text, token_ids, params, sink, kind=kind, priority=priority)
-        async with aclosing(until_finished(sink.queue, lambda: self.engine.abort(rid))) as outputs:
+        self.engine_core.add_request(rid, text, token_ids, params, sink, kind=kind, priority=priority)
+        async with aclosing(until_finished(sink.queue, lambda: self.engine_core.abort(rid))) as outputs:
             async for item in outputs:
                 yield item
 
@@ -132,43 +132,43 @@ class AsyncEngine(EngineClient):
         if so is None:
             return
         so.validate()
-        if not self.engine.constraints.is_cached(so):
-            await asyncio.get_running_loop().run_in_executor(None, self.engine.compile_structured_outputs,
+        if not self.engine_core.constraints.is_cached(so):
+            await asyncio.get_running_loop().run_in_executor(None, self.engine_core.compile_structured_outputs,
                                                              sampling_params)
 
     async def abort(self, request_id: str) -> None:
         """Aborts a request; its stream ends with ``finish_reason == "abort"``."""
-        self.engine.abort(request_id)
+        self.engine_core.abort(request_id)
 
     # ---- the model and its text (EngineClient) ----
 
     @property
     def model_path(self) -> str:
-        return str(self.engine.model_path)
+        return str(self.engine_core.model_path)
 
     @property
     def tokenizer_path(self) -> str:
-        return str(self.engine.tokenizer_path)
+        return str(self.engine_core.tokenizer_path)
 
     @property
     def generation_defaults(self) -> dict[str, Any]:
-        return dict(self.engine.generation_defaults)
+        return dict(self.engine_core.generation_defaults)
 
     @property
     def max_model_len(self) -> int:
-        return int(self.engine.max_model_len)
+        return int(self.engine_core.max_model_len)
 
     @property
     def max_request_tokens(self) -> int:
         """``max_model_len``, or the whole KV pool's tokens when that is smaller: the
         scheduler refuses a request needing more blocks than the pool has."""
-        return int(self.engine.max_request_tokens)
+        return int(self.engine_core.max_request_tokens)
 
     @property
     def vocab_size(self) -> Optional[int]:
-        if self.engine.vocab_size:
-            return int(self.engine.vocab_size)
-        tokenizer = self.engine.tokenizer
+        if self.engine_core.vocab_size:
+            return int(self.engine_core.vocab_size)
+        tokenizer = self.engine_core.tokenizer
         return tokenizer.get_vocab_size() if tokenizer is not None else None
 
     @property
@@ -177,46 +177,46 @@ class AsyncEngine(EngineClient):
 
     @property
     def eos_token_ids(self) -> list[int]:
-        return list(self.engine.eos_token_ids)
+        return list(self.engine_core.eos_token_ids)
 
     @property
     def tokenizer_config(self) -> dict[str, Any]:
-        return self.engine.tokenizer_config
+        return self.engine_core.tokenizer_config
 
     @property
     def tokenizer(self) -> Any:
-        return self.engine.tokenizer
+        return self.engine_core.tokenizer
 
     @property
     def token_bytes(self) -> Optional[Sequence[bytes]]:
-        return getattr(self.engine.decode_table, "token_bytes", None)
+        return getattr(self.engine_core.decode_table, "token_bytes", None)
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        if add_special_tokens or self.engine.tokenizer is None:
-            return self.engine.tokenize(text)  # the engine's own (and its error without a tokenizer)
-        return encode_ids(self.engine.tokenizer, text, add_special_tokens=False)
+        if add_special_tokens or self.engine_core.tokenizer is None:
+            return self.engine_core.tokenize(text)  # the engine's own (and its error without a tokenizer)
+        return encode_ids(self.engine_core.tokenizer, text, add_special_tokens=False)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self.engine.decode(token_ids, skip_special_tokens)
+        return self.engine_core.decode(token_ids, skip_special_tokens)
 
     # ---- health, figures, lifetime (EngineClient) ----
 
     def health(self) -> EngineHealth:
-        pending = self.engine.num_unfinished()
-        return EngineHealth(self.engine.dead_reason(), self.engine.steps_executed, pending)
+        pending = self.engine_core.num_unfinished()
+        return EngineHealth(self.engine_core.dead_reason(), self.engine_core.steps_executed, pending)
 
     @property
     def is_alive(self) -> bool:
-        return self.engine.is_alive  # also False once shut down
+        return self.engine_core.is_alive  # also False once shut down
 
     def thread_stacks(self) -> list[ThreadStack]:
-        return self.engine.thread_stacks()
+        return self.engine_core.thread_stacks()
 
     def stats(self) -> EngineStats:
-        return self.engine.stats()
+        return self.engine_core.stats()
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        self.engine.shutdown(timeout)
+        self.engine_core.shutdown(timeout)
 
     async def __aenter__(self) -> AsyncEngine:
         return self

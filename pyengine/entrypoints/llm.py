@@ -66,7 +66,7 @@ class LLM(UnsupportedVllmMethods):
 
     def __init__(self, model: Optional[Union[str, Path]] = None, **engine_args: Any) -> None:
         self.config = EngineConfig.from_kwargs(model, **engine_args)
-        self.engine = EngineCore(self.config)
+        self.engine_core = EngineCore(self.config)
         self._request_ids = itertools.count()
         self._hf_tokenizer: Any = None  # built on first get_tokenizer()
         self._checkpoint_template: Optional[ChatTemplate] = None  # compiled on first chat()
@@ -76,7 +76,7 @@ class LLM(UnsupportedVllmMethods):
     def from_engine_core(cls, core: EngineCore) -> LLM:
         """Wraps an already built engine (e.g. one with a synthetic executor)."""
         llm = cls.__new__(cls)
-        llm.config, llm.engine, llm._request_ids = core.config, core, itertools.count()
+        llm.config, llm.engine_core, llm._request_ids = core.config, core, itertools.count()
         llm._hf_tokenizer = llm._checkpoint_template = llm._chat_tokenizer = None
         return llm
 
@@ -87,7 +87,7 @@ class LLM(UnsupportedVllmMethods):
         if getattr(self, "_hf_tokenizer", None) is None:
             from pyengine.inputs.tokenizer import hf_tokenizer
 
-            engine = self.engine
+            engine = self.engine_core
             self._hf_tokenizer = hf_tokenizer(self._checkpoint_folder(), engine.tokenizer, engine.tokenizer_config)
         return self._hf_tokenizer
 
@@ -100,10 +100,10 @@ class LLM(UnsupportedVllmMethods):
         return SamplingParams(**defaults) if defaults else SamplingParams()
 
     def _generation_defaults(self) -> dict[str, Any]:
-        return dict(self.engine.generation_defaults)
+        return dict(self.engine_core.generation_defaults)
 
     def _checkpoint_folder(self) -> Optional[Path]:
-        folder = Path(self.engine.tokenizer_path)
+        folder = Path(self.engine_core.tokenizer_path)
         return folder if folder.is_dir() else None
 
     def generate(
@@ -194,7 +194,7 @@ class LLM(UnsupportedVllmMethods):
         if continue_final_message and add_generation_prompt:
             raise InvalidRequestError("continue_final_message and add_generation_prompt are not compatible: "
                                       "pass add_generation_prompt=False to continue the final message")
-        if self.engine.tokenizer is None:
+        if self.engine_core.tokenizer is None:
             raise InvalidRequestError("this checkpoint has no tokenizer.json: LLM.chat needs one")
         from pyengine.inputs.chat_template import render_chat
 
@@ -219,10 +219,10 @@ class LLM(UnsupportedVllmMethods):
         from pyengine.inputs.chat_template import ChatTemplate, choose_chat_template, load_chat_template
 
         if given is not None:
-            return ChatTemplate(load_chat_template(given, "chat_template"), self.engine.tokenizer_config,
+            return ChatTemplate(load_chat_template(given, "chat_template"), self.engine_core.tokenizer_config,
                                 "chat_template")
         if self._checkpoint_template is None:
-            config = self.engine.tokenizer_config
+            config = self.engine_core.tokenizer_config
             choice = choose_chat_template(None, self._checkpoint_folder(), config.get("chat_template"))
             if choice is None:
                 raise InvalidRequestError("this checkpoint has no chat template (no chat_template in "
@@ -235,11 +235,11 @@ class LLM(UnsupportedVllmMethods):
         if self._chat_tokenizer is None:
             from pyengine.inputs.chat_text import ChatTokenizer
 
-            self._chat_tokenizer = ChatTokenizer(self.engine.tokenizer)
+            self._chat_tokenizer = ChatTokenizer(self.engine_core.tokenizer)
         return self._chat_tokenizer
 
     def _run(self, items: list, params: list, priorities: list[int], use_tqdm: Any, what: str) -> list:
-        engine = self.engine
+        engine = self.engine_core
         normalized = [normalize_prompt(p, engine.tokenize) for p in items]  # validate all first
         collector = _BatchCollector()
         ids: list[str] = []
@@ -267,7 +267,7 @@ class LLM(UnsupportedVllmMethods):
         """Waits for every request of the batch, refreshing ``progress`` with what finished
         and the tokens the engine generated meanwhile (its counter, so the display moves
         while requests run)."""
-        output_loop = getattr(self.engine, "output", None)
+        output_loop = getattr(self.engine_core, "output", None)
         generated_at_start = getattr(output_loop, "generated_tokens", 0)
         index = {rid: i for i, rid in enumerate(ids)}
         reported = 0  # collector.finished[:reported] went to the progress already
@@ -287,8 +287,8 @@ class LLM(UnsupportedVllmMethods):
                     raise collector.error
                 collector.cond.wait(_WAIT_SLICE_S)
                 report()
-                if collector.error is None and len(collector.results) < len(ids) and not self.engine.is_alive:
-                    raise EngineDeadError(self.engine.dead_reason() or "the engine stopped")
+                if collector.error is None and len(collector.results) < len(ids) and not self.engine_core.is_alive:
+                    raise EngineDeadError(self.engine_core.dead_reason() or "the engine stopped")
             if collector.error is not None:
                 raise collector.error
             report()
@@ -310,7 +310,7 @@ class LLM(UnsupportedVllmMethods):
 
         if lora_request is not None:
             raise InvalidRequestError("lora_request is not supported: this engine serves no LoRA adapters")
-        return run_offline(self.engine, prompts, params, self._beam_step, use_tqdm, concurrency_limit)
+        return run_offline(self.engine_core, prompts, params, self._beam_step, use_tqdm, concurrency_limit)
 
     def _beam_step(self, batch: Batch) -> list[Candidates]:
         """One beam-search step: the batch's sequences as one ``generate``-like batch."""
@@ -321,10 +321,10 @@ class LLM(UnsupportedVllmMethods):
 
     def stats(self) -> EngineStats:
         """Per-thread busy/idle time, step times, queue depths, KV usage, cache hit rate."""
-        return self.engine.stats()
+        return self.engine_core.stats()
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        self.engine.shutdown(timeout)
+        self.engine_core.shutdown(timeout)
 
     def __enter__(self) -> LLM:
         return self

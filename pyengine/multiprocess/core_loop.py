@@ -232,7 +232,7 @@ class CoreMainLoop:
         self.link = CoreLink(self.context, input_address, output_address, engine_index,
                              send_timeout=send_timeout or max(SEND_TIMEOUT_S, 2 * heartbeat_timeout))
         self.outbox = Outbox(self.link)
-        self.engine: Any = None
+        self.engine_core: Any = None
         self.stop_requested = threading.Event()  # a signal's way of asking for ``Shutdown``
         self.shutdown_timeout = SHUTDOWN_TIMEOUT_S
         # A request with a constraint is compiled (and then added) here, off the main
@@ -249,7 +249,7 @@ class CoreMainLoop:
             try:
                 from pyengine.engine.core import EngineCore
 
-                self.engine = EngineCore(self.config, after_event=self.outbox.flush)
+                self.engine_core = EngineCore(self.config, after_event=self.outbox.flush)
             except BaseException as error:  # noqa: BLE001 - reported to the front end, which exits with it
                 # Always on the core's stderr too: the LoadFailed can still be lost (a front end
                 # that died meanwhile), and a bug's traceback is what a report needs.
@@ -264,14 +264,14 @@ class CoreMainLoop:
             self.watch.serving(self._front_end_gone)
             if self.freeze_heap:
                 freeze_startup_heap()
-            self.link.hello(wire.Ready(self.engine_index, core_info(self.engine, os.getpid()), wire.PROTOCOL_VERSION))
+            self.link.hello(wire.Ready(self.engine_index, core_info(self.engine_core, os.getpid()), wire.PROTOCOL_VERSION))
             try:
                 self._serve()
             finally:
                 front_end_gone = self.watch.gone_reason is not None or self.link.stopping.is_set()
                 self.link.stopping.set()  # a send blocked on a front end that reads nothing gives up
                 try:
-                    self.engine.shutdown(timeout=self.shutdown_timeout)
+                    self.engine_core.shutdown(timeout=self.shutdown_timeout)
                 except EngineDeadError:
                     logger.exception("engine core %d: threads did not stop", self.engine_index)
                 # A compile still running ends in an add the dead engine refuses (a failure sent).
@@ -323,7 +323,7 @@ class CoreMainLoop:
                     if request_id in self._compiling:
                         self._aborted.add(request_id)
                         continue
-                self.engine.abort(request_id)
+                self.engine_core.abort(request_id)
         elif isinstance(message, wire.Query):
             self.link.send(self._answer(message))
 
@@ -343,7 +343,7 @@ class CoreMainLoop:
     def _compile_then_add(self, message: wire.AddRequest, params: SamplingParams) -> None:
         """The compile thread: compiles the constraint into the engine's cache, then adds."""
         try:
-            self.engine.compile_structured_outputs(params)
+            self.engine_core.compile_structured_outputs(params)
             self._add_now(message, params)
         except Exception as error:  # noqa: BLE001 - only this request fails, whatever it brought
             self._fail(message.request_id, error)
@@ -353,11 +353,11 @@ class CoreMainLoop:
                 aborted = message.request_id in self._aborted
                 self._aborted.discard(message.request_id)
             if aborted:
-                self.engine.abort(message.request_id)
+                self.engine_core.abort(message.request_id)
 
     def _add_now(self, message: wire.AddRequest, params: Any) -> None:
         ids = message.prompt_token_ids.tolist()
-        self.engine.add_request(message.request_id, None, ids, params, WireSink(self.outbox, message.request_id),
+        self.engine_core.add_request(message.request_id, None, ids, params, WireSink(self.outbox, message.request_id),
                                 kind=message.kind, priority=message.priority, make_text=not message.text_in_front_end)
 
     def _fail(self, request_id: str, error: Exception) -> None:
@@ -370,9 +370,9 @@ class CoreMainLoop:
         reply = wire.Reply(self.engine_index, query.query_id)
         try:
             if query.what == "stats":
-                reply.stats = self.engine.stats()
+                reply.stats = self.engine_core.stats()
             elif query.what == "stacks":
-                reply.stacks = self.engine.thread_stacks()
+                reply.stacks = self.engine_core.thread_stacks()
             else:
                 reply.error = f"unknown query {query.what!r}"
         except Exception as error:  # noqa: BLE001 - the asker gets the error; the core goes on
@@ -380,7 +380,7 @@ class CoreMainLoop:
         return reply
 
     def _status(self) -> wire.Status:
-        engine = self.engine
+        engine = self.engine_core
         reason = engine.dead_reason() or (None if engine.is_alive else "the engine was shut down")
         return wire.Status(self.engine_index, engine.steps_executed, engine.num_unfinished(), reason)
 

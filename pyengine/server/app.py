@@ -35,7 +35,7 @@ def build_context(engine: EngineClient, args: ServerArgs) -> ServerContext:
     # --chat-template, else the tokenizer folder's chat_template.jinja, else tokenizer_config's
     choice = choose_chat_template(args.chat_template, _tokenizer_folder(engine), engine.chat_template)
     return ServerContext(
-        engine=engine,
+        engine_client=engine,
         args=args,
         metrics=ServerMetrics(engine, args.model_name),
         monitor=ProgressMonitor(engine, args.stall_timeout),
@@ -68,7 +68,7 @@ def create_app(engine: EngineClient, args: ServerArgs) -> FastAPI:
         ctx.background.append(asyncio.ensure_future(watchdog.run()))
         if args.stats_interval > 0:
             ctx.background.append(asyncio.ensure_future(log_stats_forever(ctx, args.stats_interval)))
-        ctx.logger.info("server ready", model_path=ctx.engine.model_path, max_model_len=ctx.max_model_len,
+        ctx.logger.info("server ready", model_path=ctx.engine_client.model_path, max_model_len=ctx.max_model_len,
                         chat_template=ctx.chat_template_origin, api_key=args.api_key is not None)
         if ctx.sampling_defaults:  # vLLM says so too: answers differ from the plain defaults
             ctx.logger.info("sampling defaults from the checkpoint's generation_config.json (requests that set "

@@ -147,7 +147,7 @@ async def run_search(ctx: ServerContext, request: Request, prompts: list[list[in
     cancelled, which aborts its step's requests). Errors are API errors naming the
     request's field (``renames``: ours -> the request's)."""
     started = time.time()
-    search = asyncio.ensure_future(ctx.engine.beam_search([{"prompt_token_ids": ids} for ids in prompts], params,
+    search = asyncio.ensure_future(ctx.engine_client.beam_search([{"prompt_token_ids": ids} for ids in prompts], params,
                                                           request_id))
     watcher = asyncio.ensure_future(wait_disconnect(request))
     try:

@@ -20,7 +20,7 @@ from pyengine.text.token_pieces import TokenPieces
 
 @dataclass
 class ServerContext:
-    engine: EngineClient
+    engine_client: EngineClient  # the engine as the server sees it (never an EngineCore)
     args: ServerArgs
     metrics: ServerMetrics
     monitor: ProgressMonitor
@@ -39,7 +39,7 @@ class ServerContext:
         """What one request may hold (prompt plus generated tokens): the model's length,
         or less when the KV pool is smaller. Checks, defaults and /v1/models use it, so
         that what the server advertises is what the engine admits."""
-        return self.engine.max_request_tokens
+        return self.engine_client.max_request_tokens
 
     def check_model(self, model: Optional[str]) -> None:
         """A request may name this server's model or none; anything else is a 404, as
@@ -48,7 +48,7 @@ class ServerContext:
             raise model_not_found(model, self.args.model_name)
 
     def check_alive(self) -> None:
-        reason = self.engine.health().dead_reason
+        reason = self.engine_client.health().dead_reason
         if reason is not None:
             raise APIError(503, f"the engine cannot serve: {reason}", code="engine_dead")
 

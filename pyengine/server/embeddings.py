@@ -37,7 +37,7 @@ async def create_embedding(body: EmbeddingRequest, ctx: Context) -> JSONResponse
         check_length(ctx, len(ids), None, "input")
     request_id = ctx.new_id("embd")
     tasks = [
-        asyncio.ensure_future(ctx.engine.embed({"prompt_token_ids": ids}, PoolingParams(), f"{request_id}-{i}"))
+        asyncio.ensure_future(ctx.engine_client.embed({"prompt_token_ids": ids}, PoolingParams(), f"{request_id}-{i}"))
         for i, (_, ids) in enumerate(prompts)
     ]
     try:

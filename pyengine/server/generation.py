@@ -33,7 +33,7 @@ class GenerationSet:
 
     def __init__(self, engine: EngineClient, prompts: Sequence[list[int]], params: SamplingParams,
                  request_id: str) -> None:
-        self.engine = engine
+        self.engine_client = engine
         self.prompts = list(prompts)
         self.params = params
         self.request_id = request_id
@@ -57,7 +57,7 @@ class GenerationSet:
         compiles elsewhere (another process: ``prepare`` does nothing) refuses later, so
         for a constrained request each pump's first output or error is awaited too: an
         invalid schema is a 400, never a 200 stream that ends in an error."""
-        await self.engine.prepare(self.params)  # a constraint compiled off the loop, before any pump
+        await self.engine_client.prepare(self.params)  # a constraint compiled off the loop, before any pump
         for i, ids in enumerate(self.prompts):
             self._tasks.append(asyncio.ensure_future(self._pump(i, ids)))
         if request is not None:
@@ -78,7 +78,7 @@ class GenerationSet:
 
     async def _pump(self, index: int, prompt_token_ids: list[int]) -> None:
         try:
-            async for out in self.engine.generate(
+            async for out in self.engine_client.generate(
                 {"prompt_token_ids": prompt_token_ids}, self.params, self.engine_id(index), output_kind="delta"
             ):
                 self._queue.put_nowait((index, out))

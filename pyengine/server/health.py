@@ -45,14 +45,14 @@ class ProgressMonitor:
     """Tracks when the executor last finished a step (or had nothing to do)."""
 
     def __init__(self, engine: EngineClient, stall_timeout: float) -> None:
-        self.engine = engine
+        self.engine_client = engine
         self.stall_timeout = stall_timeout
         self._steps = engine.health().steps
         self._last_progress = time.monotonic()
 
     def check(self) -> Health:
         now = time.monotonic()
-        seen = self.engine.health()
+        seen = self.engine_client.health()
         pending = seen.num_unfinished
         if seen.dead_reason is not None:
             return Health("dead", seen.dead_reason, pending)
@@ -140,7 +140,7 @@ class Watchdog:
     async def step(self) -> Health:
         health = self.monitor.check()
         if health.status != "ok" and self.last.status == "ok":
-            details = await asyncio.to_thread(diagnose, self.monitor.engine)
+            details = await asyncio.to_thread(diagnose, self.monitor.engine_client)
             self.dumps += 1
             self.logger.error("engine unhealthy", status=health.status, reason=health.reason,
                               pending_requests=health.pending_requests, **details)

@@ -53,7 +53,7 @@ async def health(ctx: Context) -> JSONResponse:
     body = verdict.body()
     body["engines"] = [{"engine": i, "alive": h.alive, "steps": h.steps, "pending_requests": h.num_unfinished,
                         **({"reason": h.dead_reason} if h.dead_reason is not None else {})}
-                       for i, h in enumerate(ctx.engine.engine_health())]
+                       for i, h in enumerate(ctx.engine_client.engine_health())]
     return JSONResponse(body, status_code=200 if verdict.ok else 503)
 
 

@@ -41,18 +41,18 @@ class EngineCollector(Collector):
     ``pyengine:engine_alive`` says which cores serve."""
 
     def __init__(self, engine: EngineClient, model_name: str) -> None:
-        self.engine = engine
+        self.engine_client = engine
         self.model_name = model_name
 
     def collect(self) -> Iterator[Metric]:
         m = self.model_name
         alive = GaugeMetricFamily("pyengine:engine_alive", "1 while the engine core serves, 0 once it is dead.",
                                   labels=["model_name", "engine"])
-        for index, health in enumerate(self.engine.engine_health()):
+        for index, health in enumerate(self.engine_client.engine_health()):
             alive.add_metric([m, str(index)], 1.0 if health.alive else 0.0)
         yield alive
         try:
-            parts = sorted(self.engine.engine_stats().items())
+            parts = sorted(self.engine_client.engine_stats().items())
         except EngineError:
             parts = []  # no engine can answer: /health says why
         for kind, name, doc, value in _SERIES:

@@ -47,7 +47,7 @@ class Generation:
                     request_id: str) -> Generation:
         """Submits every prompt; a request the engine refuses is an error response (before
         anything is sent, so a 400 rather than a broken stream)."""
-        gen = GenerationSet(ctx.engine, prompts, params, request_id)
+        gen = GenerationSet(ctx.engine_client, prompts, params, request_id)
         try:
             await gen.start(request)
         except ClientDisconnected:  # while a constrained request was compiled: nobody reads this

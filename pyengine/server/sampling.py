@@ -31,7 +31,7 @@ def sampling_params(ctx: ServerContext, req: SamplingFields, *, max_tokens: Opti
     if best_of is not None and best_of > ctx.args.max_n:
         raise bad_request(f"best_of must be <= {ctx.args.max_n}, got {best_of}", "best_of")
     check_prompt_logprobs(ctx, prompt_logprobs)
-    max_logprobs = ctx.engine.max_logprobs
+    max_logprobs = ctx.engine_client.max_logprobs
     if logprobs is not None and logprobs > max_logprobs:
         raise bad_request(f"{renames.get('logprobs', 'logprobs')} must be <= {max_logprobs}, got {logprobs}",
                           renames.get("logprobs", "logprobs"))
@@ -71,11 +71,11 @@ def check_prompt_logprobs(ctx: ServerContext, prompt_logprobs: Optional[int]) ->
     the whole vocabulary)."""
     if prompt_logprobs is None:
         return
-    limit = ctx.engine.max_logprobs
+    limit = ctx.engine_client.max_logprobs
     if prompt_logprobs < -1:
         raise bad_request(f"prompt_logprobs must be >= 0, or -1 (the whole vocabulary), got {prompt_logprobs}",
                           "prompt_logprobs")
-    asked = ctx.engine.vocab_size if prompt_logprobs == -1 else prompt_logprobs
+    asked = ctx.engine_client.vocab_size if prompt_logprobs == -1 else prompt_logprobs
     if asked is None or asked > limit:
         raise bad_request(f"prompt_logprobs must be <= {limit} (the server's max_logprobs), got {prompt_logprobs}",
                           "prompt_logprobs")
@@ -122,11 +122,11 @@ def tokenize_prompts(ctx: ServerContext, prompt: Union[str, list[Any]], param: s
         raise bad_request(f"{param} holds {len(items)} prompts; at most {limit} are allowed per request", param,
                           "too_many_prompts")
     out: list[tuple[Optional[str], list[int]]] = []
-    vocab = ctx.engine.vocab_size  # ids at or beyond it would fail the whole batch's step
+    vocab = ctx.engine_client.vocab_size  # ids at or beyond it would fail the whole batch's step
     for item in items:
         if isinstance(item, str):
             try:
-                out.append((item, ctx.engine.tokenize(item)))
+                out.append((item, ctx.engine_client.tokenize(item)))
             except InvalidRequestError as error:
                 raise bad_request(str(error), param) from None
         else:

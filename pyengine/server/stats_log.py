@@ -16,7 +16,7 @@ async def log_stats_forever(ctx: ServerContext, interval: float) -> None:
     while True:
         await asyncio.sleep(interval)
         try:
-            stats = await asyncio.to_thread(ctx.engine.stats)
+            stats = await asyncio.to_thread(ctx.engine_client.stats)
         except EngineError:
             continue
         now = time.monotonic()

@@ -39,21 +39,21 @@ async def tokenize(body: TokenizeRequest, ctx: Context) -> TokenizeResponse:
     else:
         assert body.prompt is not None
         add_special = True if body.add_special_tokens is None else body.add_special_tokens
-        tokens = await off_the_loop_if_long(len(body.prompt), ctx.engine.tokenize, body.prompt, add_special)
+        tokens = await off_the_loop_if_long(len(body.prompt), ctx.engine_client.tokenize, body.prompt, add_special)
     strs = None
-    if body.return_token_strs and ctx.engine.tokenizer is not None:
-        strs = [ctx.engine.tokenizer.id_to_token(t) or "" for t in tokens]
+    if body.return_token_strs and ctx.engine_client.tokenizer is not None:
+        strs = [ctx.engine_client.tokenizer.id_to_token(t) or "" for t in tokens]
     return TokenizeResponse(count=len(tokens), max_model_len=ctx.max_model_len, tokens=tokens, token_strs=strs)
 
 
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, ctx: Context) -> DetokenizeResponse:
     ctx.check_model(body.model)
-    if ctx.engine.tokenizer is None:
+    if ctx.engine_client.tokenizer is None:
         raise bad_request("this model has no tokenizer: nothing can be detokenized", "tokens")
-    vocab = ctx.engine.vocab_size
+    vocab = ctx.engine_client.vocab_size
     if vocab is not None:
         for i, token in enumerate(body.tokens):
             if token >= vocab:
                 raise bad_request(f"tokens[{i}] is {token}, not a token id of this model (< {vocab})", "tokens")
-    return DetokenizeResponse(prompt=ctx.engine.decode(body.tokens, skip_special_tokens=False))
+    return DetokenizeResponse(prompt=ctx.engine_client.decode(body.tokens, skip_special_tokens=False))
