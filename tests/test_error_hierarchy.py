@@ -19,7 +19,7 @@ from pyengine import EngineError, KernelError, _kernels
 # only by test helpers.
 NOT_ENGINE_ERRORS = {
     "pyengine.server.errors.APIError",
-    "pyengine.server.generation.ClientDisconnected",
+    "pyengine.server.engine_requests.ClientDisconnected",
     "pyengine.server.limits.LimitRefusal",
     "pyengine.testing.hand_plan.HandPlanError",
 }

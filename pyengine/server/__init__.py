@@ -15,8 +15,9 @@ Module map (one concept each):
   ``info``: ``/v1/models`` (+ ``/{id}``), ``/version``, ``/health`` / ``/ping``, ``/metrics``;
   ``tokenizer_api``: vLLM's ``/tokenize`` and ``/detokenize``.
 - ``sampling``: request -> ``SamplingParams`` and token-id prompts, with 400s naming fields.
-- ``generation``: the engine requests of one HTTP request; client disconnects abort them.
-- ``respond``: what completions and chat share: start, collect a whole response, or
+- ``engine_requests``: ``EngineRequests``, the engine requests of one HTTP request; client
+  disconnects abort them.
+- ``respond``: ``ResponseRun``, what completions and chat share: start, collect a whole response, or
   stream (usage chunk, ``[DONE]``, disconnects, errors as events).
 - ``choices``: per-choice accumulation of deltas, usage, per-request metrics and log line.
 - ``sse``: the streaming wire format; ``tokens``: token text / bytes for logprobs.

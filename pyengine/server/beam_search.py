@@ -22,8 +22,8 @@ from pyengine.beam_search.outputs import BeamSearchOutput
 from pyengine.beam_search.params import BeamSearchParams
 from pyengine.errors import InvalidRequestError
 from pyengine.server.context import ServerContext
+from pyengine.server.engine_requests import wait_disconnect
 from pyengine.server.errors import bad_request, from_value_error, to_api_error
-from pyengine.server.generation import wait_disconnect
 from pyengine.server.offload import off_the_loop_if_long, text_size
 from pyengine.server.protocol import (
     ChatChoice,

@@ -34,7 +34,7 @@ from pyengine.server.protocol import (
     ChatMessage,
     ChatStreamChoice,
 )
-from pyengine.server.respond import Generation, wants_usage
+from pyengine.server.respond import ResponseRun, wants_usage
 from pyengine.server.sampling import check_length, default_max_tokens, sampling_params, truncate_prompts
 from pyengine.server.structured import name_constraint_error, structured_outputs_params
 from pyengine.server.tools import (
@@ -182,7 +182,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     if params.max_tokens is None:
         params.max_tokens = default_max_tokens(ctx, [len(prompt_ids)])
     try:
-        run = await Generation.start(ctx, request, [prompt_ids], params, ctx.new_id("chatcmpl"))
+        run = await ResponseRun.start(ctx, request, [prompt_ids], params, ctx.new_id("chatcmpl"))
     except APIError as error:  # a schema, regex or grammar the engine cannot compile: named as sent
         raise name_constraint_error(error, constraint_param) from None
     if body.stream:
@@ -199,7 +199,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
             finish_reason=finish_reason, stop_reason=c.stop_reason,
             token_ids=c.token_ids if body.return_token_ids else None,
         ))
-    response = ChatCompletionResponse(id=run.gen.request_id, model=ctx.args.model_name, choices=choices,
+    response = ChatCompletionResponse(id=run.requests.request_id, model=ctx.args.model_name, choices=choices,
                                       usage=run.tracker.usage(),
                                       prompt_token_ids=prompt_ids if body.return_token_ids else None,
                                       prompt_logprobs=prompt_logprobs_json(run.tracker.prompt_logprobs[0])
@@ -219,7 +219,7 @@ async def _beam_search(ctx: ServerContext, body: ChatCompletionRequest, request:
     return await beam_search_chat(ctx, body, request, plan, prompt_ids, max_tokens, tokens_param)
 
 
-def _stream(ctx: ServerContext, body: ChatCompletionRequest, run: Generation, top: int,
+def _stream(ctx: ServerContext, body: ChatCompletionRequest, run: ResponseRun, top: int,
             plan: ToolPlan) -> StreamingResponse:
     """Role chunks first (one per choice), then content deltas; with a tool-call parser,
     content and tool-call deltas as the parser finds them (a delta that brings neither,

@@ -20,7 +20,7 @@ from pyengine.server.protocol import (
     CompletionRequest,
     CompletionResponse,
 )
-from pyengine.server.respond import Generation, wants_usage
+from pyengine.server.respond import ResponseRun, wants_usage
 from pyengine.server.sampling import (
     check_length,
     default_max_tokens,
@@ -113,7 +113,7 @@ async def create_completion(body: CompletionRequest, request: Request,
         params.max_tokens = default_max_tokens(ctx, [len(ids) for _, ids in prompts])
     prompt_ids = [ids for _, ids in prompts]
     try:
-        run = await Generation.start(ctx, request, prompt_ids, params, ctx.new_id("cmpl"))
+        run = await ResponseRun.start(ctx, request, prompt_ids, params, ctx.new_id("cmpl"))
     except APIError as error:  # a schema, regex or grammar the engine cannot compile: named as sent
         raise name_constraint_error(error, constraint_param) from None
     echoes = [(text if text is not None else ctx.token_text.decode(ids)) if body.echo else "" for text, ids in prompts]
@@ -138,12 +138,12 @@ async def create_completion(body: CompletionRequest, request: Request,
             token_ids=choice.token_ids if body.return_token_ids else None,
             prompt_logprobs=prompt_logprobs_json(prompt_lps) if body.prompt_logprobs is not None else None,
         ))
-    response = CompletionResponse(id=run.gen.request_id, model=ctx.args.model_name, choices=choices,
+    response = CompletionResponse(id=run.requests.request_id, model=ctx.args.model_name, choices=choices,
                                   usage=run.tracker.usage())
     return JSONResponse(response.model_dump())
 
 
-def _stream(ctx: ServerContext, body: CompletionRequest, run: Generation, echoes: list[str],
+def _stream(ctx: ServerContext, body: CompletionRequest, run: ResponseRun, echoes: list[str],
             prompt_ids: list[list[int]]) -> StreamingResponse:
     """With ``echo`` or ``return_token_ids``, a first chunk per choice carries the prompt;
     then text deltas."""

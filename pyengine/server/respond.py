@@ -20,8 +20,8 @@ from pydantic import BaseModel
 from pyengine.sampling_params import SamplingParams
 from pyengine.server.choices import ChoiceDelta, ChoiceTracker
 from pyengine.server.context import ServerContext
+from pyengine.server.engine_requests import ClientDisconnected, EngineRequests
 from pyengine.server.errors import APIError, to_api_error
-from pyengine.server.generation import ClientDisconnected, GenerationSet
 from pyengine.server.protocol import SamplingFields
 from pyengine.server.sse import DONE, error_event, event, sse_response
 
@@ -34,34 +34,35 @@ def wants_usage(body: SamplingFields) -> bool:
     return body.stream_options is not None and body.stream_options.include_usage
 
 
-class Generation:
-    """The engine requests behind one HTTP request and the choices they feed."""
+class ResponseRun:
+    """One completion or chat response in progress: its ``EngineRequests`` and the choices
+    they feed, collected whole or streamed."""
 
-    def __init__(self, ctx: ServerContext, gen: GenerationSet, tracker: ChoiceTracker) -> None:
+    def __init__(self, ctx: ServerContext, requests: EngineRequests, tracker: ChoiceTracker) -> None:
         self.ctx = ctx
-        self.gen = gen
+        self.requests = requests
         self.tracker = tracker
 
     @classmethod
     async def start(cls, ctx: ServerContext, request: Request, prompts: list[list[int]], params: SamplingParams,
-                    request_id: str) -> Generation:
+                    request_id: str) -> ResponseRun:
         """Submits every prompt; a request the engine refuses is an error response (before
         anything is sent, so a 400 rather than a broken stream)."""
-        gen = GenerationSet(ctx.engine_client, prompts, params, request_id)
+        requests = EngineRequests(ctx.engine_client, prompts, params, request_id)
         try:
-            await gen.start(request)
+            await requests.start(request)
         except ClientDisconnected:  # while a constrained request was compiled: nobody reads this
             ctx.metrics.disconnects.labels(ctx.args.model_name).inc()
             raise APIError(499, "the client disconnected") from None
         except Exception as error:  # noqa: BLE001 - refused by the engine: an error response
             raise to_api_error(error) from None
-        return cls(ctx, gen, ChoiceTracker(ctx, request_id, [len(ids) for ids in prompts], params.n))
+        return cls(ctx, requests, ChoiceTracker(ctx, request_id, [len(ids) for ids in prompts], params.n))
 
     async def collect(self) -> Optional[Response]:
         """Feeds every output to the tracker (its choices are then complete). Returns a 499
         when the client went away (nobody reads it: it only ends the handler), else None."""
         try:
-            async for index, out in self.gen.outputs():
+            async for index, out in self.requests.outputs():
                 self.tracker.apply(index, out)
         except ClientDisconnected:
             self._count_disconnect()
@@ -69,7 +70,7 @@ class Generation:
         except Exception as error:  # noqa: BLE001 - the engine failed the request
             raise to_api_error(error) from None
         finally:
-            self.gen.close()
+            self.requests.close()
         return None
 
     def stream(self, chunk_type: ChunkType, head: Iterable[BaseModel],
@@ -83,11 +84,11 @@ class Generation:
     async def _events(self, chunk_type: ChunkType, head: Iterable[BaseModel],
                       delta: Callable[[ChoiceDelta], Optional[BaseModel]], usage: bool) -> AsyncIterator[bytes]:
         created = int(time.time())
-        request_id, model = self.gen.request_id, self.ctx.args.model_name
+        request_id, model = self.requests.request_id, self.ctx.args.model_name
         try:
             for choice in head:
                 yield event(chunk_type(id=request_id, created=created, model=model, choices=[choice]))
-            async for index, out in self.gen.outputs():
+            async for index, out in self.requests.outputs():
                 for d in self.tracker.apply(index, out):
                     choice = delta(d)
                     if choice is not None:
@@ -105,7 +106,7 @@ class Generation:
             yield error_event(to_api_error(error))
             yield DONE
         finally:
-            self.gen.close()
+            self.requests.close()
 
     def _count_disconnect(self) -> None:
         self.ctx.metrics.disconnects.labels(self.ctx.args.model_name).inc()

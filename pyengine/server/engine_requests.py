@@ -1,4 +1,4 @@
-"""``GenerationSet``: the engine requests behind one HTTP request, run together.
+"""``EngineRequests``: the engine requests behind one HTTP request, run together.
 
 A completion with several prompts is one engine request per prompt; their outputs are
 merged into one stream of ``(prompt_index, RequestOutput)``. Engine requests are started
@@ -28,7 +28,7 @@ class ClientDisconnected(Exception):
 _Item = Union[tuple[int, RequestOutput], BaseException]
 
 
-class GenerationSet:
+class EngineRequests:
     """Engine requests ``{request_id}-{i}`` for each prompt ``i``, consumed together."""
 
     def __init__(self, engine: EngineClient, prompts: Sequence[list[int]], params: SamplingParams,
