@@ -16,6 +16,11 @@ intermediate 1024, vocabulary 4096), random weights, float32, CPU. Measured in o
   two so both see the same machine.
 
 Usage: python benches/mla.py [--json] [--steps N] [--batch N] [--context N] [--threads N]
+
+One run (1 thread, batch 8, context 512, 6 steps; 2 cores shared with other jobs, load
+average 15, so the times are loose): latent 2304 B against expanded 20480 B per token and
+layer (8.89x; 14563 against 1638 blocks of 16 tokens per GiB); decode 253 ms absorbed
+against 6389 ms expanded per step (25x), the same 64 of 64 greedy tokens.
 """
 
 from __future__ import annotations

@@ -46,3 +46,20 @@ def test_two_ranks_generate_transformers_tokens(variant, tmp_path):
         stats = llm.stats()
     assert got == reference
     assert stats.prefix_cache_hit_rate > 0
+
+
+def test_sizes_that_do_not_split_are_config_errors_naming_them(tmp_path):
+    """4 heads and 32 expert features split over 2 ranks, not over 3 (heads) or 64 (features)."""
+    import dataclasses
+
+    from pyengine.errors import InvalidConfigError
+    from pyengine.models.architectures import check_tensor_parallel
+    from pyengine.models.loader import read_model_config
+
+    config = read_model_config(make_tiny_checkpoint(tmp_path / "m", "deepseek_v3", **DEEPSEEK_MOE))
+    check_tensor_parallel(config, 2)
+    with pytest.raises(InvalidConfigError, match="num_attention_heads"):
+        check_tensor_parallel(config, 3)
+    moe = dataclasses.replace(config.deepseek_moe, moe_intermediate_size=30)
+    with pytest.raises(InvalidConfigError, match="moe_intermediate_size"):
+        check_tensor_parallel(dataclasses.replace(config, num_attention_heads=8, deepseek_moe=moe), 4)
