@@ -165,3 +165,29 @@ def test_int8_quantization_leaves_the_up_projections_dense(checkpoint):
     attention = runner.model.layers[0].self_attn
     assert attention.o_proj.quantized is not None and attention.kv_b_proj.weight.device.type == "cpu"
     assert torch.allclose(logits[0], logits[1], atol=0.1)
+
+
+def test_a_sharded_checkpoint_with_mtp_layers_loads_as_published(tmp_path):
+    """Published V3 is sharded and carries its multi-token-prediction layer after the last
+    decoder layer (``model.layers.61`` of 61): the layer is skipped, the rest loads."""
+    import json
+
+    from safetensors.torch import save_file
+
+    plain = make_tiny_checkpoint(tmp_path / "plain", "deepseek_v3", seed=5, **DEEPSEEK_MOE)
+    sharded = make_tiny_checkpoint(tmp_path / "sharded", "deepseek_v3", seed=5, max_shard_size="40KB", **DEEPSEEK_MOE)
+    index_path = sharded / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    mtp = {"model.layers.2.eh_proj.weight": torch.zeros(64, 128), "model.layers.2.enorm.weight": torch.ones(64)}
+    save_file(mtp, sharded / "mtp.safetensors", metadata={"format": "pt"})
+    index["weight_map"].update({name: "mtp.safetensors" for name in mtp})
+    index_path.write_text(json.dumps(index))
+    prompt = np.random.default_rng(3).integers(0, VOCAB, 30).tolist()
+    logits = []
+    for folder in (plain, sharded):
+        runner = ModelRunner.from_pretrained(folder, ExecutorConfig(max_num_seqs=4, max_model_len=256, num_kv_blocks=16))
+        planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=4)
+        planner.add(prompt)
+        logits.append(runner.execute(planner.next_plan(), return_logits=True).logits)
+    torch.testing.assert_close(logits[1], logits[0])
