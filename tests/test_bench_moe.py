@@ -1,0 +1,20 @@
+"""benches/moe.py runs end to end on a tiny workload and reports both models and their ratio."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches"))
+import moe  # noqa: E402
+
+
+def test_moe_bench_reports_dense_moe_and_ratio(capsys):
+    moe.main(["--batch", "2", "--prompt-len", "4", "--output-len", "3", "--repeats", "1", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert result["workload"] == {"batch": 2, "prompt_len": 4, "output_len": 3, "repeats": 1, "experts": 8, "top_k": 2}
+    assert result["dense_tokens_per_s"] > 0 and result["moe_tokens_per_s"] > 0
+    expected = result["moe_tokens_per_s"] / result["dense_tokens_per_s"]
+    assert abs(result["moe_over_dense"] - expected) <= 0.05 * expected + 0.001  # rates rounded to 0.1
+    assert result["passes_bar"] == (result["moe_over_dense"] >= 0.7)
