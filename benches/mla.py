@@ -152,14 +152,14 @@ def kv_figures(runner: ModelRunner) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--steps", type=int, default=8, help="timed decode steps of each kind")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         folder = make_tiny_checkpoint(Path(tmp) / "mla", "deepseek_v2", vocab_size=VOCAB, seed=0, **MODEL)
@@ -178,7 +178,7 @@ def main() -> None:
     absorbed_ms = statistics.median(times["absorbed"]) * 1e3
     expanded_ms = statistics.median(times["expanded"]) * 1e3
     result = {
-        "threads": args.threads,
+        "workload": {"batch": args.batch, "context": args.context, "steps": args.steps, "threads": args.threads},
         "model": {**MODEL, "vocab_size": VOCAB},
         **kv,
         "decode_batch": args.batch,
@@ -198,7 +198,8 @@ def main() -> None:
           f"{kv['blocks_per_GiB_latent']} vs {kv['blocks_per_GiB_expanded']}")
     print(f"implied by published dims: {kv['implied_by_published']}")
     print(f"decode, batch {args.batch}, context {args.context} ({args.threads} threads): absorbed "
-          f"{absorbed_ms:.2f} ms/step, expanded {expanded_ms:.2f} ms/step ({result['decode_expanded_over_absorbed']}x)")
+          f"{absorbed_ms:.2f} ms/step, expanded {expanded_ms:.2f} ms/step ({result['decode_expanded_over_absorbed']}x); "
+          f"greedy tokens agree {result['decode_tokens_agree']}")
 
 
 if __name__ == "__main__":
