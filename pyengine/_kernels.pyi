@@ -33,13 +33,17 @@ def paged_decode_attention(
     seq_lens: npt.NDArray[np.int32],
     scale: float,
     num_threads: int = 1,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> None:
     """Single-query attention of each row over its paged context, written into ``out``.
 
     ``query`` and ``out`` are ``[rows, heads, head_dim]``; the caches are one layer's
     ``[num_blocks, block_size, kv_heads, head_dim]``; row r attends to the first
     ``seq_lens[r]`` slots named by ``block_tables[r]`` (``[rows, width]``), with scores
-    ``q . k * scale``. All arrays C-contiguous. Runs with the GIL released, on
+    ``q . k * scale``; with ``window > 0`` to the last ``window`` of them only (the blocks
+    before are not read), and with ``softcap > 0`` the scores become
+    ``softcap * tanh(score / softcap)``. All arrays C-contiguous. Runs with the GIL released, on
     ``num_threads`` threads (PyTorch's OpenMP team when libgomp is loaded). Raises
     ``KernelError`` (a ``ValueError``) for inconsistent shapes, lengths beyond a table or unknown block ids.
     """

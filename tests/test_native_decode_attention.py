@@ -106,3 +106,46 @@ def test_contiguous_reference_with_the_native_kernel_matches_sdpa(tmp_path):
             steps.append(contiguous_step(model, cache, steps[-1].argmax(-1, keepdim=True)))
         logits.append(torch.stack(steps))
     torch.testing.assert_close(logits[1], logits[0], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("window", [1, 7, 16, 50])
+def test_a_window_equals_attention_over_the_last_positions(window):
+    """``window`` = the same attention over the last ``window`` positions only, whose
+    blocks start mid-table and mid-block."""
+    seq_lens = [1, 17, 200, 33, 64, 5, 129]
+    query, keys, values, tables, lens = _case(len(seq_lens), 4, 2, 64, 16, seq_lens)
+    out = torch.full_like(query, float("nan"))
+    _kernels.paged_decode_attention(
+        out.numpy(), query.numpy(), keys.numpy(), values.numpy(), tables.numpy(), lens, 64**-0.5, 2,
+        window=window,
+    )
+    expected = torch.empty_like(query)
+    for row, n in enumerate(seq_lens):
+        blocks = tables[row, : -(-n // 16)].long()
+        first = max(0, n - window)
+        k = keys[blocks].flatten(0, 1)[first:n].transpose(0, 1)
+        v = values[blocks].flatten(0, 1)[first:n].transpose(0, 1)
+        expected[row] = F.scaled_dot_product_attention(query[row][:, None], k, v, enable_gqa=True)[:, 0]
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_softcap_caps_the_scores_before_the_softmax():
+    seq_lens = [9, 40]
+    query, keys, values, tables, lens = _case(2, 4, 2, 64, 16, seq_lens)
+    query *= 5.0
+    out = torch.empty_like(query)
+    _kernels.paged_decode_attention(
+        out.numpy(), query.numpy(), keys.numpy(), values.numpy(), tables.numpy(), lens, 0.125, 1, softcap=3.0
+    )
+    for row, n in enumerate(seq_lens):
+        blocks = tables[row, : -(-n // 16)].long()
+        k = keys[blocks].flatten(0, 1)[:n].transpose(0, 1)  # [kv_heads, n, d]
+        v = values[blocks].flatten(0, 1)[:n].transpose(0, 1)
+        q = query[row].view(2, 2, 64)
+        scores = torch.tanh(q @ k.transpose(1, 2) * 0.125 / 3.0) * 3.0
+        expected = (torch.softmax(scores, -1) @ v).reshape(4, 64)
+        torch.testing.assert_close(out[row], expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="softcap"):
+        _kernels.paged_decode_attention(
+            out.numpy(), query.numpy(), keys.numpy(), values.numpy(), tables.numpy(), lens, 0.125, 1, softcap=-1.0
+        )

@@ -58,7 +58,7 @@ fn contiguous_mut<'a, T>(
 
 /// Decode attention over one layer's paged cache; see `rust_sched/kernels/src/paged_decode.rs`.
 #[pyfunction]
-#[pyo3(signature = (out, query, key_cache, value_cache, block_tables, seq_lens, scale, num_threads = 1))]
+#[pyo3(signature = (out, query, key_cache, value_cache, block_tables, seq_lens, scale, num_threads = 1, window = 0, softcap = 0.0))]
 #[allow(clippy::too_many_arguments)]
 pub fn paged_decode_attention(
     py: Python<'_>,
@@ -70,6 +70,8 @@ pub fn paged_decode_attention(
     seq_lens: PyReadonlyArray1<'_, i32>,
     scale: f32,
     num_threads: usize,
+    window: usize,
+    softcap: f32,
 ) -> PyResult<()> {
     check_disjoint(
         &[("out", span(&**out))],
@@ -103,6 +105,8 @@ pub fn paged_decode_attention(
         table_width: block_tables.shape()[1],
         seq_lens: contiguous("seq_lens", seq_lens.as_slice())?,
         scale,
+        window,
+        softcap,
     };
     let out = contiguous_mut("out", out.as_slice_mut())?;
     call(py, || pyengine_kernels::paged_decode_attention(&queries, &kv, out, num_threads))
