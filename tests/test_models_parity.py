@@ -27,6 +27,12 @@ VARIANTS = {
     "qwen2_bias": ("qwen2", {}),
     "qwen3_qk_norm": ("qwen3", {}),
     "qwen3_odd_heads": ("qwen3", dict(num_attention_heads=3, num_key_value_heads=1, head_dim=24)),
+    # Sliding windows of 20 tokens (prompts and generations run past them), Gemma, Phi-3.
+    "mistral_window": ("mistral_window", {}),
+    "qwen2_window_layers": ("qwen2_window", {}),
+    "gemma2_softcap": ("gemma2", {}),
+    "gemma3_local_rope": ("gemma3", {}),
+    "phi3_longrope_fused": ("phi3", {}),
 }
 
 

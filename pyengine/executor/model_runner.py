@@ -200,7 +200,9 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states of every token and float32 logits of ``logits_indices`` (the
         tensor-parallel rank 0 runs this with its collectives, see ``tensor_parallel``)."""
-        hidden = self.model(input_ids, positions, self.attention_backend.bind(self.kv_cache, layout))
+        hidden = self.model(
+            input_ids, positions, self.attention_backend.bind(self.kv_cache, layout), _context_lens(self.model, layout)
+        )
         if logits_indices.numel() == 0:
             return hidden, hidden.new_zeros(0, self.model.config.vocab_size, dtype=torch.float32)
         return hidden, self.model.compute_logits(hidden.index_select(0, logits_indices))
@@ -316,6 +318,15 @@ def _max_model_len(config: ExecutorConfig, max_positions: int) -> int:
             f"max_model_len ({config.max_model_len}) exceeds the model's max_position_embeddings ({max_positions})"
         )
     return config.max_model_len
+
+
+def _context_lens(model: torch.nn.Module, layout: StepAttentionLayout) -> Optional[torch.Tensor]:
+    """Each token's sequence length after the step, for a rotary that depends on it
+    (longrope, ``models/rope.py``); None for every other model (no per-step cost)."""
+    if not model.rotary.needs_context_lens:
+        return None
+    lengths = np.repeat(layout.seq_lens.astype(np.int64), layout.num_scheduled_tokens.astype(np.int64))
+    return torch.from_numpy(lengths).to(layout.slot_mapping.device)
 
 
 def _to_device(array: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

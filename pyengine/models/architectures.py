@@ -12,8 +12,10 @@ from pyengine.models.decoder import (
 )
 from pyengine.models.deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from pyengine.models.errors import UnsupportedModelError
+from pyengine.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
 from pyengine.models.moe_families import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 from pyengine.models.parallel import ParallelContext
+from pyengine.models.phi3 import Phi3ForCausalLM
 
 MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -25,6 +27,9 @@ MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
 }
 
 

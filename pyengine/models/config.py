@@ -14,15 +14,18 @@ from pyengine.models.deepseek_config import (
     refuse_deepseek_extras,
 )
 from pyengine.models.errors import UnsupportedModelError
+from pyengine.models.layer_config import gemma3_rope_parts, gemma_fields, layer_windows
 from pyengine.models.moe_config import MoeConfig, parse_moe_config
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 @dataclass(frozen=True, slots=True)
 class RopeConfig:
-    """Rotary embedding parameters (``rope_type`` "default", "linear", "llama3" or "yarn";
-    the yarn fields are read by ``models/rope_yarn.py``)."""
+    """Rotary embedding parameters (``rope_type`` "default", "linear", "llama3", "yarn" or
+    "longrope"; the yarn fields are read by ``models/rope_yarn.py``; longrope is Phi-3's
+    per-frequency ``short_factor`` / ``long_factor``, the long ones for sequences past
+    ``original_max_position_embeddings``, cos/sin times ``attention_factor``)."""
 
     theta: float = 10000.0
     rope_type: str = "default"
@@ -36,6 +39,8 @@ class RopeConfig:
     mscale_all_dim: Optional[float] = None
     attention_factor: Optional[float] = None
     truncate: bool = True
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +67,17 @@ class DecoderConfig:
     mla: Optional[MlaConfig] = None
     deepseek_moe: Optional[DeepseekMoeConfig] = None
     moe: Optional[MoeConfig] = None  # mixture-of-experts fields (moe_config.py); None: dense
+    # Sliding window of each layer (None: whole context); () when no layer has one.
+    layer_windows: tuple[Optional[int], ...] = ()
+    hidden_act: str = "silu"  # the gated MLP's activation: "silu" or "gelu_pytorch_tanh" (Gemma)
+    attention_scale: Optional[float] = None  # None: head_dim ** -0.5
+    attn_logit_softcap: Optional[float] = None
+    final_logit_softcap: Optional[float] = None
+    local_rope: Optional[RopeConfig] = None  # Gemma 3's sliding layers' own rotary base
+
+    def layer_window(self, layer_index: int) -> Optional[int]:
+        """The sliding window of layer ``layer_index`` (None: it sees the whole context)."""
+        return self.layer_windows[layer_index] if self.layer_windows else None
 
     @property
     def model_type(self) -> str:
@@ -80,6 +96,9 @@ _ARCH_FLAVOURS = {
     "Qwen2MoeForCausalLM": (True, False),
     "Qwen3MoeForCausalLM": (False, True),
     "MixtralForCausalLM": (False, False),
+    "Gemma2ForCausalLM": (False, False),
+    "Gemma3ForCausalLM": (False, True),
+    "Phi3ForCausalLM": (False, False),
 }
 _MODEL_TYPE_TO_ARCH = {
     "llama": "LlamaForCausalLM",
@@ -91,6 +110,9 @@ _MODEL_TYPE_TO_ARCH = {
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 
 
@@ -103,8 +125,8 @@ def parse_decoder_config(raw: dict[str, Any]) -> DecoderConfig:
     """Validate a config.json dict and turn it into a :class:`DecoderConfig`.
 
     Raises :class:`UnsupportedModelError` naming the offending field for anything the
-    models do not implement (another architecture, a sliding window, an unknown rope type,
-    a non-SiLU activation, biases other than Qwen2's qkv bias).
+    models do not implement (another architecture, an unknown layer kind or rope type,
+    another activation, biases other than Qwen2's qkv bias).
     """
     architecture = _architecture(raw)
     if architecture in DEEPSEEK_ARCHITECTURES:  # num_key_value_heads means nothing under MLA
@@ -127,6 +149,7 @@ def parse_decoder_config(raw: dict[str, Any]) -> DecoderConfig:
         raise UnsupportedModelError(f"attention_bias: true is not supported for {architecture}")
     qkv_bias = bool(raw.get("qkv_bias", True)) if architecture == "Qwen2MoeForCausalLM" else qkv_bias_default
     num_layers = _required_int(raw, "num_hidden_layers")
+    rope, local_rope = _rope_configs(raw, architecture)
     eos = raw.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
     return DecoderConfig(
@@ -140,13 +163,16 @@ def parse_decoder_config(raw: dict[str, Any]) -> DecoderConfig:
         head_dim=int(head_dim),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=max_positions,
-        rope=_rope_config(raw),
+        rope=rope,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         qkv_bias=qkv_bias,
         qk_norm=qk_norm,
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=eos_ids,
         moe=parse_moe_config(raw, architecture, num_layers),
+        layer_windows=layer_windows(raw, architecture, num_layers),
+        local_rope=local_rope,
+        **gemma_fields(raw, architecture),
     )
 
 
@@ -204,40 +230,43 @@ def _required_int(raw: dict[str, Any], name: str) -> int:
 
 def _refuse_unsupported_features(raw: dict[str, Any], architecture: str, max_positions: int) -> None:
     activation = raw.get("hidden_act", "silu")
-    if activation != "silu":
+    if activation != "silu" and architecture not in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
         raise UnsupportedModelError(f"hidden_act: {activation!r} is not supported (only 'silu')")
     if raw.get("mlp_bias"):
         raise UnsupportedModelError("mlp_bias: true is not supported")
-    window = raw.get("sliding_window")
-    uses_window = raw.get("use_sliding_window", architecture in ("MistralForCausalLM", "MixtralForCausalLM"))
-    if uses_window and window is not None and int(window) < max_positions:
-        raise UnsupportedModelError(
-            f"sliding_window: {window} is not supported (sliding-window attention is not implemented; "
-            f"only windows >= max_position_embeddings ({max_positions}) are accepted)"
-        )
-    layer_types = raw.get("layer_types")
-    if layer_types and any(kind != "full_attention" for kind in layer_types):
-        raise UnsupportedModelError(
-            f"layer_types: only 'full_attention' layers are supported, got {sorted(set(layer_types))}"
-        )
+    # Sliding windows (layer_config.layer_windows) are run; unknown layer kinds refused there.
 
 
-def _rope_config(raw: dict[str, Any]) -> RopeConfig:
+def _rope_configs(raw: dict[str, Any], architecture: str) -> tuple[RopeConfig, Optional[RopeConfig]]:
+    """The rotary parameters of the (global) layers, and Gemma 3's local layers' own."""
+    if architecture != "Gemma3ForCausalLM":
+        return _rope_config(raw), None
+    full, local = gemma3_rope_parts(raw)
+    return _rope_config(raw, full), _rope_config(raw, local)
+
+
+def _rope_config(raw: dict[str, Any], params: Optional[dict[str, Any]] = None) -> RopeConfig:
     # transformers 5 writes `rope_parameters` (theta inside); older checkpoints write
     # `rope_theta` and an optional `rope_scaling`.
-    params = dict(raw.get("rope_parameters") or {})
-    scaling = raw.get("rope_scaling") or {}
-    merged = {**scaling, **params}
+    if params is None:
+        params = dict(raw.get("rope_parameters") or {})
+        scaling = raw.get("rope_scaling") or {}
+        merged = {**scaling, **params}
+    else:
+        merged = dict(params)
     theta = float(merged.get("rope_theta", raw.get("rope_theta", 10000.0)))
     rope_type = merged.get("rope_type", merged.get("type", "default"))
+    rope_type = "longrope" if rope_type == "su" else rope_type  # Phi-3's first name for it
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedModelError(
             f"rope_scaling.rope_type: {rope_type!r} is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
         )
-    if raw.get("partial_rotary_factor", 1.0) != 1.0:
+    if raw.get("partial_rotary_factor", 1.0) != 1.0 or merged.get("partial_rotary_factor", 1.0) != 1.0:
         raise UnsupportedModelError("partial_rotary_factor: only 1.0 is supported")
     if rope_type == "yarn":
         return yarn_rope_config(merged, theta, int(raw.get("max_position_embeddings") or 2048))
+    if rope_type == "longrope":
+        return _longrope_config(raw, merged, theta)
     return RopeConfig(
         theta=theta,
         rope_type=rope_type,
@@ -269,4 +298,35 @@ def yarn_rope_config(merged: dict[str, Any], theta: float, max_positions: int) -
         mscale_all_dim=optional("mscale_all_dim"),
         attention_factor=optional("attention_factor"),
         truncate=bool(merged.get("truncate", True)),
+    )
+
+
+def _longrope_config(raw: dict[str, Any], merged: dict[str, Any], theta: float) -> RopeConfig:
+    """Phi-3's longrope, with transformers' defaults: ``factor`` = max / original positions,
+    ``attention_factor`` = sqrt(1 + ln(factor) / ln(original)) when the factor exceeds 1."""
+    import math
+
+    original = merged.get("original_max_position_embeddings", raw.get("original_max_position_embeddings"))
+    if not isinstance(original, int) or original <= 0:
+        raise UnsupportedModelError(
+            f"rope_scaling.original_max_position_embeddings must be a positive integer for longrope, got {original!r}"
+        )
+    factors = {}
+    for name in ("short_factor", "long_factor"):
+        values = merged.get(name)
+        if not isinstance(values, list) or not all(isinstance(x, (int, float)) for x in values):
+            raise UnsupportedModelError(f"rope_scaling.{name} must be a list of numbers for longrope, got {values!r}")
+        factors[name] = tuple(float(x) for x in values)
+    factor = merged.get("factor") or int(raw.get("max_position_embeddings") or 2048) / original
+    attention_factor = merged.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return RopeConfig(
+        theta=theta,
+        rope_type="longrope",
+        factor=float(factor),
+        original_max_position_embeddings=original,
+        short_factor=factors["short_factor"],
+        long_factor=factors["long_factor"],
+        attention_factor=float(attention_factor),
     )

@@ -103,6 +103,14 @@ def linear_silu(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return out if rows == m else out[:m]
 
 
+def linear_gelu_tanh(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """``gelu(x W^T)`` with the tanh approximation (Gemma's GeGLU), applied by the matmul."""
+    m = x.shape[0]
+    rows = padded_rows(m)
+    out = _pointwise(_padded(x, rows), packed, None, "gelu", "tanh")
+    return out if rows == m else out[:m]
+
+
 def linear_times(x: torch.Tensor, packed: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """``(x W^T) * other``, the product taken by the matmul."""
     m = x.shape[0]
@@ -112,8 +120,10 @@ def linear_times(x: torch.Tensor, packed: torch.Tensor, other: torch.Tensor) -> 
 
 
 # The only calls into oneDNN's linears (tests count the row counts they see).
-def _pointwise(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor], attr: str) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, attr, [], "")
+def _pointwise(
+    x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor], attr: str, algorithm: str = ""
+) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, attr, [], algorithm)
 
 
 def _binary(x: torch.Tensor, other: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:

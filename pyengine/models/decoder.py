@@ -1,8 +1,10 @@
-"""The Llama-family decoder: one implementation, four architectures.
+"""The Llama-family decoder: one implementation, four architectures here.
 
 Llama 2/3, Mistral, Qwen2 and Qwen3 differ only in flags read from the config (qkv bias,
-q/k norm, explicit head_dim, rope scaling, tied embeddings), so they share this module;
-the per-architecture classes exist so ``architectures`` maps names to types, as users expect.
+q/k norm, explicit head_dim, rope scaling, tied embeddings, sliding windows), so they
+share this module; the per-architecture classes exist so ``architectures`` maps names to
+types, as users expect. Families whose layers differ (Gemma: ``gemma.py``, Phi-3:
+``phi3.py``) swap the layer, attention or MLP class through the ``*_class`` attributes.
 
 The forward pass takes a flat batch of tokens (no padding): ``input_ids`` and
 ``positions`` of shape [T], plus an :class:`~pyengine.models.layers.AttentionOp` that owns
@@ -30,12 +32,16 @@ from pyengine.models.vocab_parallel import VocabParallelEmbedding, vocab_target,
 class DecoderLayer(torch.nn.Module):
     """Pre-norm attention block followed by a pre-norm gated MLP block (or experts)."""
 
+    attention_class: type[DecoderAttention] = DecoderAttention
+
     def __init__(self, config: DecoderConfig, layer_index: int, parallel: ParallelContext) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = DecoderAttention(config, layer_index, parallel)
+        self.self_attn = self.attention_class(config, layer_index, parallel)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = build_mlp(config, layer_index, parallel)
+        # Gemma 3's sliding layers rotate with their own base (``config.local_rope``).
+        self.uses_local_rope = config.local_rope is not None and config.layer_window(layer_index) is not None
 
     def forward(
         self,
@@ -76,6 +82,10 @@ _IGNORED_CHECKPOINT_TENSORS = re.compile(r".*rotary_emb\.inv_freq$")
 class DecoderForCausalLM(torch.nn.Module):
     """Embeddings, decoder layers, final norm and the LM head."""
 
+    layer_class: type[DecoderLayer] = DecoderLayer
+    norm_class: type[RMSNorm] = RMSNorm
+    scales_embeddings = False  # Gemma: embeddings times sqrt(hidden_size)
+
     def __init__(self, config: DecoderConfig, parallel: ParallelContext | None = None) -> None:
         super().__init__()
         parallel = parallel or ParallelContext()
@@ -86,20 +96,39 @@ class DecoderForCausalLM(torch.nn.Module):
         self.layers = torch.nn.ModuleList(
             self.build_layer(config, index, parallel) for index in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = self.norm_class(config.hidden_size, config.rms_norm_eps)
         # A tied model has no LM head parameter of its own (see ``output_embedding``).
         self.lm_head = (
             None
             if config.tie_word_embeddings
             else torch.nn.Linear(config.hidden_size, parallel.vocab_rows(config.vocab_size), bias=False)
         )
-        self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings)
+        self.rotary: RotaryEmbedding
+        self.local_rotary: RotaryEmbedding | None
+        self.build_rope_tables()
         self.packed_head: torch.Tensor | None = None
         self.quantized_head: QuantizedMatmul | None = None
 
     def build_layer(self, config: DecoderConfig, layer_index: int, parallel: ParallelContext) -> torch.nn.Module:
         """One decoder layer (an architecture with other layers overrides this)."""
-        return DecoderLayer(config, layer_index, parallel)
+        return self.layer_class(config, layer_index, parallel)
+
+    def build_rope_tables(self) -> None:
+        """(Re)compute the rotary tables (float32 on the current default device): the
+        loader calls it after allocating the weights, as the tables are not loaded."""
+        config = self.config
+        self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings)
+        local = config.local_rope
+        self.local_rotary = (
+            None if local is None else RotaryEmbedding(local, config.head_dim, config.max_position_embeddings)
+        )
+
+    def finish_loading(self) -> None:
+        """Called once the weights are final: modules that precompute from their weights
+        (Gemma's ``1 + weight`` norms) do it now."""
+        for module in self.modules():
+            if module is not self and hasattr(module, "finish_loading"):
+                module.finish_loading()
 
     @property
     def output_embedding(self) -> torch.Tensor:
@@ -117,14 +146,25 @@ class DecoderForCausalLM(torch.nn.Module):
         return self.layers[0].self_attn.num_heads
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionOp
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attention: AttentionOp,
+        context_lens: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Final-normed hidden states [T, hidden] for a flat batch of tokens."""
+        """Final-normed hidden states [T, hidden] for a flat batch of tokens.
+
+        ``context_lens`` [T] (each token's sequence length after this step) matters only
+        to longrope (``rotary.needs_context_lens``); see ``rope.py``."""
         hidden = self.embed_tokens(input_ids)
-        cos, sin = self.rotary.cos_sin(positions, hidden.dtype)
+        if self.scales_embeddings:  # the multiplier in the weights' dtype, as transformers rounds it
+            hidden = hidden * torch.tensor(self.config.hidden_size**0.5, dtype=hidden.dtype)
+        cos, sin = self.rotary.cos_sin(positions, hidden.dtype, context_lens)
+        local = None if self.local_rotary is None else self.local_rotary.cos_sin(positions, hidden.dtype)
         residual: torch.Tensor | None = None
         for layer in self.layers:
-            hidden, residual = layer(hidden, residual, cos, sin, attention)
+            layer_cos, layer_sin = local if local is not None and layer.uses_local_rope else (cos, sin)
+            hidden, residual = layer(hidden, residual, layer_cos, layer_sin, attention)
         return self.norm(hidden) if residual is None else self.norm.add_and_norm(hidden, residual)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -138,8 +178,13 @@ class DecoderForCausalLM(torch.nn.Module):
         if self.quantized_head is not None:
             return self.quantized_head(hidden).float()
         if self.packed_head is not None:
-            return cpu_linear.linear(hidden, self.packed_head)
-        return F.linear(hidden, self.output_embedding).float()
+            logits = cpu_linear.linear(hidden, self.packed_head)
+        else:
+            logits = F.linear(hidden, self.output_embedding).float()
+        cap = self.config.final_logit_softcap
+        if cap is not None:  # Gemma 2: cap * tanh(logits / cap), column by column
+            logits = logits.div_(cap).tanh_().mul_(cap)
+        return logits
 
     def zero_padding(self) -> None:
         """Zero the vocabulary padding rows of the embedding and LM head (last rank only
@@ -203,7 +248,7 @@ class LlamaForCausalLM(DecoderForCausalLM):
 
 
 class MistralForCausalLM(DecoderForCausalLM):
-    """Mistral (without sliding-window attention)."""
+    """Mistral (``sliding_window`` on every layer when set)."""
 
 
 class Qwen2ForCausalLM(DecoderForCausalLM):

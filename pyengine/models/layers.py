@@ -46,10 +46,40 @@ class WeightTarget:
     shard: Optional[Shard] = None
 
 
+@dataclass(frozen=True, slots=True)
+class LayerAttention:
+    """How one layer attends, beyond ``softmax(q k^T / sqrt(head_dim)) v`` over the whole
+    causal context: the backends read it per call, so a model mixes layer kinds freely.
+
+    ``scale`` replaces ``head_dim ** -0.5`` (Gemma: ``query_pre_attn_scalar ** -0.5``);
+    ``window`` limits each query to the last ``window`` positions, itself included
+    (transformers' sliding window: key ``j`` is seen by query ``i`` when ``i - window < j <= i``),
+    and the backends then read only those positions' K/V; ``softcap`` maps every score to
+    ``softcap * tanh(score / softcap)`` before the softmax (Gemma 2).
+    """
+
+    scale: Optional[float] = None
+    window: Optional[int] = None
+    softcap: Optional[float] = None
+
+    def score_scale(self, head_dim: int) -> float:
+        return head_dim**-0.5 if self.scale is None else self.scale
+
+
+FULL_ATTENTION = LayerAttention()
+
+
 class AttentionOp(Protocol):
     """What a model layer calls to attend: write this step's K/V, return attention output."""
 
-    def attend(self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self,
+        layer_index: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        spec: LayerAttention = FULL_ATTENTION,
+    ) -> torch.Tensor:
         """q [T, heads, head_dim], k/v [T, kv_heads, head_dim] -> [T, heads, head_dim]."""
         ...
 
@@ -66,8 +96,12 @@ class RMSNorm(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.ones(size))
         self.eps = eps
 
+    def kernel_weight(self) -> torch.Tensor:
+        """The weight the native kernel multiplies by (Gemma's norms: ``1 + weight``)."""
+        return self.weight
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _native_float32(x) and _native_float32(self.weight):
+        if _native_float32(x) and _native_float32(self.kernel_weight()):
             return self._native(x, None)
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
@@ -78,7 +112,7 @@ class RMSNorm(torch.nn.Module):
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``residual += x`` in place, then the norm of the sum (one pass on CPU float32)."""
-        if _native_float32(x) and _native_float32(residual) and _native_float32(self.weight):
+        if _native_float32(x) and _native_float32(residual) and _native_float32(self.kernel_weight()):
             return self._native(x, residual)
         residual.add_(x)
         return self(residual)
@@ -86,7 +120,7 @@ class RMSNorm(torch.nn.Module):
     def _native(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> torch.Tensor:
         out = torch.empty_like(x)
         stream = None if residual is None else residual.numpy()
-        _kernels.rms_norm(out.numpy(), x.numpy(), self.weight.numpy(), self.eps, stream, _threads())
+        _kernels.rms_norm(out.numpy(), x.numpy(), self.kernel_weight().numpy(), self.eps, stream, _threads())
         return out
 
     def weight_targets(self, name: str) -> dict[str, WeightTarget]:
@@ -216,6 +250,7 @@ class GatedMLP(torch.nn.Module):
         """``intermediate_size`` (default: the config's) and its field name ``what`` for
         errors: an MoE layer's shared expert has a size of its own."""
         super().__init__()
+        self.gelu = config.hidden_act == "gelu_pytorch_tanh"  # GeGLU (Gemma); else SiLU
         inter = config.intermediate_size if intermediate_size is None else intermediate_size
         part = parallel.split(inter, what)
         self.gate_up_proj = ColumnParallelLinear(config.hidden_size, [part, part], bias=False, parallel=parallel)
@@ -237,9 +272,11 @@ class GatedMLP(torch.nn.Module):
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed_gate_up is not None:
             gate, up = self.packed_gate_up
-            return self.down_proj.partial(cpu_linear.linear_times(x, up, cpu_linear.linear_silu(x, gate)))
+            activated = cpu_linear.linear_gelu_tanh(x, gate) if self.gelu else cpu_linear.linear_silu(x, gate)
+            return self.down_proj.partial(cpu_linear.linear_times(x, up, activated))
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj.partial(F.silu(gate) * up)
+        activated = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.down_proj.partial(activated * up)
 
     def pack_for_cpu(self) -> None:
         """Pack gate, up and down for oneDNN (see ``cpu_linear``); no-op off CPU float32."""
@@ -258,11 +295,17 @@ class GatedMLP(torch.nn.Module):
 
 
 class DecoderAttention(torch.nn.Module):
-    """Self-attention with GQA, optional qkv bias (Qwen2) and q/k RMSNorm (Qwen3)."""
+    """Self-attention with GQA, optional qkv bias (Qwen2) and q/k RMSNorm (Qwen3, Gemma 3);
+    the layer's window, scale and soft-cap (``spec``) go to the backend with every call."""
+
+    norm_class: type[RMSNorm] = RMSNorm
 
     def __init__(self, config: DecoderConfig, layer_index: int, parallel: ParallelContext) -> None:
         super().__init__()
         self.layer_index = layer_index
+        self.spec = LayerAttention(
+            config.attention_scale, config.layer_window(layer_index), config.attn_logit_softcap
+        )
         self.head_dim = config.head_dim
         heads = parallel.split(config.num_attention_heads, "num_attention_heads")
         kv_heads = parallel.kv_heads(config.num_key_value_heads)
@@ -273,8 +316,9 @@ class DecoderAttention(torch.nn.Module):
         kv_part = Shard(kv_heads.full * dim, kv_heads.start * dim, kv_heads.size * dim)
         self.qkv_proj = ColumnParallelLinear(config.hidden_size, [q_part, kv_part, kv_part], config.qkv_bias, parallel)
         self.o_proj = RowParallelLinear(heads.full * dim, config.hidden_size, parallel, "num_attention_heads x head_dim")
-        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        norm = self.norm_class
+        self.q_norm = norm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = norm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self._split = [
             self.num_heads * self.head_dim,
             self.num_kv_heads * self.head_dim,
@@ -297,14 +341,15 @@ class DecoderAttention(torch.nn.Module):
                 k = self.k_norm(k)
             q = apply_rotary(q, cos, sin)
             k = apply_rotary(k, cos, sin)
-        out = attention.attend(self.layer_index, q, k, v)
+        out = attention.attend(self.layer_index, q, k, v, self.spec)
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
 
     def _native_qk_norm_rope(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
         """q/k norm and rotary on ``qkv`` in place by the native kernel (one pass, see
         ``rust_sched/kernels/src/norm.rs``); False, with nothing done, where it does not apply."""
         norms = [self.q_norm, self.k_norm] if self.q_norm is not None and self.k_norm is not None else []
-        tensors = [qkv, cos, sin, *(norm.weight for norm in norms)]
+        weights = [norm.kernel_weight() for norm in norms]
+        tensors = [qkv, cos, sin, *weights]
         if not all(_native_float32(t) for t in tensors):
             return False
         tokens = qkv.shape[0]
@@ -314,8 +359,8 @@ class DecoderAttention(torch.nn.Module):
             sin.view(tokens, self.head_dim).numpy(),
             self.num_heads,
             self.num_kv_heads,
-            norms[0].weight.numpy() if norms else None,
-            norms[1].weight.numpy() if norms else None,
+            weights[0].numpy() if weights else None,
+            weights[1].numpy() if weights else None,
             norms[0].eps if norms else 0.0,
             _threads(),
         )

@@ -31,7 +31,6 @@ from pyengine.models.layers import WeightTarget
 from pyengine.models.parallel import ParallelContext
 from pyengine.models.quantization.apply import quantize_model
 from pyengine.models.quantization.online import check_method
-from pyengine.models.rope import RotaryEmbedding
 
 LoadFormat = Literal["auto", "safetensors", "dummy"]
 DTypeName = Union[str, torch.dtype]
@@ -116,6 +115,7 @@ def load_model(
     if quantization is not None:
         quantize_model(model, quantization)
     model.eval().requires_grad_(False)
+    model.finish_loading()
     tokenizer, tokenizer_config = load_tokenizer(folder)
     generation = read_generation_config(folder)  # read once: EOS ids and sampling defaults
     return LoadedModel(
@@ -142,7 +142,7 @@ def instantiate_model(
     model = model.to_empty(device=device).to(dtype)
     # Rope tables are computed, not loaded, and stay float32 whatever the weights' dtype.
     with torch.device(device):
-        model.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings)
+        model.build_rope_tables()
     return model
 
 

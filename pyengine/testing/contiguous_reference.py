@@ -15,7 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from pyengine import _kernels
+from pyengine.executor.attention.windowed import attend_masked, window_mask
 from pyengine.models.decoder import DecoderForCausalLM
+from pyengine.models.layers import FULL_ATTENTION, LayerAttention
 
 
 class ContiguousKVCache:
@@ -91,12 +93,25 @@ class _UniformStepAttention:
         self.start = cache.length
         self.new_tokens = new_tokens
 
-    def attend(self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self,
+        layer_index: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        spec: LayerAttention = FULL_ATTENTION,
+    ) -> torch.Tensor:
         cache, batch, n, start = self.cache, self.cache.batch, self.new_tokens, self.start
         _, heads, head_dim = q.shape
         kv_heads = k.shape[1]
         end = start + n
         cache.write(layer_index, start, k.view(batch, n, kv_heads, head_dim), v.view(batch, n, kv_heads, head_dim))
+        if spec != FULL_ATTENTION:  # window / scale / soft-cap: a plain mask over the whole context
+            keys, values = cache.context(layer_index, end)
+            query = q.view(batch, n, heads, head_dim).transpose(1, 2)
+            mask = window_mask(start, n, 0, end, q.device, spec.window)
+            out = torch.stack([attend_masked(query[b], keys[b], values[b], mask, spec) for b in range(batch)])
+            return out.transpose(1, 2).reshape(batch * n, heads, head_dim)
         if n == 1:
             return cache.decode_attention(layer_index, q, end)
         keys, values = cache.context(layer_index, end)

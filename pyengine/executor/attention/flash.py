@@ -19,6 +19,7 @@ import torch
 
 from pyengine.executor.attention.metadata import StepAttentionLayout
 from pyengine.executor.kv_cache import PagedKVCache
+from pyengine.models.layers import FULL_ATTENTION, LayerAttention
 
 #: Block sizes upstream flash-attn reads in place through a block table are multiples of
 #: this (so it is the default block size where flash-attn runs: ``selector.default_block_size``).
@@ -78,11 +79,18 @@ class FlashStepAttention:
         self.block_table = layout.block_tables.to(torch.int32).contiguous() if self.paged else None
         self.context_slots = None if self.paged else _context_slots(layout, seq_lens, device)
 
-    def attend(self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self,
+        layer_index: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        spec: LayerAttention = FULL_ATTENTION,
+    ) -> torch.Tensor:
         key_slots, value_slots = self.cache.layer_slots(layer_index)
         key_slots.index_copy_(0, self.slot_mapping, k)
         value_slots.index_copy_(0, self.slot_mapping, v)
-        extra = {}
+        extra = _layer_arguments(spec)
         if self.paged:
             keys, values = self.cache.layer_blocks(layer_index)
             extra["block_table"] = self.block_table
@@ -100,6 +108,20 @@ class FlashStepAttention:
             causal=True,
             **extra,
         )
+
+
+def _layer_arguments(spec: LayerAttention) -> dict[str, Any]:
+    """flash-attn's arguments for a layer's scale, window and soft-cap (only those set, so
+    a plain layer calls it as before): its ``window_size=(left, 0)`` counts the keys
+    before the query, one less than the window."""
+    extra: dict[str, Any] = {}
+    if spec.scale is not None:
+        extra["softmax_scale"] = spec.scale
+    if spec.window is not None:
+        extra["window_size"] = (spec.window - 1, 0)
+    if spec.softcap is not None:
+        extra["softcap"] = spec.softcap
+    return extra
 
 
 def _context_slots(layout: StepAttentionLayout, seq_lens: np.ndarray, device: torch.device) -> torch.Tensor:

@@ -42,6 +42,7 @@ class PrefillChunk:
     token_end: int
     seq_len: int
     block_ids: Optional[torch.Tensor]  # int64 [blocks]; None when the chunk is the whole sequence
+    table: torch.Tensor  # int64 [blocks] the sequence's blocks (a windowed layer reads only some)
 
 
 def prefill_chunks(layout: StepAttentionLayout) -> list[PrefillChunk]:
@@ -51,11 +52,10 @@ def prefill_chunks(layout: StepAttentionLayout) -> list[PrefillChunk]:
     for index in np.flatnonzero(layout.num_scheduled_tokens > 1):
         start, end = int(layout.query_start_loc[index]), int(layout.query_start_loc[index + 1])
         seq_len = int(layout.seq_lens[index])
-        block_ids = None
-        if seq_len != end - start:  # earlier context lives in the cache
-            width = -(-seq_len // layout.block_size)
-            block_ids = layout.block_tables[index, :width].to(torch.int64)
-        chunks.append(PrefillChunk(start, end, seq_len, block_ids))
+        width = -(-seq_len // layout.block_size)
+        table = layout.block_tables[index, :width].to(torch.int64)
+        block_ids = table if seq_len != end - start else None  # earlier context lives in the cache
+        chunks.append(PrefillChunk(start, end, seq_len, block_ids, table))
     return chunks
 
 

@@ -16,6 +16,13 @@ Per step the sequences split into two groups:
 - multi-token sequences (prefill chunks): one SDPA call each, causal, with the chunk's
   earlier context read from the cache. There are few of them per step and each is large,
   so the Python loop costs little next to the work.
+
+Each layer passes its :class:`~pyengine.models.layers.LayerAttention`. A sliding window
+reads only the window: the native decode kernel skips the blocks before it; the other
+decode paths gather each row's table from the window's first block (a per-window group,
+built once per step) and mask the few positions before the window's start; a prefill
+chunk longer than the window goes in query tiles that each read only the keys they can
+see (``windowed.py``). Soft-capped scores go through ``windowed.attend_masked``.
 """
 
 from __future__ import annotations
@@ -29,7 +36,9 @@ import torch.nn.functional as F
 
 from pyengine import _kernels
 from pyengine.executor.attention.metadata import PrefillChunk, StepAttentionLayout, prefill_chunks
+from pyengine.executor.attention.windowed import attend_masked, causal_mask, windowed_chunk
 from pyengine.executor.kv_cache import PagedKVCache
+from pyengine.models.layers import FULL_ATTENTION, LayerAttention
 
 # Gathered keys of one CPU tile should stay in the cores' caches (per intra-op thread).
 CPU_TILE_BYTES = 2**20
@@ -48,6 +57,7 @@ class _SingleQueryGroup:
     tile_rows: int  # rows whose keys are gathered at once (CPU)
     use_value_bags: bool  # CPU path: keys in tiles + bmm, values through embedding_bag
     native: bool  # float32 on CPU: the native kernel, which needs neither block_ids nor mask
+    window: Optional[int] = None  # the native kernel's window (the tables are not shifted for it)
     value_index: Optional[torch.Tensor] = None  # [R * heads * kv_len], built by the first layer
     bag_offsets: Optional[torch.Tensor] = None  # start of each (row, query head) bag
 
@@ -66,50 +76,84 @@ class SdpaStepAttention:
 
     def __init__(self, cache: PagedKVCache, layout: StepAttentionLayout) -> None:
         self.cache = cache
+        self.layout = layout
         self.slot_mapping = layout.slot_mapping
         self.block_size = layout.block_size
         self.single = _single_query_group(layout, cache)
         self.chunks = prefill_chunks(layout)
+        # Decode groups of windowed layers, by window (the same for every such layer).
+        self.windowed_single: dict[int, Optional[_SingleQueryGroup]] = {}
 
-    def attend(self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self,
+        layer_index: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        spec: LayerAttention = FULL_ATTENTION,
+    ) -> torch.Tensor:
         key_slots, value_slots = self.cache.layer_slots(layer_index)
         key_slots.index_copy_(0, self.slot_mapping, k)
         value_slots.index_copy_(0, self.slot_mapping, v)
         key_blocks, value_blocks = self.cache.layer_blocks(layer_index)
-        single = self.single
+        single = self._single_group(spec.window)
         if single is not None and single.token_indices is None:
-            return self._attend_single(single, q, key_blocks, value_blocks)
+            return self._attend_single(single, q, key_blocks, value_blocks, spec)
         out = torch.empty_like(q)
         if single is not None:
             out[single.token_indices] = self._attend_single(
-                single, q[single.token_indices], key_blocks, value_blocks
+                single, q[single.token_indices], key_blocks, value_blocks, spec
             )
         for chunk in self.chunks:
             out[chunk.token_start : chunk.token_end] = self._attend_chunk(
-                chunk, q, k, v, key_blocks, value_blocks
+                chunk, q, k, v, key_blocks, value_blocks, spec
             )
         return out
 
+    def _single_group(self, window: Optional[int]) -> Optional[_SingleQueryGroup]:
+        """The decode group for layers with ``window`` (None: the whole context)."""
+        if window is None or self.single is None or int(self.layout.seq_lens.max()) <= window:
+            return self.single
+        if window not in self.windowed_single:
+            self.windowed_single[window] = _single_query_group(self.layout, self.cache, window)
+        return self.windowed_single[window]
+
     def _attend_single(
-        self, group: _SingleQueryGroup, q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: torch.Tensor
+        self,
+        group: _SingleQueryGroup,
+        q: torch.Tensor,
+        key_blocks: torch.Tensor,
+        value_blocks: torch.Tensor,
+        spec: LayerAttention,
     ) -> torch.Tensor:
         rows, heads, head_dim = q.shape
         kv_heads = key_blocks.shape[2]
         grouped_q = q.view(rows, kv_heads, heads // kv_heads, head_dim)
         if group.native:
-            return _native_decode(group, q, key_blocks, value_blocks)
+            return _native_decode(group, q, key_blocks, value_blocks, spec)
         if not group.use_value_bags:
             assert group.block_ids is not None  # built for every group but the native one
             keys = _gather_rows(key_blocks, group.block_ids, rows, group.kv_len)
             values = _gather_rows(value_blocks, group.block_ids, rows, group.kv_len)
-            out = F.scaled_dot_product_attention(grouped_q, keys, values, attn_mask=group.mask)
+            if spec.softcap is None:
+                out = F.scaled_dot_product_attention(
+                    grouped_q, keys, values, attn_mask=group.mask, scale=spec.score_scale(head_dim)
+                )
+            else:  # [rows, kv_heads, group, kv_len] scores, capped, masked, softmax
+                scores = torch.matmul(grouped_q, keys.transpose(2, 3)).float()
+                scores.mul_(spec.score_scale(head_dim) / spec.softcap).tanh_().mul_(spec.softcap)
+                if group.mask is not None:
+                    scores.masked_fill_(~group.mask, float("-inf"))
+                out = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
             return out.reshape(rows, heads, head_dim)
         if group.value_index is None:  # same for every layer: built once per step
             group.value_index, group.bag_offsets = _value_bags(
                 group.tables, group.width, group.kv_len, self.cache, heads
             )
         scores = self._tiled_scores(group, grouped_q, key_blocks)
-        scores.mul_(head_dim**-0.5)
+        scores.mul_(spec.score_scale(head_dim))
+        if spec.softcap is not None:
+            scores.div_(spec.softcap).tanh_().mul_(spec.softcap)
         if group.mask is not None:
             scores.masked_fill_(~group.mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
@@ -151,24 +195,32 @@ class SdpaStepAttention:
         v: torch.Tensor,
         key_blocks: torch.Tensor,
         value_blocks: torch.Tensor,
+        spec: LayerAttention,
     ) -> torch.Tensor:
         start, end = chunk.token_start, chunk.token_end
         query = q[start:end].transpose(0, 1)
-        if chunk.block_ids is None:
+        if spec.window is not None and chunk.seq_len > spec.window:
+            out = windowed_chunk(query, key_blocks, value_blocks, chunk.table, chunk.seq_len, spec)
+        elif chunk.block_ids is None:
             keys, values = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
-            out = F.scaled_dot_product_attention(query, keys, values, is_causal=True, enable_gqa=True)
+            out = attend_masked(query, keys, values, None, spec, causal=True)
         else:
             keys = _gather_rows(key_blocks, chunk.block_ids, 1, chunk.seq_len)[0]
             values = _gather_rows(value_blocks, chunk.block_ids, 1, chunk.seq_len)[0]
-            mask = _chunk_causal_mask(end - start, chunk.seq_len, q.device)
-            out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True)
+            mask = causal_mask(end - start, chunk.seq_len, q.device)
+            out = attend_masked(query, keys, values, mask, spec)
         return out.transpose(0, 1)
 
 
 def _native_decode(
-    group: _SingleQueryGroup, q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: torch.Tensor
+    group: _SingleQueryGroup,
+    q: torch.Tensor,
+    key_blocks: torch.Tensor,
+    value_blocks: torch.Tensor,
+    spec: LayerAttention,
 ) -> torch.Tensor:
-    """float32 CPU decode attention by the native kernel: no gather, K and V read once."""
+    """float32 CPU decode attention by the native kernel: no gather, K and V read once (the
+    window's positions only)."""
     rows, heads, head_dim = q.shape
     out = torch.empty((rows, heads, head_dim), dtype=q.dtype)
     _kernels.paged_decode_attention(
@@ -178,8 +230,10 @@ def _native_decode(
         value_blocks.numpy(),
         group.tables.numpy(),
         group.seq_lens,
-        head_dim**-0.5,
+        spec.score_scale(head_dim),
         torch.get_num_threads(),
+        window=group.window or 0,
+        softcap=spec.softcap or 0.0,
     )
     return out
 
@@ -195,12 +249,6 @@ def _gather_rows(
         else blocks.index_select(0, block_ids)
     )
     return gathered.view(rows, -1, kv_heads, head_dim)[:, :length].transpose(1, 2)
-
-
-def _chunk_causal_mask(query_len: int, seq_len: int, device: torch.device) -> torch.Tensor:
-    """Query i (at position seq_len - query_len + i) sees keys 0..that position."""
-    query_positions = torch.arange(seq_len - query_len, seq_len, device=device)
-    return torch.arange(seq_len, device=device)[None, :] <= query_positions[:, None]
 
 
 def _tile_rows(width: int, cache: PagedKVCache) -> int:
@@ -226,28 +274,35 @@ def _value_bags(
     return index.reshape(-1), offsets
 
 
-def _single_query_group(layout: StepAttentionLayout, cache: PagedKVCache) -> Optional[_SingleQueryGroup]:
+def _single_query_group(
+    layout: StepAttentionLayout, cache: PagedKVCache, window: Optional[int] = None
+) -> Optional[_SingleQueryGroup]:
     single = np.flatnonzero(layout.num_scheduled_tokens == 1)
     if single.size == 0:
         return None
     device = layout.slot_mapping.device
     lengths = layout.seq_lens[single]
-    kv_len = int(lengths.max())
-    width = -(-kv_len // layout.block_size)
     everything = single.size == layout.num_scheduled_tokens.size
     row_index = None if everything else torch.from_numpy(single).to(device)
     tables = layout.block_tables if row_index is None else layout.block_tables.index_select(0, row_index)
     on_cpu = device.type == "cpu"
     native = on_cpu and cache.keys.dtype == torch.float32
+    window_starts = None
+    if window is not None and not native:
+        tables, lengths, window_starts = _from_window_block(tables, lengths, window, layout.block_size)
+    kv_len = int(lengths.max())
+    width = -(-kv_len // layout.block_size)
     if native:
         tables = tables.contiguous()  # read by the native kernel as one array, every layer
     block_ids = None if native else tables[:, :width].reshape(-1).to(torch.int64)
     mask = None
-    if not native and int(lengths.min()) != kv_len:
+    if not native and (int(lengths.min()) != kv_len or window_starts is not None):
         lengths_t = torch.from_numpy(lengths.astype(np.int64)).to(device)
-        mask = (torch.arange(kv_len, device=device)[None, :] < lengths_t[:, None]).view(
-            single.size, 1, 1, kv_len
-        )
+        positions = torch.arange(kv_len, device=device)[None, :]
+        visible = positions < lengths_t[:, None]
+        if window_starts is not None:
+            visible &= positions >= torch.from_numpy(window_starts).to(device)[:, None]
+        mask = visible.view(single.size, 1, 1, kv_len)
     token_indices = None
     if not everything:
         token_indices = torch.from_numpy(layout.query_start_loc[single].astype(np.int64)).to(device)
@@ -255,4 +310,22 @@ def _single_query_group(layout: StepAttentionLayout, cache: PagedKVCache) -> Opt
     return _SingleQueryGroup(
         token_indices, block_ids, tables, int(single.size), width, kv_len, mask,
         np.ascontiguousarray(lengths, dtype=np.int32), tile_rows, on_cpu, native,
+        window if native else None,
     )
+
+
+def _from_window_block(
+    tables: torch.Tensor, lengths: np.ndarray, window: int, block_size: int
+) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    """Each row's table shifted to start at the block holding its window's first position:
+    the shifted tables, the lengths counted from there, and where (in the shifted
+    positions) each window starts. Entries past a row's blocks repeat its last column
+    (masked, never read as context)."""
+    first_blocks = np.maximum(lengths.astype(np.int64) - window, 0) // block_size
+    shifted_lengths = lengths - first_blocks * block_size
+    width = -(-int(shifted_lengths.max()) // block_size)
+    columns = torch.from_numpy(first_blocks).to(tables.device)[:, None] + torch.arange(width, device=tables.device)
+    shifted = tables.gather(1, columns.clamp_(max=tables.shape[1] - 1))
+    starts = np.maximum(lengths.astype(np.int64) - window, 0) - first_blocks * block_size
+    return shifted, shifted_lengths, starts
+

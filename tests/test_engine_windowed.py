@@ -1,0 +1,82 @@
+"""Greedy ``LLM.generate`` of sliding-window models equals transformers', token for token,
+under the scheduler's regimes: prompts and generations longer than the window, prefix-cache
+hits that end inside and beyond the window, chunked prefill across the window's edge, and
+preemption (recomputation) past it. The block accounting still keeps every block of a
+sequence (the KV groups that free blocks behind the window are the scheduler's next step):
+these tests check the attention, which reads only the window."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pyengine import LLM, SamplingParams
+from pyengine.testing.checkpoints import make_tiny_checkpoint
+
+MAX_TOKENS = 30  # past the 20-token window from every prompt
+
+
+@pytest.fixture(scope="module", params=["mistral_window", "gemma2"])
+def checkpoint(request, tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp(request.param), request.param, seed=5)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    """16 prompts: a quarter share a 48-token prefix (a hit of 3 blocks, beyond the window),
+    a quarter a 16-token one (a hit of one block, inside it), the rest unrelated."""
+    rng = np.random.default_rng(1)
+    long_prefix, short_prefix = rng.integers(3, 500, 48).tolist(), rng.integers(3, 500, 16).tolist()
+    out = []
+    for i in range(16):
+        body = rng.integers(3, 500, int(rng.integers(2, 50))).tolist()
+        out.append([long_prefix, short_prefix, [], []][i % 4] + body)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint, prompts):
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        return [
+            model.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False)[0, len(p):].tolist()
+            for p in prompts
+        ]
+
+
+def generate(checkpoint, prompts, **engine_args):
+    with LLM(str(checkpoint), **engine_args) as llm:
+        outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS), use_tqdm=False)
+        stats = llm.stats()
+    return [o.outputs[0].token_ids for o in outs], stats
+
+
+def assert_same(got, reference):
+    bad = [i for i, (a, b) in enumerate(zip(got, reference)) if a != b]
+    assert not bad, f"{len(bad)} prompts differ, first {bad[0]}: {got[bad[0]]} vs {reference[bad[0]]}"
+
+
+def test_prefix_hits_inside_and_beyond_the_window_match(checkpoint, prompts, reference):
+    with LLM(str(checkpoint), block_size=16) as llm:
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+        first = llm.generate(prompts[:2], params, use_tqdm=False)  # caches both shared prefixes
+        rest = llm.generate(prompts[2:], params, use_tqdm=False)
+        stats = llm.stats()
+    assert_same([o.outputs[0].token_ids for o in first + rest], reference)
+    assert stats.prefix_cache_hit_rate > 0
+
+
+def test_chunked_prefill_across_the_window_edge_matches(checkpoint, prompts, reference):
+    got, stats = generate(checkpoint, prompts, max_num_batched_tokens=16, max_num_seqs=8,
+                          long_prefill_token_threshold=8, block_size=16)
+    assert stats.scheduler["prefill_tokens_scheduled"] > 0
+    assert_same(got, reference)
+
+
+def test_preemption_past_the_window_matches(checkpoint, prompts, reference):
+    got, stats = generate(checkpoint, prompts, num_kv_blocks=12, max_num_seqs=16, block_size=16)
+    assert stats.preemptions > 0
+    assert_same(got, reference)
