@@ -75,7 +75,7 @@ def test_wrong_shape_and_unexpected_tensor_are_named(qwen3, tmp_path):
         (dict(architectures=["GPT2LMHeadModel"]), "architectures"),
         (dict(rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e4}), "rope_type"),
         (dict(hidden_act="gelu"), "hidden_act"),
-        (dict(use_sliding_window=True, sliding_window=128), "sliding_window"),
+        (dict(use_sliding_window=True, sliding_window=128, layer_types=["linear_attention"] * 2), "layer_types"),
         (dict(num_key_value_heads=3), "num_key_value_heads"),
         (dict(attention_bias=True), "attention_bias"),
     ],
@@ -87,7 +87,7 @@ def test_unsupported_configs_are_refused_naming_the_field(qwen3, tmp_path, chang
         load_model(folder)
 
 
-def test_mistral_sliding_window_is_refused():
+def test_mistral_sliding_window_is_read_for_every_layer():
     raw = {
         "architectures": ["MistralForCausalLM"],
         "vocab_size": 32,
@@ -98,9 +98,8 @@ def test_mistral_sliding_window_is_refused():
         "sliding_window": 4096,
         "max_position_embeddings": 32768,
     }
-    with pytest.raises(UnsupportedModelError, match="sliding_window: 4096"):
-        parse_decoder_config(raw)
-    assert parse_decoder_config({**raw, "sliding_window": None}).architecture == "MistralForCausalLM"
+    assert parse_decoder_config(raw).layer_windows == (4096,)
+    assert parse_decoder_config({**raw, "sliding_window": None}).layer_windows == ()
 
 
 def test_legacy_rope_scaling_fields_are_read():

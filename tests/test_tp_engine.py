@@ -21,12 +21,14 @@ from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.faults import POISON_TOKEN, FaultySink
 
 # Greedy parity variants: GQA split, a single KV head (replicated), q/k/v bias with tied
-# embeddings, q/k norm with an explicit head_dim.
+# embeddings, q/k norm with an explicit head_dim; Gemma's windows, soft-caps and norms.
 VARIANTS = {
     "llama": ("llama", {}),
     "mistral_one_kv_head": ("mistral", {}),
     "qwen2_bias_tied": ("qwen2", dict(num_attention_heads=4, num_key_value_heads=2)),
     "qwen3": ("qwen3", {}),
+    "gemma2_window_softcap": ("gemma2", {}),
+    "gemma3_local_rope": ("gemma3", {}),
 }
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=256)
 NEAR_TIE = 1e-3

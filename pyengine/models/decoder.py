@@ -176,8 +176,8 @@ class DecoderForCausalLM(torch.nn.Module):
         """Float32 logits of this rank's vocabulary slice [N, vocab_rows] (padding columns
         past the vocabulary's end are zeros; every column at world size 1)."""
         if self.quantized_head is not None:
-            return self.quantized_head(hidden).float()
-        if self.packed_head is not None:
+            logits = self.quantized_head(hidden).float()
+        elif self.packed_head is not None:
             logits = cpu_linear.linear(hidden, self.packed_head)
         else:
             logits = F.linear(hidden, self.output_embedding).float()

@@ -67,19 +67,24 @@ class SdpaBackend:
 
     name = "sdpa"
 
+    def __init__(self, native_decode: bool = True) -> None:
+        # False: float32 CPU decode rows take the gathered path too (tests compare the two).
+        self.native_decode = native_decode
+
     def bind(self, cache: PagedKVCache, layout: StepAttentionLayout) -> "SdpaStepAttention":
-        return SdpaStepAttention(cache, layout)
+        return SdpaStepAttention(cache, layout, self.native_decode)
 
 
 class SdpaStepAttention:
     """One step's attention: writes K/V to the cache, then attends per group."""
 
-    def __init__(self, cache: PagedKVCache, layout: StepAttentionLayout) -> None:
+    def __init__(self, cache: PagedKVCache, layout: StepAttentionLayout, native_decode: bool = True) -> None:
         self.cache = cache
         self.layout = layout
+        self.native_decode = native_decode
         self.slot_mapping = layout.slot_mapping
         self.block_size = layout.block_size
-        self.single = _single_query_group(layout, cache)
+        self.single = _single_query_group(layout, cache, None, native_decode)
         self.chunks = prefill_chunks(layout)
         # Decode groups of windowed layers, by window (the same for every such layer).
         self.windowed_single: dict[int, Optional[_SingleQueryGroup]] = {}
@@ -115,7 +120,7 @@ class SdpaStepAttention:
         if window is None or self.single is None or int(self.layout.seq_lens.max()) <= window:
             return self.single
         if window not in self.windowed_single:
-            self.windowed_single[window] = _single_query_group(self.layout, self.cache, window)
+            self.windowed_single[window] = _single_query_group(self.layout, self.cache, window, self.native_decode)
         return self.windowed_single[window]
 
     def _attend_single(
@@ -275,7 +280,7 @@ def _value_bags(
 
 
 def _single_query_group(
-    layout: StepAttentionLayout, cache: PagedKVCache, window: Optional[int] = None
+    layout: StepAttentionLayout, cache: PagedKVCache, window: Optional[int] = None, native_decode: bool = True
 ) -> Optional[_SingleQueryGroup]:
     single = np.flatnonzero(layout.num_scheduled_tokens == 1)
     if single.size == 0:
@@ -286,7 +291,7 @@ def _single_query_group(
     row_index = None if everything else torch.from_numpy(single).to(device)
     tables = layout.block_tables if row_index is None else layout.block_tables.index_select(0, row_index)
     on_cpu = device.type == "cpu"
-    native = on_cpu and cache.keys.dtype == torch.float32
+    native = native_decode and on_cpu and cache.keys.dtype == torch.float32
     window_starts = None
     if window is not None and not native:
         tables, lengths, window_starts = _from_window_block(tables, lengths, window, layout.block_size)
