@@ -78,6 +78,16 @@ def test_decode_far_past_the_window_matches_generate(tmp_path, arch, native_deco
     assert ours == theirs[0, len(prompt):].tolist()
 
 
+def test_mixtral_window_on_every_layer_matches_generate(tmp_path):
+    """Mixtral's sliding_window (its MoE layers attend as the dense ones do)."""
+    path = make_tiny_checkpoint(tmp_path, "mixtral", vocab_size=VOCAB, sliding_window=20)
+    prompt = _prompt(4, 50)
+    ours = _greedy(_runner(path), prompt, 30, chunk=16)
+    with torch.no_grad():
+        theirs = _reference(path).generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False)
+    assert ours == theirs[0, len(prompt):].tolist()
+
+
 def test_phi3_long_prompt_uses_the_long_factors(tmp_path):
     """A prompt past original_max_position_embeddings (128) rotates with the long factors
     (and the attention factor), as transformers does, prefill and decode."""

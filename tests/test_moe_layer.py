@@ -106,7 +106,6 @@ def _edited_config(tmp_path, arch, **edits):
         ("qwen3_moe", dict(moe_intermediate_size=None), "moe_intermediate_size"),
         ("qwen2_moe", dict(shared_expert_intermediate_size=0), "shared_expert_intermediate_size"),
         ("mixtral", dict(num_local_experts=0), "num_local_experts"),
-        ("mixtral", dict(sliding_window=64), "sliding_window"),
         ("qwen3_moe", dict(decoder_sparse_step=0), "decoder_sparse_step"),
     ],
 )
