@@ -88,6 +88,24 @@ def test_mixtral_window_on_every_layer_matches_generate(tmp_path):
     assert ours == theirs[0, len(prompt):].tolist()
 
 
+@pytest.mark.parametrize(
+    ("arch", "overrides"),
+    [("phi3", dict(sliding_window=20)), ("gemma3", dict(max_shard_size="40KB"))],
+    ids=["phi3_window_every_layer", "gemma3_sharded"],
+)
+def test_published_forms_match_generate(tmp_path, arch, overrides):
+    """Phi-3-mini-4k's form (a sliding_window on every layer) and a sharded safetensors
+    Gemma 3 (an index file and several shards), prompt and decode past the window."""
+    path = make_tiny_checkpoint(tmp_path, arch, vocab_size=VOCAB, **overrides)
+    if "max_shard_size" in overrides:
+        assert (path / "model.safetensors.index.json").is_file()
+    prompt = _prompt(5, 45)
+    ours = _greedy(_runner(path), prompt, 30, chunk=16)
+    with torch.no_grad():
+        theirs = _reference(path).generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False)
+    assert ours == theirs[0, len(prompt):].tolist()
+
+
 def test_phi3_long_prompt_uses_the_long_factors(tmp_path):
     """A prompt past original_max_position_embeddings (128) rotates with the long factors
     (and the attention factor), as transformers does, prefill and decode."""
