@@ -62,6 +62,8 @@ from pyengine.sampling_params import PoolingParams, SamplingParams, StructuredOu
 _LAZY = {
     "LLM": "pyengine.entrypoints.llm",
     "AsyncEngine": "pyengine.entrypoints.async_engine",
+    "make_engine_client": "pyengine.entrypoints.client_factory",
+    "LinkOptions": "pyengine.multiprocess.link_options",
     "LogitsProcessor": "pyengine.logits_processors",
     "BatchUpdate": "pyengine.logits_processors",
     "MoveDirectionality": "pyengine.logits_processors",
@@ -80,6 +82,8 @@ __all__ = [
     "__version__",
     "LLM",
     "AsyncEngine",
+    "make_engine_client",
+    "LinkOptions",
     "EngineConfig",
     "SamplingParams",
     "PoolingParams",

@@ -53,7 +53,7 @@ class EngineConfig:
       updates in turn (for debugging and to measure what the overlap buys).
     - ``scheduling_policy``: "fcfs" or "priority" (lower ``priority`` runs first).
     - ``data_parallel_size``: engine cores, one process each, behind one multi-process
-      front end (``AsyncEngine(..., multiprocess=True)``, ``pyengine serve``); on CPU each
+      front end (``make_engine_client(config, multiprocess=True)``, ``pyengine serve``); on CPU each
       gets its share of the CPUs, on CUDA its own device. An in-process engine takes 1.
     - ``tensor_parallel_size``: ranks the model is split over (1: no split). Above 1 the
       engine starts N-1 worker processes on this host, each holding a weight shard (see

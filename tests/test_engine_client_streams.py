@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pyengine import AsyncEngine, SamplingParams
+from pyengine import EngineConfig, SamplingParams, make_engine_client
 from pyengine.entrypoints.engine_client import until_finished
 from pyengine.errors import EngineError, InvalidRequestError
 from pyengine.testing.checkpoints import make_tiny_checkpoint
@@ -28,8 +28,8 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=["in-process", "multiprocess"])
 def engine(request, checkpoint):
-    eng = AsyncEngine(str(checkpoint), multiprocess=request.param == "multiprocess", max_num_seqs=8,
-                      num_kv_blocks=256, max_model_len=512)
+    config = EngineConfig.from_kwargs(str(checkpoint), max_num_seqs=8, num_kv_blocks=256, max_model_len=512)
+    eng = make_engine_client(config, multiprocess=request.param == "multiprocess")
     yield eng
     eng.shutdown()
 

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import threading
 
 import pytest
 
-from pyengine.config import EngineConfig
+from pyengine import EngineConfig, LinkOptions, make_engine_client
 from pyengine.sampling_params import SamplingParams
 from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.waits import free_ports
 
 WEB_STACK = ("fastapi", "starlette", "uvicorn", "pydantic", "prometheus_client", "structlog")
 
@@ -76,26 +76,17 @@ def test_serve_help_still_has_the_engine_flags():
     assert "--max-num-seqs" in done.stdout and "--engine-transport" in done.stdout
 
 
-def _free_ports(n: int) -> list[int]:
-    ports = []
-    for _ in range(n):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
-    return ports
-
-
 def test_an_engine_core_process_loads_no_web_framework(tmp_path):
     """A core started by hand (as on another host) serves a request for a real front end
     and, when told to shut down, has loaded none of the web stack."""
-    from pyengine.multiprocess.client import MultiprocessEngine
-
     checkpoint = make_tiny_checkpoint(tmp_path / "qwen3", "qwen3", seed=7)
-    input_port, output_port = _free_ports(2)
+    input_port, output_port = free_ports(2)
     box: dict = {}
-    thread = threading.Thread(target=lambda: box.update(engine=MultiprocessEngine(
-        EngineConfig(model=str(checkpoint), num_kv_blocks=64, max_num_seqs=4), transport="tcp",
-        input_port=input_port, output_port=output_port, local_cores=0, start_timeout=120)), daemon=True)
+    link = LinkOptions(transport="tcp", input_port=input_port, output_port=output_port, local_cores=0,
+                       start_timeout=120)
+    thread = threading.Thread(target=lambda: box.update(engine=make_engine_client(
+        EngineConfig(model=str(checkpoint), num_kv_blocks=64, max_num_seqs=4), multiprocess=True, link=link)),
+        daemon=True)
     thread.start()
     report = tmp_path / "modules.json"
     core = subprocess.Popen([sys.executable, "-c", _CORE, str(report), str(checkpoint),

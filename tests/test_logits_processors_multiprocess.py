@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from pyengine import AsyncEngine, EngineError, InvalidConfigError, LogitsProcessor, SamplingParams
+from pyengine import (
+    EngineConfig,
+    EngineError,
+    InvalidConfigError,
+    LinkOptions,
+    LogitsProcessor,
+    SamplingParams,
+    make_engine_client,
+)
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "logits_processors.md"
@@ -40,8 +48,10 @@ async def _tokens(engine, prompt, params):
 
 
 def test_a_custom_processor_and_the_fields_cross_to_the_core(checkpoint, processor_module):
-    eng = AsyncEngine(str(checkpoint), multiprocess=True, max_num_seqs=8, num_kv_blocks=64,
-                      logits_processors=[processor_module.TargetTokenLogitsProcessor], start_timeout=120)
+    eng = make_engine_client(EngineConfig.from_kwargs(
+        str(checkpoint), max_num_seqs=8, num_kv_blocks=64,
+        logits_processors=[processor_module.TargetTokenLogitsProcessor]), multiprocess=True,
+        link=LinkOptions(start_timeout=120))
     try:
         async def run():
             forced = await _tokens(eng, [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True,
@@ -65,10 +75,10 @@ def test_a_class_the_core_cannot_import_is_refused_at_once(checkpoint):
         pass
 
     with pytest.raises(InvalidConfigError, match="logits_processors: .*Local cannot be imported by name"):
-        AsyncEngine(str(checkpoint), multiprocess=True, logits_processors=[Local])
+        make_engine_client(EngineConfig.from_kwargs(str(checkpoint), logits_processors=[Local]), multiprocess=True)
 
 
 def test_a_name_the_core_cannot_import_fails_the_start_naming_it(checkpoint):
     with pytest.raises(EngineError, match="cannot import 'no_such_module.Processor'"):
-        AsyncEngine(str(checkpoint), multiprocess=True, logits_processors=["no_such_module.Processor"],
-                    start_timeout=120)
+        make_engine_client(EngineConfig.from_kwargs(str(checkpoint), logits_processors=["no_such_module.Processor"]),
+                           multiprocess=True, link=LinkOptions(start_timeout=120))

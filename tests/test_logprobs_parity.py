@@ -9,7 +9,7 @@ import asyncio
 import pytest
 import torch
 
-from pyengine import LLM, AsyncEngine, Logprob, SamplingParams
+from pyengine import LLM, AsyncEngine, EngineConfig, Logprob, SamplingParams, make_engine_client
 from pyengine.errors import EngineError, InvalidRequestError
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 
@@ -238,7 +238,7 @@ def test_async_and_multiprocess_engines_deliver_prompt_logprobs(checkpoint, llm)
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, prompt_logprobs=3, logprobs=2)
     want = llm.generate([PROMPT], params, use_tqdm=False)[0]
     local = AsyncEngine.from_engine_core(llm.engine_core)
-    remote = AsyncEngine(str(checkpoint), multiprocess=True, max_num_seqs=8)
+    remote = make_engine_client(EngineConfig.from_kwargs(str(checkpoint), max_num_seqs=8), multiprocess=True)
     try:
         for engine in (local, remote):
             deltas = asyncio.run(_all(engine, PROMPT, params, "delta"))

@@ -17,6 +17,7 @@ from pyengine.config import EngineConfig
 from pyengine.errors import EngineDeadError, EngineError
 from pyengine.multiprocess import wire
 from pyengine.multiprocess.client import MultiprocessEngine
+from pyengine.multiprocess.link_options import LinkOptions
 from pyengine.sampling_params import SamplingParams
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.waits import wait_until
@@ -54,7 +55,7 @@ def fill_queue(engine: MultiprocessEngine, index: int, limit: int = 2_000_000) -
 def test_an_abort_that_meets_a_full_core_queue_is_sent_once_there_is_room(checkpoint):
     config = EngineConfig(model=str(checkpoint), max_model_len=4096, num_kv_blocks=300, max_num_seqs=4)
     # A long heartbeat timeout: the stopped core must not take the pause for a dead front end.
-    engine = MultiprocessEngine(config, heartbeat_timeout=60.0)
+    engine = MultiprocessEngine(config, LinkOptions(heartbeat_timeout=60.0))
     pid = engine.core_pids[0]
     assert pid is not None
 
@@ -87,7 +88,7 @@ def test_a_query_that_meets_a_full_core_queue_is_an_error_not_a_death(checkpoint
     """stats() / thread_stacks() ask every core; a full queue says so at once (try again),
     not "unreachable" as a dead core would, and the engine stays alive."""
     config = EngineConfig(model=str(checkpoint), max_model_len=4096, num_kv_blocks=300, max_num_seqs=4)
-    engine = MultiprocessEngine(config, heartbeat_timeout=60.0)
+    engine = MultiprocessEngine(config, LinkOptions(heartbeat_timeout=60.0))
     pid = engine.core_pids[0]
     assert pid is not None
     try:

@@ -18,6 +18,7 @@ import zmq
 from pyengine.config import EngineConfig
 from pyengine.multiprocess import wire
 from pyengine.multiprocess.core_loop import CoreMainLoop
+from pyengine.multiprocess.link_options import LinkOptions
 from pyengine.sampling_params import SamplingParams
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 
@@ -207,8 +208,8 @@ def test_a_hello_of_another_version_is_a_clear_error(checkpoint, hello, says):
 
     def start() -> None:
         try:
-            box["engine"] = MultiprocessEngine(EngineConfig(model=str(checkpoint)), transport="tcp",
-                                               input_port=port, local_cores=0, start_timeout=20)
+            box["engine"] = MultiprocessEngine(EngineConfig(model=str(checkpoint)), LinkOptions(
+                transport="tcp", input_port=port, local_cores=0, start_timeout=20))
         except BaseException as error:  # noqa: BLE001 - the test looks at it
             box["error"] = error
 
@@ -295,8 +296,8 @@ def test_an_unreadable_output_fails_its_request_only_and_a_broken_message_fails_
             ports.append(s.getsockname()[1])
     box: dict = {}
     thread = threading.Thread(target=lambda: box.update(engine=MultiprocessEngine(
-        EngineConfig(model=str(checkpoint)), transport="tcp", input_port=ports[0], output_port=ports[1],
-        local_cores=0, start_timeout=20)), daemon=True)
+        EngineConfig(model=str(checkpoint)), LinkOptions(transport="tcp", input_port=ports[0], output_port=ports[1],
+                                                         local_cores=0, start_timeout=20))), daemon=True)
     thread.start()
     fake = FakeCore(*ports)
     try:

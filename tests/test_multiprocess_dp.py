@@ -20,6 +20,7 @@ from pyengine import SamplingParams
 from pyengine.config import EngineConfig
 from pyengine.errors import EngineDeadError
 from pyengine.multiprocess.client import MultiprocessEngine
+from pyengine.multiprocess.link_options import LinkOptions
 from pyengine.server import ServerArgs
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.live_server import LiveServer
@@ -57,7 +58,7 @@ def test_two_cores_share_the_work_and_answer_as_one(checkpoint):
         expected = [o.outputs[0].token_ids for o in asyncio.run(all_of(single))]
     finally:
         single.shutdown()
-    engine = MultiprocessEngine(config, core_cpus=CPUS)
+    engine = MultiprocessEngine(config, LinkOptions(core_cpus=CPUS))
     try:
         pids = engine.core_pids
         assert sorted(_allowed_cpus(pid) for pid in pids) == sorted(str(c) for c in CPUS)

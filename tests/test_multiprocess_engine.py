@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pyengine import AsyncEngine, SamplingParams
+from pyengine import AsyncEngine, EngineConfig, LinkOptions, SamplingParams, make_engine_client
 from pyengine.errors import DuplicateRequestError, EngineDeadError, InvalidRequestError, ModelLoadError
 from pyengine.multiprocess.client import MultiprocessEngine
 from pyengine.processes.child_command import python_module_command
@@ -39,7 +39,8 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(checkpoint):
-    eng = AsyncEngine(str(checkpoint), multiprocess=True, max_num_seqs=16, num_kv_blocks=128)
+    eng = make_engine_client(EngineConfig.from_kwargs(str(checkpoint), max_num_seqs=16, num_kv_blocks=128),
+                             multiprocess=True)
     yield eng
     eng.shutdown()
 
@@ -153,7 +154,7 @@ def test_a_core_that_fails_to_load_reports_its_error(tmp_path, monkeypatch):
     private.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(private))  # where the ipc folder goes
     with pytest.raises(ModelLoadError, match="engine core 0 failed to load.*NoSuchForCausalLM"):
-        AsyncEngine(str(bad), multiprocess=True, start_timeout=60)
+        make_engine_client(EngineConfig(model=str(bad)), multiprocess=True, link=LinkOptions(start_timeout=60))
     assert not list(private.iterdir())  # its ipc folder is gone
 
 
@@ -182,7 +183,7 @@ def test_a_failure_after_the_cores_are_ready_reaps_them(checkpoint, tmp_path, mo
     monkeypatch.setattr(request_prep, "_tokenizer", broken_tokenizer)
     try:
         with pytest.raises(ValueError, match="cannot read"):
-            MultiprocessEngine(_config(checkpoint), start_timeout=60)
+            MultiprocessEngine(_config(checkpoint), LinkOptions(start_timeout=60))
         assert len(started) == 1
         assert started[0].popen.poll() is not None, "a ready core outlived its failed start-up"
         assert not list(private.iterdir())  # its ipc folder is gone
@@ -224,7 +225,7 @@ def test_setting_abandon_ends_the_start_up(checkpoint, tmp_path, monkeypatch):
     timer.start()
     try:
         with pytest.raises(EngineError, match="abandoned"):
-            MultiprocessEngine(_config(model), start_timeout=60, abandon=abandon)
+            MultiprocessEngine(_config(model), LinkOptions(start_timeout=60), abandon=abandon)
         assert len(started) == 1 and started[0].popen.poll() is not None
         assert not list(private.iterdir())
     finally:
@@ -461,8 +462,8 @@ def test_a_core_on_another_host_over_tcp(checkpoint):
 
         def start() -> None:
             try:
-                eng_box["eng"] = MP(cfg, transport="tcp", input_port=ports[0], output_port=ports[1], local_cores=0,
-                                    start_timeout=60)
+                eng_box["eng"] = MP(cfg, LinkOptions(transport="tcp", input_port=ports[0], output_port=ports[1],
+                                                     local_cores=0, start_timeout=60))
             except BaseException as error:  # noqa: BLE001 - shown by the assert below
                 eng_box["error"] = error
 
@@ -491,9 +492,11 @@ FRONT_END_TCP = """
 import sys; sys.path = [p for p in sys.path if p]  # the installed pyengine, not the checkout
 import sys, time
 from pyengine.multiprocess.client import MultiprocessEngine
+from pyengine.multiprocess.link_options import LinkOptions
 from pyengine.config import EngineConfig
-eng = MultiprocessEngine(EngineConfig(model=sys.argv[1], num_kv_blocks=64, max_num_seqs=8), transport="tcp",
-                         input_port=int(sys.argv[2]), output_port=int(sys.argv[3]), local_cores=0, start_timeout=90)
+eng = MultiprocessEngine(EngineConfig(model=sys.argv[1], num_kv_blocks=64, max_num_seqs=8),
+                         LinkOptions(transport="tcp", input_port=int(sys.argv[2]), output_port=int(sys.argv[3]),
+                                     local_cores=0, start_timeout=90))
 print("ready", flush=True)
 time.sleep(120)
 """

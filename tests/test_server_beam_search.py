@@ -12,7 +12,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pyengine import LLM, AsyncEngine, BeamSearchParams
+from pyengine import LLM, AsyncEngine, BeamSearchParams, EngineConfig, LinkOptions, make_engine_client
 from pyengine.errors import InvalidRequestError
 from pyengine.server import ServerArgs
 from pyengine.testing.checkpoints import make_tiny_checkpoint
@@ -233,7 +233,8 @@ def test_multiprocess_engine_client_beam_search(checkpoint, offline):
     """The same search through an engine core in another process (EOS ids and
     log-probabilities cross the process link)."""
     async def run():
-        engine = AsyncEngine(str(checkpoint), multiprocess=True, start_timeout=120)
+        engine = make_engine_client(EngineConfig.from_kwargs(str(checkpoint)), multiprocess=True,
+                                    link=LinkOptions(start_timeout=120))
         try:
             assert engine.eos_token_ids == EOS
             return await engine.beam_search([{"prompt_token_ids": p} for p in PROMPTS],

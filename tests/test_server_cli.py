@@ -100,14 +100,14 @@ def test_serve_subprocess_answers_and_exits_on_ctrl_c(tmp_path):
 def test_a_failed_start_gives_the_caller_its_signal_handlers_back(monkeypatch):
     """main() runs inside other programs (tests among them): a start-up that fails must not
     leave its start-up SIGINT / SIGTERM handler installed in the caller's process."""
-    from pyengine.entrypoints.async_engine import AsyncEngine
+    from pyengine.entrypoints import client_factory
     from pyengine.errors import ModelLoadError
     from pyengine.server.cli import main
 
     def refuse(*args, **kwargs):
         raise ModelLoadError("no model here")
 
-    monkeypatch.setattr(AsyncEngine, "from_config", staticmethod(refuse))
+    monkeypatch.setattr(client_factory, "make_engine_client", refuse)
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     with pytest.raises(ModelLoadError):
         main(["--load-format", "dummy"])
@@ -128,7 +128,7 @@ def test_a_signal_once_the_engine_is_built_shuts_it_down(monkeypatch):
     signal, and the built engine is shut down, never left running."""
     import os
 
-    from pyengine.entrypoints.async_engine import AsyncEngine
+    from pyengine.entrypoints import client_factory
     from pyengine.server.cli import main
 
     built = _BuiltEngine()
@@ -137,7 +137,7 @@ def test_a_signal_once_the_engine_is_built_shuts_it_down(monkeypatch):
         os.kill(os.getpid(), signal.SIGTERM)  # handled at once, by the command's start-up handler
         return built
 
-    monkeypatch.setattr(AsyncEngine, "from_config", staticmethod(build_then_signal))
+    monkeypatch.setattr(client_factory, "make_engine_client", build_then_signal)
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         code = main(["--load-format", "dummy"])

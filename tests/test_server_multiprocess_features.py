@@ -11,7 +11,13 @@ import json
 import httpx
 import pytest
 
-from pyengine import LLM, AsyncEngine, BeamSearchParams, SamplingParams
+from pyengine import (
+    LLM,
+    BeamSearchParams,
+    EngineConfig,
+    SamplingParams,
+    make_engine_client,
+)
 from pyengine.server.args import ServerArgs
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.live_server import LiveServer
@@ -33,7 +39,8 @@ def offline(checkpoint):
 
 @pytest.fixture(scope="module")
 def http(checkpoint):
-    engine = AsyncEngine(str(checkpoint), multiprocess=True, max_num_seqs=16, max_model_len=256)
+    engine = make_engine_client(EngineConfig.from_kwargs(str(checkpoint), max_num_seqs=16, max_model_len=256),
+                                multiprocess=True)
     try:
         with LiveServer(engine, ServerArgs(model_name=MODEL, stats_interval=0)) as server:
             with httpx.Client(base_url=server.url, timeout=60) as client:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from pyengine import LLM, AsyncEngine, EngineConfig, SamplingParams
+from pyengine import LLM, AsyncEngine, EngineConfig, LinkOptions, SamplingParams, make_engine_client
 from pyengine.errors import InvalidConfigError, ModelLoadError
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 
@@ -169,7 +169,8 @@ def test_an_engine_core_process_and_its_front_end_use_the_given_tokenizer(model,
     shutil.copytree(model, with_defaults)
     generation = json.loads((with_defaults / "generation_config.json").read_text())
     (with_defaults / "generation_config.json").write_text(json.dumps({**generation, "top_k": 7}))
-    engine = AsyncEngine(str(with_defaults), tokenizer=str(words), multiprocess=True, start_timeout=120, **LIMITS)
+    engine = make_engine_client(EngineConfig.from_kwargs(str(with_defaults), tokenizer=str(words), **LIMITS),
+                                multiprocess=True, link=LinkOptions(start_timeout=120))
     try:
         assert engine.tokenizer_path == str(words)
         assert engine.tokenize("hello world") == [2, 3]

@@ -84,7 +84,7 @@ class EngineCore:
         if config.data_parallel_size != 1:
             raise InvalidConfigError(
                 f"data_parallel_size = {config.data_parallel_size} runs one engine core per process: use "
-                "AsyncEngine(..., multiprocess=True) or `pyengine serve`, not an in-process engine"
+                "make_engine_client(config, multiprocess=True) or `pyengine serve`, not an in-process engine"
             )
         self.config = config
         # Custom logits processors: imported before the model loads, so a bad name fails fast.

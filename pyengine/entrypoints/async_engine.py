@@ -3,7 +3,9 @@
 The output thread hands each output to the caller's loop with
 ``loop.call_soon_threadsafe``; cancelling the consuming task (or leaving the ``async for``
 early) aborts the request. It is the in-process ``EngineClient``: the server sees only
-that interface, never the ``EngineCore`` behind ``self.engine_core``.
+that interface, never the ``EngineCore`` behind ``self.engine_core``. The engine core in a
+process of its own is the other client, ``MultiprocessEngine``; ``make_engine_client``
+(``client_factory.py``) builds either.
 """
 
 from __future__ import annotations
@@ -19,14 +21,11 @@ from pyengine.config import EngineConfig
 from pyengine.engine.core import EngineCore
 from pyengine.engine.request_state import AnyOutput, OutputKind
 from pyengine.entrypoints.engine_client import EngineClient, normalize_off_loop, until_finished
+from pyengine.errors import InvalidConfigError
 from pyengine.inputs.prompts import PromptType
 from pyengine.outputs import EmbeddingRequestOutput, EngineHealth, EngineStats, RequestOutput, ThreadStack
 from pyengine.sampling_params import PoolingParams, SamplingParams
 from pyengine.text.encode import encode_ids
-
-# ``MultiprocessEngine``'s own options, which ``AsyncEngine(..., multiprocess=True)`` passes on.
-LINK_OPTIONS = ("transport", "host", "input_port", "output_port", "local_cores", "core_cpus", "start_timeout",
-                "heartbeat_timeout")
 
 
 class _LoopSink:
@@ -54,18 +53,14 @@ class AsyncEngine(EngineClient):
     ``engine`` is the ``EngineCore`` (for tests and offline use; servers use the
     ``EngineClient`` methods only)."""
 
-    def __new__(cls, model: Optional[Union[str, Path]] = None, *, multiprocess: bool = False,
-                **engine_args: Any) -> Any:
-        """``multiprocess=True`` builds a ``MultiprocessEngine`` instead (the same
-        ``EngineClient``, engine cores in processes of their own: what ``pyengine serve``
-        runs); ``data_parallel_size`` > 1 needs it."""
-        if multiprocess:
-            link = {k: engine_args.pop(k) for k in LINK_OPTIONS if k in engine_args}
-            return cls.from_config(EngineConfig.from_kwargs(model, **engine_args), multiprocess=True, **link)
-        return super().__new__(cls)
-
     def __init__(self, model: Optional[Union[str, Path]] = None, *, multiprocess: bool = False,
                  **engine_args: Any) -> None:
+        """``multiprocess=True`` is refused: an ``AsyncEngine`` is always in-process (it used
+        to return a ``MultiprocessEngine``, an object of another class)."""
+        if multiprocess:
+            raise InvalidConfigError(
+                "AsyncEngine runs the engine in this process; for engine cores in processes of their own use "
+                "pyengine.make_engine_client(EngineConfig.from_kwargs(model, ...), multiprocess=True)")
         self.config = EngineConfig.from_kwargs(model, **engine_args)
         self.engine_core = EngineCore(self.config)
         self._auto_ids = itertools.count()
@@ -78,13 +73,8 @@ class AsyncEngine(EngineClient):
         return engine
 
     @classmethod
-    def from_config(cls, config: EngineConfig, multiprocess: bool = False, **link_options: Any) -> EngineClient:
-        """Builds the engine from an already validated config (the CLI's): in this process,
-        or (``multiprocess``) a ``MultiprocessEngine`` given ``link_options``."""
-        if multiprocess:
-            from pyengine.multiprocess.client import MultiprocessEngine
-
-            return MultiprocessEngine(config, **link_options)
+    def from_config(cls, config: EngineConfig) -> AsyncEngine:
+        """Builds the engine in this process from an already validated config."""
         return cls.from_engine_core(EngineCore(config))
 
     async def generate(

@@ -38,11 +38,12 @@ from pyengine.inputs.prompts import PromptType
 from pyengine.multiprocess import cores as core_set
 from pyengine.multiprocess import wire
 from pyengine.multiprocess.cores import POLL_MS, CoreState
+from pyengine.multiprocess.link_options import LinkOptions
 from pyengine.multiprocess.queries import QUERY_TIMEOUT_S, CoreQueries
 from pyengine.multiprocess.request_prep import RequestPreparer
 from pyengine.multiprocess.stats_merge import merge_stats
 from pyengine.multiprocess.streams import AnyOutput, RequestStream, deliver
-from pyengine.multiprocess.transport import FrontEndLink, UnreadableMessage, check_transport
+from pyengine.multiprocess.transport import FrontEndLink, UnreadableMessage
 from pyengine.outputs import (
     EmbeddingRequestOutput,
     EngineHealth,
@@ -61,30 +62,20 @@ ABORT_RETRY_S = 60.0
 
 
 class MultiprocessEngine(EngineClient):
-    """``data_parallel_size`` engine cores in their own processes (see the module docstring).
+    """``data_parallel_size`` engine cores in their own processes (see the module docstring),
+    reached as ``link`` says (``LinkOptions``: transport, ports, local cores and their
+    CPUs, timeouts). ``make_engine_client(config, multiprocess=True, link=...)`` builds one.
 
-    - ``transport``: "ipc" (sockets in a private temporary folder) or "tcp" (``host`` and
-      ``input_port`` / ``output_port``; 0 picks free ports).
-    - ``local_cores``: how many cores to start here (default all); the others are started
-      on other hosts with ``pyengine core`` and connect to the tcp addresses.
-    - ``core_cpus``: the CPUs the local cores split among themselves (default: no pinning
-      for one core, this process's CPUs for several).
-    - ``start_timeout``: seconds to wait for every core's ``Ready``.
-    - ``heartbeat_timeout``: a core exits after this long without a word from here; a core
-      on another host is declared dead after this long without a ``Status``.
-    - ``abandon``: set it (a signal handler, another thread) to end a start-up that is still
-      waiting for its cores: the constructor kills and reaps them and raises ``EngineError``.
+    ``abandon``: set it (a signal handler, another thread) to end a start-up that is still
+    waiting for its cores: the constructor kills and reaps them and raises ``EngineError``.
     A start-up that fails at any step leaves no process, socket or ipc file behind."""
 
-    def __init__(self, config: EngineConfig, *, transport: str = "ipc", host: str = "127.0.0.1",
-                 input_port: int = 0, output_port: int = 0, local_cores: Optional[int] = None,
-                 core_cpus: Optional[Sequence[int]] = None, start_timeout: float = 600.0,
-                 heartbeat_timeout: float = wire.DEFAULT_HEARTBEAT_TIMEOUT_S,
+    def __init__(self, config: EngineConfig, link: Optional[LinkOptions] = None, *,
                  abandon: Optional[threading.Event] = None) -> None:
-        check_transport(transport)
-        shares = core_set.check_local_cores(config, transport, local_cores, core_cpus)
+        options = link or LinkOptions()
+        shares = core_set.check_local_cores(config, options.transport, options.local_cores, options.core_cpus)
         self.config = config
-        self.heartbeat_timeout = heartbeat_timeout
+        self.heartbeat_timeout = heartbeat_timeout = options.heartbeat_timeout
         self._auto_ids = itertools.count()
         self._lock = threading.Lock()  # streams, queries, core states
         self._streams: dict[str, RequestStream] = {}
@@ -95,12 +86,13 @@ class MultiprocessEngine(EngineClient):
         self._closed = False
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.link = FrontEndLink(transport, host, input_port, output_port)  # closes what it opened if it fails
+        # Closes what it opened if it fails.
+        self.link = FrontEndLink(options.transport, options.host, options.input_port, options.output_port)
         self._send = self.link.send
         self._queries = CoreQueries(self._cores, self._send, self._check_alive)
         try:
             core_set.start_local_cores(self._cores, config, self.link, shares, heartbeat_timeout)
-            core_set.wait_ready(self._cores, self.link, start_timeout, abandon)
+            core_set.wait_ready(self._cores, self.link, options.start_timeout, abandon)
             info = self._cores[0].info
             assert info is not None
             self.info = info

@@ -18,6 +18,7 @@ from typing import Any, Optional
 from pyengine.cli.engine_flags import add_engine_flags, engine_kwargs
 from pyengine.config import EngineConfig
 from pyengine.inputs.chat_template import load_chat_template
+from pyengine.multiprocess.link_options import add_link_flags, link_options
 from pyengine.server.args import (
     UVICORN_LOG_LEVELS,
     ServerArgs,
@@ -63,36 +64,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
                         "streams are ended with an error event (0: at once; a second signal also ends them)")
     add_limit_flags(parser)  # --max-body-bytes ... --enable-docs, defaults from ServerArgs
     add_tool_flags(parser)  # --tool-call-parser, --enable-auto-tool-choice
-    _add_process_flags(parser)
-    return parser, add_engine_flags(parser)
-
-
-def _add_process_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--multiprocess", action=argparse.BooleanOptionalAction, default=True,
                         help="run the engine core(s) in processes of their own, the HTTP front end in this one "
                         "(the default); --no-multiprocess keeps the engine in the server's process")
-    group = parser.add_argument_group("engine-core processes (docs/multiprocess.md)")
-    group.add_argument("--engine-transport", choices=("ipc", "tcp"), default="ipc",
-                       help="ipc:// sockets in a private temporary folder, or tcp:// (cores on other hosts)")
-    group.add_argument("--engine-host", default="127.0.0.1", help="the address the tcp:// sockets listen on")
-    group.add_argument("--engine-input-port", type=int, default=0, help="tcp:// command port (0: a free one)")
-    group.add_argument("--engine-output-port", type=int, default=0, help="tcp:// output port (0: a free one)")
-    group.add_argument("--local-engine-cores", type=int, default=None, metavar="N",
-                       help="cores started here (default: all of --data-parallel-size); the rest run "
-                       "`pyengine core` on other hosts")
-    group.add_argument("--engine-core-cpus", default=None, metavar="LIST",
-                       help="CPU ids (e.g. 0,1) the local cores split among them (default: no pinning for one "
-                       "core, this process's CPUs for several)")
-    group.add_argument("--engine-start-timeout", type=float, default=600.0,
-                       help="seconds to wait for every engine core to load (default: %(default)s)")
-
-
-def link_options(ns: argparse.Namespace) -> dict[str, Any]:
-    """``MultiprocessEngine``'s options from the parsed flags."""
-    cpus = [int(c) for c in ns.engine_core_cpus.split(",")] if ns.engine_core_cpus else None
-    return {"transport": ns.engine_transport, "host": ns.engine_host, "input_port": ns.engine_input_port,
-            "output_port": ns.engine_output_port, "local_cores": ns.local_engine_cores, "core_cpus": cpus,
-            "start_timeout": ns.engine_start_timeout}
+    add_link_flags(parser)  # --engine-transport ...: LinkOptions's fields
+    return parser, add_engine_flags(parser)
 
 
 def parse(argv: list[str]) -> tuple[Optional[str], dict[str, Any], ServerArgs]:
@@ -141,13 +117,13 @@ def main(argv: list[str]) -> int:
     try:
         model, engine_kwargs, args, ns = _parse(argv)
         config = EngineConfig.from_kwargs(model, **engine_kwargs)
-        link = link_options(ns) if ns.multiprocess else {}
+        link = link_options(ns) if ns.multiprocess else None
     except ValueError as error:
         print(f"pyengine serve: {error}", file=sys.stderr)
         return 2
     import uvicorn
 
-    from pyengine.entrypoints.async_engine import AsyncEngine
+    from pyengine.entrypoints.client_factory import make_engine_client
     from pyengine.processes.startup_heap import freeze_startup_heap
     from pyengine.server.app import create_app
     from pyengine.server.drain import BACKSTOP_S, Drain, DrainingServer, DrainMiddleware
@@ -164,11 +140,11 @@ def main(argv: list[str]) -> int:
             # kills and reaps what it started, and the command exits 128 + the signal.
             for sig in previous:
                 signal.signal(sig, start_signals)
-            link = {**link, "abandon": start_signals.abandon}
         # The engine core(s) in their own processes (multiprocess, the default): their
         # start-up or load failure raises here, and the command exits with its message.
         try:
-            engine = AsyncEngine.from_config(config, multiprocess=ns.multiprocess, **link)
+            engine = make_engine_client(config, multiprocess=ns.multiprocess, link=link,
+                                        abandon=start_signals.abandon if ns.multiprocess else None)
         except BaseException:
             if start_signals.signum is not None:
                 logger.info("start-up abandoned", signal=signal.Signals(start_signals.signum).name)
