@@ -11,7 +11,8 @@ help:  ## list the targets
 install-deps:  ## install the Python packages the build, tests and benches need
 	$(PY) -m pip install -q --upgrade "maturin>=1.9,<2" ziglang auditwheel twine "numpy>=1.24" pyzmq msgspec "pytest>=8" mypy ruff \
 		torch safetensors tokenizers transformers huggingface_hub tqdm \
-		fastapi "uvicorn[standard]" "pydantic>=2" prometheus_client structlog jinja2 openai httpx jsonschema
+		fastapi "uvicorn[standard]" "pydantic>=2" prometheus_client structlog jinja2 openai httpx jsonschema \
+		gguf accelerate
 
 .PHONY: build-dev
 build-dev:  ## editable install (the native module is built into pyengine/)

@@ -29,7 +29,8 @@ logger = logging.getLogger(__name__)
 class EngineConfig:
     """Everything an engine is built from.
 
-    - ``model``: a Hugging Face checkpoint folder; ``None`` = the built-in tiny Qwen3
+    - ``model``: a Hugging Face checkpoint folder, or a GGUF file (``*.gguf``, llama.cpp's
+      format; docs/quantization.md); ``None`` = the built-in tiny Qwen3
       checkpoint (random weights, trained tokenizer), built once into ``~/.cache/pyengine``.
       ``from_kwargs`` (used by ``LLM`` and ``pyengine serve``) also takes a hub id
       (``"Qwen/Qwen3-0.6B"``) and stores the local snapshot folder it resolves to
@@ -171,7 +172,7 @@ class EngineConfig:
                  f"must be >= max_num_seqs ({self.max_num_seqs})")
         if self.model is not None and self.load_format != "dummy":
             path = Path(self.model)
-            if not (path / "config.json").is_file():
+            if not (path / "config.json").is_file() and not _is_gguf_file(path):
                 from pyengine.models.hub import looks_like_hub_id
 
                 if looks_like_hub_id(self.model):
@@ -181,7 +182,7 @@ class EngineConfig:
                     )
                 raise InvalidConfigError(
                     f"model {str(self.model)!r} is not a checkpoint folder (no config.json there); "
-                    "pyengine loads local Hugging Face checkpoint folders"
+                    "pyengine loads local Hugging Face checkpoint folders and GGUF files (*.gguf)"
                 )
 
     def executor_config(self) -> ExecutorConfig:
@@ -233,6 +234,12 @@ class EngineConfig:
         if config.trust_remote_code:
             _warn_about_remote_code(config.model)
         return config
+
+
+def _is_gguf_file(path: Path) -> bool:
+    from pyengine.models.quantization.gguf_file import is_gguf_file
+
+    return is_gguf_file(path)
 
 
 def _check_generation_config(value: Any) -> None:

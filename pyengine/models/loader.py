@@ -7,7 +7,8 @@ the weights (safetensors, one file or sharded with ``model.safetensors.index.jso
 ``LoadedModel.generation_config``) and ``tokenizer.json``. ``load_format="dummy"``
 fills the weights with seeded random values from the config alone (for benchmarks).
 ``quantization="int8"`` / ``"int4"`` quantizes the float weights once loaded
-(``pyengine.models.quantization``).
+(``pyengine.models.quantization``). A ``path`` naming a ``.gguf`` file loads llama.cpp's
+one-file format, quantized weights kept quantized (``quantization.gguf_load``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pyengine.models.errors import ModelLoadError, WeightMismatchError
 from pyengine.models.layers import WeightTarget
 from pyengine.models.parallel import ParallelContext
 from pyengine.models.quantization.apply import quantize_model
+from pyengine.models.quantization.gguf_file import is_gguf_file
 from pyengine.models.quantization.online import check_method
 
 LoadFormat = Literal["auto", "safetensors", "dummy"]
@@ -83,7 +85,11 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def read_model_config(folder: Union[str, Path]) -> DecoderConfig:
-    """Parse and validate ``config.json`` of a checkpoint folder."""
+    """Parse and validate ``config.json`` of a checkpoint folder (a GGUF file's metadata)."""
+    if is_gguf_file(folder):
+        from pyengine.models.quantization.gguf_load import read_gguf_config
+
+        return read_gguf_config(Path(folder).expanduser())
     folder = _existing_folder(folder)
     return parse_decoder_config(read_json(folder / "config.json"))
 
@@ -102,6 +108,13 @@ def load_model(
     ``quantization`` ("int8", "int4") quantizes the float weights once loaded."""
     if load_format not in ("auto", "safetensors", "dummy"):
         raise InvalidConfigError(f"load_format must be 'auto', 'safetensors' or 'dummy', got {load_format!r}")
+    if is_gguf_file(path):
+        from pyengine.models.quantization.gguf_load import load_gguf_model
+
+        if load_format != "auto":
+            raise InvalidConfigError(f"load_format={load_format!r} does not apply to a GGUF file (leave it 'auto')")
+        device = torch.device(device)
+        return load_gguf_model(Path(path).expanduser(), resolve_dtype(dtype, device), device, parallel, quantization)
     folder = _existing_folder(path)
     config = read_model_config(folder)
     device = torch.device(device)
