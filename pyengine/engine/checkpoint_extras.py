@@ -1,7 +1,7 @@
 """What the engine takes from a checkpoint besides the model itself, as the engine
-arguments choose: the tokenizer (the model folder's, or ``tokenizer=``'s folder) and the
-sampling defaults (``generation_config=``: the checkpoint's generation_config.json,
-another folder's, or none)."""
+arguments choose: the tokenizer (the model folder's, a GGUF file's metadata, or
+``tokenizer=``'s folder) and the sampling defaults (``generation_config=``: the
+checkpoint's generation_config.json, another folder's, or none)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any, Optional
 from pyengine.config import EngineConfig
 from pyengine.errors import InvalidConfigError
 from pyengine.models.loader import generation_defaults, load_tokenizer, read_generation_config
+from pyengine.models.quantization.gguf_file import GGUFCheckpoint, gguf_tokenizer, is_gguf_file
 
 #: generation_config.json's names -> SamplingParams' (the rest are the same).
 _SAMPLING_NAMES = {"max_new_tokens": "max_tokens"}
@@ -32,6 +33,8 @@ def engine_tokenizer(config: EngineConfig, model_path: Path, loaded: Any,
     """The model's own tokenizer (already loaded with it), or the one of ``config.tokenizer``.
     A separate tokenizer with more tokens than the model's vocabulary is an error naming it:
     its ids past the vocabulary would fail every batch they entered."""
+    if config.tokenizer is None and is_gguf_file(model_path):
+        return TokenizerFiles(model_path, *gguf_tokenizer(GGUFCheckpoint(model_path)))
     own = TokenizerFiles(model_path, getattr(loaded, "tokenizer", None),
                          dict(getattr(loaded, "tokenizer_config", None) or {}))
     if config.tokenizer is None or _same_folder(config.tokenizer, model_path):

@@ -33,7 +33,7 @@ from pyengine.models.layers import WeightTarget
 from pyengine.models.loader import LoadedModel, instantiate_model
 from pyengine.models.parallel import ParallelContext
 from pyengine.models.quantization.gguf import convert_tensor
-from pyengine.models.quantization.gguf_file import GGUFCheckpoint, gguf_tokenizer, hf_tensor_name
+from pyengine.models.quantization.gguf_file import GGUFCheckpoint, hf_tensor_name
 from pyengine.models.quantization.packed import PackedWeight, QuantizationError
 
 Weight = Union[torch.Tensor, PackedWeight]
@@ -80,8 +80,10 @@ def load_gguf_model(
     parallel: Optional[ParallelContext],
     quantization: Optional[str],
 ) -> LoadedModel:
-    """The model of a GGUF file, with the file's tokenizer and EOS id (no
-    generation_config: a GGUF file carries no sampling defaults)."""
+    """The model of a GGUF file and its EOS id (no generation_config: a GGUF file carries
+    no sampling defaults). The tokenizer is left to the engine (``gguf_file.gguf_tokenizer``,
+    built when no ``tokenizer=`` is given): tensor-parallel workers load models too, and
+    building a tokenizer from GGUF metadata takes transformers seconds."""
     if quantization is not None:
         raise QuantizationError(
             f"quantization={quantization!r} quantizes a float checkpoint at load; {path.name} is a GGUF file, "
@@ -93,9 +95,7 @@ def load_gguf_model(
     model = instantiate_model(config, dtype, device, parallel)
     fill_from_gguf(model, checkpoint, raw)
     model.eval().requires_grad_(False)
-    tokenizer, tokenizer_config = gguf_tokenizer(checkpoint)
-    return LoadedModel(model=model, config=config, dtype=dtype, device=device, eos_token_ids=config.eos_token_ids,
-                       tokenizer=tokenizer, tokenizer_config=tokenizer_config)
+    return LoadedModel(model=model, config=config, dtype=dtype, device=device, eos_token_ids=config.eos_token_ids)
 
 
 def read_gguf_config(path: Path) -> DecoderConfig:
