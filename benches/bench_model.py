@@ -5,15 +5,22 @@ bench asks for another). One definition, so that the benches' figures compare.""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 
 MODEL = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)
 VOCAB_SIZE = 4096
+#: Qwen3-0.6B's shape (28 layers there; benches choose how many), for the comparisons with
+#: llama.cpp, whose users run that size on CPU.
+QWEN3_0_6B_SHAPE = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                        num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, vocab_size=151936)
 
 
-def bench_checkpoint(folder: Union[str, Path], vocab_size: int = VOCAB_SIZE, seed: int = 0) -> Path:
-    """The bench model's checkpoint (random weights from ``seed``) written to ``folder``."""
-    return make_tiny_checkpoint(folder, "qwen3", seed=seed, vocab_size=vocab_size, **MODEL)
+def bench_checkpoint(folder: Union[str, Path], vocab_size: int = VOCAB_SIZE, seed: int = 0,
+                     shape: Optional[dict] = None) -> Path:
+    """The bench model's checkpoint (random weights from ``seed``) written to ``folder``;
+    ``shape`` replaces the default shape (``MODEL``)."""
+    fields = {k: v for k, v in (shape or MODEL).items() if k != "vocab_size"}
+    return make_tiny_checkpoint(folder, "qwen3", seed=seed, vocab_size=vocab_size, **fields)

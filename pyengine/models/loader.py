@@ -8,7 +8,9 @@ the weights (safetensors, one file or sharded with ``model.safetensors.index.jso
 fills the weights with seeded random values from the config alone (for benchmarks).
 ``quantization="int8"`` / ``"int4"`` quantizes the float weights once loaded
 (``pyengine.models.quantization``). A ``path`` naming a ``.gguf`` file loads llama.cpp's
-one-file format, quantized weights kept quantized (``quantization.gguf_load``).
+one-file format, quantized weights kept quantized (``quantization.gguf_load``); a folder
+whose config.json has a GPTQ or AWQ ``quantization_config`` keeps its packed weights
+(``quantization.quantized_folder``).
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ from pyengine.models.errors import ModelLoadError, WeightMismatchError
 from pyengine.models.layers import WeightTarget
 from pyengine.models.parallel import ParallelContext
 from pyengine.models.quantization.apply import quantize_model
+from pyengine.models.quantization.checkpoint_config import checkpoint_quantization
 from pyengine.models.quantization.gguf_file import is_gguf_file
 from pyengine.models.quantization.online import check_method
+from pyengine.models.quantization.packed import QuantizationError
+from pyengine.models.quantization.quantized_folder import fill_from_quantized_folder
 
 LoadFormat = Literal["auto", "safetensors", "dummy"]
 DTypeName = Union[str, torch.dtype]
@@ -119,10 +124,16 @@ def load_model(
     config = read_model_config(folder)
     device = torch.device(device)
     check_method(quantization, device)
+    scheme = checkpoint_quantization(read_json(folder / "config.json"))  # GPTQ / AWQ; others refused by name
+    if scheme is not None and quantization is not None:
+        raise QuantizationError(f"quantization={quantization!r} quantizes a float checkpoint; {folder} is already "
+                                f"quantized ({scheme.method}, {scheme.bits} bits): leave quantization unset")
     torch_dtype = resolve_dtype(dtype, device)
     model = instantiate_model(config, torch_dtype, device, parallel)
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
+    elif scheme is not None:
+        fill_from_quantized_folder(model, folder, scheme, allow_bin=load_format == "auto")
     else:
         load_checkpoint_weights(model, folder, allow_bin=load_format == "auto")
     if quantization is not None:

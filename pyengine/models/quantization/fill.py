@@ -1,0 +1,154 @@
+"""Fill a model from weights that may be packed: the one path the quantized checkpoint
+loaders (GGUF files, GPTQ / AWQ folders) share.
+
+Each checkpoint tensor arrives as a float tensor or a :class:`PackedWeight` under its
+Hugging Face name. A packed linear weight is cut to this rank's shard along the float
+weight's axis (rows for a column-parallel linear, group-aligned input columns for a
+row-parallel one), merged with its sibling parts (q/k/v, gate/up) and handed to the linear
+(``set_packed_weight``); the LM head likewise (``set_packed_head``; a tied embedding looks
+its rows up in it). Float tensors are copied in the engine's dtype.
+
+What costs memory, said here: an untied quantized embedding is dequantized to a float
+embedding (vocab x hidden in the engine's dtype; the LM head stays quantized); merged
+parts of different layouts (llama.cpp's Q4_K_M mixes Q4_K and Q6_K) are widened to int8
+at the finer group, exactly (``merge_parts``); parts with different input permutations
+(GPTQ act-order: each projection has its own) or a float part among packed ones make the
+whole linear float (dequantized).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Callable, Union
+
+import torch
+
+from pyengine.models.decoder import DecoderForCausalLM
+from pyengine.models.errors import WeightMismatchError
+from pyengine.models.layers import WeightTarget
+from pyengine.models.quantization.packed import PackedWeight, QuantizationError
+
+Weight = Union[torch.Tensor, PackedWeight]
+
+
+def fill_model(model: DecoderForCausalLM, shapes: dict[str, tuple[int, ...]], read: Callable[[str], Weight]) -> None:
+    """Every weight of ``model``: ``shapes`` names the checkpoint's tensors (checked against
+    the model all at once), ``read(name)`` gives one in Hugging Face order and layout."""
+    targets = model.weight_targets()
+    missing = sorted(name for name in targets if name not in shapes)
+    unexpected = sorted(name for name in shapes if name not in targets and not model.is_ignorable_checkpoint_tensor(name))
+    wrong = sorted((name, dest.checkpoint_shape, shapes[name]) for name, dest in targets.items()
+                   if name in shapes and tuple(shapes[name]) != dest.checkpoint_shape)
+    if missing or unexpected or wrong:
+        raise WeightMismatchError(missing, unexpected, wrong)
+    linears = _linear_modules(model)
+    groups: dict[int, list[tuple[WeightTarget, Weight]]] = defaultdict(list)
+    with torch.no_grad():
+        model.zero_padding()
+        for name, dest in targets.items():
+            weight = _this_rank(read(name), dest)
+            if name in ("lm_head.weight", "model.embed_tokens.weight"):
+                _fill_vocab(model, name, dest, weight)
+            elif id(dest.parameter) in linears:
+                groups[id(dest.parameter)].append((dest, weight))
+            else:
+                _copy(dest, _as_float(weight))
+        for key, parts in groups.items():
+            parts.sort(key=lambda part: part[0].row_offset or 0)
+            weights = [w for _, w in parts]
+            if all(isinstance(w, PackedWeight) for w in weights) and _one_perm(weights):
+                linears[key].set_packed_weight(merge_parts(weights))  # type: ignore[arg-type]
+            else:
+                for dest, w in parts:
+                    _copy(dest, _as_float(w))
+
+
+def _one_perm(parts: list) -> bool:
+    first = parts[0].input_perm
+    return all((p.input_perm is None) == (first is None) and (first is None or torch.equal(p.input_perm, first))
+               for p in parts)
+
+
+def merge_parts(parts: list[PackedWeight]) -> PackedWeight:
+    """One weight of the parts' rows in order. Parts of one layout are concatenated as
+    they are; mixed ones (Q4_K with Q6_K) are first widened to int8 at the greatest common
+    group size, with biases (zeros where a part had none): exact, at the wider layout's
+    memory."""
+    first = parts[0]
+    same = all((p.bits, p.group_size, p.biases is None) == (first.bits, first.group_size, first.biases is None)
+               for p in parts)
+    if same:
+        return parts[0] if len(parts) == 1 else PackedWeight.concat_rows(parts)
+    group = math.gcd(*(p.group_size for p in parts))
+    return PackedWeight.concat_rows([_widened(p, group) for p in parts])
+
+
+def _widened(weight: PackedWeight, group: int) -> PackedWeight:
+    """``weight`` as int8 with group ``group`` (a divisor of its own) and biases."""
+    repeat = weight.group_size // group
+    q = weight.integers().to(torch.int8)
+    scales = weight.scales.repeat_interleave(repeat, dim=1)
+    biases = torch.zeros_like(scales) if weight.biases is None else weight.biases.repeat_interleave(repeat, dim=1)
+    return PackedWeight(bits=8, group_size=group, in_features=weight.in_features, out_features=weight.out_features,
+                        qweight=q, scales=scales, biases=biases, input_perm=weight.input_perm)
+
+
+def _linear_modules(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
+    """id(weight parameter) -> the linear holding it, for linears that take packed weights."""
+    return {id(m.weight): m for m in model.modules() if hasattr(m, "set_packed_weight") and hasattr(m, "weight")}
+
+
+def _this_rank(weight: Weight, dest: WeightTarget) -> Weight:
+    """The shard of ``weight`` this rank keeps (see ``WeightTarget``)."""
+    shard = dest.shard
+    if dest.shard_dim is None or shard is None or (shard.start == 0 and shard.size == shard.full):
+        return weight
+    if not isinstance(weight, PackedWeight):
+        return weight.narrow(dest.shard_dim, shard.start, shard.size)
+    if dest.shard_dim == 0:
+        return weight.rows(shard.start, shard.size)
+    return weight.columns(shard.start, shard.size)
+
+
+def _fill_vocab(model: DecoderForCausalLM, name: str, dest: WeightTarget, weight: Weight) -> None:
+    """The embedding / LM head: a quantized LM head stays quantized (padded with zero rows
+    to this rank's vocabulary rows); a quantized untied embedding is dequantized."""
+    is_head = name == "lm_head.weight" or model.lm_head is None
+    if not isinstance(weight, PackedWeight) or not is_head:
+        _copy(dest, _as_float(weight))
+        return
+    rows = model.output_embedding.shape[0]
+    model.set_packed_head(_padded_rows(weight, rows))
+
+
+def _padded_rows(weight: PackedWeight, rows: int) -> PackedWeight:
+    extra = rows - weight.out_features
+    if extra == 0:
+        return weight
+    zero = PackedWeight(
+        bits=weight.bits, group_size=weight.group_size, in_features=weight.in_features, out_features=extra,
+        qweight=torch.zeros((extra, weight.qweight.shape[1]), dtype=weight.qweight.dtype),
+        scales=torch.zeros((extra, weight.groups)),
+        biases=None if weight.biases is None else torch.zeros((extra, weight.groups)),
+    )
+    return PackedWeight.concat_rows([weight, zero])
+
+
+def _as_float(weight: Weight) -> torch.Tensor:
+    if not isinstance(weight, PackedWeight):
+        return weight
+    dense = weight.dequantize()
+    if weight.input_perm is None:
+        return dense
+    # x[..., perm] @ W^T == x @ W_in_order^T with W's column perm[j] = column j.
+    return torch.empty_like(dense).index_copy_(1, weight.input_perm, dense)
+
+
+def _copy(dest: WeightTarget, tensor: torch.Tensor) -> None:
+    target = dest.parameter.data
+    if dest.row_offset is not None:
+        target = target.narrow(0, dest.row_offset, tensor.shape[0])
+    if tuple(target.shape) != tuple(tensor.shape):
+        raise QuantizationError(f"GGUF tensor of shape {list(tensor.shape)} does not fit {list(target.shape)}")
+    target.copy_(tensor)
