@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
+from pyengine.logprob_arrays import LOGPROB_FLOOR, LogprobArrays
 from pyengine.logprobs import Logprob, PromptLogprobs, SampleLogprobs
 
 __all__ = [
@@ -18,15 +19,15 @@ __all__ = [
 OutputKind = Literal["cumulative", "delta", "final"]
 
 
-# Tokens that top-k / top-p / min-p excluded have a log-probability of -inf, which JSON
-# cannot carry; like vLLM's server we report them as this floor. Here, not in the output
-# thread's module, because both sides of the EngineClient interface read it.
-LOGPROB_FLOOR = -9999.0
-
-
 @dataclass
 class CompletionOutput:
-    """One sample of a generation request."""
+    """One sample of a generation request.
+
+    ``logprobs`` is vLLM's list of ``{token id: Logprob}`` maps. The engine hands over its
+    arrays (``logprob_arrays``, see ``logprob_arrays.py``) and the maps are built from them
+    the first time ``logprobs`` is read: a caller who never reads them (the server reads the
+    arrays) never pays for them.
+    """
 
     index: int
     text: str
@@ -38,6 +39,15 @@ class CompletionOutput:
 
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def logprob_arrays(self) -> Optional[LogprobArrays]:
+        """The engine's arrays ``logprobs`` is built from, as the engine made the output
+        (None when not asked for, or for an output made with maps)."""
+        return self.__dict__.get("_logprobs_arrays")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return _state_with_maps(self, "logprobs")
 
 
 @dataclass
@@ -66,8 +76,59 @@ class RequestOutput:
     metrics: RequestMetrics
     num_cached_tokens: int = 0
     #: With ``SamplingParams.prompt_logprobs``: see :data:`PromptLogprobs` (a delta output
-    #: carries them once, in the first output that has them).
+    #: carries them once, in the first output that has them). Built on first read from
+    #: ``prompt_logprob_arrays`` (positions 1.., the first prompt token having none).
     prompt_logprobs: Optional[PromptLogprobs] = None
+
+    @property
+    def prompt_logprob_arrays(self) -> Optional[LogprobArrays]:
+        """The engine's arrays ``prompt_logprobs`` is built from: one position per prompt
+        token after the first (None when not asked for, or for an output made with maps)."""
+        return self.__dict__.get("_prompt_logprobs_arrays")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return _state_with_maps(self, "prompt_logprobs")
+
+
+class _MapsFromArrays:
+    """``logprobs`` / ``prompt_logprobs`` of an output the engine made with its arrays
+    (``with_logprob_arrays``): the maps are built on the first read and kept from then on
+    as the plain attribute (a non-data descriptor, as ``functools.cached_property``). An
+    output made with maps, or None, holds them as a plain attribute and never comes here:
+    building outputs costs nothing more when no log-probabilities were asked for."""
+
+    def __init__(self, name: str, first: list[None]) -> None:
+        self.name = name
+        self.first = first  # what comes before the arrays' positions: [None] for a prompt's first token
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return None  # the class attribute: the field's default
+        arrays = obj.__dict__.get(f"_{self.name}_arrays")
+        maps = obj.__dict__[self.name] = None if arrays is None else [*self.first, *arrays.to_dicts()]
+        return maps
+
+
+def with_logprob_arrays(output: Any, name: str, arrays: Optional[LogprobArrays]) -> Any:
+    """``output`` (a ``CompletionOutput``: ``name`` "logprobs"; a ``RequestOutput``:
+    "prompt_logprobs") carrying the engine's ``arrays``, its maps built when first read."""
+    if arrays is not None:
+        state = output.__dict__
+        state.pop(name, None)
+        state[f"_{name}_arrays"] = arrays
+    return output
+
+
+def _state_with_maps(obj: Any, name: str) -> dict[str, Any]:
+    """A pickled output carries the maps, not the arrays (their ``piece`` holds a tokenizer)."""
+    getattr(obj, name)  # built now if they were not yet
+    state = dict(obj.__dict__)
+    state.pop(f"_{name}_arrays", None)
+    return state
+
+
+CompletionOutput.logprobs = _MapsFromArrays("logprobs", [])  # type: ignore[assignment]
+RequestOutput.prompt_logprobs = _MapsFromArrays("prompt_logprobs", [None])  # type: ignore[assignment]
 
 
 @dataclass

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from pyengine.errors import EngineError, InvalidRequestError, ModelLoadError
+from pyengine.logprob_arrays import LogprobArrays
 from pyengine.logprobs import Logprob
 from pyengine.multiprocess import wire
 from pyengine.multiprocess.wire_logprobs import logprobs_from_wire, logprobs_to_wire
@@ -104,8 +105,8 @@ def test_outputs_stats_and_stacks_cross_as_their_types():
                         pipeline_bubble_s=0.01, pipeline_bubbles=2)
     stacks = [ThreadStack("pyengine-sched", "scheduler", True), ThreadStack("x", "executor", False, 12, ["f\n"])]
     vector = np.linspace(-1, 1, 8, dtype=np.float32)
-    sample = [{1: Logprob(-0.125, 1, "a")}, {2: Logprob(-0.5, 2, "b"), 3: Logprob(-0.25, 1, "c")}]
-    prompt = [None, {7: Logprob(-3.0, 40, None), 1: Logprob(-0.5, 1, None)}]
+    sample = _arrays([1, 2], [-0.125, -0.5], [1, 2], [[1], [3]], [[-0.125], [-0.25]])
+    prompt = _arrays([7], [-3.0], [40], [[1]], [[-0.5]])
     out = wire.WireOutput("r", True, [wire.WireCompletion(0, "hi", [1, 2], -0.5, logprobs_to_wire(sample),
                                                           "stop", "\n")],
                           (1.0, 2.0, 3.0, 4.0, 5.0, 6, 0), 6, vector, prompt_logprobs=logprobs_to_wire(prompt))
@@ -119,19 +120,33 @@ def test_outputs_stats_and_stacks_cross_as_their_types():
             np.testing.assert_array_equal(got.outputs[0].embedding, vector)
             got.outputs[0].embedding = message.outputs[0].embedding = None
             # Log-probabilities ride as raw array frames, and come back as they left.
-            assert len(frames) == 1 + 1 + 2 * 4
-            assert logprobs_from_wire(got.outputs[0].completions[0].logprobs) == sample
-            assert logprobs_from_wire(got.outputs[0].prompt_logprobs) == prompt
+            assert len(frames) == 1 + 1 + 2 * 5
+            piece = {1: "a", 2: "b", 3: "c", 7: "d"}.get
+            got_sample = logprobs_from_wire(got.outputs[0].completions[0].logprobs, piece)
+            assert got_sample.to_dicts() == [{1: Logprob(-0.125, 1, "a")},
+                                             {2: Logprob(-0.5, 2, "b"), 3: Logprob(-0.25, 1, "c")}]
+            assert logprobs_from_wire(got.outputs[0].prompt_logprobs, None).to_dicts() == [
+                {7: Logprob(-3.0, 40, None), 1: Logprob(-0.5, 1, None)}]
             got.outputs[0].completions[0].logprobs = message.outputs[0].completions[0].logprobs = None
             got.outputs[0].prompt_logprobs = message.outputs[0].prompt_logprobs = None
         assert got == message
 
 
+def _arrays(ids: list[int], values: list[float], ranks: list[int], tops: list[list[int]],
+            top_values: list[list[float]]) -> wire.WireLogprobs:
+    return logprobs_to_wire(LogprobArrays(np.array(ids, dtype=np.int64), np.array(values, dtype=np.float32),
+                                          np.array(ranks, dtype=np.int64), np.array(tops, dtype=np.int64),
+                                          np.array(top_values, dtype=np.float32)))
+
+
 def test_logprob_arrays_that_disagree_are_refused():
-    w = logprobs_to_wire([{1: Logprob(-0.5, 1, "a")}, None])
-    w.counts = np.array([2, -1], dtype=np.int32)  # two entries counted, one sent
+    w = _arrays([1, 2], [-0.5, -0.25], [1, 1], [[1], [2]], [[-0.5], [-0.25]])
+    w.ranks = np.array([1], dtype=np.int64)  # two positions, one rank
     with pytest.raises(ValueError, match="disagree"):
-        logprobs_from_wire(w)
+        logprobs_from_wire(w, None)
+    w.ranks = np.array([1.0, 2.0])  # not integers
+    with pytest.raises(ValueError, match="ranks"):
+        logprobs_from_wire(w, None)
 
 
 def test_a_peer_cannot_send_anything_but_wire_types():

@@ -113,8 +113,9 @@ class EngineCore:
             self.sched = SchedulerThread(config.scheduler_config(self.runner.num_kv_blocks, self.block_size, self.max_model_len))
             self.requests = RequestTable()
             self.executor = ExecutorLoop(self.runner, self.sched, lambda: len(self.requests) > 0)
-            pieces = TokenPieces(self.tokenizer) if self.tokenizer is not None else None
-            self.output = OutputLoop(self.sched, self.requests, lambda: self.executor.fatal, after_event, pieces)
+            # A token's text on its own (``Logprob.decoded_token``); None without a tokenizer.
+            self.token_pieces = TokenPieces(self.tokenizer) if self.tokenizer is not None else None
+            self.output = OutputLoop(self.sched, self.requests, lambda: self.executor.fatal, after_event)
             self._exec_thread = threading.Thread(target=self.executor.run, name=EXEC_THREAD_NAME, daemon=True)
             self._output_thread = threading.Thread(target=self.output.run, name=OUTPUT_THREAD_NAME, daemon=True)
         except BaseException:
@@ -218,8 +219,9 @@ class EngineCore:
         text_stream = self._text_stream if needs_stream else None
         # Built before taking the lock (text streams cost something); the lock only covers
         # the scheduler's numbering and the registration, which the output thread waits for.
+        piece = self.token_pieces if not pooling and params.detokenize else None
         state = RequestState(request_id, prompt, list(prompt_token_ids), params, sink, kind,
-                             self.decode if make_text else None, text_stream)
+                             self.decode if make_text else None, text_stream, piece)
         with self.requests.lock:
             self._check_alive()  # again, under the lock the output thread's fail-all takes
             if self.requests.contains_request(request_id):

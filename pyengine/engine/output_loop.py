@@ -18,13 +18,12 @@ from typing import Callable, Optional
 
 from pyengine._sched import FINISH_REASONS, SchedulerThread
 from pyengine.engine.clock import ThreadClock
-from pyengine.engine.logprob_dicts import prompt_logprob_dicts, sample_logprob_dict
 from pyengine.engine.request_state import RequestState
 from pyengine.engine.request_table import RequestTable
 from pyengine.engine.step_result import StepResult
 from pyengine.engine.thread_names import name_current_thread
 from pyengine.errors import EngineDeadError, EngineError
-from pyengine.sampling_params import PoolingParams, SamplingParams
+from pyengine.sampling_params import PoolingParams
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +39,8 @@ class OutputLoop:
         requests: RequestTable,
         executor_fatal: Callable[[], Optional[BaseException]],
         after_event: Callable[[], None] = lambda: None,
-        token_piece: Optional[Callable[[int], str]] = None,
     ) -> None:
         self.sched = sched
-        # A token's text on its own (``Logprob.decoded_token``); None without a tokenizer.
-        self.token_piece = token_piece
         # Called once per event, after every sink got its outputs (and after the final
         # fail-all): an engine core in its own process sends the step's outputs as one
         # message then, rather than one message per request.
@@ -151,6 +147,7 @@ class OutputLoop:
         tokens = event.token_ids.tolist()
         self.generated_tokens += len(tokens)
         index_of = result.logprob_rows() if result is not None else None
+        logprobs = result.logprobs if result is not None else None
         # The sequences a token (EOS, stop_token_ids) ends in this step, and that token.
         stopped_by = dict(zip(event.finished_seq_ids.tolist(), event.stop_token_ids.tolist())) \
             if event.finished_seq_ids.size else {}
@@ -163,13 +160,9 @@ class OutputLoop:
                 continue  # ended here (stop string) before the scheduler heard of it
             touched[state.request_id] = state
             try:
-                logprobs = None
-                if index_of is not None and sample.cumulative_logprob is not None and seq in index_of:
-                    if sample.logprobs is None:  # best_of's ranking only: the sampled token's, no dict
-                        sample.cumulative_logprob += float(result.logprobs.sampled_logprobs[index_of[seq]])
-                    else:
-                        logprobs = sample_logprob_dict(result.logprobs, index_of[seq], token, self._piece(state))
-                stop = state.add_token(sample, token, logprobs, stops=stopped_by.get(seq) == token)
+                row = index_of.get(seq, -1) if index_of is not None else -1
+                stop = state.add_token(sample, token, logprobs if row >= 0 else None, row,
+                                       stops=stopped_by.get(seq) == token)
                 if stop is not None:
                     state.finish_sample(sample, "stop", stop)
                     self.sched.finish(seq, "stop")
@@ -187,14 +180,9 @@ class OutputLoop:
                 continue
             state = entry[0]
             try:
-                state.add_prompt_logprobs(int(plp.first_positions[r]), prompt_logprob_dicts(plp, r, self._piece(state)))
+                state.add_prompt_logprobs(plp, r)
             except Exception as e:  # noqa: BLE001 - this request gets the error, the others go on
                 self._processing_failed(state, e, step_id)
-
-    def _piece(self, state: RequestState) -> Optional[Callable[[int], str]]:
-        """How the request's log-probabilities get their ``decoded_token`` (None: left out)."""
-        params = state.params
-        return self.token_piece if isinstance(params, SamplingParams) and params.detokenize else None
 
     def _finished(self, event, result: Optional[StepResult], touched: dict[str, RequestState]) -> None:
         if event.finished_seq_ids.size == 0:

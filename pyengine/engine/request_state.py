@@ -4,18 +4,20 @@ outputs go. Only the output thread mutates it."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Protocol, Union
 
-from pyengine.logprobs import Logprob, PromptLogprobs, SampleLogprobs
+import numpy as np
+
+from pyengine.logprob_arrays import LogprobArrays, LogprobBuffer, Piece
 from pyengine.outputs import (
-    CompletionOutput,
     EmbeddingOutput,
     EmbeddingRequestOutput,
     OutputKind,
     RequestMetrics,
     RequestOutput,
+    with_logprob_arrays,
 )
+from pyengine.sample_totals import SampleTotals
 from pyengine.sampling_params import PoolingParams, SamplingParams
 
 AnyOutput = Union[RequestOutput, EmbeddingRequestOutput]
@@ -33,21 +35,16 @@ class TextStreamFactory(Protocol):
     def __call__(self, prompt_token_ids: list[int], params: SamplingParams) -> Any: ...
 
 
-@dataclass
-class SampleState:
-    """One of the request's ``n`` samples."""
+class SampleState(SampleTotals):
+    """One of the request's ``n`` samples: its totals, its sequence and its text stream."""
 
-    index: int
-    seq_id: int
-    stream: Any  # the incremental text stream, or None when text is decoded at the end
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    logprobs: Optional[SampleLogprobs] = None
-    cumulative_logprob: Optional[float] = None
-    finish_reason: Optional[str] = None
-    stop_reason: Union[int, str, None] = None
-    sent_tokens: int = 0
-    sent_text: int = 0
+    __slots__ = ("seq_id", "stream")
+
+    def __init__(self, index: int, stream: Any, logprobs: Optional[LogprobBuffer],
+                 cumulative_logprob: Optional[float]) -> None:
+        super().__init__(index, logprobs, cumulative_logprob)
+        self.seq_id = -1  # numbered by the scheduler: see RequestState.number_samples
+        self.stream = stream  # the incremental text stream, or None when text is decoded at the end
 
 
 class RequestState:
@@ -63,6 +60,7 @@ class RequestState:
         kind: OutputKind,
         decode_text: Any,  # ids -> text at the end; None: no text is made here (the front end makes it)
         text_stream: Optional[TextStreamFactory],
+        piece: Piece = None,  # a token's text on its own (Logprob.decoded_token); None: left out
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
@@ -79,18 +77,18 @@ class RequestState:
         self.best_n: Optional[int] = params.n if isinstance(params, SamplingParams) and n > params.n else None
         self.samples = [
             SampleState(
-                index=i,
-                seq_id=-1,  # numbered by the scheduler: see number_samples
-                stream=text_stream(prompt_token_ids, params) if text_stream is not None else None,
-                logprobs=[] if wants_logprobs else None,
-                cumulative_logprob=0.0 if wants_logprobs or self.best_n is not None else None,
+                i, text_stream(prompt_token_ids, params) if text_stream is not None else None,
+                LogprobBuffer(params.logprobs, piece) if wants_logprobs else None,  # type: ignore[union-attr,arg-type]
+                0.0 if wants_logprobs or self.best_n is not None else None,
             )
             for i in range(n)
         ]
-        # Prompt log-probabilities by prompt position (the first has none), filled as the
-        # prompt's chunks are computed; complete once every later position has its entry.
-        wants_prompt = isinstance(params, SamplingParams) and params.prompt_logprobs is not None
-        self.prompt_logprobs: Optional[PromptLogprobs] = [None] * len(prompt_token_ids) if wants_prompt else None
+        # Prompt log-probabilities of positions 1.. (the first has none), written in place
+        # as the prompt's chunks are computed; complete once every position has its entry.
+        self.wants_prompt = isinstance(params, SamplingParams) and params.prompt_logprobs is not None
+        self._piece = piece
+        self._prompt_table: Optional[LogprobBuffer] = None  # made by the first chunk (it knows k)
+        self._prompt_filled = np.zeros(0, dtype=bool)
         self._prompt_missing = max(0, len(prompt_token_ids) - 1)
         self._prompt_logprobs_sent = False
         self.unfinished = n
@@ -113,50 +111,68 @@ class RequestState:
     @property
     def wants_prompt_logprobs(self) -> bool:
         """Asked for prompt log-probabilities and does not have them all yet."""
-        return self.prompt_logprobs is not None and self._prompt_missing > 0
+        return self.wants_prompt and self._prompt_missing > 0
 
-    def add_prompt_logprobs(self, first_position: int, entries: list[dict[int, Logprob]]) -> None:
-        """Entries for prompt tokens ``first_position``, ``first_position + 1``, ... (a
-        position computed twice, by a recomputed prompt, keeps its first entry)."""
-        table = self.prompt_logprobs
-        if table is None:
+    def add_prompt_logprobs(self, plp: Any, r: int) -> None:
+        """Row ``r`` of a step's ``PromptLogprobsOutput``: entries for prompt tokens
+        ``first_positions[r]``, ``+ 1``, ... (a position computed twice, by a recomputed
+        prompt, keeps its first entry)."""
+        if not self.wants_prompt:
             return
-        for position, entry in enumerate(entries, start=first_position):
-            if 0 < position < len(table) and table[position] is None:
-                table[position] = entry
-                self._prompt_missing -= 1
+        lo, hi = int(plp.offsets[r]), int(plp.offsets[r + 1])
+        size = max(0, len(self.prompt_token_ids) - 1)
+        if self._prompt_table is None:  # its k: what the executor computed for this request
+            self._prompt_table = LogprobBuffer(int(plp.requested[r]), self._piece, capacity=size)
+            self._prompt_filled = np.zeros(size, dtype=bool)
+        filled = self._prompt_filled
+        # Prompt position p is row p - 1 of the table; positions outside 1 .. len - 1 are not kept.
+        rows = np.arange(hi - lo) + (int(plp.first_positions[r]) - 1)
+        keep = np.flatnonzero((rows >= 0) & (rows < size))
+        keep = keep[~filled[rows[keep]]]
+        src = keep + lo
+        self._prompt_table.put(rows[keep], plp.token_ids[src], plp.logprobs[src], plp.ranks[src],
+                               plp.top_token_ids[src], plp.top_logprobs[src])
+        filled[rows[keep]] = True
+        self._prompt_missing -= len(keep)
 
-    def _prompt_logprobs_out(self) -> Optional[PromptLogprobs]:
+    def _prompt_logprobs_out(self) -> Optional[LogprobArrays]:
         """What this output carries: all of them once complete (a delta output: once)."""
-        if self.prompt_logprobs is None or self._prompt_missing > 0:
+        if not self.wants_prompt or self._prompt_missing > 0:
             return None
         if self.kind == "delta":
             if self._prompt_logprobs_sent:
                 return None
             self._prompt_logprobs_sent = True
-        return self.prompt_logprobs  # complete: never written again
+        table = self._prompt_table
+        if table is None:  # a prompt of one token: no position has any
+            return LogprobBuffer(0, self._piece, capacity=1).view(0, 0)
+        return table.view(0, max(0, len(self.prompt_token_ids) - 1))  # complete: never written again
 
     @property
     def _keeps_stop_text(self) -> bool:
         return isinstance(self.params, SamplingParams) and self.params.include_stop_str_in_output
 
-    def add_token(self, sample: SampleState, token: int, logprobs: Optional[dict[int, Logprob]],
+    def add_token(self, sample: SampleState, token: int, logprobs: Any = None, row: int = -1,
                   stops: bool = False) -> Optional[str]:
-        """Appends a sampled token; returns the stop string it completed, if any. ``stops``:
-        the token ended the sequence (EOS or a stop token id); as in vLLM its text is left
-        out of the output (kept with ``include_stop_str_in_output``), so that with
-        ``skip_special_tokens=False`` an answer does not end in ``<|im_end|>``."""
+        """Appends a sampled token, with row ``row`` of the step's ``LogprobsOutput``
+        ``logprobs`` when the sample keeps log-probabilities; returns the stop string it
+        completed, if any. ``stops``: the token ended the sequence (EOS or a stop token id);
+        as in vLLM its text is left out of the output (kept with
+        ``include_stop_str_in_output``), so that with ``skip_special_tokens=False`` an answer
+        does not end in ``<|im_end|>``."""
         now = time.time()
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = now
         self.metrics.last_token_time = now
         sample.token_ids.append(token)
-        if logprobs is not None:
-            if sample.logprobs is not None:
-                sample.logprobs.append(logprobs)
-            chosen = logprobs.get(token)
-            if sample.cumulative_logprob is not None and chosen is not None:
-                sample.cumulative_logprob += chosen.logprob
+        if logprobs is not None and sample.cumulative_logprob is not None:
+            value = float(logprobs.sampled_logprobs[row])
+            buffer = sample.logprobs
+            if buffer is None:  # best_of's ranking only: the sampled token's, nothing kept
+                sample.cumulative_logprob += value
+            else:
+                sample.cumulative_logprob += buffer.append(token, value, int(logprobs.sampled_ranks[row]),
+                                                           logprobs.top_token_ids[row], logprobs.top_logprobs[row])
         if sample.stream is None or (stops and not self._keeps_stop_text):
             return None
         delta = sample.stream.add((token,))
@@ -194,20 +210,14 @@ class RequestState:
                 finished=True,
                 metrics=self.metrics,
             )
-        outputs = []
-        samples = self.samples
         if self.best_n is not None and self.finished:  # best_of: the n best candidates, renumbered
-            ranked = sorted(samples, key=lambda s: -(s.cumulative_logprob or 0.0))[:self.best_n]
-            samples = [replace(s, index=i) for i, s in enumerate(ranked)]
-        for s in samples:
-            if self.kind == "delta":
-                text, ids = s.text[s.sent_text:], s.token_ids[s.sent_tokens:]
-                lps = s.logprobs[s.sent_tokens:] if s.logprobs is not None else None
-                s.sent_text, s.sent_tokens = len(s.text), len(s.token_ids)
-            else:
-                text, ids, lps = s.text, list(s.token_ids), (list(s.logprobs) if s.logprobs is not None else None)
-            outputs.append(CompletionOutput(s.index, text, ids, s.cumulative_logprob, lps, s.finish_reason, s.stop_reason))
-        return RequestOutput(
+            ranked = sorted(self.samples, key=lambda s: -(s.cumulative_logprob or 0.0))[:self.best_n]
+            outputs = [s.output("final") for s in ranked]
+            for i, out in enumerate(outputs):
+                out.index = i
+        else:
+            outputs = [s.output(self.kind) for s in self.samples]
+        out = RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids,
@@ -215,5 +225,15 @@ class RequestState:
             finished=self.finished,
             metrics=self.metrics,
             num_cached_tokens=self.metrics.num_cached_tokens,
-            prompt_logprobs=self._prompt_logprobs_out(),
         )
+        return with_logprob_arrays(out, "prompt_logprobs", self._prompt_logprobs_out())
+
+
+def _runs(indices: np.ndarray) -> list[tuple[int, int]]:
+    """Consecutive runs of sorted ``indices`` as (start, stop) pairs."""
+    if not len(indices):
+        return []
+    breaks = np.flatnonzero(np.diff(indices) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    stops = np.concatenate((breaks, [len(indices)]))
+    return [(int(indices[a]), int(indices[b - 1]) + 1) for a, b in zip(starts, stops)]

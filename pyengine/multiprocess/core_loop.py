@@ -190,9 +190,10 @@ def output_to_wire(out: AnyOutput) -> wire.WireOutput:
         vector = np.asarray(out.outputs.embedding, dtype=np.float32)  # the executor pools in float32
         return wire.WireOutput(out.request_id, True, [], metrics, 0, vector)
     completions = [wire.WireCompletion(c.index, c.text, c.token_ids, c.cumulative_logprob,
-                                       logprobs_to_wire(c.logprobs) if c.logprobs is not None else None,
+                                       None if (lps := c.logprob_arrays) is None else logprobs_to_wire(lps),
                                        c.finish_reason, c.stop_reason) for c in out.outputs]
-    prompt_logprobs = logprobs_to_wire(out.prompt_logprobs) if out.prompt_logprobs is not None else None
+    plp = out.prompt_logprob_arrays
+    prompt_logprobs = logprobs_to_wire(plp) if plp is not None else None
     return wire.WireOutput(out.request_id, out.finished, completions, metrics, out.num_cached_tokens,
                            prompt_logprobs=prompt_logprobs)
 

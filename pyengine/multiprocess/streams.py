@@ -5,9 +5,9 @@ outputs, what the deltas that crossed the link add up to."""
 from __future__ import annotations
 
 import asyncio
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
-from pyengine.logprobs import PromptLogprobs, SampleLogprobs
+from pyengine.logprob_arrays import Piece
 from pyengine.multiprocess import wire
 from pyengine.multiprocess.front_text import FrontEndText
 from pyengine.multiprocess.wire_logprobs import logprobs_from_wire
@@ -18,7 +18,9 @@ from pyengine.outputs import (
     OutputKind,
     RequestMetrics,
     RequestOutput,
+    with_logprob_arrays,
 )
+from pyengine.sample_totals import SampleTotals
 
 AnyOutput = Union[RequestOutput, EmbeddingRequestOutput]
 
@@ -31,10 +33,13 @@ def wire_kind(kind: OutputKind) -> str:
 
 
 class RequestStream:
-    """Built on the caller's loop; ``output`` runs on the link's receiver thread."""
+    """Built on the caller's loop; ``output`` runs on the link's receiver thread. ``piece``
+    makes ``Logprob.decoded_token`` when a caller reads log-probability maps (None: the
+    request does not detokenize)."""
 
     def __init__(self, request_id: str, engine_index: int, kind: OutputKind, prompt: Optional[str],
-                 prompt_token_ids: list[int], pooling: bool, text: Optional[FrontEndText] = None) -> None:
+                 prompt_token_ids: list[int], pooling: bool, text: Optional[FrontEndText] = None,
+                 piece: Piece = None) -> None:
         self.request_id = request_id
         self.engine_index = engine_index
         self.loop = asyncio.get_running_loop()
@@ -44,8 +49,9 @@ class RequestStream:
         self.prompt_token_ids = prompt_token_ids
         self.pooling = pooling
         self.text = text  # the text made here from the ids (the core sends none), or None
-        self._sofar: dict[int, CompletionOutput] = {}  # cumulative: each sample so far
-        self._prompt_logprobs: Optional[PromptLogprobs] = None
+        self.piece = piece
+        self._sofar: dict[int, SampleTotals] = {}  # cumulative: each sample so far
+        self._prompt_logprobs: Any = None  # cumulative: the prompt's, sent once, on every output
 
     @property
     def wire_kind(self) -> str:
@@ -58,41 +64,32 @@ class RequestStream:
             vector = w.embedding.tolist() if w.embedding is not None else []
             return EmbeddingRequestOutput(self.request_id, self.prompt, self.prompt_token_ids,
                                           EmbeddingOutput(vector), True, metrics)
-        text = self.text
-        texts = [c.text if text is None else text.delta(c.index, c.token_ids, c.finish_reason) for c in w.completions]
+        completions = [self._completion(c) for c in w.completions]
         if self.kind == "cumulative":
-            completions = [self._add(c, t) for c, t in zip(w.completions, texts)]
-        else:
-            completions = [CompletionOutput(c.index, t, c.token_ids, c.cumulative_logprob, _sample_logprobs(c),
-                                            c.finish_reason, c.stop_reason) for c, t in zip(w.completions, texts)]
-        prompt_logprobs = logprobs_from_wire(w.prompt_logprobs) if w.prompt_logprobs is not None else None
+            completions = [self._add(c) for c in completions]
+        prompt_logprobs = logprobs_from_wire(w.prompt_logprobs, self.piece) if w.prompt_logprobs is not None else None
         if self.kind == "cumulative":  # the core sends them once; every cumulative output carries them
-            self._prompt_logprobs = prompt_logprobs = prompt_logprobs or self._prompt_logprobs
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions, w.finished, metrics,
-                             w.num_cached_tokens, prompt_logprobs)
+            if prompt_logprobs is None:
+                prompt_logprobs = self._prompt_logprobs
+            self._prompt_logprobs = prompt_logprobs
+        out = RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions, w.finished, metrics,
+                            w.num_cached_tokens)
+        return with_logprob_arrays(out, "prompt_logprobs", prompt_logprobs)
 
-    def _add(self, c: wire.WireCompletion, text: str) -> CompletionOutput:
-        acc = self._sofar.get(c.index)
-        if acc is None:
-            acc = self._sofar[c.index] = CompletionOutput(c.index, "", [], logprobs=[] if c.logprobs is not None
-                                                          else None)
-        acc.text += text
-        acc.token_ids.extend(c.token_ids)
-        logprobs = _sample_logprobs(c)
-        if logprobs is not None and acc.logprobs is not None:
-            acc.logprobs.extend(logprobs)
-        acc.cumulative_logprob, acc.finish_reason, acc.stop_reason = c.cumulative_logprob, c.finish_reason, \
-            c.stop_reason
-        # A fresh object each time, as an in-process engine's cumulative outputs are.
-        return CompletionOutput(acc.index, acc.text, list(acc.token_ids), acc.cumulative_logprob,
-                                list(acc.logprobs) if acc.logprobs is not None else None, acc.finish_reason,
-                                acc.stop_reason)
+    def _completion(self, c: wire.WireCompletion) -> CompletionOutput:
+        """The sample's part as it crossed (a delta, or the final output), its text made here
+        when the core sends none."""
+        text = c.text if self.text is None else self.text.delta(c.index, c.token_ids, c.finish_reason)
+        logprobs = logprobs_from_wire(c.logprobs, self.piece) if c.logprobs is not None else None
+        out = CompletionOutput(c.index, text, c.token_ids, c.cumulative_logprob, None, c.finish_reason, c.stop_reason)
+        return with_logprob_arrays(out, "logprobs", logprobs)
 
-
-def _sample_logprobs(c: wire.WireCompletion) -> Optional[SampleLogprobs]:
-    if c.logprobs is None:
-        return None
-    return [p if p is not None else {} for p in logprobs_from_wire(c.logprobs)]
+    def _add(self, delta: CompletionOutput) -> CompletionOutput:
+        totals = self._sofar.get(delta.index)
+        if totals is None:
+            totals = self._sofar[delta.index] = SampleTotals(delta.index)
+        totals.add(delta)
+        return totals.output("cumulative")
 
 
 def deliver(items: list[tuple[RequestStream, Union[AnyOutput, BaseException]]]) -> None:

@@ -32,7 +32,7 @@ from pyengine.multiprocess.wire_logprobs import WireLogprobs
 from pyengine.outputs import EngineStats, ThreadStack
 
 _ARRAY_EXT = 1  # msgpack extension code of an array reference
-PROTOCOL_VERSION = 5  # in ``Ready``: front end and core must speak the same one (5: EngineCoreOutputs tag)
+PROTOCOL_VERSION = 6  # in ``Ready``: front end and core must speak the same one (5: EngineCoreOutputs tag; 6: logprobs as the engine's arrays)
 
 #: How often the front end sends each core a ``Heartbeat`` (when it has nothing else to send).
 HEARTBEAT_INTERVAL_S = 1.0
@@ -136,7 +136,7 @@ class WireOutput(msgspec.Struct, array_like=True):
     metrics: tuple[float, Optional[float], Optional[float], Optional[float], Optional[float], int, int]
     num_cached_tokens: int = 0
     embedding: Any = None  # np.ndarray (float32) for an embedding request
-    prompt_logprobs: Optional[WireLogprobs] = None  # one position per prompt token, the first None
+    prompt_logprobs: Optional[WireLogprobs] = None  # one position per prompt token after the first
 
 
 class WireFailure(msgspec.Struct, array_like=True):

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from pyengine.errors import InvalidRequestError
 from pyengine.inputs.chat_template import render_chat
-from pyengine.outputs import LOGPROB_FLOOR, SampleLogprobs
+from pyengine.logprob_arrays import LogprobArrays
 from pyengine.server.beam_search import beam_search_chat, check_chat
 from pyengine.server.choices import ChoiceDelta
 from pyengine.server.context import Context, ServerContext
@@ -52,16 +52,16 @@ router = APIRouter()
 ROLES = ("system", "developer", "user", "assistant", "tool")  # OpenAI's chat roles
 
 
-def chat_logprobs(tt: TokenPieces, token_ids: list[int], logprobs: SampleLogprobs, top: int) -> ChatLogprobs:
-    """The chat logprobs object: per token its text, logprob, bytes and the ``top`` best."""
+def chat_logprobs(tt: TokenPieces, logprobs: Optional[LogprobArrays], top: int) -> ChatLogprobs:
+    """The chat logprobs object, from the engine's arrays: per token its text, logprob,
+    bytes and the ``top`` best of its entries."""
     content = []
-    for token, lps in zip(token_ids, logprobs):
-        best = sorted(lps.items(), key=lambda kv: -kv[1].logprob)[:top]
-        chosen = lps.get(token)
+    for row in logprobs.rows() if logprobs is not None else ():
+        token, value, _ = row[0]  # the generated token itself
+        best = sorted(row, key=lambda entry: -entry[1])[:top]
         content.append(ChatLogprobToken(
-            token=tt.text(token), logprob=chosen.logprob if chosen is not None else LOGPROB_FLOOR,
-            bytes=tt.bytes(token),
-            top_logprobs=[ChatLogprobTop(token=tt.text(t), logprob=v.logprob, bytes=tt.bytes(t)) for t, v in best],
+            token=tt.text(token), logprob=value, bytes=tt.bytes(token),
+            top_logprobs=[ChatLogprobTop(token=tt.text(t), logprob=v, bytes=tt.bytes(t)) for t, v, _ in best],
         ))
     return ChatLogprobs(content=content)
 
@@ -195,7 +195,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
         message, finish_reason = whole_message(plan, c.text, c.finish_reason)
         choices.append(ChatChoice(
             index=c.index, message=message,
-            logprobs=chat_logprobs(ctx.token_text, c.token_ids, c.logprobs, top) if body.logprobs else None,
+            logprobs=chat_logprobs(ctx.token_text, c.logprob_arrays(), top) if body.logprobs else None,
             finish_reason=finish_reason, stop_reason=c.stop_reason,
             token_ids=c.token_ids if body.return_token_ids else None,
         ))
@@ -231,7 +231,7 @@ def _stream(ctx: ServerContext, body: ChatCompletionRequest, run: ResponseRun, t
                finish_reason: Optional[str] = None) -> ChatStreamChoice:
         return ChatStreamChoice(
             index=index, delta=delta,
-            logprobs=chat_logprobs(ctx.token_text, d.token_ids, d.logprobs, top) if d and body.logprobs else None,
+            logprobs=chat_logprobs(ctx.token_text, d.logprobs, top) if d and body.logprobs else None,
             finish_reason=finish_reason,
             stop_reason=d.choice.stop_reason if d and d.finish_reason else None,
             token_ids=d.token_ids if d and body.return_token_ids else None,

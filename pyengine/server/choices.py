@@ -13,25 +13,21 @@ token) is not one, so a client sees ``finish_reason="stop"`` with ``stop_reason=
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Union
 
-from pyengine.logprobs import PromptLogprobs, SampleLogprobs
+from pyengine.logprob_arrays import LogprobArrays
 from pyengine.outputs import RequestOutput
+from pyengine.sample_totals import SampleTotals
 from pyengine.server.context import ServerContext
 from pyengine.server.protocol import UsageInfo
 
 
-@dataclass
-class Choice:
-    """Everything generated so far for one choice."""
+class Choice(SampleTotals):
+    """Everything generated so far for one choice (``sample_totals.py``), with OpenAI's
+    finish reasons."""
 
-    index: int
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: SampleLogprobs = field(default_factory=list)
-    finish_reason: Optional[str] = None
-    stop_reason: Union[int, str, None] = None
+    __slots__ = ()
 
 
 @dataclass
@@ -41,7 +37,7 @@ class ChoiceDelta:
     choice: Choice
     text: str
     token_ids: list[int]
-    logprobs: SampleLogprobs
+    logprobs: Optional[LogprobArrays]  # None: the request asked for none
     finish_reason: Optional[str]
     text_offset: int  # where ``text`` starts in the choice's text
 
@@ -66,29 +62,26 @@ class ChoiceTracker:
         self.n = n
         self.choices = [Choice(i) for i in range(len(prompt_lens) * n)]
         # Each prompt's log-probabilities, when the request asked (vLLM's prompt_logprobs).
-        self.prompt_logprobs: list[Optional[PromptLogprobs]] = [None] * len(prompt_lens)
+        self.prompt_logprobs: list[Optional[LogprobArrays]] = [None] * len(prompt_lens)
         self._timers = [ctx.metrics.itl_timer() for _ in prompt_lens]
         self._started = time.perf_counter()
 
     def apply(self, prompt_index: int, out: RequestOutput) -> list[ChoiceDelta]:
         deltas = []
         new_tokens = 0
-        if out.prompt_logprobs is not None:
-            self.prompt_logprobs[prompt_index] = out.prompt_logprobs
+        if out.prompt_logprob_arrays is not None:
+            self.prompt_logprobs[prompt_index] = out.prompt_logprob_arrays
         for sample in out.outputs:
             choice = self.choices[prompt_index * self.n + sample.index]
             if not (sample.text or sample.token_ids or (sample.finish_reason and not choice.finish_reason)):
                 continue
             offset = len(choice.text)
-            choice.text += sample.text
-            choice.token_ids.extend(sample.token_ids)
+            choice.add(sample)
             new_tokens = max(new_tokens, len(sample.token_ids))
-            lps = list(sample.logprobs or [])
-            choice.logprobs.extend(lps)
             if sample.finish_reason is not None:
                 choice.finish_reason, choice.stop_reason = openai_finish(sample.finish_reason, sample.stop_reason)
             deltas.append(ChoiceDelta(
-                choice, sample.text, list(sample.token_ids), lps,
+                choice, sample.text, list(sample.token_ids), sample.logprob_arrays,
                 choice.finish_reason if sample.finish_reason is not None else None, offset,
             ))
         self._timers[prompt_index].tick(new_tokens)

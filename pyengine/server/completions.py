@@ -7,7 +7,7 @@ from typing import Optional, Union
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from pyengine.logprobs import PromptLogprobs, SampleLogprobs
+from pyengine.logprob_arrays import LogprobArrays
 from pyengine.server.beam_search import beam_search_completion
 from pyengine.server.choices import ChoiceDelta
 from pyengine.server.context import Context, ServerContext
@@ -34,40 +34,39 @@ from pyengine.text.token_pieces import TokenPieces
 router = APIRouter()
 
 
-def completion_logprobs(tt: TokenPieces, token_ids: list[int], logprobs: SampleLogprobs,
-                        text_offset: int) -> CompletionLogprobs:
-    """The legacy completions logprobs object for some generated tokens."""
+def completion_logprobs(tt: TokenPieces, logprobs: Optional[LogprobArrays], text_offset: int) -> CompletionLogprobs:
+    """The legacy completions logprobs object for some generated tokens, from the engine's
+    arrays (``text_offset``: where the first token's text starts)."""
     out = CompletionLogprobs()
     offset = text_offset
-    for token, lps in zip(token_ids, logprobs):
-        text = tt.text(token)
-        out.tokens.append(text)
-        chosen = lps.get(token)
-        out.token_logprobs.append(chosen.logprob if chosen is not None else None)
-        out.top_logprobs.append({tt.text(t): v.logprob for t, v in sorted(lps.items(), key=lambda kv: -kv[1].logprob)})
+    for row in logprobs.rows() if logprobs is not None else ():
+        token, value, _ = row[0]  # the generated token itself
+        out.tokens.append(tt.text(token))
+        out.token_logprobs.append(value)
+        out.top_logprobs.append({tt.text(t): v for t, v, _ in sorted(row, key=lambda entry: -entry[1])})
         out.text_offset.append(offset)
         offset += tt.text_length(token)
     return out
 
 
-def echoed_logprobs(tt: TokenPieces, prompt_ids: list[int], prompt_logprobs: PromptLogprobs, top: int,
+def echoed_logprobs(tt: TokenPieces, prompt_ids: list[int], prompt_logprobs: LogprobArrays, top: int,
                     generated: CompletionLogprobs) -> CompletionLogprobs:
     """``echo`` with ``logprobs``: the prompt's tokens first (the first has no logprob, as
     OpenAI's), each with its top ``top``, then the generated tokens' (whose text offsets
     already count the echoed prompt)."""
     out = CompletionLogprobs()
     offset = 0
-    for token, entry in zip(prompt_ids, prompt_logprobs):
+    for token, row in zip(prompt_ids, [None, *prompt_logprobs.rows()]):
         out.tokens.append(tt.text(token))
         out.text_offset.append(offset)
         offset += tt.text_length(token)
-        if entry is None:
+        if row is None:
             out.token_logprobs.append(None)
             out.top_logprobs.append(None)
             continue
-        out.token_logprobs.append(entry[token].logprob if token in entry else None)
-        best = sorted(((t, v) for t, v in entry.items() if (v.rank or 0) <= top), key=lambda kv: -kv[1].logprob)
-        out.top_logprobs.append({tt.text(t): v.logprob for t, v in best})
+        out.token_logprobs.append(row[0][1])  # the prompt token itself
+        best = sorted(((t, v) for t, v, rank in row if rank <= top), key=lambda entry: -entry[1])
+        out.top_logprobs.append({tt.text(t): v for t, v in best})
     out.tokens += generated.tokens
     out.token_logprobs += generated.token_logprobs
     out.top_logprobs += generated.top_logprobs
@@ -128,7 +127,7 @@ async def create_completion(body: CompletionRequest, request: Request,
         prompt_lps = run.tracker.prompt_logprobs[p]
         lps = None
         if body.logprobs is not None:
-            lps = completion_logprobs(ctx.token_text, choice.token_ids, choice.logprobs, len(echoes[p]))
+            lps = completion_logprobs(ctx.token_text, choice.logprob_arrays(), len(echoes[p]))
             if echo_logprobs and prompt_lps is not None:
                 lps = echoed_logprobs(ctx.token_text, prompts[p][1], prompt_lps, body.logprobs or 0, lps)
         choices.append(CompletionChoice(
@@ -152,8 +151,7 @@ def _stream(ctx: ServerContext, body: CompletionRequest, run: ResponseRun, echoe
     def choice(index: int, text: str, delta: Optional[ChoiceDelta] = None, first: bool = False) -> CompletionChoice:
         lps = None
         if delta is not None and body.logprobs is not None:
-            lps = completion_logprobs(ctx.token_text, delta.token_ids, delta.logprobs,
-                                      len(echoes[index // n]) + delta.text_offset)
+            lps = completion_logprobs(ctx.token_text, delta.logprobs, len(echoes[index // n]) + delta.text_offset)
         return CompletionChoice(
             index=index, text=text, logprobs=lps,
             finish_reason=delta.finish_reason if delta is not None else None,
