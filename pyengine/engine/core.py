@@ -33,11 +33,12 @@ from pyengine.engine.request_table import RequestTable
 from pyengine.errors import DuplicateRequestError, EngineDeadError, InvalidConfigError, InvalidRequestError
 from pyengine.executor.model_runner import ModelRunner
 from pyengine.inputs.request_checks import (
+    BuiltRequest,
+    RequestLimits,
+    build_request,
     check_some_token_allowed,
-    checked_params,
     executor_params,
     own_cache_salt,
-    truncated_prompt,
 )
 from pyengine.logits_processors.bad_words_tokens import bad_words_token_ids
 from pyengine.logits_processors.loading import resolve_processor, validate_request
@@ -145,6 +146,11 @@ class EngineCore:
             return ""
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
+    @property
+    def limits(self) -> RequestLimits:
+        """What ``build_request`` checks requests against."""
+        return RequestLimits(self.vocab_size, self.config.max_logprobs, self.max_model_len)
+
     def add_request(
         self,
         request_id: str,
@@ -157,8 +163,18 @@ class EngineCore:
         fit_to_length: bool = False,
         make_text: bool = True,
     ) -> None:
-        """Queues a request; its outputs go to ``sink``. Raises ``InvalidRequestError`` for a
-        request that can never be served and ``EngineDeadError`` once the engine is dead.
+        """Builds (``build_request``: checked against the model's limits, the parameters
+        copied, the prompt truncated as asked) and queues a request; its outputs go to
+        ``sink``. Raises ``InvalidRequestError`` for a request that can never be served and
+        ``EngineDeadError`` once the engine is dead. See ``submit`` for the options."""
+        self._check_alive()
+        request = build_request(prompt, prompt_token_ids, params, self.limits)
+        self.submit(request_id, request, sink, kind, priority, fit_to_length, make_text)
+
+    def submit(self, request_id: str, request: BuiltRequest, sink: OutputSink, kind: OutputKind = "cumulative",
+               priority: int = 0, fit_to_length: bool = False, make_text: bool = True) -> None:
+        """Queues a request already built by ``build_request`` (here, or by the front end of
+        an engine core in another process), after the checks only the engine can make.
 
         ``fit_to_length`` (the offline API, as vLLM's): a prompt that fits but whose
         ``max_tokens`` would not is generated up to the limit and ends with "length"
@@ -171,63 +187,64 @@ class EngineCore:
         # An idle OpenMP team on the calling thread (from its own PyTorch work) makes libgomp
         # throttle the executor thread's team; freeing it costs nothing when there is none.
         release_openmp_workers()
-        # Validated again (fields may be set after construction), and copied.
-        params = checked_params(params, prompt_token_ids, self.vocab_size, self.config.max_logprobs)
-        prompt_token_ids = truncated_prompt(prompt_token_ids, params, self.max_model_len)
-        pooling = isinstance(params, PoolingParams)
+        params = request.params
         if isinstance(params, SamplingParams):
-            self._prepare_processor_fields(params)
-            check_some_token_allowed(params, self.eos_token_ids)
-            constraint = None
-            if params.structured_outputs is not None:
-                if params.min_tokens:
-                    # Masking the end below min_tokens could leave a grammar no token at all.
-                    raise InvalidRequestError(
-                        "min_tokens cannot be combined with structured_outputs: the constraint decides where "
-                        "the output ends"
-                    )
-                constraint = self.constraints.compile(params.structured_outputs)
-            max_tokens = params.max_tokens
-            room = self.max_request_tokens - len(prompt_token_ids)
-            if max_tokens is None:
-                max_tokens = max(1, room)
-            elif fit_to_length and 0 < room < max_tokens:
-                max_tokens = room
-            stop_ids = list(params.stop_token_ids or [])
-            eos = [] if params.ignore_eos else self.eos_token_ids
-            candidates = params.num_candidates
-            for_executor = executor_params(params)  # once: a copy for best_of, validated again
-            if candidates > params.n:  # best_of: the final output only, once the best are known
+            native = self._generation_request(request_id, request, params, priority, fit_to_length)
+            if params.num_candidates > params.n:  # best_of: the final output only, once the best are known
                 kind = "final"
-            request = Request(
-                request_id, prompt_token_ids, max_tokens=max_tokens, min_tokens=min(params.min_tokens, max_tokens),
-                eos_token_ids=eos, ignore_eos=params.ignore_eos, stop_token_ids=stop_ids,
-                priority=priority, n=candidates,
-                sample_params=[sample_params(for_executor, i) for i in range(candidates)],
-                constraint=constraint, cache_salt=own_cache_salt(request_id, params),
-            )
+            if not make_text and params.stop_strings:
+                raise InvalidRequestError("stop strings need the text in the engine: make_text=False cannot be used")
         else:
-            request = Request(
-                request_id, prompt_token_ids, max_tokens=1, priority=priority, pooling=True, sample_params=[params]
-            )
-        if not make_text and not pooling and params.stop_strings:
-            raise InvalidRequestError("stop strings need the text in the engine: make_text=False cannot be used")
-        needs_stream = (
-            make_text and not pooling and params.detokenize and self.tokenizer is not None
-            and (kind != "final" or bool(params.stop_strings))
-        )
-        text_stream = self._text_stream if needs_stream else None
+            native = Request(request_id, request.prompt_token_ids, max_tokens=1, priority=priority, pooling=True,
+                             sample_params=[params])
         # Built before taking the lock (text streams cost something); the lock only covers
         # the scheduler's numbering and the registration, which the output thread waits for.
-        piece = self.token_pieces if not pooling and params.detokenize else None
-        state = RequestState(request_id, prompt, list(prompt_token_ids), params, sink, kind,
-                             self.decode if make_text else None, text_stream, piece)
+        state = self._request_state(request_id, request, sink, kind, make_text)
         with self.requests.lock:
             self._check_alive()  # again, under the lock the output thread's fail-all takes
             if self.requests.contains_request(request_id):
                 raise DuplicateRequestError(f"request id {request_id!r} is still in use")
-            state.number_samples(self.sched.add_request(request))
+            state.number_samples(self.sched.add_request(native))
             self.requests.add(state)
+
+    def _generation_request(self, request_id: str, request: BuiltRequest, params: SamplingParams, priority: int,
+                            fit_to_length: bool) -> Request:
+        """The scheduler's request: the engine's own checks (bad words, custom processors, a
+        token left to sample, the constraint compiled), then its stop criteria and per-sample
+        parameters."""
+        self._prepare_processor_fields(params)
+        check_some_token_allowed(params, self.eos_token_ids)
+        so = params.structured_outputs
+        constraint = self.constraints.compile(so) if so is not None else None
+        ids = request.prompt_token_ids
+        max_tokens = params.max_tokens
+        room = self.max_request_tokens - len(ids)
+        if max_tokens is None:
+            max_tokens = max(1, room)
+        elif fit_to_length and 0 < room < max_tokens:
+            max_tokens = room
+        candidates = params.num_candidates
+        for_executor = executor_params(params)  # once: a copy for best_of, validated again
+        return Request(
+            request_id, ids, max_tokens=max_tokens, min_tokens=min(params.min_tokens, max_tokens),
+            eos_token_ids=[] if params.ignore_eos else self.eos_token_ids, ignore_eos=params.ignore_eos,
+            stop_token_ids=list(params.stop_token_ids or []), priority=priority, n=candidates,
+            sample_params=[sample_params(for_executor, i) for i in range(candidates)],
+            constraint=constraint, cache_salt=own_cache_salt(request_id, params),
+        )
+
+    def _request_state(self, request_id: str, request: BuiltRequest, sink: OutputSink, kind: OutputKind,
+                       make_text: bool) -> RequestState:
+        """The output thread's record of the request, with a text stream when its text is
+        made as it streams (not only at the end, and not by a front end)."""
+        params = request.params
+        sampling = isinstance(params, SamplingParams)
+        detokenize = sampling and params.detokenize  # type: ignore[union-attr]
+        needs_stream = (make_text and detokenize and self.tokenizer is not None
+                        and (kind != "final" or bool(params.stop_strings)))  # type: ignore[union-attr]
+        return RequestState(request_id, request.prompt, list(request.prompt_token_ids), params, sink, kind,
+                            self.decode if make_text else None, self._text_stream if needs_stream else None,
+                            self.token_pieces if detokenize else None)
 
     def _prepare_processor_fields(self, params: SamplingParams) -> None:
         """Tokenizes ``bad_words`` into the copy's ``_bad_words_token_ids`` and runs the

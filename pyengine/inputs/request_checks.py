@@ -1,17 +1,56 @@
-"""The checks a request passes before it is queued, shared by the engine core and a front
-end in another process (which runs them before sending, so that a bad request is refused
-at once, as an in-process engine refuses it, not one round trip later). The scheduler's
-own admission checks (lengths against the KV pool, n against max_num_seqs) stay the
-final word."""
+"""A request built and checked once: ``build_request``, the one function both paths call.
+
+An in-process engine (``EngineCore.add_request``, behind ``LLM`` and ``AsyncEngine``) and
+the multi-process front end (before it sends, so that a bad request is refused at once,
+not one round trip later) build every request with it; an engine core in another process
+queues what its front end built without checking it again (``EngineCore.submit``). What
+only the engine can check (bad words through its tokenizer, custom logits processors, a
+grammar compiled for its scheduler) is checked there, once. The scheduler's own admission
+checks (lengths against the KV pool, n against max_num_seqs) stay the final word.
+"""
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import replace
-from typing import Optional, Union
+from dataclasses import dataclass, replace
+from typing import NamedTuple, Optional, Union
 
 from pyengine.errors import InvalidRequestError
 from pyengine.sampling_params import PoolingParams, SamplingParams
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """The model's limits a request is checked against (the engine's, or, in a front end,
+    those its engine core reported)."""
+
+    vocab_size: Optional[int]
+    max_logprobs: int
+    max_model_len: int
+
+
+class BuiltRequest(NamedTuple):
+    """A request ready to queue: its prompt (text as given, ids as they will run: truncated
+    as asked) and its own validated copy of the parameters."""
+
+    prompt: Optional[str]
+    prompt_token_ids: list[int]
+    params: Union[SamplingParams, PoolingParams]
+
+
+def build_request(prompt: Optional[str], prompt_token_ids: list[int], params: Union[SamplingParams, PoolingParams],
+                  limits: RequestLimits) -> BuiltRequest:
+    """Checks a request against the model's limits and builds what is queued; raises
+    ``InvalidRequestError`` naming what is wrong."""
+    params = checked_params(params, prompt_token_ids, limits.vocab_size, limits.max_logprobs)
+    ids = truncated_prompt(prompt_token_ids, params, limits.max_model_len)
+    if not ids:
+        raise InvalidRequestError("prompt is empty: at least one token is needed")
+    if isinstance(params, SamplingParams) and params.structured_outputs is not None and params.min_tokens:
+        # Masking the end below min_tokens could leave a grammar no token at all.
+        raise InvalidRequestError("min_tokens cannot be combined with structured_outputs: the constraint decides "
+                                  "where the output ends")
+    return BuiltRequest(prompt, list(ids), params)
 
 
 def checked_params(

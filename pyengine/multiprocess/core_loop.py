@@ -36,6 +36,7 @@ import zmq
 from pyengine.config import EngineConfig
 from pyengine.engine.request_state import AnyOutput
 from pyengine.errors import EngineDeadError, EngineError
+from pyengine.inputs.request_checks import BuiltRequest
 from pyengine.multiprocess import wire
 from pyengine.multiprocess.watchdog import FrontEndWatch, remove_ipc_dir
 from pyengine.multiprocess.wire_logprobs import logprobs_to_wire
@@ -342,9 +343,9 @@ class CoreMainLoop:
             self._fail(message.request_id, error)
 
     def _compile_then_add(self, message: wire.AddRequest, params: SamplingParams) -> None:
-        """The compile thread: compiles the constraint into the engine's cache, then adds."""
+        """The compile thread: adds the request, which compiles its constraint (once: the
+        front end does not compile it, it refuses a bad one when the core's error comes)."""
         try:
-            self.engine_core.compile_structured_outputs(params)
             self._add_now(message, params)
         except Exception as error:  # noqa: BLE001 - only this request fails, whatever it brought
             self._fail(message.request_id, error)
@@ -357,9 +358,11 @@ class CoreMainLoop:
                 self.engine_core.abort(message.request_id)
 
     def _add_now(self, message: wire.AddRequest, params: Any) -> None:
-        ids = message.prompt_token_ids.tolist()
-        self.engine_core.add_request(message.request_id, None, ids, params, WireSink(self.outbox, message.request_id),
-                                kind=message.kind, priority=message.priority, make_text=not message.text_in_front_end)
+        """Queues the request as its front end built it (``build_request``: checked,
+        truncated); the engine makes only the checks it alone can."""
+        request = BuiltRequest(None, message.prompt_token_ids.tolist(), params)
+        self.engine_core.submit(message.request_id, request, WireSink(self.outbox, message.request_id), kind=message.kind,
+                           priority=message.priority, make_text=not message.text_in_front_end)
 
     def _fail(self, request_id: str, error: Exception) -> None:
         if not isinstance(error, (EngineError, TypeError, ValueError)):
