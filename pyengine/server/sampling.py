@@ -84,7 +84,9 @@ def check_prompt_logprobs(ctx: ServerContext, prompt_logprobs: Optional[int]) ->
 def truncate_prompts(ctx: ServerContext, prompts: list[tuple[Optional[str], list[int]]],
                      params: SamplingParams) -> list[tuple[Optional[str], list[int]]]:
     """``truncate_prompt_tokens``: each prompt's last k tokens, before the length checks
-    (as vLLM truncates when it tokenizes); a 400 for k above ``max_model_len``."""
+    (as vLLM truncates when it tokenizes); a 400 for k above ``max_model_len``. The
+    truncation is then taken off ``params``: the engine gets the prompts as they run and
+    does not truncate them again."""
     if params.truncate_prompt_tokens is None:
         return prompts
     try:
@@ -92,9 +94,10 @@ def truncate_prompts(ctx: ServerContext, prompts: list[tuple[Optional[str], list
         for text, ids in prompts:
             kept = truncated_prompt(ids, params, ctx.max_model_len)
             out.append((text if len(kept) == len(ids) else None, kept))  # echo then shows what ran
-        return out
     except InvalidRequestError as error:
         raise bad_request(str(error), "truncate_prompt_tokens") from None
+    params.truncate_prompt_tokens = None
+    return out
 
 
 def default_max_tokens(ctx: ServerContext, prompt_lens: list[int]) -> int:
