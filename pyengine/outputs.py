@@ -37,14 +37,13 @@ class CompletionOutput:
     finish_reason: Optional[str] = None  # "stop", "length", "abort", "error", "dead_end" (grammar)
     stop_reason: Union[int, str, None] = None  # the stop string or stop token id that ended it
 
+    #: The engine's arrays ``logprobs`` is built from, as the engine made the output (None
+    #: when not asked for, or for an output made with maps). Not a field: a plain attribute
+    #: that ``with_logprob_arrays`` sets, so reading it on the hot path is one lookup.
+    logprob_arrays = None  # Optional[LogprobArrays]
+
     def finished(self) -> bool:
         return self.finish_reason is not None
-
-    @property
-    def logprob_arrays(self) -> Optional[LogprobArrays]:
-        """The engine's arrays ``logprobs`` is built from, as the engine made the output
-        (None when not asked for, or for an output made with maps)."""
-        return self.__dict__.get("_logprobs_arrays")
 
     def __getstate__(self) -> dict[str, Any]:
         return _state_with_maps(self, "logprobs")
@@ -79,12 +78,10 @@ class RequestOutput:
     #: carries them once, in the first output that has them). Built on first read from
     #: ``prompt_logprob_arrays`` (positions 1.., the first prompt token having none).
     prompt_logprobs: Optional[PromptLogprobs] = None
-
-    @property
-    def prompt_logprob_arrays(self) -> Optional[LogprobArrays]:
-        """The engine's arrays ``prompt_logprobs`` is built from: one position per prompt
-        token after the first (None when not asked for, or for an output made with maps)."""
-        return self.__dict__.get("_prompt_logprobs_arrays")
+    #: The engine's arrays ``prompt_logprobs`` is built from: one position per prompt token
+    #: after the first (None when not asked for, or for an output made with maps; see
+    #: ``CompletionOutput.logprob_arrays``).
+    prompt_logprob_arrays = None  # Optional[LogprobArrays]
 
     def __getstate__(self) -> dict[str, Any]:
         return _state_with_maps(self, "prompt_logprobs")
@@ -97,25 +94,30 @@ class _MapsFromArrays:
     output made with maps, or None, holds them as a plain attribute and never comes here:
     building outputs costs nothing more when no log-probabilities were asked for."""
 
-    def __init__(self, name: str, first: list[None]) -> None:
+    def __init__(self, name: str, arrays: str, first: list[None]) -> None:
         self.name = name
+        self.arrays = arrays  # the attribute holding the arrays
         self.first = first  # what comes before the arrays' positions: [None] for a prompt's first token
 
     def __get__(self, obj: Any, owner: Any = None) -> Any:
         if obj is None:
             return None  # the class attribute: the field's default
-        arrays = obj.__dict__.get(f"_{self.name}_arrays")
+        arrays = obj.__dict__.get(self.arrays)
         maps = obj.__dict__[self.name] = None if arrays is None else [*self.first, *arrays.to_dicts()]
         return maps
 
 
-def with_logprob_arrays(output: Any, name: str, arrays: Optional[LogprobArrays]) -> Any:
-    """``output`` (a ``CompletionOutput``: ``name`` "logprobs"; a ``RequestOutput``:
-    "prompt_logprobs") carrying the engine's ``arrays``, its maps built when first read."""
-    if arrays is not None:
-        state = output.__dict__
-        state.pop(name, None)
-        state[f"_{name}_arrays"] = arrays
+def with_logprob_arrays(output: Any, arrays: LogprobArrays) -> Any:
+    """``output`` (a ``CompletionOutput`` or a ``RequestOutput``, made with no log-probability
+    maps) carrying the engine's ``arrays``: ``logprobs`` / ``prompt_logprobs`` are built from
+    them when first read."""
+    state = output.__dict__
+    if isinstance(output, CompletionOutput):
+        state.pop("logprobs", None)
+        state["logprob_arrays"] = arrays
+    else:
+        state.pop("prompt_logprobs", None)
+        state["prompt_logprob_arrays"] = arrays
     return output
 
 
@@ -123,12 +125,13 @@ def _state_with_maps(obj: Any, name: str) -> dict[str, Any]:
     """A pickled output carries the maps, not the arrays (their ``piece`` holds a tokenizer)."""
     getattr(obj, name)  # built now if they were not yet
     state = dict(obj.__dict__)
-    state.pop(f"_{name}_arrays", None)
+    state.pop("logprob_arrays" if name == "logprobs" else "prompt_logprob_arrays", None)
     return state
 
 
-CompletionOutput.logprobs = _MapsFromArrays("logprobs", [])  # type: ignore[assignment]
-RequestOutput.prompt_logprobs = _MapsFromArrays("prompt_logprobs", [None])  # type: ignore[assignment]
+CompletionOutput.logprobs = _MapsFromArrays("logprobs", "logprob_arrays", [])  # type: ignore[assignment]
+RequestOutput.prompt_logprobs = _MapsFromArrays("prompt_logprobs", "prompt_logprob_arrays",  # type: ignore[assignment]
+                                                [None])
 
 
 @dataclass

@@ -35,10 +35,10 @@ class SampleTotals:
         self.stop_reason: Union[int, str, None] = None
         self._sent_text = self._sent_tokens = self._sent_logprobs = 0
 
-    def add(self, delta: CompletionOutput, text: Optional[str] = None) -> None:
-        """What one delta output brings (``text`` instead of its own when given: text made
-        by the receiver); its ``cumulative_logprob`` and end replace what was kept."""
-        self.text += delta.text if text is None else text
+    def add(self, delta: CompletionOutput) -> None:
+        """What one delta output brings; its ``cumulative_logprob`` and end replace what was
+        kept."""
+        self.text += delta.text
         self.token_ids.extend(delta.token_ids)
         arrays = delta.logprob_arrays
         if arrays is not None:
@@ -66,4 +66,4 @@ class SampleTotals:
             arrays = logprobs.view() if logprobs is not None else None
         out = CompletionOutput(self.index, text, ids, self.cumulative_logprob, None, self.finish_reason,
                                self.stop_reason)
-        return with_logprob_arrays(out, "logprobs", arrays)
+        return out if arrays is None else with_logprob_arrays(out, arrays)

@@ -51,7 +51,7 @@ def test_a_vocabulary_smaller_than_k_gives_all_of_it():
 
 
 def test_maps_are_built_on_first_read_and_travel_with_a_copy():
-    out = with_logprob_arrays(CompletionOutput(0, "ab", [5, 7]), "logprobs", _buffer().view())
+    out = with_logprob_arrays(CompletionOutput(0, "ab", [5, 7]), _buffer().view())
     assert "logprobs" not in out.__dict__  # nothing built until read
     maps = out.logprobs
     assert isinstance(maps, list) and maps[0][5] == Logprob(-0.5, 2, "<5>")
@@ -64,11 +64,9 @@ def test_maps_are_built_on_first_read_and_travel_with_a_copy():
 
 def test_prompt_logprobs_read_back_with_none_for_the_first_token():
     metrics = RequestMetrics(arrival_time=0.0)
-    out = with_logprob_arrays(RequestOutput("r", None, [9, 5, 7], [], True, metrics), "prompt_logprobs",
-                              _buffer().view())
+    out = with_logprob_arrays(RequestOutput("r", None, [9, 5, 7], [], True, metrics), _buffer().view())
     assert out.prompt_logprobs[0] is None and out.prompt_logprobs[1][5].rank == 2
-    empty = with_logprob_arrays(RequestOutput("r", None, [9], [], True, metrics), "prompt_logprobs",
-                                LogprobBuffer(0, None).view(0, 0))
+    empty = with_logprob_arrays(RequestOutput("r", None, [9], [], True, metrics), LogprobBuffer(0, None).view(0, 0))
     assert empty.prompt_logprobs == [None]
 
 
@@ -76,11 +74,11 @@ def test_prompt_logprobs_read_back_with_none_for_the_first_token():
 def test_totals_hand_out_everything_or_what_is_new(kind):
     rows = _buffer().view()
     totals = SampleTotals(0)
-    totals.add(with_logprob_arrays(CompletionOutput(0, "a", [5], -0.5), "logprobs", rows.__class__(
+    totals.add(with_logprob_arrays(CompletionOutput(0, "a", [5], -0.5), rows.__class__(
         rows.token_ids[:1], rows.logprobs[:1], rows.ranks[:1], rows.top_token_ids[:1], rows.top_logprobs[:1],
         rows.piece)))
     first = totals.output(kind)
-    totals.add(with_logprob_arrays(CompletionOutput(0, "b", [7], -1.0, None, "length"), "logprobs",
+    totals.add(with_logprob_arrays(CompletionOutput(0, "b", [7], -1.0, None, "length"),
                                    rows.__class__(rows.token_ids[1:], rows.logprobs[1:], rows.ranks[1:],
                                                   rows.top_token_ids[1:], rows.top_logprobs[1:], rows.piece)))
     second = totals.output(kind)

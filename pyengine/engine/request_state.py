@@ -226,7 +226,8 @@ class RequestState:
             metrics=self.metrics,
             num_cached_tokens=self.metrics.num_cached_tokens,
         )
-        return with_logprob_arrays(out, "prompt_logprobs", self._prompt_logprobs_out())
+        prompt_logprobs = self._prompt_logprobs_out()
+        return out if prompt_logprobs is None else with_logprob_arrays(out, prompt_logprobs)
 
 
 def _runs(indices: np.ndarray) -> list[tuple[int, int]]:

@@ -64,25 +64,22 @@ class RequestStream:
             vector = w.embedding.tolist() if w.embedding is not None else []
             return EmbeddingRequestOutput(self.request_id, self.prompt, self.prompt_token_ids,
                                           EmbeddingOutput(vector), True, metrics)
-        completions = [self._completion(c) for c in w.completions]
-        if self.kind == "cumulative":
-            completions = [self._add(c) for c in completions]
-        prompt_logprobs = logprobs_from_wire(w.prompt_logprobs, self.piece) if w.prompt_logprobs is not None else None
-        if self.kind == "cumulative":  # the core sends them once; every cumulative output carries them
+        text, piece, cumulative = self.text, self.piece, self.kind == "cumulative"
+        completions = []
+        for c in w.completions:  # each sample's part as it crossed: a delta, or the final output
+            out = CompletionOutput(c.index, c.text if text is None else text.delta(c.index, c.token_ids, c.finish_reason),
+                                   c.token_ids, c.cumulative_logprob, None, c.finish_reason, c.stop_reason)
+            if c.logprobs is not None:
+                with_logprob_arrays(out, logprobs_from_wire(c.logprobs, piece))
+            completions.append(self._add(out) if cumulative else out)
+        out = RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions, w.finished, metrics,
+                            w.num_cached_tokens)
+        prompt_logprobs = logprobs_from_wire(w.prompt_logprobs, piece) if w.prompt_logprobs is not None else None
+        if cumulative:  # the core sends them once; every cumulative output carries them
             if prompt_logprobs is None:
                 prompt_logprobs = self._prompt_logprobs
             self._prompt_logprobs = prompt_logprobs
-        out = RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions, w.finished, metrics,
-                            w.num_cached_tokens)
-        return with_logprob_arrays(out, "prompt_logprobs", prompt_logprobs)
-
-    def _completion(self, c: wire.WireCompletion) -> CompletionOutput:
-        """The sample's part as it crossed (a delta, or the final output), its text made here
-        when the core sends none."""
-        text = c.text if self.text is None else self.text.delta(c.index, c.token_ids, c.finish_reason)
-        logprobs = logprobs_from_wire(c.logprobs, self.piece) if c.logprobs is not None else None
-        out = CompletionOutput(c.index, text, c.token_ids, c.cumulative_logprob, None, c.finish_reason, c.stop_reason)
-        return with_logprob_arrays(out, "logprobs", logprobs)
+        return out if prompt_logprobs is None else with_logprob_arrays(out, prompt_logprobs)
 
     def _add(self, delta: CompletionOutput) -> CompletionOutput:
         totals = self._sofar.get(delta.index)

@@ -69,8 +69,9 @@ class ChoiceTracker:
     def apply(self, prompt_index: int, out: RequestOutput) -> list[ChoiceDelta]:
         deltas = []
         new_tokens = 0
-        if out.prompt_logprob_arrays is not None:
-            self.prompt_logprobs[prompt_index] = out.prompt_logprob_arrays
+        prompt_logprobs = out.prompt_logprob_arrays
+        if prompt_logprobs is not None:
+            self.prompt_logprobs[prompt_index] = prompt_logprobs
         for sample in out.outputs:
             choice = self.choices[prompt_index * self.n + sample.index]
             if not (sample.text or sample.token_ids or (sample.finish_reason and not choice.finish_reason)):
