@@ -279,7 +279,7 @@ class MultiprocessEngine(EngineClient):
         rid = request_id if request_id is not None else f"mp-{next(self._auto_ids)}"
         request = await self._requests.prepare(prompt, params, kind, self.tokenize)
         ids = request.prompt_token_ids
-        stream = RequestStream(rid, 0, kind, request.prompt, ids, request.pooling, request.text)
+        stream = RequestStream(rid, 0, kind, request.prompt, ids, request.pooling, request.text, request.piece)
         with self._lock:
             self._check_alive()
             if rid in self._streams:
@@ -372,11 +372,6 @@ class MultiprocessEngine(EngineClient):
     @property
     def token_bytes(self) -> Optional[Sequence[bytes]]:
         return self._requests.token_bytes
-
-    async def prepare(self, sampling_params: SamplingParams) -> None:
-        """Compiles the request's constraint here (``RequestPreparer.prepare_constraint``):
-        a bad schema or grammar is refused before anything is sent, as in-process."""
-        await self._requests.prepare_constraint(sampling_params)
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._requests.tokenize(text, add_special_tokens)

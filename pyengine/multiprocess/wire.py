@@ -211,7 +211,7 @@ class Codec:
     def _enc_hook(self, value: Any) -> Any:
         if isinstance(value, np.ndarray):
             array = np.ascontiguousarray(value)
-            self._out.append(memoryview(array).cast("B"))
+            self._out.append(memoryview(array.reshape(-1)).cast("B"))  # flat: an empty [P, 0] casts too
             meta = msgspec.msgpack.encode((len(self._out), array.dtype.str, array.shape))
             return msgspec.msgpack.Ext(_ARRAY_EXT, meta)
         if isinstance(value, Path):
