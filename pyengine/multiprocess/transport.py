@@ -25,7 +25,7 @@ def check_transport(transport: str) -> None:
         raise EngineError(f"transport must be 'ipc' or 'tcp', got {transport!r}")
 
 
-class UnreadableMessage(Exception):
+class UnreadableMessage(EngineError):
     """A core sent frames this front end cannot decode (the decoder's error is the cause)."""
 
 
