@@ -24,3 +24,24 @@ def bench_checkpoint(folder: Union[str, Path], vocab_size: int = VOCAB_SIZE, see
     ``shape`` replaces the default shape (``MODEL``)."""
     fields = {k: v for k, v in (shape or MODEL).items() if k != "vocab_size"}
     return make_tiny_checkpoint(folder, "qwen3", seed=seed, vocab_size=vocab_size, **fields)
+
+
+# Qwen3-0.6B's shapes with 8 of its 28 layers (the 151,936-token tied embedding whole):
+# 1.13 GB of float32 weights read per decoded token. The weights are drawn at load
+# (load_format="dummy"), so only config.json is written.
+QWEN3_06B_SHAPED = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024,
+    "intermediate_size": 3072, "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 8,
+    "head_dim": 128, "rms_norm_eps": 1e-6, "max_position_embeddings": 40960,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "tie_word_embeddings": True,
+}
+
+
+def qwen3_06b_shaped_folder(folder: Union[str, Path]) -> Path:
+    """A folder holding only the Qwen3-0.6B-shaped config.json (load it with load_format="dummy")."""
+    import json
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(QWEN3_06B_SHAPED))
+    return folder

@@ -10,6 +10,8 @@ import numpy.typing as npt
 
 __all__ = [
     "apply_token_bitmask",
+    "gemv_f32",
+    "gemv_quantized",
     "host_all_reduce",
     "host_gather",
     "host_group_bytes",
@@ -61,6 +63,32 @@ def rms_norm(
     ``residual += x`` in place and the norm is of the sum. All arrays C-contiguous; runs
     with the GIL released, on up to ``num_threads`` threads for large calls. Raises
     ``KernelError`` (a ``ValueError``) for arrays that are not whole rows or do not match.
+    """
+
+def gemv_f32(
+    out: npt.NDArray[np.float32],
+    x: npt.NDArray[np.float32],
+    weight: npt.NDArray[np.float32],
+    num_threads: int = 1,
+) -> None:
+    """``out = x @ weight.T`` for a few rows of ``x`` [rows, k] and a float32 ``weight``
+    [n, k], reading the weight once (decode steps); ``out`` is [rows, n]. ``k`` must be a
+    multiple of 16. All arrays C-contiguous; GIL released; up to ``num_threads`` threads.
+    """
+
+def gemv_quantized(
+    out: npt.NDArray[np.float32],
+    x: npt.NDArray[np.float32],
+    qweight: npt.NDArray[np.int8] | npt.NDArray[np.uint8],
+    scales: npt.NDArray[np.float32],
+    biases: npt.NDArray[np.float32] | None,
+    group_size: int,
+    num_threads: int = 1,
+) -> None:
+    """``out = x @ W.T`` for a PackedWeight ``W`` read as stored: ``qweight`` int8 [n, k]
+    or uint8 [n, k // 2] (two nibbles per byte, low nibble the even column), ``scales``
+    and ``biases`` [n, k // group_size], ``W[n, k] = scale * q + bias`` per group. ``k``
+    and ``group_size`` must be multiples of 16. GIL released; up to ``num_threads`` threads.
     """
 
 def qk_norm_rope(

@@ -18,7 +18,7 @@ import re
 import torch
 import torch.nn.functional as F
 
-from pyengine.models import cpu_linear
+from pyengine.models import cpu_linear, gemv
 from pyengine.models.config import DecoderConfig
 from pyengine.models.layers import AttentionOp, DecoderAttention, RMSNorm, WeightTarget
 from pyengine.models.moe import build_mlp, mlp_checkpoint_name
@@ -108,6 +108,7 @@ class DecoderForCausalLM(torch.nn.Module):
         self.build_rope_tables()
         self.packed_head: torch.Tensor | None = None
         self.quantized_head: QuantizedMatmul | None = None
+        self.gemv_head: torch.Tensor | None = None
 
     def build_layer(self, config: DecoderConfig, layer_index: int, parallel: ParallelContext) -> torch.nn.Module:
         """One decoder layer (an architecture with other layers overrides this)."""
@@ -177,6 +178,8 @@ class DecoderForCausalLM(torch.nn.Module):
         past the vocabulary's end are zeros; every column at world size 1)."""
         if self.quantized_head is not None:
             logits = self.quantized_head(hidden).float()
+        elif self.gemv_head is not None and gemv.applies(hidden):
+            logits = gemv.float_linear(hidden, self.gemv_head)
         elif self.packed_head is not None:
             logits = cpu_linear.linear(hidden, self.packed_head)
         else:
@@ -208,6 +211,8 @@ class DecoderForCausalLM(torch.nn.Module):
         if not cpu_linear.can_pack(self.output_embedding):
             return
         self.packed_head = cpu_linear.pack(self.output_embedding)
+        if self.output_embedding.shape[1] % gemv.CHUNK == 0:
+            self.gemv_head = self.output_embedding.detach()  # tied: the embedding itself, no copy
         if self.lm_head is not None:
             cpu_linear.release_dense(self.lm_head)
 

@@ -6,7 +6,9 @@ row-parallel linear owns a slice of the input features and all-reduces its outpu
 linear also says which checkpoint tensors fill which rows of its parameters
 (:class:`WeightTarget`), so the loader can check names and shapes without knowing layers.
 On CPU float32, ``pack_for_cpu`` switches the linears to oneDNN-packed weights
-(:mod:`pyengine.models.cpu_linear`) once the weights are loaded. A linear given a
+(:mod:`pyengine.models.cpu_linear`) once the weights are loaded, keeping the dense weight
+for decode-sized inputs (up to 48 rows), which the native skinny kernels read once
+(:mod:`pyengine.models.gemv`). A linear given a
 :class:`~pyengine.models.quantization.packed.PackedWeight` (``set_packed_weight``: online
 quantization at load, or a quantized checkpoint) multiplies by it instead
 (:mod:`pyengine.models.quantization.linear`).
@@ -21,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from pyengine import _kernels
-from pyengine.models import cpu_linear
+from pyengine.models import cpu_linear, gemv
 from pyengine.models.config import DecoderConfig
 from pyengine.models.parallel import ParallelContext, Shard
 from pyengine.models.quantization.linear import QuantizedMatmul
@@ -155,10 +157,14 @@ class ColumnParallelLinear(torch.nn.Module):
         self.bias = torch.nn.Parameter(torch.empty(sum(self.local_sizes))) if bias else None
         self.packed: Optional[torch.Tensor] = None
         self.quantized: Optional[QuantizedMatmul] = None
+        # The dense float32 weight the decode-sized kernels read once packed (see gemv.py).
+        self.gemv_weight: Optional[torch.Tensor] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantized is not None:
             return self.quantized(x, self.bias)
+        if self.gemv_weight is not None and gemv.applies(x):
+            return gemv.float_linear(x, self.gemv_weight, self.bias)
         if self.packed is not None:
             return cpu_linear.linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
@@ -201,6 +207,7 @@ class RowParallelLinear(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.empty(output_size, self.input_shard.size))
         self.packed: Optional[torch.Tensor] = None
         self.quantized: Optional[QuantizedMatmul] = None
+        self.gemv_weight: Optional[torch.Tensor] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.parallel.all_reduce(self.partial(x))
@@ -209,6 +216,8 @@ class RowParallelLinear(torch.nn.Module):
         """This rank's term of the sum (the whole result at world size 1)."""
         if self.quantized is not None:
             return self.quantized(x)
+        if self.gemv_weight is not None and gemv.applies(x):
+            return gemv.float_linear(x, self.gemv_weight)
         if self.packed is not None:
             return cpu_linear.linear(x, self.packed)
         return F.linear(x, self.weight)
@@ -270,6 +279,10 @@ class GatedMLP(torch.nn.Module):
         return torch.cat([self._forward(part) for part in x.split(self.token_chunk)])
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        merged = self.gate_up_proj.gemv_weight
+        if merged is not None and gemv.applies(x):
+            gate, up = gemv.float_linear(x, merged).chunk(2, dim=-1)
+            return self.down_proj.partial(F.silu(gate).mul_(up))
         if self.packed_gate_up is not None:
             gate, up = self.packed_gate_up
             activated = cpu_linear.linear_gelu_tanh(x, gate) if self.gelu else cpu_linear.linear_silu(x, gate)
@@ -284,6 +297,7 @@ class GatedMLP(torch.nn.Module):
         if self.packed_gate_up is None and cpu_linear.can_pack(weight):
             inter = self.gate_up_proj.local_sizes[0]
             self.packed_gate_up = (cpu_linear.pack(weight[:inter]), cpu_linear.pack(weight[inter:]))
+            self.gate_up_proj.gemv_weight = _gemv_copy(weight)
             cpu_linear.release_dense(self.gate_up_proj)
         self.down_proj.pack_for_cpu()
 
@@ -397,5 +411,15 @@ def _pack_weight_of(linear: torch.nn.Module) -> Optional[torch.Tensor]:
     if not cpu_linear.can_pack(linear.weight):
         return None
     packed = cpu_linear.pack(linear.weight)
+    linear.gemv_weight = _gemv_copy(linear.weight)
     cpu_linear.release_dense(linear)
     return packed
+
+
+def _gemv_copy(weight: torch.Tensor) -> Optional[torch.Tensor]:
+    """The dense float32 weight kept for the decode-sized kernels (``gemv``): oneDNN's
+    packed layout is opaque, and its GEMM reads a weight at about half the memory
+    bandwidth on one row. None where the kernels do not take it."""
+    if weight.dtype != torch.float32 or weight.shape[1] % gemv.CHUNK:
+        return None
+    return weight.detach().contiguous()

@@ -1,8 +1,9 @@
 """The product of activations with a ``PackedWeight``, as the linears and the LM head run it.
 
 ``QuantizedMatmul`` holds one packed weight and picks the path per call: the native CPU
-kernels (``pyengine._kernels``, reading the packed integers directly) where they apply,
-else the dequantize-then-matmul reference (``packed.reference_matmul``).
+kernels (``pyengine.models.gemv``: up to 48 float32 rows, the packed integers read as
+stored, no repacking at load) where they apply, else the dequantize-then-matmul reference
+(``packed.reference_matmul``: prefill, other dtypes, group sizes not a multiple of 16).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from pyengine.models import gemv
 from pyengine.models.quantization.packed import PackedWeight, QuantizationError, reference_matmul
 
 
@@ -19,12 +21,18 @@ class QuantizedMatmul:
 
     def __init__(self, weight: PackedWeight) -> None:
         self.weight = weight
+        tensors = [weight.qweight, weight.scales, weight.biases]
+        self.native = gemv.weight_fits(weight) and all(
+            t is None or (t.device.type == "cpu" and t.is_contiguous()) for t in tensors
+        )
 
     @property
     def nbytes(self) -> int:
         return self.weight.nbytes
 
     def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.native and gemv.applies(x):
+            return gemv.packed_linear(x, self.weight, bias)
         return reference_matmul(x, self.weight, bias)
 
     def embedding(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -11,7 +11,12 @@
 //! applies grammar masks (structured outputs) to logits in place. [`host_group`] holds
 //! the shared-memory all-reduce and gather of tensor-parallel ranks on one host;
 //! [`sequence_word`] the plan segment's sequence number, advanced and polled across processes.
+//! [`gemv`] multiplies a few rows by a float32, int8 or int4 weight read once (decode steps
+//! at the memory-bandwidth limit; the AVX2 loops in `gemv_avx2`).
 
+pub mod gemv;
+#[cfg(target_arch = "x86_64")]
+mod gemv_avx2;
 pub mod host_group;
 pub mod norm;
 pub mod paged_decode;
@@ -22,6 +27,7 @@ mod vector;
 
 use thiserror::Error;
 
+pub use gemv::{gemv, Weight, WeightData};
 pub use host_group::{process_exists, segment_bytes, ElementType, GroupError, HostGroup};
 pub use norm::{qk_norm_rope, rms_norm, Norm, QkHeads};
 pub use paged_decode::{paged_decode_attention, DecodeQueries, PagedKv};

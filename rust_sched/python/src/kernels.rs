@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use pyengine_kernels::{DecodeQueries, ElementType, HostGroup, Norm, PagedKv, QkHeads};
+use pyengine_kernels::{DecodeQueries, ElementType, HostGroup, Norm, PagedKv, QkHeads, Weight, WeightData};
 
 use crate::errors::{bad_kernel_argument, NativeError};
 use crate::gil::call;
@@ -333,4 +333,95 @@ pub fn shared_word_wait_past(
     call(py, || {
         Ok::<_, std::convert::Infallible>(pyengine_kernels::sequence_word::wait_past(word, last, timeout))
     })
+}
+
+/// Shapes of a skinny product: `x` [rows, k] and `out` [rows, n].
+fn gemv_shapes(
+    out: &PyReadwriteArray2<'_, f32>,
+    x: &PyReadonlyArray2<'_, f32>,
+) -> PyResult<(usize, usize, usize)> {
+    let (rows, k) = (x.shape()[0], x.shape()[1]);
+    if out.shape()[0] != rows {
+        return Err(bad_kernel_argument(format!(
+            "gemv: out {:?} needs one row per row of x ({rows})",
+            out.shape()
+        )));
+    }
+    Ok((rows, k, out.shape()[1]))
+}
+
+/// `out = x W^T` for a float32 weight [n, k], read once; see `rust_sched/kernels/src/gemv.rs`.
+#[pyfunction]
+#[pyo3(signature = (out, x, weight, num_threads = 1))]
+pub fn gemv_f32(
+    py: Python<'_>,
+    mut out: PyReadwriteArray2<'_, f32>,
+    x: PyReadonlyArray2<'_, f32>,
+    weight: PyReadonlyArray2<'_, f32>,
+    num_threads: usize,
+) -> PyResult<()> {
+    check_disjoint(&[("out", span(&**out))], &[("x", span(&*x)), ("weight", span(&*weight))])?;
+    let (rows, k, n) = gemv_shapes(&out, &x)?;
+    if weight.shape() != [n, k] {
+        return Err(bad_kernel_argument(format!("gemv_f32: weight {:?} must be [{n}, {k}]", weight.shape())));
+    }
+    let weight = Weight {
+        data: WeightData::F32(contiguous("weight", weight.as_slice())?),
+        scales: None,
+        biases: None,
+        out_features: n,
+        in_features: k,
+        group_size: k,
+    };
+    let x = contiguous("x", x.as_slice())?;
+    let out = contiguous_mut("out", out.as_slice_mut())?;
+    call(py, || pyengine_kernels::gemv(weight, x, rows, out, num_threads))
+}
+
+/// `out = x W^T` for a PackedWeight's int8 or int4 integers (`qweight` int8 [n, k] or
+/// uint8 [n, k / 2]), read once; see `rust_sched/kernels/src/gemv.rs`.
+#[pyfunction]
+#[pyo3(signature = (out, x, qweight, scales, biases, group_size, num_threads = 1))]
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_quantized(
+    py: Python<'_>,
+    mut out: PyReadwriteArray2<'_, f32>,
+    x: PyReadonlyArray2<'_, f32>,
+    qweight: &Bound<'_, PyAny>,
+    scales: PyReadonlyArray2<'_, f32>,
+    biases: Option<PyReadonlyArray2<'_, f32>>,
+    group_size: usize,
+    num_threads: usize,
+) -> PyResult<()> {
+    let (rows, k, n) = gemv_shapes(&out, &x)?;
+    let int8 = qweight.extract::<PyReadonlyArray2<'_, i8>>().ok();
+    let int4 = if int8.is_none() { qweight.extract::<PyReadonlyArray2<'_, u8>>().ok() } else { None };
+    let (data, data_span) = match (&int8, &int4) {
+        (Some(q), _) if q.shape() == [n, k] => {
+            (WeightData::Int8(contiguous("qweight", q.as_slice())?), span(&**q))
+        }
+        (_, Some(q)) if q.shape() == [n, k / 2] && k % 2 == 0 => {
+            (WeightData::Int4(contiguous("qweight", q.as_slice())?), span(&**q))
+        }
+        _ => {
+            return Err(bad_kernel_argument(format!(
+                "gemv_quantized: qweight must be int8 [{n}, {k}] or uint8 [{n}, {}]",
+                k / 2
+            )))
+        }
+    };
+    let mut read = vec![("x", span(&*x)), ("qweight", data_span), ("scales", span(&*scales))];
+    read.extend(biases.as_ref().map(|b| ("biases", span(&**b))));
+    check_disjoint(&[("out", span(&**out))], &read)?;
+    let weight = Weight {
+        data,
+        scales: Some(contiguous("scales", scales.as_slice())?),
+        biases: biases.as_ref().map(|b| contiguous("biases", b.as_slice())).transpose()?,
+        out_features: n,
+        in_features: k,
+        group_size,
+    };
+    let x = contiguous("x", x.as_slice())?;
+    let out = contiguous_mut("out", out.as_slice_mut())?;
+    call(py, || pyengine_kernels::gemv(weight, x, rows, out, num_threads))
 }

@@ -70,6 +70,8 @@ fn add_sched(m: &Bound<'_, PyModule>) -> PyResult<()> {
 fn add_kernels(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernels::paged_decode_attention, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::rms_norm, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::gemv_f32, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::gemv_quantized, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::qk_norm_rope, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::release_openmp_workers, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::apply_token_bitmask, m)?)?;

@@ -1,0 +1,59 @@
+"""Decode-sized products through the native skinny-matrix kernels (``_kernels.gemv_*``).
+
+A decode step multiplies a few rows by every weight once, so its speed is the memory
+bandwidth over the weight bytes; oneDNN's and MKL's GEMMs are built for wide inputs and
+leave bandwidth unused there. Up to ``MAX_ROWS`` rows (float32 activations on CPU) the
+linears call the native kernels, which read the weight once, as stored: float32
+[out, in], or a ``PackedWeight``'s integers (int8, or int4 nibbles) with their scales and
+biases, decoded in registers (``rust_sched/kernels/src/gemv.rs``). Wider inputs (prefill)
+go to oneDNN (float32) or dequantize-then-matmul (packed weights).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from pyengine import _kernels
+from pyengine.models.quantization.packed import PackedWeight
+
+#: Rows up to which the native kernels run (above: the GEMM paths).
+MAX_ROWS = 48
+#: What every input width and group size must be a multiple of.
+CHUNK = 16
+
+
+def applies(x: torch.Tensor) -> bool:
+    """Whether ``x`` [rows, k] goes to the native kernels."""
+    return (
+        x.dim() == 2
+        and 0 < x.shape[0] <= MAX_ROWS
+        and x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and not x.requires_grad
+        and x.shape[1] % CHUNK == 0
+    )
+
+
+def weight_fits(weight: PackedWeight) -> bool:
+    """Whether the native kernels take ``weight`` (group size a multiple of 16)."""
+    return weight.group_size % CHUNK == 0 and weight.in_features % CHUNK == 0
+
+
+def float_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x W^T (+ b)`` for a float32 ``weight`` [n, k] (``applies(x)`` holds)."""
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+    _kernels.gemv_f32(out.numpy(), x.contiguous().numpy(), weight.numpy(), torch.get_num_threads())
+    return out if bias is None else out.add_(bias)
+
+
+def packed_linear(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x W^T (+ b)`` for a packed ``weight`` (``applies(x)`` and ``weight_fits`` hold)."""
+    if weight.input_perm is not None:
+        x = x.index_select(1, weight.input_perm)
+    out = torch.empty(x.shape[0], weight.out_features, dtype=torch.float32)
+    biases = None if weight.biases is None else weight.biases.numpy()
+    _kernels.gemv_quantized(out.numpy(), x.contiguous().numpy(), weight.qweight.numpy(), weight.scales.numpy(),
+                            biases, weight.group_size, torch.get_num_threads())
+    return out if bias is None else out.add_(bias)

@@ -1,0 +1,154 @@
+//! The AVX2 + FMA inner loops of [`crate::gemv`]: one weight row against up to four rows
+//! of `x`, 16 columns (two 8-lane vectors) per step, decoded in registers.
+//!
+//! - float32: two loads.
+//! - int8: 8 bytes sign-extended to 8 int32 lanes and converted, twice.
+//! - int4: 8 bytes zero-extended to 8 lanes; the low nibbles are the chunk's 8 even
+//!   columns, the high nibbles its 8 odd ones (the order `gemv` put `x` in).
+//!
+//! A group's products accumulate unscaled; the group's scale multiplies the sum once. With
+//! one or two rows of `x` there are four accumulators per row (two chunks per step), so
+//! the FMA latency does not limit a single-row product; with three or four rows, two.
+
+use std::arch::x86_64::*;
+
+use super::gemv::{Problem, WeightData, CHUNK, ROW_BLOCK};
+
+const F32: u8 = 0;
+const INT8: u8 = 1;
+const INT4: u8 = 2;
+
+/// Weight rows `[first, last)` for every row of `x`.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; `problem`'s lengths must have passed `gemv`'s checks.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn rows(problem: &Problem<'_>, first: usize, last: usize) {
+    match problem.weight.data {
+        WeightData::F32(_) => unsafe { blocks::<F32>(problem, first, last) },
+        WeightData::Int8(_) => unsafe { blocks::<INT8>(problem, first, last) },
+        WeightData::Int4(_) => unsafe { blocks::<INT4>(problem, first, last) },
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn blocks<const FMT: u8>(problem: &Problem<'_>, first: usize, last: usize) {
+    let mut block = first;
+    while block < last {
+        let end = (block + ROW_BLOCK).min(last);
+        let mut r0 = 0;
+        while r0 < problem.rows {
+            let left = problem.rows - r0;
+            for n in block..end {
+                // SAFETY: as this function's (n < out_features, r0 + R <= rows).
+                unsafe {
+                    match left {
+                        1 => one_row::<1, FMT>(problem, n, r0),
+                        2 => one_row::<2, FMT>(problem, n, r0),
+                        3 => one_row::<3, FMT>(problem, n, r0),
+                        _ => one_row::<4, FMT>(problem, n, r0),
+                    }
+                }
+            }
+            r0 += left.min(4);
+        }
+        block = end;
+    }
+}
+
+/// Columns `[j, j + 16)` of weight row `n` as two vectors, in the reordered `x`'s order.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn chunk<const FMT: u8>(data: WeightData<'_>, n: usize, k: usize, j: usize) -> (__m256, __m256) {
+    // SAFETY (all arms): j + 16 <= k and n < out_features, inside the checked weight.
+    unsafe {
+        match data {
+            WeightData::F32(w) if FMT == F32 => {
+                let p = w.as_ptr().add(n * k + j);
+                (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+            }
+            WeightData::Int8(w) if FMT == INT8 => {
+                let p = w.as_ptr().add(n * k + j) as *const __m128i;
+                let low = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p));
+                let high = _mm256_cvtepi8_epi32(_mm_loadl_epi64((p as *const i8).add(8) as *const __m128i));
+                (_mm256_cvtepi32_ps(low), _mm256_cvtepi32_ps(high))
+            }
+            WeightData::Int4(w) => {
+                let p = w.as_ptr().add((n * k + j) / 2) as *const __m128i;
+                let bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p));
+                let even = _mm256_and_si256(bytes, _mm256_set1_epi32(0x0F));
+                let odd = _mm256_srli_epi32::<4>(bytes);
+                (_mm256_cvtepi32_ps(even), _mm256_cvtepi32_ps(odd))
+            }
+            _ => unreachable!("format and data agree"),
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn lane_sum(v: __m256) -> f32 {
+    let quad = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+    _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)))
+}
+
+/// `out[r0 + r, n]` for `r < R`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn one_row<const R: usize, const FMT: u8>(problem: &Problem<'_>, n: usize, r0: usize) {
+    let w = problem.weight;
+    let (k, group) = (w.in_features, w.group_size);
+    let groups = k / group;
+    let x: [*const f32; R] = std::array::from_fn(|r| unsafe { problem.x.as_ptr().add((r0 + r) * k) });
+    let mut total = [_mm256_setzero_ps(); R];
+    let wide = R <= 2 && group % (2 * CHUNK) == 0;
+    for g in 0..groups {
+        let mut acc = [[_mm256_setzero_ps(); 4]; R];
+        let (mut j, end) = (g * group, (g + 1) * group);
+        // SAFETY: every j + 32 (wide) or j + 16 <= end <= k; rows r0 + r < rows.
+        unsafe {
+            if wide {
+                while j < end {
+                    let (a0, a1) = chunk::<FMT>(w.data, n, k, j);
+                    let (b0, b1) = chunk::<FMT>(w.data, n, k, j + CHUNK);
+                    for r in 0..R {
+                        acc[r][0] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(x[r].add(j)), acc[r][0]);
+                        acc[r][1] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(x[r].add(j + 8)), acc[r][1]);
+                        acc[r][2] = _mm256_fmadd_ps(b0, _mm256_loadu_ps(x[r].add(j + 16)), acc[r][2]);
+                        acc[r][3] = _mm256_fmadd_ps(b1, _mm256_loadu_ps(x[r].add(j + 24)), acc[r][3]);
+                    }
+                    j += 2 * CHUNK;
+                }
+            } else {
+                while j < end {
+                    let (a0, a1) = chunk::<FMT>(w.data, n, k, j);
+                    for r in 0..R {
+                        acc[r][0] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(x[r].add(j)), acc[r][0]);
+                        acc[r][1] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(x[r].add(j + 8)), acc[r][1]);
+                    }
+                    j += CHUNK;
+                }
+            }
+        }
+        for r in 0..R {
+            let mut sum = _mm256_add_ps(acc[r][0], acc[r][1]);
+            if wide {
+                sum = _mm256_add_ps(sum, _mm256_add_ps(acc[r][2], acc[r][3]));
+            }
+            total[r] = match w.scales {
+                Some(scales) => _mm256_fmadd_ps(sum, _mm256_set1_ps(scales[n * groups + g]), total[r]),
+                None => _mm256_add_ps(sum, total[r]),
+            };
+        }
+    }
+    for (r, lanes) in total.iter().enumerate() {
+        let mut value = lane_sum(*lanes);
+        if let Some(biases) = w.biases {
+            let sums = &problem.x_sums[(r0 + r) * groups..(r0 + r + 1) * groups];
+            value += biases[n * groups..(n + 1) * groups].iter().zip(sums).map(|(b, s)| b * s).sum::<f32>();
+        }
+        // SAFETY: (r0 + r, n) is inside `out`, and only this part writes column n.
+        unsafe { *problem.out.0.add((r0 + r) * w.out_features + n) = value };
+    }
+}
