@@ -279,15 +279,12 @@ class GatedMLP(torch.nn.Module):
         return torch.cat([self._forward(part) for part in x.split(self.token_chunk)])
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        merged = self.gate_up_proj.gemv_weight
-        if merged is not None and gemv.applies(x):
-            gate, up = gemv.float_linear(x, merged).chunk(2, dim=-1)
-            return self.down_proj.partial(F.silu(gate).mul_(up))
-        if self.packed_gate_up is not None:
+        decode_sized = self.gate_up_proj.gemv_weight is not None and gemv.applies(x)
+        if self.packed_gate_up is not None and not decode_sized:
             gate, up = self.packed_gate_up
             activated = cpu_linear.linear_gelu_tanh(x, gate) if self.gelu else cpu_linear.linear_silu(x, gate)
             return self.down_proj.partial(cpu_linear.linear_times(x, up, activated))
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # the native kernel when decode-sized
         activated = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
         return self.down_proj.partial(activated * up)
 
