@@ -32,16 +32,20 @@ from pyengine.models.vocab_parallel import VocabParallelEmbedding, vocab_target,
 class DecoderLayer(torch.nn.Module):
     """Pre-norm attention block followed by a pre-norm gated MLP block (or experts)."""
 
-    attention_class: type[DecoderAttention] = DecoderAttention
+    attention_class: type[torch.nn.Module] = DecoderAttention
 
     def __init__(self, config: DecoderConfig, layer_index: int, parallel: ParallelContext) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = self.attention_class(config, layer_index, parallel)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = build_mlp(config, layer_index, parallel)
+        self.mlp = self.build_mlp(config, layer_index, parallel)
         # Gemma 3's sliding layers rotate with their own base (``config.local_rope``).
         self.uses_local_rope = config.local_rope is not None and config.layer_window(layer_index) is not None
+
+    def build_mlp(self, config: DecoderConfig, layer_index: int, parallel: ParallelContext) -> torch.nn.Module:
+        """The layer's MLP block: gated, or experts where the config puts them."""
+        return build_mlp(config, layer_index, parallel)
 
     def forward(
         self,

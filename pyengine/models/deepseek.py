@@ -18,56 +18,26 @@ import re
 import torch
 
 from pyengine.models.config import DecoderConfig
-from pyengine.models.decoder import DecoderForCausalLM
+from pyengine.models.decoder import DecoderForCausalLM, DecoderLayer
 from pyengine.models.deepseek_moe import DeepseekMoeBlock
-from pyengine.models.layers import GatedMLP, RMSNorm, WeightTarget
-from pyengine.models.mla import LatentAttention, LatentAttentionOp
+from pyengine.models.layers import GatedMLP
+from pyengine.models.mla import LatentAttention
 from pyengine.models.parallel import ParallelContext
 
 _LAYER_TENSOR = re.compile(r"model\.layers\.(\d+)\.")
 
 
-class DeepseekDecoderLayer(torch.nn.Module):
-    """Pre-norm latent attention, then a pre-norm MLP: routed and shared experts
-    (``deepseek_moe``) past the first ``first_k_dense_replace`` layers, else dense."""
+class DeepseekDecoderLayer(DecoderLayer):
+    """``DecoderLayer``'s residual stream and norms around latent attention; the MLP is
+    routed and shared experts (``deepseek_moe``) past the first ``first_k_dense_replace``
+    layers, else dense. ``attention`` is a ``LatentAttentionOp``."""
 
-    def __init__(self, config: DecoderConfig, layer_index: int, parallel: ParallelContext) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = LatentAttention(config, layer_index, parallel)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+    attention_class = LatentAttention
+
+    def build_mlp(self, config: DecoderConfig, layer_index: int, parallel: ParallelContext) -> torch.nn.Module:
         moe = config.deepseek_moe
         sparse = moe is not None and moe.is_moe_layer(layer_index)
-        self.mlp: torch.nn.Module = DeepseekMoeBlock(config, parallel) if sparse else GatedMLP(config, parallel)
-
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        residual: torch.Tensor | None,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        attention: LatentAttentionOp,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """As ``DecoderLayer.forward``: returns the MLP's output and the residual stream."""
-        if residual is None:
-            residual, normed = hidden, self.input_layernorm(hidden)
-        else:
-            normed = self.input_layernorm.add_and_norm(hidden, residual)
-        attended = self.self_attn(normed, cos, sin, attention)
-        normed = self.post_attention_layernorm.add_and_norm(attended, residual)
-        return self.mlp(normed), residual
-
-    def pack_for_cpu(self) -> None:
-        self.self_attn.pack_for_cpu()
-        self.mlp.pack_for_cpu()
-
-    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
-        return {
-            **self.input_layernorm.weight_targets(f"{prefix}.input_layernorm.weight"),
-            **self.self_attn.weight_targets(f"{prefix}.self_attn"),
-            **self.post_attention_layernorm.weight_targets(f"{prefix}.post_attention_layernorm.weight"),
-            **self.mlp.weight_targets(f"{prefix}.mlp"),
-        }
+        return DeepseekMoeBlock(config, parallel) if sparse else GatedMLP(config, parallel)
 
 
 class DeepseekV2ForCausalLM(DecoderForCausalLM):
