@@ -22,6 +22,7 @@ from pyengine.errors import EngineError  # noqa: E402
 from pyengine.executor.config import ExecutorConfig  # noqa: E402
 from pyengine.executor.model_runner import ModelRunner  # noqa: E402
 from pyengine.models.errors import ModelLoadError, UnsupportedModelError  # noqa: E402
+from pyengine.models.loader import load_model  # noqa: E402
 from pyengine.models.quantization.fill import merge_parts  # noqa: E402
 from pyengine.models.quantization.gguf import convert_tensor  # noqa: E402
 from pyengine.models.quantization.packed import PackedWeight, QuantizationError  # noqa: E402
@@ -179,3 +180,12 @@ def test_q4_k_tensor_parallel_two_ranks_give_the_logits_of_one(tmp_path):
     one, two = np.load(tmp_path / "tp1.npy"), np.load(tmp_path / "tp2.npy")
     assert one.shape == two.shape and one.shape[0] >= 6
     np.testing.assert_allclose(two, one, atol=ATOL, rtol=RTOL)
+
+
+def test_a_quantized_file_off_the_cpu_is_refused_before_loading(tmp_path):
+    """The packed products are CPU kernels: on another device every linear would dequantize
+    on the CPU and copy the float weight over, every step. An F16 file is plain floats."""
+    folder = make_tiny_checkpoint(tmp_path / "hf", "qwen3", tie_word_embeddings=True, **SHAPE)
+    path = write_gguf(folder, tmp_path / "m.gguf", "Q8_0")
+    with pytest.raises(QuantizationError, match="Q8_0 tensors, which run on CPU only yet.*'cuda'"):
+        load_model(path, device="cuda")

@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 from pyengine import LLM, SamplingParams
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
+from pyengine.models.loader import load_model
 from pyengine.models.quantization.packed import QuantizationError
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.gptq_checkpoint import write_quantized
@@ -94,3 +95,9 @@ def test_unsupported_quantization_configs_are_named(tmp_path, settings, message)
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(QuantizationError, match=message):
         ModelRunner.from_pretrained(folder, ExecutorConfig(max_num_seqs=2, max_model_len=64, num_kv_blocks=8))
+
+
+def test_a_quantized_folder_off_the_cpu_is_refused_before_loading(quantized):
+    folder, _, case = quantized
+    with pytest.raises(QuantizationError, match=f"{case['method']} checkpoints .* CPU only yet.*'cuda'"):
+        load_model(folder, device="cuda")

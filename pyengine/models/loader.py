@@ -125,6 +125,10 @@ def load_model(
     device = torch.device(device)
     check_method(quantization, device)
     scheme = checkpoint_quantization(read_json(folder / "config.json"))  # GPTQ / AWQ; others refused by name
+    if scheme is not None and device.type != "cpu":
+        raise QuantizationError(f"{scheme.method} checkpoints ({scheme.bits} bits) run on CPU only yet: their "
+                                f"packed products have no kernel for device {device.type!r} (load a float "
+                                "checkpoint there)")
     if scheme is not None and quantization is not None:
         raise QuantizationError(f"quantization={quantization!r} quantizes a float checkpoint; {folder} is already "
                                 f"quantized ({scheme.method}, {scheme.bits} bits): leave quantization unset")

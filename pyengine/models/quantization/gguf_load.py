@@ -18,7 +18,7 @@ from pyengine.models.config import DecoderConfig, parse_decoder_config
 from pyengine.models.loader import LoadedModel, instantiate_model
 from pyengine.models.parallel import ParallelContext
 from pyengine.models.quantization.fill import Weight, fill_model
-from pyengine.models.quantization.gguf import convert_tensor
+from pyengine.models.quantization.gguf import FLOAT_TYPES, convert_tensor
 from pyengine.models.quantization.gguf_file import GGUFCheckpoint, hf_tensor_name
 from pyengine.models.quantization.packed import PackedWeight, QuantizationError
 
@@ -51,11 +51,19 @@ def load_gguf_model(
             "whose weights are loaded in the file's own types: leave quantization unset"
         )
     checkpoint = GGUFCheckpoint(path)
+    if device.type != "cpu":
+        packed = sorted({t.type_name for t in checkpoint.tensors().values() if t.type_name not in FLOAT_TYPES})
+        if packed:
+            raise QuantizationError(
+                f"{path.name} holds {', '.join(packed)} tensors, which run on CPU only yet: their packed "
+                f"products have no kernel for device {device.type!r} (an F16 / BF16 GGUF file loads there)"
+            )
     raw = checkpoint.config_dict()
     config = parse_decoder_config(raw)
     model = instantiate_model(config, dtype, device, parallel)
     fill_from_gguf(model, checkpoint, raw)
     model.eval().requires_grad_(False)
+    model.finish_loading()
     return LoadedModel(model=model, config=config, dtype=dtype, device=device, eos_token_ids=config.eos_token_ids)
 
 
