@@ -80,6 +80,9 @@ def wait_ready(cores: list[CoreState], link: FrontEndLink, timeout: float,
                 raise EngineError(f"engine core {hello.engine_index} said ready twice, or is not one of the "
                                   f"{len(cores)} cores (check --engine-index)")
             core = cores[hello.engine_index]
+            first = next((c.info for c in cores if c.info is not None), None)
+            if first is not None:
+                check_same_model(first, hello.info, hello.engine_index)
             core.info, core.last_status = hello.info, time.monotonic()  # its load is not silence
             waiting.discard(hello.engine_index)
             continue
@@ -96,6 +99,24 @@ def wait_ready(cores: list[CoreState], link: FrontEndLink, timeout: float,
                     raise EngineError(f"{core.process.describe_exit()} before it was ready (see its log above)")
         if now > deadline:
             raise EngineError(f"engine core(s) {sorted(waiting)} not ready within {timeout:.0f}s")
+
+
+# What requests are checked against: the front end builds every request once
+# (``build_request``) with the first core's limits, and a core trusts that build.
+_CHECKED_FIELDS = ("max_model_len", "max_request_tokens", "vocab_size", "max_logprobs", "eos_token_ids",
+                   "tokenizer_json")
+
+
+def check_same_model(first: wire.CoreInfo, info: wire.CoreInfo, engine_index: int) -> None:
+    """An ``EngineError`` naming the field when a core's model limits differ from the first
+    core's: a core started by hand (``pyengine core``) with another model, tokenizer or
+    ``--max-model-len`` would otherwise receive requests checked against limits not its own."""
+    for field in _CHECKED_FIELDS:
+        if getattr(first, field) != getattr(info, field):
+            shown = "the tokenizer" if field == "tokenizer_json" else f"{field} ({getattr(info, field)!r} against " \
+                f"{getattr(first, field)!r})"
+            raise EngineError(f"engine core {engine_index} differs from the first core in {shown}: every core "
+                              "behind one front end must serve the same model with the same limits")
 
 
 def stop_local_cores(cores: list[CoreState], deadline: float) -> None:
