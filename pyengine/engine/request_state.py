@@ -229,12 +229,3 @@ class RequestState:
         prompt_logprobs = self._prompt_logprobs_out()
         return out if prompt_logprobs is None else with_logprob_arrays(out, prompt_logprobs)
 
-
-def _runs(indices: np.ndarray) -> list[tuple[int, int]]:
-    """Consecutive runs of sorted ``indices`` as (start, stop) pairs."""
-    if not len(indices):
-        return []
-    breaks = np.flatnonzero(np.diff(indices) != 1) + 1
-    starts = np.concatenate(([0], breaks))
-    stops = np.concatenate((breaks, [len(indices)]))
-    return [(int(indices[a]), int(indices[b - 1]) + 1) for a, b in zip(starts, stops)]

@@ -50,7 +50,7 @@ class _LoopSink:
 
 class AsyncEngine(EngineClient):
     """The engine for asyncio programs: ``async for out in engine.generate(...)``.
-    ``engine`` is the ``EngineCore`` (for tests and offline use; servers use the
+    ``engine_core`` is the ``EngineCore`` (for tests and offline use; servers use the
     ``EngineClient`` methods only)."""
 
     def __init__(self, model: Optional[Union[str, Path]] = None, *, multiprocess: bool = False,

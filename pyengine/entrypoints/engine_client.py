@@ -2,7 +2,7 @@
 
 The server holds an ``EngineClient`` and nothing else of the engine: no ``EngineCore``,
 no executor, no thread objects. ``AsyncEngine`` implements it in-process;
-``pyengine.multiprocess.MultiprocessEngine`` with the engine cores in processes of their
+``pyengine.multiprocess.client.MultiprocessEngine`` with the engine cores in processes of their
 own, over zmq. So everything that crosses this interface is plain data that such a client can
 serialise (``RequestOutput``, ``EngineStats``, ``EngineHealth``, ``ThreadStack``, ints,
 strings, dicts), and the tokenizer is the front end's own (the design puts tokenization

@@ -81,6 +81,8 @@ class FrontEndLink:
         is full, another ``zmq.ZMQError`` when the core is not connected."""
         frames = [wire.core_identity(index)]
         with self._send_lock:
+            if self._commands is None:  # closed (a send racing shutdown): as zmq says of a closed socket
+                raise zmq.ZMQError(zmq.ENOTSOCK)
             frames += self._codec.encode(message)
             self._commands.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
 
@@ -118,10 +120,11 @@ class FrontEndLink:
 
     def close(self) -> None:
         """Closes the sockets and the context and removes the ipc folder (idempotent)."""
-        for socket in (self._commands, self._outputs):
-            if socket is not None:
-                socket.close(linger=0)
-        self._commands = self._outputs = None
+        with self._send_lock:  # no send is half way through the socket being closed
+            for socket in (self._commands, self._outputs):
+                if socket is not None:
+                    socket.close(linger=0)
+            self._commands = self._outputs = None
         if self.context is not None:
             self.context.term()
             self.context = None
