@@ -67,7 +67,7 @@ def test_attention_q_k_norm_and_rotary_match_the_operator_path(qk_norm):
     seen = {}
 
     class Capture:
-        def attend(self, layer_index, q, k, v):
+        def attend(self, layer_index, q, k, v, spec=None):
             seen.setdefault("qkv", []).append((q.clone(), k.clone(), v.clone()))
             return q
 
