@@ -12,7 +12,14 @@ install-deps:  ## install the Python packages the build, tests and benches need
 	$(PY) -m pip install -q --upgrade "maturin>=1.9,<2" ziglang auditwheel twine "numpy>=1.24" pyzmq msgspec "pytest>=8" mypy ruff \
 		torch safetensors tokenizers transformers huggingface_hub tqdm \
 		fastapi "uvicorn[standard]" "pydantic>=2" prometheus_client structlog jinja2 openai httpx jsonschema \
-		gguf accelerate
+		gguf accelerate pyyaml
+
+.PHONY: install-prometheus
+install-prometheus:  ## Debian's prometheus package (tests/test_prometheus_dashboard.py scrapes pyengine serve with it)
+	@if command -v prometheus >/dev/null 2>&1; then prometheus --version 2>&1 | head -n 1; else \
+		SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null && \
+		prometheus --version 2>&1 | head -n 1; fi
 
 .PHONY: build-dev
 build-dev:  ## editable install (the native module is built into pyengine/)
