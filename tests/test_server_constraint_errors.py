@@ -123,11 +123,15 @@ def test_two_constraints_at_once_are_refused(client):
 
 def test_tools_the_server_cannot_serve_are_refused_naming_tool_choice(client):
     # Without --enable-auto-tool-choice, "auto" (the default with tools) is refused; "required"
-    # and a named function need constrained generation.
+    # and a named function need constrained generation, which this engine cannot enforce:
+    # refused too (naming the tools the constraint is made of), never free text.
     for choice in (None, "auto", "required", {"type": "function", "function": {"name": "get_weather"}}):
         kwargs = {} if choice is None else {"tool_choice": choice}
-        refused(lambda kwargs=kwargs: client.chat.completions.create(model="m", messages=USER, max_tokens=4,
-                                                                     tools=TOOLS, **kwargs), "tool_choice")
+        error = refused(lambda kwargs=kwargs: client.chat.completions.create(
+            model="m", messages=USER, max_tokens=4, tools=TOOLS, **kwargs),
+            "tool_choice" if choice in (None, "auto") else "tools")
+        if choice not in (None, "auto"):
+            assert "cannot be enforced" in error.message
 
 
 def test_tool_choice_without_tools_is_refused(client):

@@ -100,14 +100,17 @@ def test_the_forced_grammar_embeds_each_tools_schema_under_the_formats_key():
     llama = TOOL_PARSERS["llama3_json"].forced_grammar([{"name": "f"}, {"name": "g", "parameters": SCHEMA}], True)
     schema = json.loads(llama.split("%json ", 1)[1])
     assert [o["properties"]["name"]["const"] for o in schema["anyOf"]] == ["f", "g"]
-    assert schema["anyOf"][0]["properties"]["parameters"] == {"type": "object"}
+    assert schema["anyOf"][0]["properties"]["parameters"] == {"type": "object", "properties": {}}
     assert '("; " call)*' in llama
 
 
-def test_forced_tool_choice_needs_a_parser_and_a_known_name():
-    with pytest.raises(APIError) as info:
-        tool_plan(chat(tools=TOOLS, tool_choice="required"), None, False)
-    assert info.value.param == "tool_choice" and "--tool-call-parser" in info.value.message
+def test_forced_tool_choice_without_a_parser_takes_vllms_format_and_needs_a_known_name():
+    required = tool_plan(chat(tools=TOOLS, tool_choice="required"), None, False)
+    assert required.grammar.startswith('start: %json {"x-guidance"') and '"type": "array"' in required.grammar
+    assert required.forced is not None and not required.named and required.parser is None
+    named = tool_plan(chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}}), None,
+                      False)
+    assert named.named and named.forced.name == "get_time" and named.max_calls == 1
     with pytest.raises(APIError) as info:
         tool_plan(chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}), None, False)
     assert info.value.param == "tool_choice.function.name"

@@ -379,3 +379,20 @@ def test_a_tool_schema_that_does_not_compile_is_a_400_naming_tools(forced):
     with pytest.raises(openai.BadRequestError) as info:
         forced.chat.completions.create(model="m", messages=USER, tools=bad, tool_choice="required", max_tokens=20)
     assert info.value.param == "tools" and info.value.body["message"].startswith("tools ")
+
+
+def test_recursive_ref_schemas_compile_in_the_parsers_format_too(forced):
+    import jsonschema
+    from test_server_forced_tools import RECURSIVE_SCHEMAS, RECURSIVE_TOOLS
+
+    called = 0
+    for tool_choice in ("required", {"type": "function", "function": {"name": "plant"}}):
+        out = forced.chat.completions.create(model="m", messages=USER, tools=RECURSIVE_TOOLS, tool_choice=tool_choice,
+                                             max_tokens=300, n=2, temperature=1.0, seed=7)
+        for choice in out.choices:
+            if choice.finish_reason == "length":  # a random model may recurse until max_tokens
+                continue
+            for call in choice.message.tool_calls:
+                jsonschema.validate(json.loads(call.function.arguments), RECURSIVE_SCHEMAS[call.function.name])
+                called += 1
+    assert called

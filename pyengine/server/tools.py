@@ -7,11 +7,12 @@
   ``--enable-auto-tool-choice`` too, and so do we: without it such a request is a 400
   rather than tools the model sees but calls nobody reads.
 - ``tool_choice="none"``: the tools are rendered, the text is not parsed (vLLM's way).
-- ``tool_choice="required"`` or a named function constrains generation with a grammar
-  over the model's own tool-call format (the parser's ``forced_grammar``; why not vLLM's
-  JSON array: ``tool_parsers/forced.py``); the answer is then parsed like any other.
-  ``--tool-call-parser`` names that format, so it is needed (not
-  ``--enable-auto-tool-choice``).
+- ``tool_choice="required"`` or a named function constrains generation with a grammar:
+  with ``--tool-call-parser``, over the model's own tool-call format (the parser's
+  ``forced_grammar``; why: ``tool_parsers/forced.py``), the answer then parsed like any
+  other; without one, over vLLM's format (a JSON array of ``{"name", "parameters"}``
+  calls, or a named function's arguments alone: ``forced_tools.py``). Neither needs
+  ``--enable-auto-tool-choice``.
 - OpenAI's deprecated ``functions`` / ``function_call`` are 400s naming them.
 
 A response with tool calls says ``finish_reason="tool_calls"`` (when the model stopped on
@@ -29,6 +30,7 @@ from typing import Any, Optional
 from pyengine.errors import InvalidRequestError
 from pyengine.inputs.chat_template import template_tool_calls
 from pyengine.server.errors import bad_request
+from pyengine.server.forced_tools import ForcedToolCalls, forced_tool_calls
 from pyengine.server.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -58,6 +60,7 @@ class ToolPlan:
     max_calls: Optional[int] = None  # 1 with parallel_tool_calls=false
     grammar: Optional[str] = None  # tool_choice "required" / named: generation constrained to calls
     named: bool = False  # tool_choice names the function
+    forced: Optional[ForcedToolCalls] = None  # forced without a parser: vLLM's format, read by its own parser
 
     def finish_reason(self, has_calls: bool, reason: Optional[str]) -> Optional[str]:
         """``tool_calls`` when the model called and stopped on its own; ``stop`` when the
@@ -70,6 +73,8 @@ class ToolPlan:
 
     def stream(self) -> Optional[ToolCallStream]:
         """A parser for one choice, or None when answers are not parsed."""
+        if self.forced is not None:
+            return self.forced.stream()
         return tool_call_stream(self.parser, self.max_calls) if self.parser is not None else None
 
     @property
@@ -113,11 +118,11 @@ def tool_plan(body: ChatCompletionRequest, parser: Optional[str], auto_enabled: 
         if choice.function.name not in names:
             raise bad_request(f"tool_choice names the function {choice.function.name!r}, which is not among the "
                               f"tools ({', '.join(names)})", "tool_choice.function.name", "invalid_value")
-    if parser is None:
-        raise bad_request(f"tool_choice {_spell(choice)} needs the server started with --tool-call-parser: "
-                          "generation is constrained to the model's own tool-call format", "tool_choice",
-                          "unsupported_parameter")
     functions = [tool["function"] for tool in tools]
+    if parser is None:  # vLLM's format: a JSON array of calls, or the named function's arguments
+        forced = forced_tool_calls(functions, None if isinstance(choice, str) else choice.function.name,
+                                   parallel=body.parallel_tool_calls is not False)
+        return ToolPlan(tools, None, None if forced.many else 1, forced.grammar, forced.named, forced)
     if isinstance(choice, str):  # "required": one call or more (one with parallel_tool_calls=false)
         many = body.parallel_tool_calls is not False
     else:
@@ -125,10 +130,6 @@ def tool_plan(body: ChatCompletionRequest, parser: Optional[str], auto_enabled: 
         many = False
     grammar = TOOL_PARSERS[parser].forced_grammar(functions, many)
     return ToolPlan(tools, parser, None if many else 1, grammar, named=not isinstance(choice, str))
-
-
-def _spell(choice: object) -> str:
-    return '"required"' if choice == "required" else "naming a function"
 
 
 def check_history(messages: list[ChatMessage]) -> None:
