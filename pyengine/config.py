@@ -17,6 +17,7 @@ from pyengine._sched import SchedulerConfig
 from pyengine.errors import InvalidConfigError
 from pyengine.executor.config import ExecutorConfig, check_executor_settings
 from pyengine.models.dtypes import normalize_dtype
+from pyengine.speculative_config import SpeculativeConfig
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 TASKS = ("auto", "generate", "embed")
@@ -97,6 +98,9 @@ class EngineConfig:
     - ``quantization``: None, "int8" (weight-only, per output channel) or "int4"
       (weight-only, groups of 128, asymmetric): a float checkpoint's linear weights
       quantized at load, as vLLM's online quantization does (CPU; docs/quantization.md).
+    - ``speculative_config``: None (off), or vLLM v1's dict (``{"method": "ngram",
+      "num_speculative_tokens": 4}``; its JSON on the command line), stored as a
+      :class:`~pyengine.speculative_config.SpeculativeConfig` (docs/speculative_decoding.md).
     """
 
     model: Optional[Union[str, Path]] = None
@@ -133,6 +137,7 @@ class EngineConfig:
     disable_custom_all_reduce: bool = False
     logits_processors: tuple[Any, ...] = ()
     quantization: Optional[str] = None
+    speculative_config: Optional[SpeculativeConfig] = None
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, requirement: str) -> None:
@@ -164,6 +169,8 @@ class EngineConfig:
             need(getattr(self, name) is None or isinstance(getattr(self, name), (str, Path)), name,
                  "must be a string")
         _check_tokenizer(self.tokenizer)
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.from_value(self.speculative_config))
+        _check_speculation(self)
         if self.max_model_len is not None:
             need(self.max_num_batched_tokens >= min(self.max_num_seqs, self.max_model_len),
                  "max_num_batched_tokens", f"must be >= max_num_seqs ({self.max_num_seqs})")
@@ -202,6 +209,7 @@ class EngineConfig:
             enable_prefix_caching=self.enable_prefix_caching,
             policy=self.scheduling_policy,
             pipeline_depth=self.pipeline_depth,
+            **_speculative_fields(self.speculative_config),
         )
 
     @classmethod
@@ -234,6 +242,37 @@ class EngineConfig:
         if config.trust_remote_code:
             _warn_about_remote_code(config.model)
         return config
+
+
+def _speculative_fields(spec: Optional[SpeculativeConfig]) -> dict[str, Any]:
+    """The scheduler's speculative keyword arguments (none when speculation is off, so a
+    scheduler without them still takes the rest)."""
+    return {} if spec is None else spec.scheduler_fields()
+
+
+def _check_speculation(config: EngineConfig) -> None:
+    """What speculative decoding cannot be combined with (yet), refused by name."""
+    spec = config.speculative_config
+    if spec is None:
+        return
+    if not _scheduler_speculates():
+        raise InvalidConfigError(
+            "speculative decoding needs the scheduler's support for drafts (issue 24), which this build's native "
+            "scheduler does not have yet: leave speculative_config unset"
+        )
+    if spec.method == "draft_model":
+        raise InvalidConfigError("speculative_config: method 'draft_model' is not supported yet; use 'ngram' or "
+                                 "'suffix'")
+
+
+def _scheduler_speculates() -> bool:
+    """The native scheduler takes the speculative fields (docs/speculative_decoding.md)."""
+    try:
+        SchedulerConfig(16, block_size=16, max_num_seqs=1, max_num_batched_tokens=16, max_model_len=16,
+                        num_speculative_tokens=0)
+    except TypeError:
+        return False
+    return True
 
 
 def _is_gguf_file(path: Path) -> bool:

@@ -26,6 +26,8 @@ _HELP = {
     "dtype": "auto, float32 (float), bfloat16, float16 (half)",
     "quantization": "quantize a float checkpoint's linear weights at load: int8 (per channel) or int4 "
                     "(group 128), weight-only, CPU",
+    "speculative_config": "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", "
+                          "\"num_speculative_tokens\": 4}' (docs/speculative_decoding.md)",
 }
 _TYPES = {"int": int, "float": float, "str": str, "Optional[int]": int, "Optional[float]": float}
 

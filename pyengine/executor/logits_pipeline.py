@@ -90,6 +90,50 @@ class LogitsPipeline:
             self.broken = True
             raise
 
+    def apply_again(self, logits: torch.Tensor, greedy_only: bool) -> torch.Tensor:
+        """The processors' ``apply`` once more in the step's layout, without a state update
+        (a draft position's logits: docs/speculative_decoding.md)."""
+        try:
+            for processor in self.processors:
+                if greedy_only and processor.is_argmax_invariant():
+                    continue
+                logits = processor.apply(logits)
+            return logits
+        except BaseException:
+            self.broken = True
+            raise
+
+    def follows_output(self, sample_rows: np.ndarray) -> np.ndarray:
+        """Per sampled row: its processors depend on the output so far (min_tokens,
+        bad_words; every row when a custom processor is installed), so drafts cannot be
+        checked against them."""
+        if self.custom:
+            return np.ones(len(sample_rows), dtype=bool)
+        out = np.zeros(len(sample_rows), dtype=bool)
+        for i, row in enumerate(sample_rows.tolist()):
+            held = self.batch.held.get(row)
+            if held is not None:
+                params = held[1]
+                out[i] = params.min_tokens > 0 or bool(params._bad_words_token_ids)
+        return out
+
+    def record_runs(self, last_token_ids: torch.Tensor, runs: list[list[int]]) -> None:
+        """A speculative step's samples: ``runs[i]`` the tokens sample ``i`` emitted (its
+        kept drafts, then one more) and ``last_token_ids`` [S] the last of each. The
+        output lists get every token; the processors' own ``record_sampled`` the last
+        (only sequences that refused their drafts, ``follows_output``, need more, and
+        they emit one token)."""
+        for outputs, tokens in zip(self.batch.outputs_at, runs):
+            outputs.extend(tokens)  # type: ignore[union-attr]
+        if self.broken:
+            return
+        try:
+            for processor in self.processors:
+                processor.record_sampled(last_token_ids)
+        except Exception:  # noqa: BLE001 - rebuilt before the next step; these samples stand
+            logger.exception("a logits processor failed to record the step's samples; rebuilding them")
+            self.broken = True
+
     def record_sampled(self, token_ids: torch.Tensor, host_token_ids: np.ndarray) -> None:
         """The step's samples, aligned with its ``sample_rows``."""
         self.batch.record_sampled(host_token_ids.tolist())

@@ -40,9 +40,11 @@ from pyengine.executor.prompt_logprobs import (
     PromptLogprobsTable,
     compute_prompt_logprobs,
 )
+from pyengine.executor.rejection_sampler import DraftLayout, Verdict
 from pyengine.executor.row_isolation import mask_isolated, process_isolated, sample_isolated
 from pyengine.executor.runner_output import ModelRunnerOutput, PromptLogprobsOutput
 from pyengine.executor.sampler import Sampler
+from pyengine.executor.spec_verify import SpecVerifier, draft_layout, process_entries
 from pyengine.logits_processors.loading import resolve_processor
 from pyengine.models.loader import LoadedModel, load_model
 from pyengine.models.parallel import CollectiveError, ParallelContext
@@ -116,6 +118,7 @@ class ModelRunner:
         )
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(self.batch.sampling, self.generator)
+        self.verifier = SpecVerifier(self.batch.sampling, self.generator)
         self.prompt_logprobs = PromptLogprobsTable(config.max_num_seqs, model_config.vocab_size)
         self.grammar_masks = GrammarMaskApplier(self.device)
 
@@ -165,7 +168,11 @@ class ModelRunner:
         )
         if prompt_job is not None:  # rare: kept out of the sampled rows' path
             output.prompt_logprobs = self._prompt_logprobs(prompt_job, hidden)
-        if len(plan.logits_indices):
+        drafts = draft_layout(plan) if len(plan.logits_indices) else None
+        if drafts is not None:  # speculative decoding: verify every sequence's drafts
+            self._verify(plan, drafts, logits, positions[logits_indices_t] + 1, output)
+            output.logits = logits if return_logits else None
+        elif len(plan.logits_indices):
             if self.batch.logits_pipeline is not None:
                 logits = process_isolated(
                     self.batch.logits_pipeline, logits, plan.sample_rows, self._greedy_only(plan.sample_rows),
@@ -193,6 +200,50 @@ class ModelRunner:
             output.pooled_seq_ids = self.batch.seq_ids[plan.rows[plan.pool_indices]]
         output.row_errors = self.batch.take_row_errors()
         return output
+
+    def _verify(
+        self, plan: StepPlanLike, layout: DraftLayout, logits: torch.Tensor, next_positions: torch.Tensor,
+        output: ModelRunnerOutput,
+    ) -> None:
+        """Verifies the plan's drafts (``spec_verify``) and fills ``output``: per sequence its
+        kept drafts and one more token (``sampled_token_ids``), ``num_accepted``, logprobs
+        one row per emitted token."""
+        entry_rows = np.asarray(plan.sample_rows)
+        seq_rows = entry_rows[layout.starts]
+        pipeline = self.batch.logits_pipeline
+        on_failure = lambda i, error: self._row_failed(int(entry_rows[i]), f"verifying drafts failed: {error!r}")  # noqa: E731
+        no_drafts = None
+        if pipeline is not None:
+            logits = process_entries(pipeline, logits, layout, seq_rows, self._greedy_only(seq_rows), on_failure)
+            no_drafts = pipeline.follows_output(seq_rows)
+        if plan.grammar_mask is not None:
+            mask_isolated(self.grammar_masks, plan, logits, on_failure)
+        self._fail_fully_masked(plan, logits)
+        history = self.batch.history
+        verification = self.verifier.verify_isolated(logits, layout, entry_rows, next_positions, history, no_drafts,
+                                                     on_failure)
+        verdict = verification.verdict
+        output.sampled_token_ids = verdict.token_ids
+        output.num_accepted = verdict.num_accepted
+        output.logprobs = self.verifier.logprobs(verification, entry_rows)
+        token_rows = entry_rows[verdict.token_entries]
+        if output.logprobs is not None:
+            output.sampled_seq_ids = self.batch.seq_ids[token_rows]
+        self._record_runs(seq_rows, token_rows, verdict)
+
+    def _record_runs(self, seq_rows: np.ndarray, token_rows: np.ndarray, verdict: Verdict) -> None:
+        """Remembers a speculative step's tokens: each row's last one (the next plan's
+        placeholder), all of them in the penalty history and the processors' outputs."""
+        device = self.device
+        ends = np.cumsum(verdict.num_accepted.astype(np.int64) + 1)
+        last = torch.from_numpy(verdict.token_ids[ends - 1]).to(device)
+        self.batch.last_sampled[_to_device(seq_rows, torch.int64, device)] = last
+        if self.batch.history is not None:
+            self.batch.history.add_output_tokens(_to_device(token_rows, torch.int64, device),
+                                                 _to_device(verdict.token_ids, torch.int64, device))
+        if self.batch.logits_pipeline is not None:
+            runs = np.split(verdict.token_ids, ends[:-1])
+            self.batch.logits_pipeline.record_runs(last, [run.tolist() for run in runs])
 
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, layout: StepAttentionLayout,

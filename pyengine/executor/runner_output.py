@@ -68,5 +68,13 @@ class ModelRunnerOutput:
     #: with the error; the rest of the step is good.
     row_errors: Optional[dict[int, str]] = None
     prompt_logprobs: Optional[PromptLogprobsOutput] = None
+    #: A plan with drafts (docs/speculative_decoding.md): per sampled sequence, how many of
+    #: its drafts were kept; ``sampled_token_ids`` then holds, per sequence, its kept
+    #: drafts and one more token ([S + sum], ``submit_result``'s ``sampled``), and
+    #: ``logprobs`` / ``sampled_seq_ids`` one row per element of it. None: no drafts.
+    num_accepted: Optional[np.ndarray] = None  # int32 [S]
+    #: Drafts proposed by the executor for each sampled sequence's next step (a draft
+    #: model): (counts int32 [S], tokens int64 [sum]); None otherwise.
+    next_drafts: Optional[tuple[np.ndarray, np.ndarray]] = None
     logits: Optional[torch.Tensor] = None
     hidden_states: Optional[torch.Tensor] = None

@@ -15,17 +15,30 @@ Typical loop (pipeline depth 1)::
 
 At depth 2, call ``next_plan`` again before ``record``: decodes of sequences that sampled
 in the previous plan then carry the placeholder ``-1``.
+
+Speculative decoding (docs/speculative_decoding.md): ``next_plan(drafts={seq_id: [...]})``
+schedules a decoding sequence's last token and its drafts (one logits entry each) and
+``record(plan, sampled, num_accepted)`` keeps the accepted ones (depth 1 only).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
 from pyengine.executor.plan import PLACEHOLDER_TOKEN, HandBuiltPlan
 from pyengine.sampling_params import PoolingParams, SamplingParams
+
+
+@dataclass
+class DraftedPlan(HandBuiltPlan):
+    """A hand-built plan with the speculative fields (docs/speculative_decoding.md), until
+    :class:`HandBuiltPlan` carries them itself."""
+
+    num_draft_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    draft_token_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 class HandPlanError(RuntimeError):
@@ -44,6 +57,7 @@ class _Sequence:
     blocks: list[int] = field(default_factory=list)
     announced: bool = False  # sent in new_* already
     sampled_in_last_plan: bool = False
+    drafted: int = 0  # drafts scheduled in the last plan, not recorded yet
 
 
 class HandPlanner:
@@ -121,9 +135,13 @@ class HandPlanner:
         seq = self._sequences[seq_id]
         return [t for t in seq.tokens[seq.num_prompt :] if t is not None]
 
-    def record(self, plan: HandBuiltPlan, sampled: np.ndarray) -> None:
-        """Feed back the tokens the executor sampled for ``plan``."""
+    def record(self, plan: HandBuiltPlan, sampled: np.ndarray, num_accepted: Optional[np.ndarray] = None) -> None:
+        """Feed back the tokens the executor sampled for ``plan`` (with drafts: its
+        ``num_accepted`` too, and ``sampled`` holds each sequence's kept drafts and one more)."""
         by_row = {seq.row: seq for seq in self._sequences.values()}
+        if num_accepted is not None:
+            self._record_drafted(plan, np.asarray(sampled).tolist(), np.asarray(num_accepted).tolist(), by_row)
+            return
         for row, token in zip(plan.sample_rows.tolist(), np.asarray(sampled).tolist()):
             seq = by_row.get(row)
             if seq is None:
@@ -132,11 +150,31 @@ class HandPlanner:
             if index is not None:
                 seq.tokens[index] = int(token)
 
+    def _record_drafted(self, plan: Any, sampled: list[int], num_accepted: list[int], by_row: dict) -> None:
+        rows = plan.sample_rows[np.concatenate([[0], np.cumsum(np.asarray(plan.num_draft_tokens) + 1)[:-1]])] \
+            if len(plan.num_draft_tokens) else plan.sample_rows
+        offset = 0
+        for row, accepted in zip(rows.tolist(), num_accepted):
+            run = sampled[offset:offset + accepted + 1]
+            offset += accepted + 1
+            seq = by_row.get(row)
+            if seq is None:
+                continue
+            index = seq.tokens.index(None)
+            seq.tokens[index:index + 1] = [int(t) for t in run]
+            seq.num_computed -= seq.drafted - accepted  # the rejected drafts' KV is garbage
+            seq.drafted = 0
+
     # ----- planning -----------------------------------------------------------------
-    def next_plan(self, max_chunk: Optional[int] = None, max_tokens: Optional[int] = None) -> HandBuiltPlan:
-        """Schedule live sequences in arrival order: decodes 1 token, prefills up to
-        ``max_chunk``, at most ``max_tokens`` tokens in all (the rest wait)."""
+    def next_plan(
+        self, max_chunk: Optional[int] = None, max_tokens: Optional[int] = None,
+        drafts: Optional[dict[int, list[int]]] = None,
+    ) -> HandBuiltPlan:
+        """Schedule live sequences in arrival order: decodes 1 token (plus its ``drafts``,
+        by seq id), prefills up to ``max_chunk``, at most ``max_tokens`` tokens in all
+        (the rest wait)."""
         builder = _PlanBuilder(self.block_size)
+        builder.drafts = drafts
         budget = max_tokens if max_tokens is not None else 1 << 62
         for seq in sorted(self._sequences.values(), key=lambda s: s.seq_id):
             if budget <= 0:
@@ -162,7 +200,10 @@ class HandPlanner:
                 return 0  # no row free: waits
             seq.row = self._free_rows.pop()
         count = remaining if seq.pooling else min(remaining, max_chunk)
-        new_blocks = self._grow(seq, seq.num_computed + count)
+        drafts = (builder.drafts or {}).get(seq.seq_id, [])
+        if drafts and (remaining != 1 or seq.num_computed < seq.num_prompt or seq.tokens[-1] is None):
+            raise HandPlanError(f"sequence {seq.seq_id}: drafts need a decode whose last token is recorded")
+        new_blocks = self._grow(seq, seq.num_computed + count + len(drafts))
         if not seq.announced:
             builder.add_new(seq)
             seq.announced = True
@@ -172,7 +213,8 @@ class HandPlanner:
         for index in range(start, start + count):
             token = seq.tokens[index]
             first_of_decode = index == start and start >= seq.num_prompt
-            if token is None or (first_of_decode and self.use_placeholders and seq.sampled_in_last_plan):
+            if token is None or (first_of_decode and self.use_placeholders and seq.sampled_in_last_plan
+                                 and not drafts):
                 if not (first_of_decode and seq.sampled_in_last_plan):
                     raise HandPlanError(
                         f"sequence {seq.seq_id}: token {index} unknown and not a valid placeholder"
@@ -180,11 +222,12 @@ class HandPlanner:
                 token = PLACEHOLDER_TOKEN
             ids.append(token)
         samples = start + count == len(seq.tokens) and not seq.pooling
-        builder.add_scheduled(seq, ids, start, new_blocks, samples)
-        seq.num_computed += count
+        builder.add_scheduled(seq, ids + [int(t) for t in drafts], start, new_blocks, samples, len(drafts))
+        seq.num_computed += count + len(drafts)
+        seq.drafted = len(drafts)
         if samples:
             seq.tokens.append(None)
-        return count
+        return count + len(drafts)
 
     def _grow(self, seq: _Sequence, length: int) -> list[int]:
         needed = -(-length // self.block_size) - len(seq.blocks)
@@ -212,13 +255,16 @@ class _PlanBuilder:
         self.table_writes: list[tuple[int, int, int]] = []
         self.new: list[_Sequence] = []
         self.new_tokens: list[list[int]] = []
+        self.drafts: Optional[dict[int, list[int]]] = None
+        self.num_draft_tokens: list[int] = []
+        self.draft_token_ids: list[int] = []
 
     def add_new(self, seq: _Sequence) -> None:
         self.new.append(seq)
         self.new_tokens.append([t for t in seq.tokens if t is not None])
 
     def add_scheduled(
-        self, seq: _Sequence, ids: list[int], start: int, new_blocks: list[int], samples: bool
+        self, seq: _Sequence, ids: list[int], start: int, new_blocks: list[int], samples: bool, num_drafts: int = 0
     ) -> None:
         index = len(self.rows)
         self.rows.append(seq.row)
@@ -233,9 +279,12 @@ class _PlanBuilder:
             )
         self.table_writes.extend((seq.row, col, seq.blocks[col]) for col in new_blocks)
         if samples:
-            self.logits_indices.append(len(self.input_ids) - 1)
-            self.sample_rows.append(seq.row)
+            last = len(self.input_ids) - 1
+            self.logits_indices.extend(range(last - num_drafts, last + 1))
+            self.sample_rows.extend([seq.row] * (num_drafts + 1))
             self.sampled_rows.add(seq.row)
+            self.num_draft_tokens.append(num_drafts)
+            self.draft_token_ids.extend(ids[len(ids) - num_drafts:])
         if seq.pooling:
             self.pool_indices.append(index)
             self.pooled_seq_ids.append(seq.seq_id)
@@ -244,7 +293,14 @@ class _PlanBuilder:
         i32, i64 = np.int32, np.int64
         lengths = [len(t) for t in self.new_tokens]
         writes = np.array(self.table_writes, dtype=i32).reshape(-1, 3)
-        return HandBuiltPlan(
+        speculative: dict[str, Any] = {}
+        if self.drafts is not None:
+            has = any(self.num_draft_tokens)
+            speculative = dict(num_draft_tokens=np.array(self.num_draft_tokens if has else [], dtype=i32),
+                               draft_token_ids=np.array(self.draft_token_ids, dtype=i64))
+        plan_class = DraftedPlan if self.drafts is not None else HandBuiltPlan
+        return plan_class(
+            **speculative,
             step_id=step_id,
             rows=np.array(self.rows, dtype=i32),
             num_scheduled_tokens=np.array(self.counts, dtype=i32),

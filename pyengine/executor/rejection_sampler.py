@@ -1,0 +1,201 @@
+"""Accepting or rejecting drafts so that the tokens kept are distributed as the target's.
+
+Speculative sampling (Leviathan et al., 2023; Chen et al., 2023): a draft ``x`` proposed
+with probability ``q(x)`` is kept with probability ``min(1, p(x) / q(x))``, ``p`` the
+target's final distribution at that position; at the first rejection the sequence takes
+one token from the normalised residual ``max(0, p - q)`` and stops; when every draft is
+kept it takes one more (the bonus) from ``p`` after the last draft. Each kept token is
+then exactly ``p``-distributed. n-gram and suffix drafts are point masses (``q(x) = 1``,
+the residual is ``p`` without ``x``); a draft model's ``q`` is its probabilities.
+
+Greedy sequences keep a draft exactly when it is the target's argmax (their "sample").
+
+Everything is over one step's *entries* (a sequence with ``d`` drafts has ``1 + d``
+consecutive ones: the distributions after its last committed token and after each
+draft); the per-sequence bookkeeping is numpy on the host (S small), the vocabulary-wide
+work tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from pyengine.errors import StepResultError
+
+
+class DraftPlanError(StepResultError, ValueError):
+    """A plan's draft arrays do not agree with its entries (a scheduler/executor mismatch)."""
+
+
+@dataclass(frozen=True)
+class DraftLayout:
+    """Where each sequence's entries and drafts lie in a step.
+
+    ``counts[s]`` drafts for sequence ``s`` (sample order); its entries are
+    ``starts[s] .. starts[s] + counts[s]`` and its drafts ``draft_starts[s] ..``;
+    ``draft_entries[t]`` is the entry whose distribution draft ``t`` is checked against
+    (the one before it); ``entry_seq`` / ``entry_depth`` name each entry's sequence and
+    its place among the sequence's entries.
+    """
+
+    counts: np.ndarray  # int64 [S]
+    drafts: np.ndarray  # int64 [D]
+    starts: np.ndarray  # int64 [S]
+    draft_starts: np.ndarray  # int64 [S]
+    draft_entries: np.ndarray  # int64 [D]
+    entry_seq: np.ndarray  # int64 [E]
+    entry_depth: np.ndarray  # int64 [E]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.counts)
+
+    @classmethod
+    def build(cls, num_draft_tokens: np.ndarray, draft_token_ids: np.ndarray, num_entries: int) -> "DraftLayout":
+        counts = np.asarray(num_draft_tokens, dtype=np.int64)
+        drafts = np.asarray(draft_token_ids, dtype=np.int64)
+        if (counts < 0).any():
+            raise DraftPlanError("num_draft_tokens has a negative count")
+        if int(counts.sum()) != len(drafts):
+            raise DraftPlanError(f"num_draft_tokens sums to {int(counts.sum())} but {len(drafts)} drafts are given")
+        if len(counts) + len(drafts) != num_entries:
+            raise DraftPlanError(f"{len(counts)} sequences with {len(drafts)} drafts need {len(counts) + len(drafts)} "
+                                 f"logits entries, the plan has {num_entries}")
+        sizes = counts + 1
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        draft_starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        entry_seq = np.repeat(np.arange(len(counts), dtype=np.int64), sizes)
+        entry_depth = np.arange(num_entries, dtype=np.int64) - np.repeat(starts, sizes)
+        draft_seq = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+        draft_entries = starts[draft_seq] + (np.arange(len(drafts), dtype=np.int64) - draft_starts[draft_seq])
+        return cls(counts, drafts, starts, draft_starts, draft_entries, entry_seq, entry_depth)
+
+
+@dataclass
+class Verdict:
+    """What verification kept: ``num_accepted[s]`` drafts of sequence ``s``, then one more
+    token; ``token_ids`` flat (per sequence: its kept drafts, then that token) and
+    ``token_entries`` the entry each token was drawn at (for its logprobs)."""
+
+    num_accepted: np.ndarray  # int32 [S]
+    token_ids: np.ndarray  # int64 [S + sum(num_accepted)]
+    token_entries: np.ndarray  # int64 [same]
+
+
+def verify_drafts(
+    layout: DraftLayout,
+    final_logits: torch.Tensor,
+    greedy: np.ndarray,
+    accept_uniform: torch.Tensor,
+    sample_uniform: torch.Tensor,
+    draft_probs: Optional[torch.Tensor] = None,
+    no_drafts: Optional[np.ndarray] = None,
+) -> Verdict:
+    """The verdict for one step.
+
+    - ``final_logits`` [E, vocab]: each entry's final logits (processed, tempered and
+      top-k/top-p/min-p masked for sampled sequences; ``-inf`` = never drawn).
+    - ``greedy`` [S]: the sequence decodes greedily (argmax match, no randomness).
+    - ``accept_uniform`` [D] and ``sample_uniform`` [E]: independent uniform variates in
+      (0, 1): one per draft (its acceptance test), one per entry (used at the entry a
+      sequence takes its extra token at).
+    - ``draft_probs`` [D, vocab]: the proposer's distribution for each draft; None:
+      point masses (n-gram, suffix).
+    - ``no_drafts`` [S] bool: sequences whose drafts must all be refused (their
+      processors' state cannot be advanced by drafts); they sample at their first entry.
+    """
+    S = layout.num_seqs
+    device = final_logits.device
+    drafts_t = torch.from_numpy(layout.drafts).to(device)
+    check_index = torch.from_numpy(layout.draft_entries).to(device)
+    draft_seq = np.repeat(np.arange(S, dtype=np.int64), layout.counts)
+    sampled_drafts = ~greedy[draft_seq]
+    accepted = np.zeros(len(layout.drafts), dtype=bool)
+    if len(layout.drafts):
+        checked = final_logits.index_select(0, check_index)
+        argmax_ok = (checked.argmax(dim=-1) == drafts_t).cpu().numpy()
+        accepted = argmax_ok.copy()
+        if sampled_drafts.any():
+            probs = checked.softmax(dim=-1)
+            p = probs.gather(1, drafts_t.unsqueeze(1)).squeeze(1).double()
+            q = torch.ones_like(p) if draft_probs is None else draft_probs.gather(1, drafts_t.unsqueeze(1)).squeeze(1).double()
+            # keep with probability min(1, p/q): u < p/q <=> u*q < p (q = 0: never proposed, never kept)
+            keep = (accept_uniform.double() * q < p) & (q > 0)
+            accepted = np.where(sampled_drafts, keep.cpu().numpy(), argmax_ok)
+        if no_drafts is not None and no_drafts.any():
+            accepted &= ~no_drafts[draft_seq]
+    num_accepted = _leading_accepts(accepted, layout)
+    extra_entries = layout.starts + num_accepted
+    rejected = num_accepted < layout.counts
+    extra = _extra_tokens(layout, final_logits, greedy, sample_uniform, draft_probs, extra_entries, rejected)
+    # Flat output: per sequence, its kept drafts then its extra token.
+    lengths = num_accepted + 1
+    out_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    total = int(lengths.sum())
+    token_ids = np.empty(total, dtype=np.int64)
+    token_entries = np.empty(total, dtype=np.int64)
+    within = np.arange(total, dtype=np.int64) - np.repeat(out_starts, lengths)
+    owner = np.repeat(np.arange(S, dtype=np.int64), lengths)
+    is_extra = within == num_accepted[owner]
+    kept = ~is_extra
+    token_ids[kept] = layout.drafts[layout.draft_starts[owner[kept]] + within[kept]]
+    token_ids[is_extra] = extra
+    token_entries[:] = layout.starts[owner] + within
+    return Verdict(num_accepted.astype(np.int32), token_ids, token_entries)
+
+
+def _leading_accepts(accepted: np.ndarray, layout: DraftLayout) -> np.ndarray:
+    """Per sequence, how many of its drafts are kept: those before its first rejection."""
+    counts = layout.counts
+    if not len(accepted):
+        return np.zeros(len(counts), dtype=np.int64)
+    # cumulative "all kept so far" within each sequence, via a running count of rejections
+    rejections = np.cumsum(~accepted)
+    before = np.concatenate([[0], rejections])[layout.draft_starts]  # rejections before each sequence's first
+    clean = rejections == np.repeat(before, counts)
+    draft_seq = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    return np.bincount(draft_seq[clean], minlength=len(counts)).astype(np.int64)
+
+
+def _extra_tokens(
+    layout: DraftLayout, final_logits: torch.Tensor, greedy: np.ndarray, sample_uniform: torch.Tensor,
+    draft_probs: Optional[torch.Tensor], entries: np.ndarray, rejected: np.ndarray,
+) -> np.ndarray:
+    """Each sequence's token after its kept drafts: at a rejection, from the residual
+    ``max(0, p - q)``; after all were kept, from ``p`` (the bonus); greedy: the argmax."""
+    device = final_logits.device
+    logits = final_logits.index_select(0, torch.from_numpy(entries).to(device))
+    tokens = logits.argmax(dim=-1)
+    sampled = np.flatnonzero(~greedy)
+    if sampled.size:
+        index = torch.from_numpy(sampled).to(device)
+        probs = logits.index_select(0, index).softmax(dim=-1).double()
+        rejected_here = rejected[sampled]
+        if rejected_here.any():
+            hit = np.flatnonzero(rejected_here)
+            seqs = sampled[hit]
+            draft_at = layout.draft_starts[seqs] + (entries[seqs] - layout.starts[seqs])  # the rejected draft
+            draft_ids = torch.from_numpy(layout.drafts[draft_at]).to(device)
+            hit_t = torch.from_numpy(hit).to(device)
+            if draft_probs is None:
+                q = torch.zeros_like(probs[hit_t]).scatter_(1, draft_ids.unsqueeze(1), 1.0)
+            else:
+                q = draft_probs.index_select(0, torch.from_numpy(draft_at).to(device)).double()
+            residual = (probs[hit_t] - q).clamp(min=0.0)
+            empty = residual.sum(dim=-1, keepdim=True) <= 0  # p <= q everywhere: cannot happen after a rejection
+            probs[hit_t] = torch.where(empty, probs[hit_t], residual)
+        uniform = sample_uniform.index_select(0, torch.from_numpy(entries[sampled]).to(device))
+        tokens[index] = _inverse_transform(probs, uniform)
+    return tokens.cpu().numpy().astype(np.int64)
+
+
+def _inverse_transform(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Per row, the first token whose cumulative (unnormalised, float64) mass exceeds
+    ``uniform`` times the row's total; tokens of mass 0 are never drawn."""
+    cumulative = probs.cumsum(dim=-1, dtype=torch.float64)
+    target = (uniform.double() * cumulative[:, -1]).unsqueeze(1)
+    return torch.searchsorted(cumulative, target, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
