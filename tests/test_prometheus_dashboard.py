@@ -87,18 +87,30 @@ def recorded_names() -> list[str]:
 
 def exposed_families(server_url: str) -> dict[str, str]:
     """family name (counters without ``_total``) -> type, as ``/metrics`` exposes them."""
+    return {name: kind for name, (kind, _) in exposed_families_with_labels(server_url).items()}
+
+
+def exposed_families_with_labels(server_url: str) -> dict[str, tuple[str, Optional[set[str]]]]:
+    """family name -> (type, its samples' label names beside model_name and le; None
+    while it has no sample: a labelled counter before its first increment)."""
     text = httpx.get(f"{server_url}/metrics", timeout=10).text
-    return {f.name: f.type for f in text_string_to_metric_families(text)}
+    out: dict[str, tuple[str, Optional[set[str]]]] = {}
+    for family in text_string_to_metric_families(text):
+        labels = {name for sample in family.samples for name in sample.labels} - {"model_name", "le"}
+        out[family.name] = (family.type, labels if family.samples else None)
+    return out
 
 
-def documented_families() -> dict[str, str]:
-    """The table of docs/metrics.md: family name (counters without ``_total``) -> type."""
+def documented_families() -> dict[str, tuple[str, set[str]]]:
+    """The table of docs/metrics.md: family name (counters without ``_total``) -> (type,
+    label names beside model_name)."""
     out = {}
     for line in METRICS_DOC.read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) >= 2 and cells[0].startswith("`pyengine:"):
+        if len(cells) >= 3 and cells[0].startswith("`pyengine:"):
             name, kind = cells[0].strip("`"), cells[1]
-            out[name.removesuffix("_total") if kind == "counter" else name] = kind
+            labels = {label.strip() for label in cells[2].split(",") if label.strip()}
+            out[name.removesuffix("_total") if kind == "counter" else name] = (kind, labels)
     return out
 
 
@@ -118,7 +130,11 @@ def server(tmp_path_factory):
 
 
 def test_the_metrics_doc_lists_exactly_what_metrics_exposes(server):
-    assert documented_families() == exposed_families(server.url)
+    documented, exposed = documented_families(), exposed_families_with_labels(server.url)
+    assert {n: kind for n, (kind, _) in documented.items()} == {n: kind for n, (kind, _) in exposed.items()}
+    for name, (_, labels) in exposed.items():
+        if labels is not None:
+            assert documented[name][1] == labels, f"{name}: docs/metrics.md says {documented[name][1]}"
 
 
 def test_the_endpoint_picker_and_keda_read_gauges_the_server_exposes(server):
