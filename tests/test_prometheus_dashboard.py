@@ -1,5 +1,5 @@
 """pyengine's metrics in their ecosystem, for real: ``pyengine serve`` (a tiny checkpoint,
-under the Deployment example's served name) scraped every second by a real Prometheus
+under the Deployment example's served name) scraped every 2 s by a real Prometheus
 (Debian's ``prometheus`` package) on loopback while a few concurrent completions run;
 then every expression of ``examples/grafana/pyengine-dashboard.json`` and every recording
 rule of ``examples/prometheus/vllm-names.rules.yml`` (and the KEDA query) goes through
@@ -42,7 +42,7 @@ RULES = ROOT / "examples" / "prometheus" / "vllm-names.rules.yml"
 KUBE = ROOT / "examples" / "kubernetes"
 METRICS_DOC = ROOT / "docs" / "metrics.md"
 # What Grafana puts in place of the dashboard's variables: "All" models (the variable's
-# allValue) and a rate window wide enough for the 1 s scrapes of the load below.
+# allValue) and a rate window wide enough for the 2 s scrapes of the load below.
 GRAFANA_VARIABLES = {"$model_name": ".*", "$__rate_interval": "1m"}
 CHILD_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "GOMAXPROCS": "1"}
 
@@ -151,12 +151,13 @@ def test_the_endpoint_picker_and_keda_read_gauges_the_server_exposes(server):
 
 
 class Prometheus:
-    """``prometheus`` on loopback, a free port, scraping ``target`` every second, with the
+    """``prometheus`` on loopback, a free port, scraping ``target`` every 2 s (a scrape
+    may take over a second on a loaded machine: the timeout is the interval), with the
     recording rules loaded and its storage under ``folder``."""
 
     def __init__(self, binary: str, folder: Path, target: str) -> None:
         config = {
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            "global": {"scrape_interval": "2s", "scrape_timeout": "2s", "evaluation_interval": "1s"},
             "rule_files": [str(RULES)],
             "scrape_configs": [{"job_name": "pyengine", "static_configs": [{"targets": [target]}]}],
         }
