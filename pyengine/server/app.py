@@ -27,6 +27,8 @@ from pyengine.server.health import ProgressMonitor, Watchdog
 from pyengine.server.limits import LimitsMiddleware
 from pyengine.server.logs import get_logger
 from pyengine.server.metrics import ServerMetrics
+from pyengine.server.responses import api as responses
+from pyengine.server.responses.store import ResponseStore
 from pyengine.server.stats_log import log_stats_forever
 from pyengine.text.token_pieces import TokenPieces
 
@@ -46,6 +48,7 @@ def build_context(engine: EngineClient, args: ServerArgs) -> ServerContext:
         chat_template_origin=choice.origin if choice is not None else None,
         chat_tokenizer=ChatTokenizer(engine.tokenizer) if engine.tokenizer is not None else None,
         sampling_defaults=engine.generation_defaults,
+        responses=ResponseStore(args.responses_store_size, args.responses_store_max_bytes),
     )
 
 
@@ -89,7 +92,7 @@ def create_app(engine: EngineClient, args: ServerArgs) -> FastAPI:
     app.state.context = ctx
     app.state.watchdog = watchdog
     install_error_handlers(app)
-    for module in (completions, chat, embeddings, info, tokenizer_api):
+    for module in (completions, chat, responses, embeddings, info, tokenizer_api):
         app.include_router(module.router)
 
     app.add_middleware(LimitsMiddleware, args=args)  # inside the guard: its refusals are counted

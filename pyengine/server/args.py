@@ -59,6 +59,12 @@ class ServerArgs:
       ``pyengine.server.tool_parsers.TOOL_PARSERS``: ``hermes``, ``llama3_json``).
     - ``enable_auto_tool_choice``: serve ``tool_choice="auto"`` (needs ``tool_call_parser``);
       without it a request that offers tools with ``auto`` (the default) is a 400.
+
+    The Responses API's store (``responses/store.py``):
+
+    - ``responses_store_size``: responses kept for ``previous_response_id`` and
+      ``GET /v1/responses/{id}``, least recently used evicted first (0: none kept).
+    - ``responses_store_max_bytes``: what they may weigh together (their JSON size).
     """
 
     model_name: str = "pyengine"
@@ -85,6 +91,8 @@ class ServerArgs:
     enable_docs: bool = False
     tool_call_parser: Optional[str] = None
     enable_auto_tool_choice: bool = False
+    responses_store_size: int = 1024
+    responses_store_max_bytes: int = 256 * 1024 * 1024
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -98,6 +106,9 @@ class ServerArgs:
         for name in ("header_timeout", "body_timeout"):
             if not getattr(self, name) > 0:
                 raise InvalidConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("responses_store_size", "responses_store_max_bytes"):
+            if getattr(self, name) < 0:
+                raise InvalidConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.max_n < 1:
             raise InvalidConfigError(f"max_n must be >= 1, got {self.max_n!r}")
         if self.stall_timeout <= 0:
@@ -136,6 +147,9 @@ LIMIT_FLAGS = (
     ("max_concurrent_requests", "/v1 requests in progress at once (503 + Retry-After past it)"),
     ("max_prompts_per_request", "prompts of a completion / inputs of an embedding request"),
     ("enable_docs", "serve /docs, /redoc and /openapi.json (behind the API key if one is set)"),
+    ("responses_store_size", "responses kept for previous_response_id and GET /v1/responses/{id}, least "
+     "recently used evicted first (0: none)"),
+    ("responses_store_max_bytes", "what the kept responses may weigh together, in bytes of JSON"),
 )
 
 

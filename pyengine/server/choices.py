@@ -63,6 +63,7 @@ class ChoiceTracker:
         self.choices = [Choice(i) for i in range(len(prompt_lens) * n)]
         # Each prompt's log-probabilities, when the request asked (vLLM's prompt_logprobs).
         self.prompt_logprobs: list[Optional[LogprobArrays]] = [None] * len(prompt_lens)
+        self.cached_tokens = 0  # prompt tokens found in the prefix cache, over the finished requests
         self._timers = [ctx.metrics.itl_timer() for _ in prompt_lens]
         self._started = time.perf_counter()
 
@@ -93,6 +94,7 @@ class ChoiceTracker:
     def _finished(self, prompt_index: int, out: RequestOutput) -> None:
         mine = self.choices[prompt_index * self.n:(prompt_index + 1) * self.n]
         output_tokens = sum(len(c.token_ids) for c in mine)
+        self.cached_tokens += out.num_cached_tokens or 0
         self.ctx.metrics.observe_finished(out, max(len(c.token_ids) for c in mine))
         if not self.ctx.args.log_requests:
             return

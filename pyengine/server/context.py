@@ -15,6 +15,7 @@ from pyengine.server.args import ServerArgs
 from pyengine.server.errors import APIError
 from pyengine.server.health import ProgressMonitor
 from pyengine.server.metrics import ServerMetrics
+from pyengine.server.responses.store import ResponseStore
 from pyengine.text.token_pieces import TokenPieces
 
 
@@ -33,6 +34,8 @@ class ServerContext:
     # generation_config.json, as --generation-config chooses; EngineClient.generation_defaults).
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
     background: list[Any] = field(default_factory=list)  # asyncio tasks started by the lifespan
+    # The Responses API's kept responses (previous_response_id), bounded by the args.
+    responses: ResponseStore = field(default_factory=lambda: ResponseStore(0, 0))
 
     @property
     def max_model_len(self) -> int:

@@ -30,6 +30,12 @@ def error_event(error: APIError) -> bytes:
     return _data_line(json.dumps(error_body(error.message, error.type, error.param, error.code)))
 
 
+def typed_event(name: str, data: dict) -> bytes:
+    """One SSE event with an ``event:`` line naming its type, as the Responses API streams
+    (``event: response.output_text.delta``), carrying ``data`` as JSON."""
+    return b"event: " + name.encode() + b"\n" + _data_line(json.dumps(data))
+
+
 def _data_line(text: str) -> bytes:
     if not text.isascii():
         text = text.translate(_LINE_BREAKS_IN_JSON)
