@@ -15,6 +15,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from test_server_tool_calls import FORCED_TOOLS, SCHEMAS
 
 from pyengine.testing.serve_process import ServeProcess
 
@@ -185,6 +186,39 @@ def test_stream_helper_assembles_the_final_response(client):
     assert final.usage.output_tokens == whole.usage.output_tokens
 
 
+FLAT_TOOLS = [{"type": "function", **tool["function"]} for tool in FORCED_TOOLS]
+
+
+def assert_valid_calls(output, names):
+    assert [item.type for item in output] == ["function_call"] * len(names)
+    assert [item.name for item in output] == names
+    for item in output:
+        assert item.call_id.startswith("call_") and item.id.startswith("fc_")
+        jsonschema.validate(json.loads(item.arguments), SCHEMAS[item.name])
+
+
+def test_required_without_a_parser_is_constrained_to_calls(client):
+    # No --tool-call-parser: vLLM's JSON array of calls, through chat's forced path (forced_tools.py).
+    kwargs = {"model": MODEL, "input": "Weather?", "tools": FLAT_TOOLS, "tool_choice": "required",
+              "parallel_tool_calls": False, "temperature": 0, "max_output_tokens": 200}
+    whole = client.responses.create(**kwargs)
+    assert whole.status == "completed"
+    assert_valid_calls(whole.output, [whole.output[0].name])
+    with client.responses.stream(**kwargs) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert [(i.name, i.arguments) for i in final.output] == [(i.name, i.arguments) for i in whole.output]
+    deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert deltas == whole.output[0].arguments
+
+
+def test_named_function_without_a_parser(client):
+    out = client.responses.create(model=MODEL, input="Time?", tools=FLAT_TOOLS, temperature=0, max_output_tokens=100,
+                                  tool_choice={"type": "function", "name": "get_time"})
+    assert out.status == "completed"
+    assert_valid_calls(out.output, ["get_time"])
+
+
 @pytest.mark.parametrize(("fields", "param", "words"), [
     ({"tools": [{"type": "web_search"}]}, "tools[0].type", "built-in"),
     ({"tools": [{"type": "file_search", "vector_store_ids": ["v"]}]}, "tools[0].type", "file search"),
@@ -196,8 +230,6 @@ def test_stream_helper_assembles_the_final_response(client):
     ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role", "one of"),
     ({"text": {"format": {"type": "xml"}}}, "text.format.type", "json_schema"),
     ({"max_output_tokens": 100000}, "max_output_tokens", "maximum context length"),
-    ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}], "tool_choice": "required"},
-     "tool_choice", "--tool-call-parser"),
     ({"tools": [{"type": "function", "name": "f"}]}, "tool_choice", "--enable-auto-tool-choice"),
 ])
 def test_refusals_name_the_field(client, fields, param, words):
