@@ -1,0 +1,221 @@
+"""Speculative decoding vs plain decoding, side by side in one run (docs/speculative_decoding.md).
+
+Executor level: the real ``ModelRunner`` (verification included) driven by the hand
+planner, greedy, pipeline depth 1; drafts come from a prompt-lookup (n-gram) proposer
+written here in Python, the same rule as the scheduler's "ngram" method (the longest
+n-gram, ``prompt_lookup_max`` down to ``prompt_lookup_min``, whose earlier occurrence is
+continued for k tokens). The engine path (the Rust scheduler proposing) is measured once
+it plans drafts; until then this is what can be measured.
+
+Workloads, each at batch 1 and 16:
+
+- ``repeat`` (drafts right): X + G + X, a random span X, the model's own greedy
+  continuation G of X, and X again, so prompt lookup finds a continuation in the context
+  (the bench model has random weights: whether it continues X the same way the second
+  time is measured, not assumed; the mean accepted length says it);
+- ``random`` (drafts wrong): random prompts;
+- ``oracle`` (drafts right by construction): random prompts, each step proposed the
+  plain run's own next k tokens: what verification gains when every draft is right (a
+  model that copies its context, with prompt lookup), whatever the bench model's weights.
+
+Reported per (workload, batch): decode tokens/s off and with n-gram, their ratio, mean
+accepted length (1 + kept drafts per sequence-step that carried drafts), the proposer's
+time per step, and a verification step's time relative to a plain decode step. The two
+runs of a pair alternate step by step (the machine is shared); outputs are checked
+identical to decoding without speculation.
+
+Usage: python benches/spec_decode.py [--json] [--tokens N] [--k K] [--batches 1,16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_model import VOCAB_SIZE, bench_checkpoint  # noqa: E402
+
+from pyengine.executor.config import ExecutorConfig  # noqa: E402
+from pyengine.executor.model_runner import ModelRunner  # noqa: E402
+from pyengine.sampling_params import SamplingParams  # noqa: E402
+from pyengine.testing.hand_plan import HandPlanner  # noqa: E402
+
+BLOCK_SIZE = 16
+PROMPT_LEN = 128
+SPAN = 32
+
+
+def ngram_drafts(tokens: list[int], k: int, low: int, high: int) -> list[int]:
+    """Prompt lookup: the continuation of the latest earlier occurrence of the longest
+    suffix n-gram (``high`` down to ``low`` tokens); [] when none occurs."""
+    length = len(tokens)
+    for n in range(min(high, length - 1), low - 1, -1):
+        suffix = tokens[length - n:]
+        for start in range(length - n - 1, -1, -1):
+            if tokens[start:start + n] == suffix:
+                return tokens[start + n:start + n + k]
+    return []
+
+
+def prompts_for(workload: str, batch: int, make_runner, tokens: int) -> list[list[int]]:
+    """``random``: random prompts. ``repeat``: a random span X, the model's own greedy
+    continuation G of it, then X again (X + G + X): a repeated span whose continuation the
+    context holds, whatever the (random) weights; a model that continues X as it did
+    before is proposed G by prompt lookup."""
+    rng = np.random.default_rng(7)
+    if workload == "random":
+        return [rng.integers(0, VOCAB_SIZE, PROMPT_LEN).tolist() for _ in range(batch)]
+    spans = [rng.integers(0, VOCAB_SIZE, SPAN).tolist() for _ in range(batch)]
+    first = Decoder(make_runner(), spans, tokens + 8, 0, (1, 1))
+    while not first.done:
+        first.step()
+    return [x + first.planner.output_tokens(i) + x for x, i in zip(spans, first.ids)]
+
+
+class Decoder:
+    """One decode run: prefill (not timed) at construction, then ``step()`` until ``done``;
+    k = 0 decodes plainly. Two decoders stepped in turn see the same machine conditions."""
+
+    def __init__(self, runner: ModelRunner, prompts: list[list[int]], tokens: int, k: int,
+                 lookup: tuple[int, int], oracle: Optional[list[list[int]]] = None) -> None:
+        """``oracle``: propose each sequence's next k tokens of these outputs instead of
+        prompt lookup (drafts right by construction)."""
+        self.runner, self.tokens, self.k, self.lookup, self.oracle = runner, tokens, k, lookup, oracle
+        self.planner = HandPlanner(block_size=BLOCK_SIZE, num_blocks=runner.num_kv_blocks, max_rows=len(prompts),
+                                   seed=1)
+        params = SamplingParams(temperature=0.0, max_tokens=tokens + k + 1)
+        self.ids = [self.planner.add(p, params) for p in prompts]
+        plan = self.planner.next_plan()
+        self.planner.record(plan, runner.execute(plan).sampled_token_ids)
+        self.step_times: list[float] = []
+        self.propose_times: list[float] = []
+        self.plain_steps: list[float] = []
+        self.spec_steps: list[float] = []
+        self.drafted = self.kept = 0
+
+    @property
+    def done(self) -> bool:
+        return min(len(self.planner.output_tokens(i)) for i in self.ids) >= self.tokens
+
+    def step(self) -> None:
+        planner = self.planner
+        drafts: dict[int, list[int]] = {}
+        t0 = time.perf_counter()
+        if self.k:
+            for index, seq_id in enumerate(self.ids):
+                if self.oracle is not None:
+                    done = len(planner.output_tokens(seq_id))
+                    proposal = self.oracle[index][done:done + self.k]
+                else:
+                    proposal = ngram_drafts(planner.tokens(seq_id), self.k, *self.lookup)
+                if proposal:
+                    drafts[seq_id] = proposal
+        t1 = time.perf_counter()
+        plan = planner.next_plan(drafts=drafts) if self.k else planner.next_plan()
+        t2 = time.perf_counter()
+        out = self.runner.execute(plan)
+        t3 = time.perf_counter()
+        planner.record(plan, out.sampled_token_ids, out.num_accepted)
+        self.propose_times.append(t1 - t0)
+        self.step_times.append((t1 - t0) + (t3 - t2))  # planning is the scheduler's job: not timed
+        (self.spec_steps if drafts else self.plain_steps).append(t3 - t2)
+        if out.num_accepted is not None:
+            self.drafted += int((np.asarray(plan.num_draft_tokens) > 0).sum())
+            self.kept += int(out.num_accepted.sum())
+
+    def report(self) -> dict:
+        outputs = [self.planner.output_tokens(i)[:self.tokens] for i in self.ids]
+        return {
+            "outputs": outputs,
+            # per step: tokens emitted / the median step time (the machine is shared: a
+            # median resists the other processes' bursts better than a sum)
+            "tokens_per_s": sum(len(o) for o in outputs) / len(self.step_times) / statistics.median(self.step_times),
+            "steps": len(self.step_times),
+            "mean_accepted_length": 1 + self.kept / self.drafted if self.drafted else None,
+            "proposer_ms_per_step": 1e3 * statistics.mean(self.propose_times),
+            "plain_step_ms": 1e3 * statistics.median(self.plain_steps) if self.plain_steps else None,
+            "verify_step_ms": 1e3 * statistics.median(self.spec_steps) if self.spec_steps else None,
+        }
+
+
+def side_by_side(make_runner, prompts: list[list[int]], tokens: int, k: int, lookup: tuple[int, int],
+                 oracle: Optional[list[list[int]]] = None):
+    """Plain and speculative decoding of the same prompts, a step of each in turn."""
+    off = Decoder(make_runner(), prompts, tokens, 0, lookup)
+    spec = Decoder(make_runner(), prompts, tokens, k, lookup, oracle)
+    while not (off.done and spec.done):
+        for decoder in (off, spec):
+            if not decoder.done:
+                decoder.step()
+    return off.report(), spec.report()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--tokens", type=int, default=64, help="decode tokens per sequence")
+    parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("--lookup", default="2,4", help="prompt_lookup_min,prompt_lookup_max")
+    parser.add_argument("--batches", default="1,16")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    low, high = (int(x) for x in args.lookup.split(","))
+    folder = bench_checkpoint(Path(tempfile.mkdtemp(prefix="spec-bench-")))
+    batches = [int(b) for b in args.batches.split(",")]
+
+    def factory(batch: int):
+        return lambda: ModelRunner.from_pretrained(folder, ExecutorConfig(
+            dtype="float32", max_num_seqs=batch, max_model_len=1024, block_size=BLOCK_SIZE,
+            num_kv_blocks=batch * 1024 // BLOCK_SIZE, attention_backend="sdpa"))
+
+    results = []
+    for workload, method in (("repeat", "ngram"), ("random", "ngram"), ("random", "oracle")):
+        for batch in batches:
+            prompts = prompts_for(workload, batch, factory(batch), args.tokens)
+            oracle = None
+            if method == "oracle":  # the plain run's own tokens, computed first (not timed)
+                reference = Decoder(factory(batch)(), prompts, args.tokens + args.k + 1, 0, (low, high))
+                while not reference.done:
+                    reference.step()
+                oracle = [reference.planner.output_tokens(i) for i in reference.ids]
+            off, spec = side_by_side(factory(batch), prompts, args.tokens, args.k, (low, high), oracle)
+            row = {
+                "workload": workload, "batch": batch, "method": method, "k": args.k,
+                "identical_outputs": off["outputs"] == spec["outputs"],
+                "off_tokens_per_s": round(off["tokens_per_s"], 1),
+                "spec_tokens_per_s": round(spec["tokens_per_s"], 1),
+                "speedup": round(spec["tokens_per_s"] / off["tokens_per_s"], 3),
+                "mean_accepted_length": None if spec["mean_accepted_length"] is None
+                else round(spec["mean_accepted_length"], 3),
+                "proposer_ms_per_step": round(spec["proposer_ms_per_step"], 3),
+                "plain_step_ms": round(off["plain_step_ms"], 3),
+                "verify_step_ms": None if spec["verify_step_ms"] is None else round(spec["verify_step_ms"], 3),
+                "verify_vs_plain_step": None if spec["verify_step_ms"] is None
+                else round(spec["verify_step_ms"] / off["plain_step_ms"], 3),
+                "steps_off": off["steps"], "steps_spec": spec["steps"],
+            }
+            results.append(row)
+            if not args.json:
+                print(" ".join(f"{key}={value}" for key, value in row.items()), flush=True)
+    report = {"bench": "spec_decode", "level": "executor (ModelRunner + hand planner, Python n-gram proposer)",
+              "model": "bench_model (Qwen3-shaped, hidden 256, 4 layers, vocab 4096, random weights, float32)",
+              "decode_tokens_per_seq": args.tokens, "torch_threads": torch.get_num_threads(),
+              "note": "shared, noisy machine: ratios of runs made side by side", "results": results}
+    if args.json:
+        print(json.dumps(report, indent=2))
+    return 0 if all(r["identical_outputs"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
