@@ -15,9 +15,11 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from test_server_tool_calls import FORCED_TOOLS, SCHEMAS
 
 from pyengine.testing.serve_process import ServeProcess
+from pyengine.testing.waits import wait_until
 
 MODEL = "tiny"
 STORE_SIZE = 2
@@ -245,3 +247,24 @@ def test_unknown_response_id_is_a_404(client):
     with pytest.raises(openai.NotFoundError) as info:
         client.responses.retrieve("resp_unknown")
     assert info.value.body["param"] == "response_id"
+
+
+def metric(server, name: str) -> float:
+    """The sum of ``name``'s samples on ``/metrics``."""
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name)
+
+
+def test_a_client_leaving_mid_stream_aborts_the_request(server):
+    generated = metric(server, "pyengine:generation_tokens_total")
+    left = metric(server, "pyengine:request_client_disconnects_total")
+    body = {"model": MODEL, "input": "Go on", "max_output_tokens": 400, "stream": True}
+    with httpx.Client(timeout=30) as http:
+        with http.stream("POST", f"{server.url}/v1/responses", json=body) as resp:
+            assert resp.status_code == 200
+            events = [line for line, _ in zip(resp.iter_lines(), range(40)) if line.startswith("event: ")]
+            assert "event: response.output_text.delta" in events
+    assert wait_until(lambda: metric(server, "pyengine:request_client_disconnects_total") > left, 10.0)
+    assert wait_until(lambda: metric(server, "pyengine:num_requests_running") == 0, 10.0)
+    assert metric(server, "pyengine:generation_tokens_total") - generated < 400, "aborted before the end"

@@ -161,3 +161,39 @@ def test_malformed_function_call_items_are_400s(served):
     with pytest.raises(openai.BadRequestError) as info:
         client.responses.create(model="m", input="hi", tools=TOOLS, tool_choice={"type": "function", "name": "nope"})
     assert info.value.body["param"] == "tool_choice.name"
+
+
+class FailingRunner(ScriptedRunner):
+    """The scripted answer for a few steps, then the executor fails (a device lost, say)."""
+
+    def __init__(self, script: list[int], steps: int, **kwargs) -> None:
+        super().__init__(script, **kwargs)
+        self.steps_left = steps
+
+    def execute(self, plan):
+        self.steps_left -= 1
+        if self.steps_left < 0:
+            raise RuntimeError("the device is gone")
+        return super().execute(plan)
+
+
+def test_an_engine_failure_mid_stream_is_a_response_failed_event():
+    tok = tokenizer()
+    eos = tok.convert_tokens_to_ids(EOS_TOKEN)
+    runner = FailingRunner(tok.encode(HERMES_ANSWER, add_special_tokens=False) + [eos], steps=4,
+                           eos_token_ids=(eos,))
+    engine = AsyncEngine.from_engine_core(EngineCore(EngineConfig(max_num_seqs=8), runner=runner))
+    try:
+        with LiveServer(engine, ServerArgs(model_name="m", chat_template=TEMPLATE, stats_interval=0,
+                                           log_requests=False)) as server:
+            with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", timeout=30, max_retries=0) as client:
+                events = list(client.responses.create(model="m", input=QUESTION, stream=True))
+    finally:
+        engine.shutdown()
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.failed"
+    assert "response.output_text.delta" in kinds, "the text before the failure was streamed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    failed = events[-1].response
+    assert failed.status == "failed" and failed.error.code and failed.error.message
+    assert "the device is gone" not in failed.error.message, "internals stay in the server's log"
