@@ -247,6 +247,22 @@ def test_unknown_response_id_is_a_404(client):
     with pytest.raises(openai.NotFoundError) as info:
         client.responses.retrieve("resp_unknown")
     assert info.value.body["param"] == "response_id"
+    with pytest.raises(openai.NotFoundError):
+        client.responses.cancel("resp_unknown")
+
+
+def test_a_streamed_response_is_stored_and_cannot_be_cancelled_or_replayed(server, client):
+    events = list(client.responses.create(model=MODEL, input="keep me", max_output_tokens=4, stream=True,
+                                          metadata={"run": "7"}))
+    final = events[-1].response
+    fetched = client.responses.retrieve(final.id)
+    assert fetched.model_dump() == final.model_dump()
+    assert fetched.metadata == {"run": "7"}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.cancel(final.id)
+    assert info.value.body["message"] == "Cannot cancel a synchronous response."
+    replay = httpx.get(f"{server.url}/v1/responses/{final.id}", params={"stream": "true"}, timeout=10)
+    assert replay.status_code == 400 and replay.json()["error"]["param"] == "stream"
 
 
 def metric(server, name: str) -> float:

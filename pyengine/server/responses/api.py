@@ -1,5 +1,6 @@
-"""``POST /v1/responses`` and ``GET /v1/responses/{id}``: OpenAI's Responses API on the
-chat endpoint's machinery (``prepare.py``), one choice per response.
+"""``POST /v1/responses``, ``GET /v1/responses/{id}`` and ``POST /v1/responses/{id}/cancel``
+(vLLM's routes): OpenAI's Responses API on the chat endpoint's machinery (``prepare.py``),
+one choice per response.
 
 ``previous_response_id`` continues a stored response (``store.py``); an id the store
 does not hold (never stored, ``store=false``, or evicted) is a 404 in OpenAI's shape, with
@@ -25,7 +26,7 @@ from pyengine.server.responses.conversation import Conversation, conversation, o
 from pyengine.server.responses.events import EventWriter, StreamedOutput
 from pyengine.server.responses.output import output_items, response_object, status_of, usage
 from pyengine.server.responses.prepare import Prepared, prepare
-from pyengine.server.responses.protocol import ResponseError, ResponseObject, ResponsesRequest
+from pyengine.server.responses.protocol import ResponseError, ResponseObject, ResponsesRequest, ResponseUsage
 from pyengine.server.responses.unsupported import check_supported
 from pyengine.server.sse import sse_response
 from pyengine.server.structured import name_constraint_error
@@ -84,7 +85,16 @@ async def retrieve_response(response_id: str, ctx: Context, stream: Optional[boo
     return JSONResponse(stored.response)
 
 
-def _usage(run: ResponseRun, prepared: Prepared):
+@router.post("/v1/responses/{response_id}/cancel", response_model=None)
+async def cancel_response(response_id: str, ctx: Context) -> JSONResponse:
+    """vLLM's answers: a stored response is one that already finished within its request
+    (there are no background responses to cancel), a 400; an unknown id, a 404."""
+    if ctx.responses.get(response_id) is None:
+        raise not_found(response_id, "response_id")
+    raise bad_request("Cannot cancel a synchronous response.", "response_id")
+
+
+def _usage(run: ResponseRun, prepared: Prepared) -> ResponseUsage:
     return usage(len(prepared.prompt_ids), len(run.tracker.choices[0].token_ids), run.tracker.cached_tokens)
 
 
