@@ -175,7 +175,8 @@ class EngineStats:
     prompt_tokens: int
     generated_tokens: int
     queue_depths: dict[str, int]
-    scheduler: dict[str, float] = field(default_factory=dict)
+    # Numbers, and per-position lists (speculative decoding's accepted tokens by position).
+    scheduler: dict[str, Union[float, list[float]]] = field(default_factory=dict)
     # Executor waits for a plan while requests were live (pipeline bubbles).
     pipeline_bubble_s: float = 0.0
     pipeline_bubbles: int = 0

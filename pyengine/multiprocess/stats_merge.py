@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Union
+
 from pyengine.outputs import EngineStats
 
 
@@ -21,12 +23,21 @@ def merge_stats(parts: list[EngineStats]) -> EngineStats:
             for key, value in figures.items():
                 into[key] = into.get(key, 0.0) + value
     queues: dict[str, int] = {}
-    scheduler: dict[str, float] = {}
+    scheduler: dict[str, Union[float, list[float]]] = {}
     for p in parts:
         for key, n in p.queue_depths.items():
             queues[key] = queues.get(key, 0) + n
         for key, value in p.scheduler.items():
-            scheduler[key] = scheduler.get(key, 0.0) + value / (len(parts) if "mean" in key else 1)
+            if isinstance(value, list):  # per position: added position by position
+                into = list(scheduler.get(key, []))  # type: ignore[arg-type]
+                into += [0.0] * (len(value) - len(into))
+                scheduler[key] = [a + b for a, b in zip(into, value + [0.0] * (len(into) - len(value)))]
+            else:
+                scheduler[key] = scheduler.get(key, 0.0) + value / (len(parts) if "mean" in key else 1)  # type: ignore[operator]
+    drafts = scheduler.get("spec_drafts")
+    if isinstance(drafts, (int, float)) and "spec_mean_accepted_length" in scheduler:  # from the totals, not averaged
+        accepted = scheduler.get("spec_accepted_tokens", 0.0)
+        scheduler["spec_mean_accepted_length"] = 1.0 + accepted / drafts if drafts else 0.0  # type: ignore[operator]
     return EngineStats(
         threads=threads,
         steps=steps,

@@ -5,7 +5,8 @@ Two sources, both in one per-app ``CollectorRegistry`` (no global registry):
 - ``EngineCollector`` reads each engine core's ``EngineStats`` at scrape time (an
   ``engine`` label tells the cores apart): running / waiting requests,
   KV usage, token and preemption counters, prefix-cache queries and hits, per-thread
-  busy / idle seconds, step time, queue depths and pipeline bubbles.
+  busy / idle seconds, step time, queue depths and pipeline bubbles, speculative
+  decoding's drafts and accepted tokens (docs/speculative_decoding.md).
 - ``ServerMetrics`` observes each finished request on the asyncio side: TTFT,
   inter-token latency, end-to-end, queue, prefill and decode time, finish reasons.
 """
@@ -76,6 +77,13 @@ class EngineCollector(Collector):
         yield busy
         yield idle
         yield depth
+        per_position = CounterMetricFamily(
+            "pyengine:spec_decode_num_accepted_tokens_per_pos", "Accepted draft tokens by position in the draft.",
+            labels=["model_name", "engine", "position"])
+        for index, s in parts:
+            for position, n in enumerate(s.scheduler.get("spec_accepted_per_position", ()) or ()):
+                per_position.add_metric([m, str(index), str(position)], n)
+        yield per_position
 
 
 # (kind, name, help, value) of each per-engine series.
@@ -104,6 +112,17 @@ _SERIES: tuple[tuple[str, str, str, Callable[[EngineStats], float]], ...] = (
      lambda s: s.pipeline_bubble_s),
     ("counter", "pipeline_bubbles", "Executor waits for a plan while requests were live.",
      lambda s: s.pipeline_bubbles),
+    ("counter", "spec_decode_num_drafts", "Sequence-steps that carried drafts (speculative decoding).",
+     lambda s: s.scheduler.get("spec_drafts", 0)),
+    ("counter", "spec_decode_num_draft_tokens", "Draft tokens proposed.",
+     lambda s: s.scheduler.get("spec_draft_tokens", 0)),
+    ("counter", "spec_decode_num_accepted_tokens", "Draft tokens kept by verification.",
+     lambda s: s.scheduler.get("spec_accepted_tokens", 0)),
+    ("gauge", "spec_decode_mean_accepted_length",
+     "1 + kept drafts per sequence-step that carried drafts (0 before any).",
+     lambda s: s.scheduler.get("spec_mean_accepted_length", 0.0)),
+    ("counter", "spec_decode_disabled_sequences", "Sequences the adaptive rule stopped proposing drafts for.",
+     lambda s: s.scheduler.get("spec_disabled_sequences", 0)),
 )
 
 
