@@ -11,6 +11,7 @@ use numpy::{PyArray1, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
+use pyengine_sched::kv_events::KvEventLog;
 use pyengine_sched::plan::{OutputEvent, StepPlan};
 
 use crate::attachment::{detach_object, object_list};
@@ -169,6 +170,7 @@ data_class! {
         num_output_tokens: Arr<i32>,
         num_preemptions: Arr<i32>,
         step_result: Py<PyAny>,
+        kv_events: Py<PyAny>,
     }
 }
 
@@ -186,6 +188,7 @@ impl PyOutputEvent {
             num_output_tokens,
             num_preemptions,
             step_attachment,
+            kv_events,
         } = e;
         Ok(PyOutputEvent {
             step_id,
@@ -199,8 +202,18 @@ impl PyOutputEvent {
             num_output_tokens: arr(py, num_output_tokens),
             num_preemptions: arr(py, num_preemptions),
             step_result: detach_object(py, step_attachment.as_ref()),
+            kv_events: kv_event_arrays(py, kv_events)?,
         })
     }
+}
+
+/// None, or the log's four arrays `(kinds, hashes, parents, tokens)` (`kv_events.rs`).
+fn kv_event_arrays(py: Python<'_>, log: Option<KvEventLog>) -> PyResult<Py<PyAny>> {
+    let Some(KvEventLog { kinds, hashes, parents, tokens }) = log else {
+        return Ok(py.None());
+    };
+    let arrays = (arr(py, kinds), arr(py, hashes), arr(py, parents), arr(py, tokens));
+    Ok(arrays.into_pyobject(py)?.into_any().unbind())
 }
 
 #[pymethods]

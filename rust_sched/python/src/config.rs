@@ -31,6 +31,7 @@ impl PySchedulerConfig {
         max_model_len = 4096,
         long_prefill_token_threshold = 0,
         enable_prefix_caching = true,
+        enable_kv_events = false,
         policy = "fcfs",
         pipeline_depth = 2,
     ))]
@@ -44,6 +45,7 @@ impl PySchedulerConfig {
         max_model_len: i64,
         long_prefill_token_threshold: i64,
         enable_prefix_caching: bool,
+        enable_kv_events: bool,
         policy: &str,
         pipeline_depth: i64,
     ) -> PyResult<Self> {
@@ -60,6 +62,7 @@ impl PySchedulerConfig {
                 0,
             )?,
             enable_prefix_caching,
+            enable_kv_events,
             policy: Policy::parse(policy).map_err(|e| e.into_py_err(py))?,
             pipeline_depth: count(py, "pipeline_depth", pipeline_depth, 1)?,
         };
@@ -96,6 +99,10 @@ impl PySchedulerConfig {
         self.inner.enable_prefix_caching
     }
     #[getter]
+    fn enable_kv_events(&self) -> bool {
+        self.inner.enable_kv_events
+    }
+    #[getter]
     fn policy(&self) -> &'static str {
         self.inner.policy.name()
     }
@@ -108,8 +115,8 @@ impl PySchedulerConfig {
         let c = &self.inner;
         format!(
             "SchedulerConfig(num_blocks={}, block_size={}, max_num_seqs={}, max_num_batched_tokens={}, \
-             max_model_len={}, long_prefill_token_threshold={}, enable_prefix_caching={}, policy={:?}, \
-             pipeline_depth={})",
+             max_model_len={}, long_prefill_token_threshold={}, enable_prefix_caching={}, \
+             enable_kv_events={}, policy={:?}, pipeline_depth={})",
             c.num_blocks,
             c.block_size,
             c.max_num_seqs,
@@ -117,6 +124,7 @@ impl PySchedulerConfig {
             c.max_model_len,
             c.long_prefill_token_threshold,
             if c.enable_prefix_caching { "True" } else { "False" },
+            if c.enable_kv_events { "True" } else { "False" },
             c.policy.name(),
             c.pipeline_depth
         )

@@ -60,10 +60,24 @@ fn add_sched(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<arrays::PyOutputEvent>()?;
     m.add_class::<scheduler::PyScheduler>()?;
     m.add_class::<thread::PySchedulerThread>()?;
+    m.add_function(wrap_pyfunction!(block_hashes, m)?)?;
     m.add_class::<grammar::PyGrammarCompiler>()?;
     m.add_class::<grammar::PyCompiledConstraint>()?;
     m.add_class::<grammar::PyGrammarMaskTicket>()?;
     Ok(())
+}
+
+/// The hashes KV-cache events publish for the full blocks of `token_ids` (the chain
+/// `docs/kv_events.md` documents), for routers and tests to reproduce them.
+#[pyfunction]
+#[pyo3(signature = (token_ids, block_size, cache_salt = None))]
+fn block_hashes(token_ids: Vec<u32>, block_size: usize, cache_salt: Option<&str>) -> PyResult<Vec<u64>> {
+    if block_size == 0 {
+        return Err(pyo3::exceptions::PyValueError::new_err("block_size must be positive"));
+    }
+    let mut hashes = Vec::new();
+    pyengine_sched::block_hash::extend_block_hashes(&mut hashes, &token_ids, block_size, cache_salt);
+    Ok(hashes.into_iter().map(|h| h.published()).collect())
 }
 
 /// `pyengine._kernels`: the executor's CPU kernels over numpy views of torch tensors.

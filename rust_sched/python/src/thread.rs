@@ -92,6 +92,14 @@ impl PySchedulerThread {
         ev.map(|e| PyOutputEvent::new(py, e)).transpose()
     }
 
+    /// The published hashes of every block in the prefix cache, sorted (what a KV-event
+    /// subscriber that saw every event so far holds); None if the thread did not answer
+    /// within `timeout` seconds.
+    #[pyo3(signature = (timeout = 1.0))]
+    fn cached_block_hashes(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<Vec<u64>>> {
+        call(py, || Ok::<_, Infallible>(self.handle.cached_block_hashes(seconds(timeout))))
+    }
+
     #[pyo3(signature = (timeout = 1.0))]
     fn stats<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Bound<'py, PyDict>> {
         let s = call(py, || Ok::<_, Infallible>(self.handle.stats(seconds(timeout))))?;

@@ -31,6 +31,13 @@ impl BlockHash {
         }
         BlockHash(hasher.digest128())
     }
+
+    /// The hash KV-cache events publish: the low 64 bits of the 128-bit digest (msgpack,
+    /// and the routers that read vLLM's events, take 64-bit integers). Reproducible across
+    /// processes and runs: XXH3 with its default seed, over the bytes `chain` documents.
+    pub fn published(self) -> u64 {
+        self.0 as u64
+    }
 }
 
 /// Extends `hashes` with the hashes of every full block of `tokens` not hashed yet.
@@ -62,6 +69,23 @@ mod tests {
         let b1 = BlockHash::chain(Some(a), &[7, 8, 9], None);
         let b2 = BlockHash::chain(Some(BlockHash::chain(None, &[0, 2, 3], None)), &[7, 8, 9], None);
         assert_ne!(b1, b2, "same block after a different prefix must differ");
+    }
+
+    /// Pins the algorithm: routers and `docs/kv_events.md` rely on these exact values
+    /// (no per-process seed), so a change to `chain` must be deliberate.
+    #[test]
+    fn published_hashes_are_pinned() {
+        let a = BlockHash::chain(None, &[1, 2, 3, 4], None);
+        let b = BlockHash::chain(Some(a), &[5, 6, 7, 8], None);
+        let salted = BlockHash::chain(None, &[1, 2, 3, 4], Some("tenant"));
+        assert_eq!(
+            [a.published(), b.published(), salted.published()],
+            [0x6c77_fcbd_4160_dde3, 0x6295_06a5_1789_5b32, 0x19f5_4ca1_b92d_ceab],
+            "got {:#x} {:#x} {:#x}",
+            a.published(),
+            b.published(),
+            salted.published()
+        );
     }
 
     #[test]

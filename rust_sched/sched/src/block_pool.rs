@@ -9,11 +9,17 @@
 //!
 //! Allocation takes fresh blocks first and evicts the least recently freed cached block
 //! only when none is left, so the cache keeps as much as the pool can afford.
+//!
+//! With KV-cache events on ([`BlockPool::record_events`]), every change to the set of
+//! cached hashes is also appended to a [`KvEventLog`]: a block registered under a new hash
+//! (stored), a cached block evicted or forgotten (removed). The log therefore replays to
+//! exactly the keys of the prefix map ([`BlockPool::cached_hashes`]).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::block_hash::BlockHash;
+use crate::kv_events::KvEventLog;
 use crate::lru::LruList;
 
 pub type BlockId = u32;
@@ -77,6 +83,9 @@ pub struct BlockPool {
     evictable: LruList,
     num_used: usize,
     stats: PrefixCacheStats,
+    /// What changed in the prefix cache since the last `take_events`; None when events
+    /// are off (nothing is recorded).
+    events: Option<KvEventLog>,
 }
 
 impl BlockPool {
@@ -99,7 +108,42 @@ impl BlockPool {
             evictable: LruList::new(num_blocks),
             num_used: 0,
             stats: PrefixCacheStats::default(),
+            events: None,
         }
+    }
+
+    /// Starts recording KV-cache events (a no-op without prefix caching: nothing is ever
+    /// cached then).
+    pub fn record_events(&mut self) {
+        if self.enable_caching && self.events.is_none() {
+            // The first event says the pool holds nothing: a subscriber that remembers an
+            // earlier engine on the same endpoint starts over.
+            let mut log = KvEventLog::default();
+            log.all_cleared();
+            self.events = Some(log);
+        }
+    }
+
+    /// Whether KV-cache events are recorded (`register` reads its `parent` and `tokens`).
+    pub fn records_events(&self) -> bool {
+        self.events.is_some()
+    }
+
+    /// The events recorded since the last call; None when there are none or events are off.
+    pub fn take_events(&mut self) -> Option<KvEventLog> {
+        let log = self.events.as_mut()?;
+        if log.is_empty() {
+            return None;
+        }
+        Some(std::mem::take(log))
+    }
+
+    /// Published hashes ([`BlockHash::published`]) of every block in the prefix cache now,
+    /// sorted: what a subscriber that replayed every event must hold.
+    pub fn cached_hashes(&self) -> Vec<u64> {
+        let mut out: Vec<u64> = self.cached.keys().map(|h| h.published()).collect();
+        out.sort_unstable();
+        out
     }
 
     pub fn block_size(&self) -> usize {
@@ -209,11 +253,19 @@ impl BlockPool {
     fn evict_one(&mut self) -> BlockId {
         let b = self.evictable.pop_front().expect("num_free counted an evictable block");
         if let Some(h) = self.hashes[b as usize].take() {
-            if self.cached.get(&h) == Some(&b) {
-                self.cached.remove(&h);
-            }
+            self.uncache(h, b);
         }
         b
+    }
+
+    /// Drops `hash`'s prefix-map entry if it is `block`'s.
+    fn uncache(&mut self, hash: BlockHash, block: BlockId) {
+        if self.cached.get(&hash) == Some(&block) {
+            self.cached.remove(&hash);
+            if let Some(log) = &mut self.events {
+                log.removed(hash);
+            }
+        }
     }
 
     /// Drops one reference on each of `blocks`, a sequence's block table in order. Blocks
@@ -237,13 +289,19 @@ impl BlockPool {
 
     /// Makes a full, computed block findable by its content hash. A block that is already
     /// registered, or whose content another block already caches, stays as it is.
-    pub fn register(&mut self, block: BlockId, hash: BlockHash) {
+    /// `parent` (the hash of the block before it in its sequence) and `tokens` (the
+    /// block's token ids) are read only for the KV-cache event, when events are on.
+    pub fn register(&mut self, block: BlockId, hash: BlockHash, parent: Option<BlockHash>, tokens: &[u32]) {
         if !self.enable_caching || self.hashes[block as usize].is_some() {
             return;
         }
         if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(hash) {
             e.insert(block);
             self.hashes[block as usize] = Some(hash);
+            if let Some(log) = &mut self.events {
+                debug_assert_eq!(tokens.len(), self.block_size, "a registered block is full");
+                log.stored(hash, parent, tokens);
+            }
         }
     }
 
@@ -254,9 +312,7 @@ impl BlockPool {
         let Some(hash) = self.hashes[i].take() else {
             return;
         };
-        if self.cached.get(&hash) == Some(&block) {
-            self.cached.remove(&hash);
-        }
+        self.uncache(hash, block);
         if self.ref_counts[i] == 0 {
             self.evictable.remove(block);
             self.fresh.push(block);
@@ -339,8 +395,8 @@ mod tests {
         let mut p = BlockPool::new(3, 4, true);
         let mut a = Vec::new();
         p.try_allocate(2, &mut a).unwrap();
-        p.register(a[0], h(10));
-        p.register(a[1], h(11));
+        p.register(a[0], h(10), None, &[0; 4]);
+        p.register(a[1], h(11), None, &[0; 4]);
         p.release(&a);
         assert_eq!(p.usage(), PoolUsage { total: 3, free: 3, evictable: 2, used: 0 });
         let mut hit = Vec::new();
@@ -361,7 +417,7 @@ mod tests {
         let mut p = BlockPool::new(2, 4, true);
         let mut a = Vec::new();
         p.try_allocate(1, &mut a).unwrap();
-        p.register(a[0], h(1));
+        p.register(a[0], h(1), None, &[0; 4]);
         p.release(&a);
         p.acquire(&a);
         assert_eq!(p.usage().evictable, 0);
@@ -378,8 +434,8 @@ mod tests {
         let mut p = BlockPool::new(2, 4, true);
         let mut a = Vec::new();
         p.try_allocate(2, &mut a).unwrap();
-        p.register(a[0], h(5));
-        p.register(a[1], h(5));
+        p.register(a[0], h(5), None, &[0; 4]);
+        p.register(a[1], h(5), None, &[0; 4]);
         assert_eq!(p.hash_of(a[1]), None);
         p.release(&a);
         assert_eq!(p.usage().evictable, 1);
@@ -391,11 +447,70 @@ mod tests {
         let mut p = BlockPool::new(2, 4, false);
         let mut a = Vec::new();
         p.try_allocate(1, &mut a).unwrap();
-        p.register(a[0], h(5));
+        p.register(a[0], h(5), None, &[0; 4]);
         p.release(&a);
         let mut hit = Vec::new();
         p.longest_cached_prefix(&[h(5)], &mut hit);
         assert!(hit.is_empty());
         assert_eq!(p.usage().evictable, 0);
+    }
+
+    /// Replays `log` onto `set` as a subscriber would.
+    fn replay(set: &mut std::collections::BTreeSet<u64>, log: &KvEventLog) {
+        use crate::kv_events::*;
+        for (i, &k) in log.kinds.iter().enumerate() {
+            match k {
+                KV_STORED_ROOT | KV_STORED_CHILD => assert!(set.insert(log.hashes[i]), "stored twice"),
+                KV_REMOVED => assert!(set.remove(&log.hashes[i]), "removed a hash never stored"),
+                KV_ALL_CLEARED => set.clear(),
+                _ => unreachable!(),
+            }
+        }
+    }
+
+    #[test]
+    fn events_off_record_nothing() {
+        let mut p = BlockPool::new(2, 4, true);
+        let mut a = Vec::new();
+        p.try_allocate(1, &mut a).unwrap();
+        p.register(a[0], h(5), None, &[1, 2, 3, 4]);
+        assert_eq!(p.take_events(), None);
+        let mut q = BlockPool::new(2, 4, false);
+        q.record_events();
+        assert_eq!(q.take_events(), None, "no prefix cache, no events");
+    }
+
+    #[test]
+    fn events_follow_store_evict_forget_and_skip_duplicates() {
+        use crate::kv_events::*;
+        let mut p = BlockPool::new(3, 2, true);
+        p.record_events();
+        let mut a = Vec::new();
+        p.try_allocate(3, &mut a).unwrap();
+        p.register(a[0], h(1), None, &[10, 11]);
+        p.register(a[1], h(2), Some(h(1)), &[12, 13]);
+        p.register(a[2], h(2), Some(h(1)), &[12, 13]); // same content: not cached twice
+        p.register(a[0], h(1), None, &[10, 11]); // already registered
+        let log = p.take_events().unwrap();
+        assert_eq!(log.kinds, vec![KV_ALL_CLEARED, KV_STORED_ROOT, KV_STORED_CHILD]);
+        assert_eq!(log.hashes[1..], [h(1).published(), h(2).published()]);
+        assert_eq!(log.parents[2], h(1).published());
+        assert_eq!(log.tokens, vec![10, 11, 12, 13]);
+        assert_eq!(p.take_events(), None, "taken once");
+        let mut set = std::collections::BTreeSet::new();
+        replay(&mut set, &log);
+        p.release(&a);
+        // a[2] (never cached) is fresh; the next two allocations evict a[1] then a[0].
+        let mut b = Vec::new();
+        p.try_allocate(2, &mut b).unwrap();
+        p.register(b[1], h(3), None, &[7, 7]);
+        p.forget(b[1]);
+        let log = p.take_events().unwrap();
+        assert_eq!(log.kinds, vec![KV_REMOVED, KV_STORED_ROOT, KV_REMOVED]);
+        assert_eq!(log.hashes, vec![h(2).published(), h(3).published(), h(3).published()]);
+        replay(&mut set, &log);
+        assert_eq!(set.into_iter().collect::<Vec<_>>(), p.cached_hashes());
+        assert_eq!(p.cached_hashes(), vec![h(1).published()]);
+        p.check_invariants().unwrap();
     }
 }

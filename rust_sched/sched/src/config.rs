@@ -49,6 +49,8 @@ pub struct SchedulerConfig {
     /// budget.
     pub long_prefill_token_threshold: usize,
     pub enable_prefix_caching: bool,
+    /// Record the prefix cache's changes into each output event (`kv_events.rs`).
+    pub enable_kv_events: bool,
     pub policy: Policy,
     /// Steps planned ahead of their results: 1 (plan, run, update in turn) or 2 (plan N+1
     /// while N runs).
@@ -65,6 +67,7 @@ impl Default for SchedulerConfig {
             max_model_len: 4096,
             long_prefill_token_threshold: 0,
             enable_prefix_caching: true,
+            enable_kv_events: false,
             policy: Policy::Fcfs,
             pipeline_depth: 2,
         }

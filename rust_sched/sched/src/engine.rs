@@ -45,6 +45,8 @@ enum Command {
         attachment: Option<Attachment>,
     },
     Stats(Sender<SchedulerSnapshot>),
+    /// The published hashes of every cached block (`BlockPool::cached_hashes`).
+    CachedHashes(Sender<Vec<u64>>),
     /// Test hook: panic on the scheduler thread.
     Panic,
     Shutdown,
@@ -254,6 +256,15 @@ impl EngineHandle {
         }
     }
 
+    /// The published hashes of every block in the prefix cache, sorted, as the scheduler
+    /// thread sees them between two commands (what a KV-event subscriber that saw every
+    /// event up to then holds). None when the thread did not answer within `timeout`.
+    pub fn cached_block_hashes(&self, timeout: Duration) -> Option<Vec<u64>> {
+        let (tx, rx) = bounded(1);
+        self.cmd_tx.try_send(Command::CachedHashes(tx)).ok()?;
+        rx.recv_timeout(timeout).ok()
+    }
+
     /// Whether the thread's loop still runs: false from the moment it stops taking
     /// commands (a shutdown or a panic), before its channels close.
     pub fn is_alive(&self) -> bool {
@@ -435,6 +446,10 @@ impl Worker {
             }
             Command::Stats(reply) => {
                 let _ = reply.try_send(self.scheduler.snapshot());
+                Flow::Continue
+            }
+            Command::CachedHashes(reply) => {
+                let _ = reply.try_send(self.scheduler.pool().cached_hashes());
                 Flow::Continue
             }
             Command::Panic => panic!("injected by inject_panic()"),

@@ -14,6 +14,7 @@ pub mod config;
 pub mod constraint;
 pub mod engine;
 pub mod error;
+pub mod kv_events;
 mod lru;
 pub mod plan;
 pub mod request;

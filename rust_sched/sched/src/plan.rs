@@ -5,6 +5,7 @@
 
 use crate::attachment::Attachment;
 use crate::constraint::MaskTicket;
+use crate::kv_events::KvEventLog;
 
 /// Input token id meaning "the token this row sampled in the previous step"; the executor
 /// fills it from the sampled-token tensor it still holds on the device.
@@ -140,10 +141,13 @@ pub struct OutputEvent {
     /// The executor's attachment to the step result this event applies (log-probabilities,
     /// pooled vectors, an error), None for command events or when it gave none.
     pub step_attachment: Option<Attachment>,
+    /// Changes to the prefix cache since the previous event, when KV-cache events are on
+    /// and there were any (`kv_events.rs`).
+    pub kv_events: Option<KvEventLog>,
 }
 
 impl OutputEvent {
     pub fn is_empty(&self) -> bool {
-        self.seq_ids.is_empty() && self.finished_seq_ids.is_empty()
+        self.seq_ids.is_empty() && self.finished_seq_ids.is_empty() && self.kv_events.is_none()
     }
 }

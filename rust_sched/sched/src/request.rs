@@ -312,6 +312,12 @@ impl Sequence {
         self.tokens.extend_from_slice(&self.staged[..staged]);
     }
 
+    /// The token ids of full block `i` and the hash of the block before it, for a block
+    /// `update_hashes` has hashed (which moved its tokens in).
+    pub fn hashed_block(&self, i: usize, block_size: usize) -> (&[u32], Option<BlockHash>) {
+        (&self.tokens[i * block_size..(i + 1) * block_size], i.checked_sub(1).map(|p| self.hashes[p]))
+    }
+
     /// Every known token, in order.
     pub fn known_tokens(&mut self) -> &[u32] {
         self.flush_staged();

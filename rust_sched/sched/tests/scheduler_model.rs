@@ -103,6 +103,7 @@ fn config_strategy() -> impl Strategy<Value = SchedulerConfig> {
             max_model_len: mml,
             long_prefill_token_threshold: thr,
             enable_prefix_caching: caching,
+            enable_kv_events: false,
             policy: if prio { Policy::Priority } else { Policy::Fcfs },
             pipeline_depth: depth,
         })
@@ -1036,6 +1037,7 @@ fn tiny_pool_preempts_and_still_matches_reference() {
         max_model_len: 48,
         long_prefill_token_threshold: 5,
         enable_prefix_caching: true,
+        enable_kv_events: false,
         policy: Policy::Fcfs,
         pipeline_depth: 2,
     };

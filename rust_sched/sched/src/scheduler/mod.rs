@@ -50,8 +50,9 @@ struct InflightStep {
     /// they lose any prefix-cache identity and whoever reused them fails too.
     written: Vec<BlockId>,
     /// Blocks that became full and known in this plan, to make findable in the prefix
-    /// cache (in batches: see `flush_registrations`).
-    to_register: Vec<(BlockId, BlockHash)>,
+    /// cache (in batches: see `flush_registrations`), with the sequence and block index
+    /// they hold (read for KV-cache events).
+    to_register: Vec<(BlockId, BlockHash, SeqIndex, u32)>,
     /// Leading entries of `to_register` already handed to the block pool.
     num_flushed: usize,
     /// First samples whose prompt completes in this step (their siblings may start).
@@ -137,8 +138,12 @@ pub struct Scheduler {
 impl Scheduler {
     pub fn new(config: SchedulerConfig) -> SchedResult<Self> {
         config.validate()?;
+        let mut pool = BlockPool::new(config.num_blocks, config.block_size, config.enable_prefix_caching);
+        if config.enable_kv_events {
+            pool.record_events();
+        }
         Ok(Scheduler {
-            pool: BlockPool::new(config.num_blocks, config.block_size, config.enable_prefix_caching),
+            pool,
             rows: RowAllocator::new(config.max_num_seqs),
             config,
             seqs: Vec::new(),
@@ -328,6 +333,7 @@ impl Scheduler {
     pub fn take_output(&mut self, step_id: Option<u64>) -> OutputEvent {
         let mut ev = std::mem::take(&mut self.output);
         ev.step_id = step_id;
+        ev.kv_events = self.pool.take_events();
         ev
     }
 
@@ -504,7 +510,8 @@ impl Scheduler {
         }
         seq.update_hashes(bs);
         for i in seq.num_registered as usize..full {
-            pool.register(seq.blocks[i], seq.hashes[i]);
+            let (tokens, parent) = seq.hashed_block(i, bs);
+            pool.register(seq.blocks[i], seq.hashes[i], parent, tokens);
         }
         seq.num_registered = full as u32;
     }

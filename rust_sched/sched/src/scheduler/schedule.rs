@@ -63,8 +63,16 @@ impl Scheduler {
 
     /// Makes the blocks this step filled so far findable in the prefix cache.
     fn flush_registrations(&mut self, step: &mut InflightStep) {
-        for &(block, hash) in &step.to_register[step.num_flushed..] {
-            self.pool.register(block, hash);
+        let bs = self.config.block_size;
+        // The sequence is read only for a KV-cache event: with events off the loop stays
+        // a run of independent map inserts.
+        let recording = self.pool.records_events();
+        for &(block, hash, seq_index, i) in &step.to_register[step.num_flushed..] {
+            let (tokens, parent) = match &self.seqs[seq_index as usize] {
+                Some(seq) if recording => seq.hashed_block(i as usize, bs),
+                _ => (&[][..], None),
+            };
+            self.pool.register(block, hash, parent, tokens);
         }
         step.num_flushed = step.to_register.len();
     }
@@ -321,7 +329,12 @@ impl Scheduler {
                 for i in seq.num_registered as usize..full {
                     // Registered in batches (`flush_registrations`): a tight loop of
                     // independent map inserts lets the CPU overlap their cache misses.
-                    step.to_register.push((seq.block_at(i * bs, bs, num_blocks), seq.hashes[i]));
+                    step.to_register.push((
+                        seq.block_at(i * bs, bs, num_blocks),
+                        seq.hashes[i],
+                        seq_index,
+                        i as u32,
+                    ));
                 }
             }
             seq.num_registered = full as u32;
