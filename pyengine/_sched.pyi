@@ -31,6 +31,7 @@ __all__ = [
     "StepPlan",
     "THREAD_NAME",
     "__version__",
+    "block_hashes",
 ]
 
 __version__: Final[str]
@@ -60,6 +61,7 @@ class SchedulerConfig:
         max_model_len: int = 4096,
         long_prefill_token_threshold: int = 0,
         enable_prefix_caching: bool = True,
+        enable_kv_events: bool = False,
         policy: Literal["fcfs", "priority"] = "fcfs",
         pipeline_depth: int = 2,
     ) -> Self: ...
@@ -83,6 +85,9 @@ class SchedulerConfig:
         """Cap on prefill tokens one sequence may take per step; 0 = budget only."""
     @property
     def enable_prefix_caching(self) -> bool: ...
+    @property
+    def enable_kv_events(self) -> bool:
+        """Whether output events carry the prefix cache's changes (``kv_events``)."""
     @property
     def policy(self) -> Literal["fcfs", "priority"]:
         """``fcfs``: arrival order. ``priority``: lower value first, then arrival."""
@@ -260,6 +265,13 @@ class OutputEvent:
     def step_result(self) -> object:
         """The ``result`` the executor gave ``submit_result`` / ``fail_step`` for this step
         (None for command events or when it gave none)."""
+    @property
+    def kv_events(
+        self,
+    ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint32]] | None:
+        """The prefix cache's changes since the previous event, ``(kinds, hashes, parents,
+        tokens)``, when KV-cache events are on and there were any, else None
+        (``docs/kv_events.md``)."""
 
 @final
 class Scheduler:
@@ -323,6 +335,10 @@ cls, config: SchedulerConfig) -> Self: ...
         """The next output event; None if ``timeout`` seconds pass first."""
     def stats(self, timeout: float = 1.0) -> dict[str, int | float]:
         """Scheduler figures plus thread busy/idle seconds, queue depths, plan times."""
+    def cached_block_hashes(self, timeout: float = 1.0) -> list[int] | None:
+        """The published hashes of every block in the prefix cache, sorted: what a
+        KV-event subscriber that saw every event so far holds. None if the thread did not
+        answer within ``timeout`` seconds."""
     @property
     def is_alive(self) -> bool: ...
     @property
@@ -397,3 +413,7 @@ class GrammarMaskTicket:
         """Waits (GIL released) for ``(bits, compute_seconds)``: ``bits`` uint32 ``[M, words]``,
         bit ``t % 32`` of word ``t / 32`` allowing token t. Raises ``StepResultError`` if it
         does not come within ``timeout`` seconds, ``EngineDeadError`` if the scheduler stopped."""
+
+def block_hashes(token_ids: list[int], block_size: int, cache_salt: str | None = None) -> list[int]:
+    """The hashes KV-cache events publish for the full blocks of ``token_ids`` (the chain
+    ``docs/kv_events.md`` documents)."""

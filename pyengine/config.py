@@ -11,10 +11,13 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 from pyengine._sched import SchedulerConfig
 from pyengine.errors import InvalidConfigError
+
+if TYPE_CHECKING:
+    from pyengine.kv_events.config import KVEventsConfig
 from pyengine.executor.config import ExecutorConfig, check_executor_settings
 from pyengine.models.dtypes import normalize_dtype
 from pyengine.speculative_config import SpeculativeConfig
@@ -68,6 +71,9 @@ class EngineConfig:
       and logits gather go through a shared-memory segment of the host's ranks instead
       of gloo's loopback TCP (docs/tensor_parallel.md); True sends them through
       ``torch.distributed`` (vLLM's name for the same switch).
+    - ``kv_events_config``: KV-cache events for prefix-aware routers, vLLM's
+      ``KVEventsConfig`` as a JSON object or dict (``{"enable_kv_cache_events": true,
+      "endpoint": "tcp://*:5557", ...}``; docs/kv_events.md). Off by default: no socket.
 
     Arguments vLLM takes, accepted here with the same meaning (or none, said so):
 
@@ -138,6 +144,7 @@ class EngineConfig:
     logits_processors: tuple[Any, ...] = ()
     quantization: Optional[str] = None
     speculative_config: Optional[SpeculativeConfig] = None
+    kv_events_config: Optional[Union[str, dict[str, Any]]] = None
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, requirement: str) -> None:
@@ -150,6 +157,14 @@ class EngineConfig:
 
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         check_executor_settings(self)
+        from pyengine.kv_events.config import parse_kv_events_config
+
+        kv_events = parse_kv_events_config(self.kv_events_config)
+        # Kept as the checked, complete dict: plain data that crosses to a core process as JSON.
+        object.__setattr__(self, "kv_events_config", None if kv_events is None else dataclasses.asdict(kv_events))
+        if kv_events is not None and kv_events.enable_kv_cache_events and not self.enable_prefix_caching:
+            raise InvalidConfigError("kv_events_config: 'enable_kv_cache_events' needs enable_prefix_caching "
+                                     "(the events describe the prefix cache), got enable_prefix_caching=False")
         need(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold", "must be >= 0")
         need(self.pipeline_depth in (1, 2), "pipeline_depth", "must be 1 or 2")
         need(isinstance(self.data_parallel_size, int) and self.data_parallel_size >= 1, "data_parallel_size",
@@ -192,6 +207,13 @@ class EngineConfig:
                     "pyengine loads local Hugging Face checkpoint folders and GGUF files (*.gguf)"
                 )
 
+    @property
+    def kv_events(self) -> Optional[KVEventsConfig]:
+        """``kv_events_config`` as its dataclass (None when not given)."""
+        from pyengine.kv_events.config import KVEventsConfig
+
+        return None if self.kv_events_config is None else KVEventsConfig(**self.kv_events_config)
+
     def executor_config(self) -> ExecutorConfig:
         """The executor's settings: every ExecutorConfig field, taken by name from here."""
         return ExecutorConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ExecutorConfig)})
@@ -207,6 +229,7 @@ class EngineConfig:
             max_model_len=max_model_len,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             enable_prefix_caching=self.enable_prefix_caching,
+            enable_kv_events=self.kv_events is not None and self.kv_events.active,
             policy=self.scheduling_policy,
             pipeline_depth=self.pipeline_depth,
             **_speculative_fields(self.speculative_config),

@@ -28,6 +28,8 @@ _HELP = {
                     "(group 128), weight-only, CPU",
     "speculative_config": "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", "
                           "\"num_speculative_tokens\": 4}' (docs/speculative_decoding.md)",
+    "kv_events_config": "KV-cache events for prefix-aware routers, vLLM's JSON: '{\"enable_kv_cache_events\": "
+                        "true, \"endpoint\": \"tcp://*:5557\"}' (docs/kv_events.md)",
 }
 _TYPES = {"int": int, "float": float, "str": str, "Optional[int]": int, "Optional[float]": float}
 

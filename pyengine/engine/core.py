@@ -18,7 +18,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from pyengine._kernels import release_openmp_workers
 from pyengine._sched import THREAD_NAME as SCHED_THREAD_NAME
@@ -46,6 +46,9 @@ from pyengine.outputs import EngineStats, ThreadStack
 from pyengine.sampling_params import PoolingParams, SamplingParams, sample_params
 from pyengine.text import DecodeTable, TextStream, TokenPieces
 from pyengine.text.encode import encode_ids
+
+if TYPE_CHECKING:
+    from pyengine.kv_events.publisher import KvEventPublisher
 
 logger = logging.getLogger(__name__)
 
@@ -79,9 +82,11 @@ class EngineCore:
     ``config.model``."""
 
     def __init__(self, config: EngineConfig, runner: Optional[Any] = None,
-                 after_event: Callable[[], None] = lambda: None) -> None:
+                 after_event: Callable[[], None] = lambda: None, data_parallel_rank: int = 0) -> None:
         """``after_event`` runs on the output thread after each step's outputs went to
-        their sinks (an engine-core process sends them then, as one message)."""
+        their sinks (an engine-core process sends them then, as one message).
+        ``data_parallel_rank``: this core's index among a front end's cores (its KV-event
+        endpoints are offset by it, and its batches carry it)."""
         if config.data_parallel_size != 1:
             raise InvalidConfigError(
                 f"data_parallel_size = {config.data_parallel_size} runs one engine core per process: use "
@@ -92,6 +97,7 @@ class EngineCore:
         self.processor_classes = [resolve_processor(spec) for spec in config.logits_processors]
         self.model_path = resolve_model_path(config) if runner is None else Path("<synthetic>")
         self.runner = runner or _load_runner(self.model_path, config)
+        self.kv_publisher: Optional["KvEventPublisher"] = None
         try:  # whatever fails from here, the runner (tensor-parallel workers, shm) is closed
             model_config = getattr(self.runner.loaded, "config", None)
             self.vocab_size: Optional[int] = getattr(model_config, "vocab_size", None)
@@ -116,10 +122,19 @@ class EngineCore:
             self.executor = ExecutorLoop(self.runner, self.sched, lambda: len(self.requests) > 0)
             # A token's text on its own (``Logprob.decoded_token``); None without a tokenizer.
             self.token_pieces = TokenPieces(self.tokenizer) if self.tokenizer is not None else None
-            self.output = OutputLoop(self.sched, self.requests, lambda: self.executor.fatal, after_event)
+            kv_events = config.kv_events
+            if kv_events is not None and kv_events.active:
+                from pyengine.kv_events.publisher import KvEventPublisher  # zmq: only when asked for
+
+                medium = "GPU" if str(config.device).startswith("cuda") else "CPU"
+                self.kv_publisher = KvEventPublisher(kv_events, self.block_size, medium, data_parallel_rank)
+            self.output = OutputLoop(self.sched, self.requests, lambda: self.executor.fatal, after_event,
+                                     self.kv_publisher)
             self._exec_thread = threading.Thread(target=self.executor.run, name=EXEC_THREAD_NAME, daemon=True)
             self._output_thread = threading.Thread(target=self.output.run, name=OUTPUT_THREAD_NAME, daemon=True)
         except BaseException:
+            if self.kv_publisher is not None:
+                self.kv_publisher.close()
             close_runner = getattr(self.runner, "close", None)
             if close_runner is not None:
                 close_runner()
@@ -362,6 +377,8 @@ class EngineCore:
             for t in (self._exec_thread, self._output_thread):
                 t.join(timeout=max(0.0, deadline - time.monotonic()))
         stuck = [t.name for t in (self._exec_thread, self._output_thread) if t.is_alive()]
+        if self.kv_publisher is not None and not self._output_thread.is_alive():
+            self.kv_publisher.close(timeout=max(0.5, deadline - time.monotonic()))
         close_runner = getattr(self.runner, "close", None)  # tensor-parallel workers: stopped and reaped
         if close_runner is not None:
             close_runner(timeout=max(1.0, deadline - time.monotonic()))

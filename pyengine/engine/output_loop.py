@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from pyengine._sched import FINISH_REASONS, SchedulerThread
 from pyengine.engine.clock import ThreadClock
@@ -24,6 +24,9 @@ from pyengine.engine.step_result import StepResult
 from pyengine.engine.thread_names import name_current_thread
 from pyengine.errors import EngineDeadError, EngineError
 from pyengine.sampling_params import PoolingParams
+
+if TYPE_CHECKING:
+    from pyengine.kv_events.publisher import KvEventPublisher
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +42,11 @@ class OutputLoop:
         requests: RequestTable,
         executor_fatal: Callable[[], Optional[BaseException]],
         after_event: Callable[[], None] = lambda: None,
+        kv_events: Optional[KvEventPublisher] = None,
     ) -> None:
         self.sched = sched
+        # Where the events' prefix-cache changes go (docs/kv_events.md); None: they are off.
+        self.kv_events = kv_events
         # Called once per event, after every sink got its outputs (and after the final
         # fail-all): an engine core in its own process sends the step's outputs as one
         # message then, rather than one message per request.
@@ -88,6 +94,8 @@ class OutputLoop:
         touched: dict[str, RequestState] = {}
         result: Optional[StepResult] = event.step_result
         self.requests.settle_adds()
+        if self.kv_events is not None and event.kv_events is not None:
+            self.kv_events.publish(event.kv_events)  # queued, never waited for
         try:
             if result is not None and len(result.new_seq_ids):
                 self._mark_scheduled(result)

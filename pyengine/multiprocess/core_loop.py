@@ -251,7 +251,8 @@ class CoreMainLoop:
             try:
                 from pyengine.engine.core import EngineCore
 
-                self.engine_core = EngineCore(self.config, after_event=self.outbox.flush)
+                self.engine_core = EngineCore(self.config, after_event=self.outbox.flush,
+                                              data_parallel_rank=self.engine_index)
             except BaseException as error:  # noqa: BLE001 - reported to the front end, which exits with it
                 # Always on the core's stderr too: the LoadFailed can still be lost (a front end
                 # that died meanwhile), and a bug's traceback is what a report needs.

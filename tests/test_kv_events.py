@@ -1,0 +1,366 @@
+"""KV-cache events (docs/kv_events.md): a subscriber of our own, written the way vLLM's
+example subscriber declares the messages, replays what the engine publishes and must hold
+exactly the scheduler's cached-block set after a run with evictions and preemptions; a
+late subscriber gets the same set from the replay socket. Loopback only (ipc:// in a
+temporary folder), bounded waits, every socket closed."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import struct
+import time
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import msgspec
+import numpy as np
+import pytest
+import zmq
+
+from pyengine import LLM, EngineConfig, SamplingParams
+from pyengine._sched import block_hashes
+from pyengine.errors import InvalidConfigError
+from pyengine.kv_events.config import KVEventsConfig, offset_endpoint, parse_kv_events_config
+from pyengine.kv_events.publisher import KvEventPublisher
+
+WAIT_S = 30.0
+
+
+# A subscriber's own declarations of vLLM's messages (array-like, tagged by class name):
+# no import from pyengine, so these check the wire, not our Structs against themselves.
+class _Batch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Any]
+    data_parallel_rank: Optional[int] = None
+
+
+class _Event(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class BlockStored(_Event):
+    block_hashes: list[int]
+    parent_block_hash: Optional[int]
+    token_ids: list[int]
+    block_size: int
+    lora_id: Optional[int]
+    medium: Optional[str]
+
+
+class BlockRemoved(_Event):
+    block_hashes: list[int]
+    medium: Optional[str]
+
+
+class AllBlocksCleared(_Event):
+    pass
+
+
+class KVEventBatch(_Batch):
+    events: list[Union[BlockStored, BlockRemoved, AllBlocksCleared]]
+
+
+DECODER = msgspec.msgpack.Decoder(type=KVEventBatch)
+
+
+class Subscriber:
+    """SUB on the events, DEALER on the replay socket; batches kept by sequence number."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: Optional[str], replay: Optional[str], topic: bytes) -> None:
+        self.batches: dict[int, KVEventBatch] = {}
+        self.sub = ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.SUBSCRIBE, topic)
+        if endpoint is not None:
+            self.sub.connect(endpoint)
+        self.replay = ctx.socket(zmq.DEALER)
+        self.replay.setsockopt(zmq.LINGER, 0)
+        if replay is not None:
+            self.replay.connect(replay)
+
+    def close(self) -> None:
+        self.sub.close(linger=0)
+        self.replay.close(linger=0)
+
+    def drain(self, timeout_ms: int = 200) -> None:
+        while self.sub.poll(timeout_ms):
+            _, seq, payload = self.sub.recv_multipart()
+            self.batches[int.from_bytes(seq, "big")] = DECODER.decode(payload)
+
+    def ask_replay(self, start: int) -> None:
+        self.replay.send_multipart([b"", start.to_bytes(8, "big")])
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            assert self.replay.poll(int(WAIT_S * 1000)), "no answer from the replay socket"
+            empty, seq, payload = self.replay.recv_multipart()
+            assert empty == b""
+            if int.from_bytes(seq, "big", signed=True) == -1:
+                assert payload == b""
+                return
+            self.batches[int.from_bytes(seq, "big")] = DECODER.decode(payload)
+        raise AssertionError("the replay did not end")
+
+    def cached(self) -> set[int]:
+        assert sorted(self.batches) == list(range(len(self.batches))), "a gap in the sequence numbers"
+        held: set[int] = set()
+        for seq in sorted(self.batches):
+            for ev in self.batches[seq].events:
+                if isinstance(ev, BlockStored):
+                    assert not held & set(ev.block_hashes), "a block stored twice"
+                    held.update(ev.block_hashes)
+                elif isinstance(ev, BlockRemoved):
+                    assert set(ev.block_hashes) <= held, "a block removed that was never stored"
+                    held.difference_update(ev.block_hashes)
+                else:
+                    held.clear()
+        return held
+
+
+def wait_published(pub: KvEventPublisher, n: int) -> None:
+    """Until the publisher thread has sent ``n`` batches (bounded)."""
+    deadline = time.monotonic() + WAIT_S
+    while pub.published < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pub.published >= n, f"{pub.published} of {n} batches sent within {WAIT_S}s"
+
+
+def stored_ever(batches: dict[int, KVEventBatch]) -> list[BlockStored]:
+    return [ev for b in batches.values() for ev in b.events if isinstance(ev, BlockStored)]
+
+
+# ---- configuration ----
+
+@pytest.mark.parametrize("value, words", [
+    ('{"enable_kv_cache_events": true, "endpont": "tcp://*:5557"}', ["unknown key 'endpont'"]),
+    ('{"enable_kv_cache_events": "yes"}', ["'enable_kv_cache_events'", "true or false"]),
+    ('{"publisher": "kafka"}', ["'publisher'", "'zmq' or 'null'"]),
+    ('{"endpoint": "localhost:5557"}', ["'endpoint'", "tcp://"]),
+    ('{"replay_endpoint": "tcp://*"}', ["'replay_endpoint'", "port"]),
+    ('{"buffer_steps": 0}', ["'buffer_steps'", ">= 1"]),
+    ('{"max_queue_size": -1}', ["'max_queue_size'"]),
+    ('{"hwm": "lots"}', ["'hwm'"]),
+    ('{"enable_kv_cache_events": true,', ["not valid JSON"]),
+    ('[1, 2]', ["JSON object"]),
+])
+def test_bad_config_is_an_error_naming_the_key(value, words):
+    with pytest.raises(InvalidConfigError) as e:
+        EngineConfig(kv_events_config=value)
+    assert "kv_events_config" in str(e.value)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_config_defaults_are_vllms_and_need_the_prefix_cache():
+    c = parse_kv_events_config('{"enable_kv_cache_events": true}')
+    assert c == KVEventsConfig(True, "zmq", "tcp://*:5557", None, 10_000, 100_000, 100_000, "")
+    assert c.active
+    assert not parse_kv_events_config({"enable_kv_cache_events": True, "publisher": "null"}).active
+    assert parse_kv_events_config({}).publisher == "null"
+    with pytest.raises(InvalidConfigError, match="enable_prefix_caching"):
+        EngineConfig(kv_events_config={"enable_kv_cache_events": True}, enable_prefix_caching=False)
+    # Plain data: the checked dict, which crosses to a core process as JSON.
+    config = EngineConfig(kv_events_config='{"enable_kv_cache_events": true, "topic": "kv"}')
+    assert config.kv_events_config["topic"] == "kv" and config.kv_events == parse_kv_events_config(
+        config.kv_events_config)
+
+
+def test_the_flag_is_vllms_spelling():
+    import argparse
+
+    from pyengine.cli.engine_flags import add_engine_flags, engine_kwargs
+
+    parser = argparse.ArgumentParser()
+    names = add_engine_flags(parser)
+    ns = parser.parse_args(["--kv-events-config", '{"enable_kv_cache_events": true}'])
+    assert engine_kwargs(ns, names) == {"kv_events_config": '{"enable_kv_cache_events": true}'}
+
+
+def test_endpoints_are_offset_by_the_data_parallel_rank_as_vllm_does():
+    assert offset_endpoint("tcp://*:5557", 0) == "tcp://*:5557"
+    assert offset_endpoint("tcp://*:5557", 2) == "tcp://*:5559"
+    assert offset_endpoint("inproc://kv", 1) == "inproc://kv_dp1"
+    assert offset_endpoint(None, 3) is None
+
+
+# ---- hashes ----
+
+def test_published_hashes_follow_the_documented_chain():
+    """The algorithm of docs/kv_events.md, computed here with the system's libxxhash
+    (an implementation independent of ours): XXH3-128 over a tag byte, the parent's 16
+    bytes (or the salt), the token ids as u32 little-endian; the low 64 bits published."""
+    path = ctypes.util.find_library("xxhash")
+    if path is None:
+        pytest.skip("libxxhash is not installed (Debian: libxxhash0)")
+    lib = ctypes.CDLL(path)
+
+    class Hash128(ctypes.Structure):
+        _fields_ = [("low64", ctypes.c_uint64), ("high64", ctypes.c_uint64)]
+
+    lib.XXH3_128bits.restype = Hash128
+    lib.XXH3_128bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+
+    def xxh3_128(data: bytes) -> int:
+        h = lib.XXH3_128bits(data, len(data))
+        return (h.high64 << 64) | h.low64
+
+    def chain(tokens: list[int], bs: int, salt: Optional[str]) -> list[int]:
+        out, parent = [], None
+        for i in range(len(tokens) // bs):
+            ids = struct.pack(f"<{bs}I", *tokens[i * bs:(i + 1) * bs])
+            if parent is None:
+                head = b"\x00" + (struct.pack("<Q", len(salt.encode())) + salt.encode() if salt else b"")
+            else:
+                head = b"\x01" + parent.to_bytes(16, "little")
+            parent = xxh3_128(head + ids)
+            out.append(parent & (2**64 - 1))
+        return out
+
+    tokens = [5, 900, 17, 3, 3, 3, 41, 8, 1, 2, 7]
+    for salt in (None, "tenant-a"):
+        assert block_hashes(tokens, 4, salt) == chain(tokens, 4, salt)
+    assert block_hashes(tokens, 4)[0] != block_hashes(tokens, 4, "tenant-a")[0]
+
+
+# ---- the publisher alone ----
+
+def _log(kinds, hashes, parents, tokens):
+    return (np.array(kinds, np.uint8), np.array(hashes, np.uint64), np.array(parents, np.uint64),
+            np.array(tokens, np.uint32))
+
+
+def test_publisher_batches_chains_carries_its_rank_and_closes(tmp_path):
+    ctx = zmq.Context()
+    base = f"ipc://{tmp_path}/ev"
+    sub = Subscriber(ctx, offset_endpoint(base, 1), offset_endpoint(f"ipc://{tmp_path}/rp", 1), b"")
+    pub = KvEventPublisher(parse_kv_events_config({"enable_kv_cache_events": True, "endpoint": base,
+                                                   "replay_endpoint": f"ipc://{tmp_path}/rp"}),
+                           block_size=2, medium="CPU", data_parallel_rank=1)
+    try:
+        assert pub.endpoint == f"{base}_dp1"
+        # root 10, child 11 of 10, child 12 of 11; an unrelated child 20 of 99; two removals; a clear.
+        pub.publish(_log([0, 1, 1, 1, 2, 2, 3], [10, 11, 12, 20, 11, 12, 0], [0, 10, 11, 99, 0, 0, 0],
+                         [1, 2, 3, 4, 5, 6, 7, 8]))
+        wait_published(pub, 1)
+        sub.ask_replay(0)  # the slow-joiner-proof way to read batch 0
+        batch = sub.batches[0]
+        assert batch.data_parallel_rank == 1
+        assert batch.events == [
+            BlockStored([10, 11, 12], None, [1, 2, 3, 4, 5, 6], 2, None, "CPU"),
+            BlockStored([20], 99, [7, 8], 2, None, "CPU"),
+            BlockRemoved([11, 12], "CPU"),
+            AllBlocksCleared(),
+        ]
+    finally:
+        pub.close()
+        sub.close()
+        ctx.term()
+    assert pub._sockets == [] and not pub._thread.is_alive()
+
+
+def test_a_full_queue_drops_and_counts_and_leaves_a_gap(tmp_path):
+    ctx = zmq.Context()
+    replay = f"ipc://{tmp_path}/rp"
+    sub = Subscriber(ctx, None, replay, b"")
+    pub = KvEventPublisher(parse_kv_events_config({"enable_kv_cache_events": True, "endpoint": f"ipc://{tmp_path}/ev",
+                                                   "replay_endpoint": replay, "max_queue_size": 1}),
+                           block_size=1, medium="CPU")
+    release = __import__("threading").Event()
+    send = pub._send_queued
+    pub._send_queued = lambda enc: (release.wait(WAIT_S), send(enc))  # a stalled publisher thread
+    try:
+        for h in (1, 2, 3):
+            pub.publish(_log([0], [h], [0], [h]))  # returns at once although nothing is sent
+        assert pub.dropped == 2
+        release.set()
+        wait_published(pub, 1)  # the queue has room again
+        pub.publish(_log([2], [1], [0], []))  # seq 3
+        wait_published(pub, 2)
+        sub.ask_replay(0)
+        assert sorted(sub.batches) == [0, 3], "batches 1 and 2 were dropped: a visible gap"
+    finally:
+        release.set()
+        pub.close()
+        sub.close()
+        ctx.term()
+
+
+# ---- the engine ----
+
+def _prompts() -> list[list[int]]:
+    """Three shared stems (prefix hits) with distinct tails; enough blocks to evict."""
+    stems = [[(t * 7 + s) % 200 + 3 for t in range(16)] for s in range(3)]
+    return [stems[i % 3] + [300 + i * 5 + t for t in range(4 + i % 7)] for i in range(18)]
+
+
+def test_a_subscriber_ends_with_the_engines_cached_blocks(tmp_path):
+    endpoint, replay = f"ipc://{tmp_path}/kv-events", f"ipc://{tmp_path}/kv-replay"
+    ctx = zmq.Context()
+    live = Subscriber(ctx, endpoint, replay, b"kv")
+    late = None
+    config = {"enable_kv_cache_events": True, "endpoint": endpoint, "replay_endpoint": replay, "topic": "kv"}
+    try:
+        with LLM(num_kv_blocks=14, block_size=4, max_num_seqs=4, max_num_batched_tokens=32,
+                 kv_events_config=config) as llm:
+            core = llm.engine_core
+            params = SamplingParams(max_tokens=12, ignore_eos=True)
+            llm.generate(_prompts(), params, use_tqdm=False)
+            stats = core.stats()
+            assert stats.preemptions > 0, "the run must preempt"
+            expected = set(core.sched.cached_block_hashes())
+            last = core.kv_publisher._next_seq - 1
+            # Every batch queued so far is sent (bounded wait), then the live subscriber
+            # reads what reached it and asks the replay socket for anything it missed (the
+            # first batches can go out before its subscription reached the PUB socket).
+            wait_published(core.kv_publisher, last + 1)
+            live.drain()
+            missing = [s for s in range(last + 1) if s not in live.batches]
+            if missing:
+                live.ask_replay(missing[0])
+            assert sorted(live.batches) == list(range(last + 1))
+            assert core.kv_publisher.dropped == 0
+            assert live.cached() == expected and expected
+            removed = [ev for b in live.batches.values() for ev in b.events if isinstance(ev, BlockRemoved)]
+            assert removed, "the run must evict cached blocks"
+            # Each prompt's full blocks were stored under the hashes anyone can compute.
+            ever = {h for ev in stored_ever(live.batches) for h in ev.block_hashes}
+            for p in _prompts():
+                assert set(block_hashes(p, 4)) <= ever
+            for ev in stored_ever(live.batches):
+                assert len(ev.token_ids) == 4 * len(ev.block_hashes) and ev.block_size == 4
+                if ev.parent_block_hash is None:
+                    assert block_hashes(ev.token_ids, 4)[:len(ev.block_hashes)] == ev.block_hashes
+            # A subscriber that comes late asks for everything from 0.
+            late = Subscriber(ctx, None, replay, b"kv")
+            late.ask_replay(0)
+            assert late.cached() == expected
+            assert sorted(late.batches) == list(range(last + 1))
+    finally:
+        live.close()
+        if late is not None:
+            late.close()
+        ctx.term()
+
+
+def _open_sockets() -> int:
+    fds = Path("/proc/self/fd")
+    count = 0
+    for fd in fds.iterdir():
+        try:
+            count += os.readlink(fd).startswith("socket:")
+        except OSError:  # closed meanwhile
+            continue
+    return count
+
+
+def test_off_by_default_no_publisher_no_recording():
+    sockets = _open_sockets()
+    with LLM(num_kv_blocks=8, block_size=4, max_num_seqs=2, max_num_batched_tokens=32) as llm:
+        assert _open_sockets() == sockets, "no socket opened"
+        core = llm.engine_core
+        assert core.kv_publisher is None
+        assert core.output.kv_events is None
+        assert core.sched.config.enable_kv_events is False
+        llm.generate([list(range(3, 20))], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
+        assert core.sched.cached_block_hashes(), "the prefix cache works; only its events are off"
