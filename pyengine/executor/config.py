@@ -39,6 +39,9 @@ class ExecutorConfig:
       weights at load (weight-only; docs/quantization.md).
     - ``logits_processors``: custom ``LogitsProcessor`` classes (or qualified names) run
       after the built-in ones, on tensor-parallel rank 0 (docs/logits_processors.md).
+    - ``speculative_config``: speculative decoding's settings (a ``SpeculativeConfig`` or
+      its dict); the executor loads a draft model for method "draft_model"
+      (docs/speculative_decoding.md).
     """
 
     dtype: str = "auto"
@@ -56,8 +59,12 @@ class ExecutorConfig:
     max_logprobs: int = 20
     logits_processors: tuple[Any, ...] = ()
     quantization: Optional[str] = None
+    speculative_config: Optional[Any] = None
 
     def __post_init__(self) -> None:
+        from pyengine.speculative_config import SpeculativeConfig
+
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.from_value(self.speculative_config))
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         object.__setattr__(self, "logits_processors", tuple(self.logits_processors or ()))
         check_executor_settings(self)

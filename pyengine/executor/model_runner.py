@@ -25,6 +25,7 @@ from pyengine.executor.attention.selector import (
     select_latent_attention_backend,
 )
 from pyengine.executor.config import ExecutorConfig
+from pyengine.executor.draft_proposer import DraftProposer
 from pyengine.executor.grammar_mask import GrammarMaskApplier
 from pyengine.executor.kv_cache import KVCacheShape, PagedKVCache
 from pyengine.executor.latent_kv_cache import LatentKVCache, LatentKVCacheShape
@@ -120,6 +121,10 @@ class ModelRunner:
         self.sampler = Sampler(self.batch.sampling, self.generator)
         self.verifier = SpecVerifier(self.batch.sampling, self.generator)
         self.prompt_logprobs = PromptLogprobsTable(config.max_num_seqs, model_config.vocab_size)
+        self.proposer: Optional[DraftProposer] = None  # speculative_config's draft model
+        spec = config.speculative_config
+        if spec is not None and spec.method == "draft_model":
+            self.proposer = DraftProposer.load(spec, loaded, config, num_blocks, self.block_size, self.max_model_len)
         self.grammar_masks = GrammarMaskApplier(self.device)
 
     @classmethod
@@ -195,6 +200,9 @@ class ModelRunner:
             if result.logprobs is not None:
                 output.sampled_seq_ids = self.batch.seq_ids[plan.sample_rows]
             output.logits = logits if return_logits else None
+        if self.proposer is not None:  # the draft model: next step's drafts
+            self.proposer.mirror(input_ids, positions, layout)
+            output.next_drafts = self.proposer.propose_after(plan, output, self.batch.block_table)
         if len(plan.pool_indices):
             output.pooled = self._pool(plan, hidden)
             output.pooled_seq_ids = self.batch.seq_ids[plan.rows[plan.pool_indices]]

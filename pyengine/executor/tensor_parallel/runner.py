@@ -539,7 +539,7 @@ def _spawn(
         "reply_fd": reply_write,
         "rendezvous": {**asdict(rendezvous), "rank": rank, "local_rank": rank},
         # Workers never sample, so they take no logits processors (classes do not cross).
-        "executor_config": asdict(replace(config, logits_processors=())),
+        "executor_config": asdict(replace(config, logits_processors=(), speculative_config=None)),
         "capacity": asdict(capacity),
         "segment": segment,
         "collectives": None if local is None else {"name": local.name, "slot_bytes": local.slot_bytes},
