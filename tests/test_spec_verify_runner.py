@@ -164,3 +164,33 @@ def test_a_plan_whose_drafts_disagree_with_its_entries_is_refused(checkpoint):
     plan.num_draft_tokens = np.array([3], dtype=np.int32)
     with pytest.raises(DraftPlanError):
         runner.execute(plan)
+
+
+def test_a_sequence_whose_verification_fails_fails_alone(checkpoint):
+    """The batched verdict raises; redone sequence by sequence, only the guilty one is
+    reported and the others keep their exact tokens."""
+    prompts = [_prompt(80 + i, 10 + i) for i in range(3)]
+    params = [PARAMS["greedy"]] * 3
+    reference, _ = _reference(checkpoint, prompts, params)
+    runner, planner = _runner(checkpoint), HandPlanner(num_blocks=128, max_rows=8)
+    ids = [planner.add(p, q) for p, q in zip(prompts, params)]
+    plan = planner.next_plan()
+    planner.record(plan, runner.execute(plan).sampled_token_ids)
+    guilty_row = planner._sequences[ids[1]].row
+    verify = runner.verifier.verify
+
+    def failing(logits, layout, entry_rows, *args, **kwargs):
+        if guilty_row in entry_rows.tolist():
+            raise RuntimeError("injected verification failure")
+        return verify(logits, layout, entry_rows, *args, **kwargs)
+
+    runner.verifier.verify = failing
+    drafts = {seq_id: reference[i][1:1 + K] for i, seq_id in enumerate(ids)}
+    plan = planner.next_plan(drafts=drafts)
+    out = runner.execute(plan)
+    assert set(out.row_errors) == {ids[1]}
+    assert "injected verification failure" in out.row_errors[ids[1]]
+    assert out.num_accepted.tolist() == [K, 0, K]
+    planner.record(plan, out.sampled_token_ids, out.num_accepted)
+    for i in (0, 2):
+        assert planner.output_tokens(ids[i]) == reference[i][:K + 2]
