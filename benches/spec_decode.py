@@ -24,7 +24,12 @@ time per step, and a verification step's time relative to a plain decode step. T
 runs of a pair alternate step by step (the machine is shared); outputs are checked
 identical to decoding without speculation.
 
-Usage: python benches/spec_decode.py [--json] [--tokens N] [--k K] [--batches 1,16]
+``--engine`` measures the whole engine instead (``LLM.generate`` with and without
+``speculative_config``, the scheduler proposing "ngram" / "suffix" drafts off the GIL),
+each pair of engines alive together and their runs alternated; step time, mean accepted
+length and proposer time come from ``llm.stats()``.
+
+Usage: python benches/spec_decode.py [--json] [--engine] [--tokens N] [--k K] [--batches 1,16]
 """
 
 from __future__ import annotations
@@ -159,6 +164,69 @@ def side_by_side(make_runner, prompts: list[list[int]], tokens: int, k: int, loo
     return off.report(), spec.report()
 
 
+def runner_factory(folder: Path, batch: int):
+    return lambda: ModelRunner.from_pretrained(folder, ExecutorConfig(
+        dtype="float32", max_num_seqs=batch, max_model_len=1024, block_size=BLOCK_SIZE,
+        num_kv_blocks=batch * 1024 // BLOCK_SIZE, attention_backend="sdpa"))
+
+
+def engine_pair(folder: Path, method: str, prompts: list[list[int]], tokens: int, k: int,
+                lookup: tuple[int, int], repeats: int) -> dict:
+    """Plain and speculative ``LLM`` engines on the same prompts, runs alternated."""
+    from pyengine import LLM
+
+    spec: dict = {"method": method, "num_speculative_tokens": k}
+    if method == "ngram":
+        spec.update(prompt_lookup_min=lookup[0], prompt_lookup_max=lookup[1])
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    common = dict(max_num_seqs=max(16, len(prompts)), max_model_len=1024, dtype="float32")
+    times: dict[str, list[float]] = {"off": [], "spec": []}
+    outputs: dict[str, list] = {}
+    with LLM(str(folder), **common) as off, LLM(str(folder), speculative_config=spec, **common) as on:
+        for _ in range(repeats + 1):  # the first pair warms up
+            for name, llm in (("off", off), ("spec", on)):
+                start = time.perf_counter()
+                outs = llm.generate(prompts, params, use_tqdm=False)
+                times[name].append(time.perf_counter() - start)
+                outputs[name] = [list(o.outputs[0].token_ids) for o in outs]
+        off_stats, spec_stats = off.stats(), on.stats()
+    sched = spec_stats.scheduler
+    drafts = sched.get("spec_drafts", 0)
+    generated = tokens * len(prompts)
+    off_rate = generated / statistics.median(times["off"][1:])
+    spec_rate = generated / statistics.median(times["spec"][1:])
+    return {
+        "identical_outputs": outputs["off"] == outputs["spec"],
+        "off_tokens_per_s": round(off_rate, 1), "spec_tokens_per_s": round(spec_rate, 1),
+        "speedup": round(spec_rate / off_rate, 3),
+        "mean_accepted_length": round(1 + sched.get("spec_accepted_tokens", 0) / drafts, 3) if drafts else None,
+        "proposer_ms_per_step": round(1e3 * sched.get("spec_propose_seconds", 0.0) / max(1, spec_stats.steps), 4),
+        "plain_step_ms": round(off_stats.step_time_mean_ms, 3), "verify_step_ms": round(spec_stats.step_time_mean_ms, 3),
+        "verify_vs_plain_step": round(spec_stats.step_time_mean_ms / off_stats.step_time_mean_ms, 3),
+        "disabled_sequences": sched.get("spec_disabled_sequences", 0),
+    }
+
+
+def main_engine(args, folder: Path, batches: list[int], lookup: tuple[int, int]) -> int:
+    results = []
+    for workload in ("repeat", "random"):
+        for batch in batches:
+            prompts = prompts_for(workload, batch, runner_factory(folder, batch), args.tokens)
+            for method in ("ngram", "suffix"):
+                row = {"workload": workload, "batch": batch, "method": method, "k": args.k,
+                       **engine_pair(folder, method, prompts, args.tokens, args.k, lookup, args.repeats)}
+                results.append(row)
+                if not args.json:
+                    print(" ".join(f"{key}={value}" for key, value in row.items()), flush=True)
+    report = {"bench": "spec_decode", "level": "engine (LLM.generate, the scheduler proposing)",
+              "model": "bench_model (Qwen3-shaped, hidden 256, 4 layers, vocab 4096, random weights, float32)",
+              "decode_tokens_per_seq": args.tokens, "repeats": args.repeats,
+              "note": "shared, noisy machine: ratios of runs made side by side", "results": results}
+    if args.json:
+        print(json.dumps(report, indent=2))
+    return 0 if all(r["identical_outputs"] for r in results) else 1
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true")
@@ -167,17 +235,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--lookup", default="2,4", help="prompt_lookup_min,prompt_lookup_max")
     parser.add_argument("--batches", default="1,16")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--engine", action="store_true", help="the whole engine, the scheduler proposing")
+    parser.add_argument("--repeats", type=int, default=3, help="--engine: timed runs per engine")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     low, high = (int(x) for x in args.lookup.split(","))
     folder = bench_checkpoint(Path(tempfile.mkdtemp(prefix="spec-bench-")))
     batches = [int(b) for b in args.batches.split(",")]
+    if args.engine:
+        from pyengine.errors import InvalidConfigError
+
+        try:
+            return main_engine(args, folder, batches, (low, high))
+        except InvalidConfigError as error:  # a build whose scheduler plans no drafts
+            print(f"spec_decode --engine: {error}", file=sys.stderr)
+            return 2
 
     def factory(batch: int):
-        return lambda: ModelRunner.from_pretrained(folder, ExecutorConfig(
-            dtype="float32", max_num_seqs=batch, max_model_len=1024, block_size=BLOCK_SIZE,
-            num_kv_blocks=batch * 1024 // BLOCK_SIZE, attention_backend="sdpa"))
+        return runner_factory(folder, batch)
 
     results = []
     for workload, method in (("repeat", "ngram"), ("random", "ngram"), ("random", "oracle")):
