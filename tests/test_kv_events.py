@@ -20,7 +20,7 @@ import zmq
 
 from pyengine import LLM, EngineConfig, SamplingParams
 from pyengine._sched import block_hashes
-from pyengine.errors import InvalidConfigError
+from pyengine.errors import EngineError, InvalidConfigError
 from pyengine.kv_events.config import KVEventsConfig, offset_endpoint, parse_kv_events_config
 from pyengine.kv_events.publisher import KvEventPublisher
 from pyengine.testing.kv_subscriber import (
@@ -280,3 +280,21 @@ def test_off_by_default_no_publisher_no_recording():
         assert core.sched.config.enable_kv_events is False
         llm.generate([list(range(3, 20))], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
         assert core.sched.cached_block_hashes(), "the prefix cache works; only its events are off"
+
+
+def test_an_endpoint_in_use_is_a_clear_error_and_leaves_nothing_open(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a free loopback port, held by the first publisher below
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = parse_kv_events_config({"enable_kv_cache_events": True, "endpoint": f"ipc://{tmp_path}/a",
+                                     "replay_endpoint": f"tcp://127.0.0.1:{port}"})
+    first = KvEventPublisher(config, block_size=4, medium="CPU")
+    try:
+        other = parse_kv_events_config({**config.__dict__, "endpoint": f"ipc://{tmp_path}/b"})
+        with pytest.raises(EngineError, match=f"replay_endpoint 'tcp://127.0.0.1:{port}'"):
+            KvEventPublisher(other, block_size=4, medium="CPU")
+    finally:
+        first.close()
+    assert first._sockets == []
