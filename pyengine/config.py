@@ -162,6 +162,10 @@ class EngineConfig:
         kv_events = parse_kv_events_config(self.kv_events_config)
         # Kept as the checked, complete dict: plain data that crosses to a core process as JSON.
         object.__setattr__(self, "kv_events_config", None if kv_events is None else dataclasses.asdict(kv_events))
+        if kv_events is not None and kv_events.active:
+            from pyengine.kv_events.config import check_rank_ports
+
+            check_rank_ports(kv_events, self.data_parallel_size)
         if kv_events is not None and kv_events.enable_kv_cache_events and not self.enable_prefix_caching:
             raise InvalidConfigError("kv_events_config: 'enable_kv_cache_events' needs enable_prefix_caching "
                                      "(the events describe the prefix cache), got enable_prefix_caching=False")

@@ -94,6 +94,11 @@ def test_the_flag_is_vllms_spelling():
 
 
 def test_endpoints_are_offset_by_the_data_parallel_rank_as_vllm_does():
+    ports = {"enable_kv_cache_events": True, "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}
+    EngineConfig(kv_events_config=ports)  # one core: fine
+    with pytest.raises(InvalidConfigError, match="'replay_endpoint' port 5558 .* collide"):
+        EngineConfig(kv_events_config=ports, data_parallel_size=2)
+    EngineConfig(kv_events_config={**ports, "replay_endpoint": "tcp://*:5567"}, data_parallel_size=2)
     assert offset_endpoint("tcp://*:5557", 0) == "tcp://*:5557"
     assert offset_endpoint("tcp://*:5557", 2) == "tcp://*:5559"
     assert offset_endpoint("inproc://kv", 1) == "inproc://kv_dp1"

@@ -101,6 +101,24 @@ def _check_endpoint(key: str, endpoint: str) -> None:
             raise _bad(key, "needs a port (tcp://HOST:PORT)", endpoint)
 
 
+def check_rank_ports(config: KVEventsConfig, data_parallel_size: int) -> None:
+    """With ``data_parallel_size`` cores, core ``r`` takes each tcp port plus ``r``: the
+    two ranges must not overlap (``endpoint`` 5557 and ``replay_endpoint`` 5558 would give
+    core 1 the port core 0 replays on)."""
+    if data_parallel_size < 2 or config.replay_endpoint is None:
+        return
+    ports = []
+    for endpoint in (config.endpoint, config.replay_endpoint):
+        if not endpoint.startswith("tcp://"):
+            return
+        ports.append(int(endpoint.rsplit(":", 1)[1]))
+    if abs(ports[0] - ports[1]) < data_parallel_size:
+        raise InvalidConfigError(
+            f"{_FLAG}: 'replay_endpoint' port {ports[1]} is within {data_parallel_size - 1} of 'endpoint' port "
+            f"{ports[0]}: with data_parallel_size = {data_parallel_size} core r uses each port + r, so the cores' "
+            "ports would collide; leave at least data_parallel_size between them")
+
+
 def offset_endpoint(endpoint: Optional[str], data_parallel_rank: int) -> Optional[str]:
     """Core ``data_parallel_rank``'s address, as vLLM derives it: a tcp:// port plus the
     rank, an ipc:// or inproc:// name with ``_dp<rank>`` appended; rank 0 keeps it."""
