@@ -194,3 +194,57 @@ def test_a_sequence_whose_verification_fails_fails_alone(checkpoint):
     planner.record(plan, out.sampled_token_ids, out.num_accepted)
     for i in (0, 2):
         assert planner.output_tokens(ids[i]) == reference[i][:K + 2]
+
+
+class _ReadyMask:
+    """A grammar mask already computed: the same allowed tokens for every masked entry."""
+
+    def __init__(self, allowed: np.ndarray, rows: int) -> None:
+        words = np.zeros((rows, -(-VOCAB // 32)), dtype=np.uint32)
+        for token in np.flatnonzero(allowed):
+            words[:, token // 32] |= np.uint32(1 << (token % 32))
+        self.bits = words
+
+    def take(self, timeout: float = 30.0):
+        return self.bits, 0.0
+
+
+def _masked(plan, allowed: np.ndarray):
+    entries = len(plan.logits_indices)
+    plan.mask_sample_indices = np.arange(entries, dtype=np.int32)
+    plan.grammar_mask = _ReadyMask(allowed, entries)
+    return plan
+
+
+def test_grammar_masks_apply_per_entry_and_no_illegal_draft_is_kept(checkpoint):
+    """A constraint bans every token the unconstrained run chose: drafted anyway, they are
+    all refused, and the constrained run's own drafts are all kept."""
+    prompt, params = _prompt(90, 14), PARAMS["greedy"]
+    unconstrained = _reference(checkpoint, [prompt], [params])[0][0]
+    allowed = np.ones(VOCAB, dtype=bool)
+    allowed[unconstrained] = False
+
+    def decode(drafts_from):
+        runner, planner = _runner(checkpoint), HandPlanner(num_blocks=128, max_rows=8)
+        seq_id = planner.add(prompt, params)
+        plan = _masked(planner.next_plan(), allowed)
+        planner.record(plan, runner.execute(plan).sampled_token_ids)
+        kept = []
+        while len(planner.output_tokens(seq_id)) < STEPS - K and drafts_from is not None:
+            done = len(planner.output_tokens(seq_id))
+            plan = _masked(planner.next_plan(drafts={seq_id: drafts_from[done:done + K]}), allowed)
+            out = runner.execute(plan)
+            assert out.row_errors is None
+            kept += out.num_accepted.tolist()
+            planner.record(plan, out.sampled_token_ids, out.num_accepted)
+        while drafts_from is None and len(planner.output_tokens(seq_id)) < STEPS:
+            plan = _masked(planner.next_plan(), allowed)
+            planner.record(plan, runner.execute(plan).sampled_token_ids)
+        return planner.output_tokens(seq_id), kept
+
+    constrained, _ = decode(None)
+    assert not set(constrained) & set(unconstrained)
+    refused, kept = decode(unconstrained)
+    assert refused == constrained[:len(refused)] and set(kept) == {0}
+    followed, kept = decode(constrained)
+    assert followed == constrained[:len(followed)] and set(kept) == {K}
