@@ -64,6 +64,11 @@ class SchedulerConfig:
         enable_kv_events: bool = False,
         policy: Literal["fcfs", "priority"] = "fcfs",
         pipeline_depth: int = 2,
+        num_speculative_tokens: int = 0,
+        speculative_method: Literal["none", "ngram", "suffix", "executor"] = "none",
+        prompt_lookup_min: int = 1,
+        prompt_lookup_max: int = 3,
+        spec_min_acceptance: float = 0.1,
     ) -> Self: ...
     @property
     def num_blocks(self) -> int:
@@ -94,6 +99,21 @@ class SchedulerConfig:
     @property
     def pipeline_depth(self) -> int:
         """Steps planned ahead of their results: 1 or 2."""
+    @property
+    def num_speculative_tokens(self) -> int:
+        """Drafts per sequence and step (k); 0 = speculation off."""
+    @property
+    def speculative_method(self) -> Literal["none", "ngram", "suffix", "executor"]:
+        """``ngram`` / ``suffix``: proposed by the scheduler; ``executor``: with each result."""
+    @property
+    def prompt_lookup_min(self) -> int:
+        """Shortest match the n-gram and suffix proposers look for."""
+    @property
+    def prompt_lookup_max(self) -> int:
+        """Longest match the n-gram and suffix proposers look for."""
+    @property
+    def spec_min_acceptance(self) -> float:
+        """Acceptance rate below which a sequence stops getting drafts (after a warm-up)."""
 
 @final
 class Request:
@@ -180,10 +200,11 @@ class StepPlan:
         """[T] KV slot: ``block_id * block_size + position % block_size``."""
     @property
     def logits_indices(self) -> npt.NDArray[np.int64]:
-        """[S] indices into the T tokens whose logits are sampled."""
+        """[E] indices into the T tokens whose logits are sampled: one per entry (a sampled
+        sequence with d drafts has 1 + d consecutive entries; E = S without drafts)."""
     @property
     def sample_rows(self) -> npt.NDArray[np.int32]:
-        """[S] row of each sampled sequence, in ``logits_indices`` order."""
+        """[E] row of each entry's sequence, in ``logits_indices`` order."""
     @property
     def pool_indices(self) -> npt.NDArray[np.int32]:
         """[P] indices into ``rows`` of pooling sequences whose whole prompt is here."""
@@ -217,10 +238,16 @@ class StepPlan:
         """[F] rows released since the previous plan."""
     @property
     def mask_sample_indices(self) -> npt.NDArray[np.int32]:
-        """[M] indices into the S samples whose logits a grammar constrains."""
+        """[M] indices into the E entries whose logits a grammar constrains."""
     @property
     def grammar_mask(self) -> GrammarMaskTicket | None:
         """Where to take this step's ``[M, words]`` mask just before sampling (None when M is 0)."""
+    @property
+    def num_draft_tokens(self) -> npt.NDArray[np.int32]:
+        """[S] drafts of each sampled sequence, in sample order; empty when the step has none."""
+    @property
+    def draft_token_ids(self) -> npt.NDArray[np.int64]:
+        """[D] the drafts, flat, sequence by sequence (also in ``input_ids``)."""
     @property
     def num_seqs(self) -> int: ...
     @property
@@ -242,7 +269,12 @@ class OutputEvent:
         """[K] sequences that accepted a token in this step."""
     @property
     def token_ids(self) -> npt.NDArray[np.int64]:
-        """[K] the tokens (extras sampled after a sequence finished are dropped)."""
+        """[K] the tokens (extras sampled after a sequence finished are dropped); a sequence
+        appears once per token it accepted in the step, in order."""
+    @property
+    def sample_indices(self) -> npt.NDArray[np.int32]:
+        """[K] which element of the step's ``sampled`` each token is; empty when the step had
+        no drafts (each sequence then has one element, found by its id)."""
     @property
     def finished_seq_ids(self) -> npt.NDArray[np.uint64]:
         """[F] sequences that ended."""
@@ -287,8 +319,16 @@ cls, config: SchedulerConfig) -> Self: ...
         """Adds a request; returns its first sequence id (the n samples follow)."""
     def schedule(self) -> StepPlan | None:
         """Plans the next step; None when the pipeline is full or nothing can run."""
-    def apply_result(self, step_id: int, sampled: npt.ArrayLike) -> None:
-        """Applies the oldest in-flight step's sampled ids (``logits_indices`` order)."""
+    def apply_result(
+        self,
+        step_id: int,
+        sampled: npt.ArrayLike,
+        *,
+        num_accepted: npt.ArrayLike | None = None,
+        next_drafts: tuple[npt.ArrayLike, npt.ArrayLike] | None = None,
+    ) -> None:
+        """Applies the oldest in-flight step's sampled ids; ``num_accepted`` and
+        ``next_drafts`` as for ``SchedulerThread.submit_result``."""
     def fail_step(self, step_id: int) -> None:
         """Ends every sequence of a step the executor could not run ("error")."""
     def take_output(self, step_id: int | None = None) -> OutputEvent:
@@ -325,9 +365,25 @@ cls, config: SchedulerConfig) -> Self: ...
         """Queues the end of one sequence (the output thread found a stop string)."""
     def next_plan(self, timeout: float | None = None) -> StepPlan | None:
         """The next plan; None if ``timeout`` seconds pass first."""
-    def submit_result(self, step_id: int, sampled: npt.ArrayLike, result: object = None) -> None:
-        """Hands back the ids sampled for ``step_id`` in ``logits_indices`` order; ``result``
-        reaches the output thread as that step's ``OutputEvent.step_result``."""
+    def submit_result(
+        self,
+        step_id: int,
+        sampled: npt.ArrayLike,
+        result: object = None,
+        *,
+        num_accepted: npt.ArrayLike | None = None,
+        next_drafts: tuple[npt.ArrayLike, npt.ArrayLike] | None = None,
+    ) -> None:
+        """Hands back the ids sampled for ``step_id``; ``result`` reaches the output thread
+        as that step's ``OutputEvent.step_result``.
+
+        Without drafts ``sampled`` is in ``logits_indices`` order. With drafts,
+        ``num_accepted`` ([S] ints) gives each sampled sequence's accepted drafts and
+        ``sampled`` holds, per sequence, those drafts and then one more token (the
+        correction or the bonus token): ``S + sum(num_accepted)`` ids. ``next_drafts`` =
+        ``(counts [S], tokens)``: the executor's drafts for each sequence's next step
+        (method ``executor``; ignored otherwise). A malformed result is a fatal executor
+        bug, as a wrong sample count is."""
     def fail_step(self, step_id: int, result: object = None) -> None:
         """Reports that ``step_id`` could not run: its sequences end with "error", and
         ``result`` (what went wrong) travels in that step's event."""

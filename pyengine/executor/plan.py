@@ -44,6 +44,8 @@ class StepPlanLike(Protocol):
     freed_rows: np.ndarray
     mask_sample_indices: np.ndarray
     grammar_mask: Optional[Any]
+    num_draft_tokens: np.ndarray
+    draft_token_ids: np.ndarray
 
 
 @dataclass
@@ -74,3 +76,22 @@ class HandBuiltPlan:
     freed_rows: np.ndarray
     mask_sample_indices: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     grammar_mask: Optional[Any] = None
+    #: [S] drafts per sampled sequence (empty: no drafts in the step), and the drafts.
+    num_draft_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    draft_token_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+def last_sample_per_row(plan: StepPlanLike, sampled: np.ndarray,
+                        num_accepted: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each sampled sequence's row and the last token it sampled in the step (what a
+    placeholder in the next plan stands for). Without drafts that is ``sample_rows`` and
+    ``sampled`` themselves; with drafts a sequence has ``1 + d`` entries and, in
+    ``sampled``, its ``a`` accepted drafts and one more token: the last of those."""
+    num_draft_tokens = getattr(plan, "num_draft_tokens", None)
+    if num_draft_tokens is None or not len(num_draft_tokens):
+        return plan.sample_rows, sampled
+    last_entry = np.cumsum(np.asarray(num_draft_tokens, dtype=np.int64) + 1) - 1
+    accepted = np.zeros(len(num_draft_tokens), dtype=np.int64) if num_accepted is None \
+        else np.asarray(num_accepted, dtype=np.int64)
+    last_token = np.cumsum(accepted + 1) - 1
+    return np.asarray(plan.sample_rows)[last_entry], np.asarray(sampled)[last_token]

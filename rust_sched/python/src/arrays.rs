@@ -13,6 +13,7 @@ use pyo3::types::PyList;
 
 use pyengine_sched::kv_events::KvEventLog;
 use pyengine_sched::plan::{OutputEvent, StepPlan};
+use pyengine_sched::DraftResult;
 
 use crate::attachment::{detach_object, object_list};
 use crate::grammar::PyGrammarMaskTicket;
@@ -65,6 +66,8 @@ data_class! {
         freed_rows: Arr<i32>,
         mask_sample_indices: Arr<i32>,
         grammar_mask: Option<Py<PyGrammarMaskTicket>>,
+        num_draft_tokens: Arr<i32>,
+        draft_token_ids: Arr<i64>,
         num_seqs: usize,
         num_tokens: usize,
         num_samples: usize,
@@ -85,6 +88,8 @@ impl PyStepPlan {
             slot_mapping,
             logits_indices,
             sample_rows,
+            num_draft_tokens,
+            draft_token_ids,
             pool_indices,
             block_table_rows,
             block_table_cols,
@@ -113,6 +118,8 @@ impl PyStepPlan {
             slot_mapping: arr(py, slot_mapping),
             logits_indices: arr(py, logits_indices),
             sample_rows: arr(py, sample_rows),
+            num_draft_tokens: arr(py, num_draft_tokens),
+            draft_token_ids: arr(py, draft_token_ids),
             pool_indices: arr(py, pool_indices),
             block_table_rows: arr(py, block_table_rows),
             block_table_cols: arr(py, block_table_cols),
@@ -162,6 +169,7 @@ data_class! {
         step_id: Option<u64>,
         seq_ids: Arr<u64>,
         token_ids: Arr<i64>,
+        sample_indices: Arr<i32>,
         finished_seq_ids: Arr<u64>,
         finish_reasons: Arr<u8>,
         stop_token_ids: Arr<i64>,
@@ -180,6 +188,7 @@ impl PyOutputEvent {
             step_id,
             seq_ids,
             token_ids,
+            sample_indices,
             finished_seq_ids,
             finish_reasons,
             stop_token_ids,
@@ -194,6 +203,7 @@ impl PyOutputEvent {
             step_id,
             seq_ids: arr(py, seq_ids),
             token_ids: arr(py, token_ids),
+            sample_indices: arr(py, sample_indices),
             finished_seq_ids: arr(py, finished_seq_ids),
             finish_reasons: arr(py, finish_reasons),
             stop_token_ids: arr(py, stop_token_ids),
@@ -233,6 +243,42 @@ impl PyOutputEvent {
             self.finished_seq_ids.bind(py).len()
         )
     }
+}
+
+/// The speculative part of a step result from Python: `num_accepted` (`[S]` ints) and
+/// `next_drafts` (a pair `(counts [S], tokens [sum])`), each None or absent.
+pub fn draft_result(
+    num_accepted: Option<&Bound<'_, PyAny>>,
+    next_drafts: Option<&Bound<'_, PyAny>>,
+) -> PyResult<DraftResult> {
+    let num_accepted = num_accepted.filter(|o| !o.is_none()).map(int32s).transpose()?;
+    let next_drafts = match next_drafts.filter(|o| !o.is_none()) {
+        None => None,
+        Some(pair) => {
+            let (counts, tokens): (Bound<'_, PyAny>, Bound<'_, PyAny>) = pair.extract()?;
+            Some((int32s(&counts)?, sampled_tokens(&tokens)?))
+        }
+    };
+    Ok(DraftResult { num_accepted, next_drafts })
+}
+
+fn int32s(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i32>> {
+    if let Ok(a) = obj.cast::<PyArray1<i32>>() {
+        return Ok(a.readonly().as_slice()?.to_vec());
+    }
+    if let Ok(a) = obj.cast::<PyArray1<i64>>() {
+        return a
+            .readonly()
+            .as_slice()?
+            .iter()
+            .map(|&v| {
+                i32::try_from(v).map_err(|_| {
+                    pyo3::exceptions::PyValueError::new_err(format!("{v} is out of int32 range"))
+                })
+            })
+            .collect();
+    }
+    obj.extract::<Vec<i32>>()
 }
 
 /// Reads sampled token ids from a 1-D int64 numpy array (fast path) or any sequence of ints.

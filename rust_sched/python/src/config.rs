@@ -3,6 +3,7 @@
 use pyo3::prelude::*;
 
 use pyengine_sched::config::{Policy, SchedulerConfig};
+use pyengine_sched::SpecMethod;
 
 use crate::errors::{invalid_config, NativeError};
 
@@ -34,6 +35,11 @@ impl PySchedulerConfig {
         enable_kv_events = false,
         policy = "fcfs",
         pipeline_depth = 2,
+        num_speculative_tokens = 0,
+        speculative_method = "none",
+        prompt_lookup_min = 1,
+        prompt_lookup_max = 3,
+        spec_min_acceptance = 0.1,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -48,6 +54,11 @@ impl PySchedulerConfig {
         enable_kv_events: bool,
         policy: &str,
         pipeline_depth: i64,
+        num_speculative_tokens: i64,
+        speculative_method: &str,
+        prompt_lookup_min: i64,
+        prompt_lookup_max: i64,
+        spec_min_acceptance: f64,
     ) -> PyResult<Self> {
         let inner = SchedulerConfig {
             num_blocks: count(py, "num_blocks", num_blocks, 1)?,
@@ -65,6 +76,11 @@ impl PySchedulerConfig {
             enable_kv_events,
             policy: Policy::parse(policy).map_err(|e| e.into_py_err(py))?,
             pipeline_depth: count(py, "pipeline_depth", pipeline_depth, 1)?,
+            num_speculative_tokens: count(py, "num_speculative_tokens", num_speculative_tokens, 0)?,
+            speculative_method: SpecMethod::parse(speculative_method).map_err(|e| e.into_py_err(py))?,
+            prompt_lookup_min: count(py, "prompt_lookup_min", prompt_lookup_min, 1)?,
+            prompt_lookup_max: count(py, "prompt_lookup_max", prompt_lookup_max, 1)?,
+            spec_min_acceptance,
         };
         inner.validate().map_err(|e| e.into_py_err(py))?;
         Ok(PySchedulerConfig { inner })
@@ -111,12 +127,34 @@ impl PySchedulerConfig {
         self.inner.pipeline_depth
     }
 
+    #[getter]
+    fn num_speculative_tokens(&self) -> usize {
+        self.inner.num_speculative_tokens
+    }
+    #[getter]
+    fn speculative_method(&self) -> &'static str {
+        self.inner.speculative_method.name()
+    }
+    #[getter]
+    fn prompt_lookup_min(&self) -> usize {
+        self.inner.prompt_lookup_min
+    }
+    #[getter]
+    fn prompt_lookup_max(&self) -> usize {
+        self.inner.prompt_lookup_max
+    }
+    #[getter]
+    fn spec_min_acceptance(&self) -> f64 {
+        self.inner.spec_min_acceptance
+    }
+
     fn __repr__(&self) -> String {
         let c = &self.inner;
         format!(
             "SchedulerConfig(num_blocks={}, block_size={}, max_num_seqs={}, max_num_batched_tokens={}, \
              max_model_len={}, long_prefill_token_threshold={}, enable_prefix_caching={}, \
-             enable_kv_events={}, policy={:?}, pipeline_depth={})",
+             enable_kv_events={}, policy={:?}, pipeline_depth={}, num_speculative_tokens={}, speculative_method={:?}, \
+             prompt_lookup_min={}, prompt_lookup_max={}, spec_min_acceptance={})",
             c.num_blocks,
             c.block_size,
             c.max_num_seqs,
@@ -126,7 +164,12 @@ impl PySchedulerConfig {
             if c.enable_prefix_caching { "True" } else { "False" },
             if c.enable_kv_events { "True" } else { "False" },
             c.policy.name(),
-            c.pipeline_depth
+            c.pipeline_depth,
+            c.num_speculative_tokens,
+            c.speculative_method.name(),
+            c.prompt_lookup_min,
+            c.prompt_lookup_max,
+            c.spec_min_acceptance
         )
     }
 }

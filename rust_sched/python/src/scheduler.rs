@@ -8,9 +8,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use pyengine_sched::plan::FinishReason;
-use pyengine_sched::scheduler::{Scheduler, SchedulerSnapshot};
+use pyengine_sched::scheduler::{Scheduler, SchedulerSnapshot, SpecResult};
 
-use crate::arrays::{sampled_tokens, PyOutputEvent, PyStepPlan};
+use crate::arrays::{draft_result, sampled_tokens, PyOutputEvent, PyStepPlan};
 use crate::config::PySchedulerConfig;
 use crate::errors::{invalid_request, NativeError};
 use crate::gil::{call, guarded};
@@ -67,6 +67,18 @@ pub fn snapshot_dict<'py>(py: Python<'py>, s: &SchedulerSnapshot) -> PyResult<Bo
     d.set_item("masks_computed", c.masks_computed)?;
     d.set_item("mask_seconds", c.mask_ns as f64 * 1e-9)?;
     d.set_item("grammar_dead_ends", c.dead_ends)?;
+    let spec = &s.spec;
+    d.set_item("spec_drafts", spec.drafts)?;
+    d.set_item("spec_draft_tokens", spec.draft_tokens)?;
+    d.set_item("spec_accepted_tokens", spec.accepted_tokens)?;
+    d.set_item("spec_accepted_per_position", spec.accepted_per_position[..spec.k].to_vec())?;
+    d.set_item("spec_disabled_sequences", spec.disabled_sequences)?;
+    d.set_item(
+        "spec_mean_accepted_length",
+        if spec.drafts > 0 { 1.0 + spec.accepted_tokens as f64 / spec.drafts as f64 } else { 0.0 },
+    )?;
+    d.set_item("spec_proposals", spec.proposals)?;
+    d.set_item("spec_propose_seconds", spec.propose_ns as f64 * 1e-9)?;
     Ok(d)
 }
 
@@ -95,12 +107,26 @@ impl PyScheduler {
         plan.map(|p| PyStepPlan::new(py, p)).transpose()
     }
 
-    /// Applies the oldest in-flight step's sampled tokens (GIL released).
-    fn apply_result(&self, py: Python<'_>, step_id: u64, sampled: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// Applies the oldest in-flight step's sampled tokens (GIL released); `num_accepted`
+    /// and `next_drafts` as for `SchedulerThread.submit_result`.
+    #[pyo3(signature = (step_id, sampled, *, num_accepted = None, next_drafts = None))]
+    fn apply_result(
+        &self,
+        py: Python<'_>,
+        step_id: u64,
+        sampled: &Bound<'_, PyAny>,
+        num_accepted: Option<Bound<'_, PyAny>>,
+        next_drafts: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
         let sampled = sampled_tokens(sampled)?;
+        let drafts = draft_result(num_accepted.as_ref(), next_drafts.as_ref())?;
         call(py, || {
             let mut s = self.lock();
-            s.apply_result(step_id, &sampled)?;
+            let spec = SpecResult {
+                num_accepted: drafts.num_accepted.as_deref(),
+                next_drafts: drafts.next_drafts.as_ref().map(|(c, t)| (c.as_slice(), t.as_slice())),
+            };
+            s.apply_spec_result(step_id, &sampled, spec)?;
             s.send_front_mask();
             Ok::<_, pyengine_sched::SchedError>(())
         })

@@ -9,12 +9,13 @@ use pyo3::types::PyDict;
 
 use pyengine_sched::engine::EngineHandle;
 
-use crate::arrays::{sampled_tokens, PyOutputEvent, PyStepPlan};
+use crate::arrays::{draft_result, sampled_tokens, PyOutputEvent, PyStepPlan};
 use crate::attachment::attach;
 use crate::config::PySchedulerConfig;
 use crate::gil::{call, wait};
 use crate::request::PyRequest;
 use crate::scheduler::{parse_reason, snapshot_dict};
+use pyengine_sched::DraftResult;
 
 #[pyclass(name = "SchedulerThread", module = "pyengine._sched", frozen)]
 pub struct PySchedulerThread {
@@ -64,17 +65,28 @@ impl PySchedulerThread {
 
     /// Hands back the step's sampled ids; `result` (any object) reaches the output thread
     /// as that step's `OutputEvent.step_result`.
-    #[pyo3(signature = (step_id, sampled, result = None))]
+    ///
+    /// With drafts in the plan, `num_accepted` (`[S]`) says how many of each sampled
+    /// sequence's drafts were accepted and `sampled` holds them followed by one more token
+    /// per sequence; `next_drafts` = `(counts [S], tokens)` proposes the next step's drafts
+    /// (method "executor").
+    #[pyo3(signature = (step_id, sampled, result = None, *, num_accepted = None, next_drafts = None))]
     fn submit_result(
         &self,
         py: Python<'_>,
         step_id: u64,
         sampled: &Bound<'_, PyAny>,
         result: Option<Bound<'_, PyAny>>,
+        num_accepted: Option<Bound<'_, PyAny>>,
+        next_drafts: Option<Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let sampled = sampled_tokens(sampled)?;
+        let drafts = draft_result(num_accepted.as_ref(), next_drafts.as_ref())?;
         let attachment = attach(result);
-        call(py, || self.handle.submit_result(step_id, sampled, attachment))
+        if drafts == DraftResult::default() {
+            return call(py, || self.handle.submit_result(step_id, sampled, attachment));
+        }
+        call(py, || self.handle.submit_spec_result(step_id, sampled, attachment, drafts))
     }
 
     /// The executor could not run the step: its sequences end with reason "error", and

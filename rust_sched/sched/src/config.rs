@@ -1,6 +1,7 @@
 //! Scheduler configuration: one validated value passed explicitly.
 
 use crate::error::{SchedError, SchedResult};
+use crate::spec::{SpecMethod, MAX_SPECULATIVE_TOKENS};
 
 /// Order in which waiting requests are admitted and running ones are preempted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +56,16 @@ pub struct SchedulerConfig {
     /// Steps planned ahead of their results: 1 (plan, run, update in turn) or 2 (plan N+1
     /// while N runs).
     pub pipeline_depth: usize,
+    /// Drafts proposed per sequence and step (k); 0 turns speculation off.
+    pub num_speculative_tokens: usize,
+    /// Where drafts come from (`spec/mod.rs`).
+    pub speculative_method: SpecMethod,
+    /// Shortest and longest match the n-gram and suffix proposers look for.
+    pub prompt_lookup_min: usize,
+    pub prompt_lookup_max: usize,
+    /// Adaptive speculation: a sequence whose running acceptance rate falls below this,
+    /// after a warm-up, gets no more drafts (0 = never).
+    pub spec_min_acceptance: f64,
 }
 
 impl Default for SchedulerConfig {
@@ -70,6 +81,11 @@ impl Default for SchedulerConfig {
             enable_kv_events: false,
             policy: Policy::Fcfs,
             pipeline_depth: 2,
+            num_speculative_tokens: 0,
+            speculative_method: SpecMethod::None,
+            prompt_lookup_min: 1,
+            prompt_lookup_max: 3,
+            spec_min_acceptance: 0.1,
         }
     }
 }
@@ -110,7 +126,42 @@ impl SchedulerConfig {
                 self.max_num_batched_tokens, self.max_num_seqs
             )));
         }
+        self.validate_speculation()
+    }
+
+    fn validate_speculation(&self) -> SchedResult<()> {
+        let bad = |m: String| Err(SchedError::InvalidConfig(m));
+        let (k, method) = (self.num_speculative_tokens, self.speculative_method);
+        if k > MAX_SPECULATIVE_TOKENS {
+            return bad(format!("num_speculative_tokens must be at most {MAX_SPECULATIVE_TOKENS}, got {k}"));
+        }
+        if (k == 0) != (method == SpecMethod::None) {
+            return bad(format!(
+                "num_speculative_tokens ({k}) and speculative_method ({:?}) disagree: give both or neither",
+                method.name()
+            ));
+        }
+        if self.prompt_lookup_min == 0 || self.prompt_lookup_max < self.prompt_lookup_min {
+            return bad(format!(
+                "prompt_lookup_min ({}) must be at least 1 and at most prompt_lookup_max ({})",
+                self.prompt_lookup_min, self.prompt_lookup_max
+            ));
+        }
+        if self.prompt_lookup_max > 64 {
+            return bad(format!("prompt_lookup_max must be at most 64, got {}", self.prompt_lookup_max));
+        }
+        if !(0.0..=1.0).contains(&self.spec_min_acceptance) {
+            return bad(format!(
+                "spec_min_acceptance must be within [0, 1], got {}",
+                self.spec_min_acceptance
+            ));
+        }
         Ok(())
+    }
+
+    /// Whether drafts are planned at all.
+    pub fn speculates(&self) -> bool {
+        self.num_speculative_tokens > 0
     }
 
     /// Blocks needed to hold `tokens` tokens.

@@ -20,7 +20,7 @@ use crate::config::SchedulerConfig;
 use crate::error::{panic_message, SchedError, SchedResult};
 use crate::plan::{FinishReason, OutputEvent, StepPlan};
 use crate::request::{RequestSpec, SeqId};
-use crate::scheduler::{Scheduler, SchedulerSnapshot};
+use crate::scheduler::{Scheduler, SchedulerSnapshot, SpecResult};
 
 /// Name of the scheduler's OS thread (at most 15 bytes, the Linux limit).
 pub const THREAD_NAME: &str = "pyengine-sched";
@@ -39,6 +39,7 @@ enum Command {
         step_id: u64,
         sampled: Vec<i64>,
         attachment: Option<Attachment>,
+        drafts: DraftResult,
     },
     Fail {
         step_id: u64,
@@ -50,6 +51,15 @@ enum Command {
     /// Test hook: panic on the scheduler thread.
     Panic,
     Shutdown,
+}
+
+/// The speculative part of a step result, owned (see [`crate::scheduler::SpecResult`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DraftResult {
+    /// `[S]` drafts accepted per sampled sequence; None when the plan had no drafts.
+    pub num_accepted: Option<Vec<i32>>,
+    /// `[S]` counts and flat tokens of the executor's drafts for the next step.
+    pub next_drafts: Option<(Vec<i32>, Vec<i64>)>,
 }
 
 /// Figures of the scheduler thread and its scheduler, for `engine.stats()` (the bindings
@@ -220,7 +230,20 @@ impl EngineHandle {
         sampled: Vec<i64>,
         attachment: Option<Attachment>,
     ) -> SchedResult<()> {
-        self.send(Command::Result { step_id, sampled, attachment })
+        self.send(Command::Result { step_id, sampled, attachment, drafts: DraftResult::default() })
+    }
+
+    /// [`submit_result`](Self::submit_result) for a step with drafts, or with the
+    /// executor's drafts for the next step: `sampled` holds, per sampled sequence, its
+    /// accepted drafts and one more token.
+    pub fn submit_spec_result(
+        &self,
+        step_id: u64,
+        sampled: Vec<i64>,
+        attachment: Option<Attachment>,
+        drafts: DraftResult,
+    ) -> SchedResult<()> {
+        self.send(Command::Result { step_id, sampled, attachment, drafts })
     }
 
     /// Reports that the executor could not run `step_id`: its sequences end with `error`,
@@ -421,11 +444,15 @@ impl Worker {
                 self.forget_ended();
                 Flow::Continue
             }
-            Command::Result { step_id, sampled, attachment } => {
+            Command::Result { step_id, sampled, attachment, drafts } => {
                 if let Flow::Exit = self.flush_output() {
                     return Flow::Exit;
                 }
-                if let Err(e) = self.scheduler.apply_result(step_id, &sampled) {
+                let spec = SpecResult {
+                    num_accepted: drafts.num_accepted.as_deref(),
+                    next_drafts: drafts.next_drafts.as_ref().map(|(c, t)| (c.as_slice(), t.as_slice())),
+                };
+                if let Err(e) = self.scheduler.apply_spec_result(step_id, &sampled, spec) {
                     panic!("{e}");
                 }
                 // The next step's forward pass is running now: its mask is wanted first.

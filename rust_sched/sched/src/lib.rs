@@ -20,6 +20,7 @@ pub mod plan;
 pub mod request;
 pub mod scheduler;
 pub mod sim;
+pub mod spec;
 
 pub use attachment::Attachment;
 pub use block_pool::{BlockId, BlockPool, PoolUsage, PrefixCacheStats};
@@ -27,11 +28,12 @@ pub use config::{Policy, SchedulerConfig};
 pub use constraint::{
     Advance, Constraint, ConstraintHandle, ConstraintState, GrammarMask, MaskTicket, MaskWait,
 };
-pub use engine::{EngineHandle, SchedulerThreadStats};
+pub use engine::{DraftResult, EngineHandle, SchedulerThreadStats};
 pub use error::{panic_message, SchedError, SchedResult};
 pub use plan::{FinishReason, OutputEvent, StepPlan, FINISH_REASONS, PLACEHOLDER_TOKEN};
 pub use request::{RequestSpec, SeqId};
-pub use scheduler::{Scheduler, SchedulerCounters, SchedulerSnapshot};
+pub use scheduler::{Scheduler, SchedulerCounters, SchedulerSnapshot, SpecResult, SpecStats};
+pub use spec::SpecMethod;
 
 /// The crate version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -30,10 +30,18 @@ pub struct StepPlan {
     pub positions: Vec<i64>,
     /// `[T]` KV slot of each token: `block_id * block_size + position % block_size`.
     pub slot_mapping: Vec<i64>,
-    /// `[S]` indices into the `T` tokens whose logits are sampled.
+    /// `[E]` indices into the `T` tokens whose logits are sampled: one per entry (a
+    /// sampled sequence with `d` drafts has `1 + d` consecutive entries, in position
+    /// order; without drafts `E = S`).
     pub logits_indices: Vec<i64>,
-    /// `[S]` row of each sampled sequence, in `logits_indices` order.
+    /// `[E]` row of each entry's sequence, in `logits_indices` order.
     pub sample_rows: Vec<i32>,
+    /// `[S]` drafts of each sampled sequence, in sample order; empty when no sequence of
+    /// the step has drafts.
+    pub num_draft_tokens: Vec<i32>,
+    /// `[D]` the drafts, flat, sequence by sequence (they are also in `input_ids`, after
+    /// each such sequence's last committed token).
+    pub draft_token_ids: Vec<i64>,
     /// `[P]` indices into `rows` of pooling sequences whose whole prompt is in this step.
     pub pool_indices: Vec<i32>,
     /// `[B]` block-table writes: `block_table[rows[i], cols[i]] = ids[i]`.
@@ -56,7 +64,7 @@ pub struct StepPlan {
     pub new_attachments: Vec<Option<Attachment>>,
     /// `[F]` rows released since the previous plan.
     pub freed_rows: Vec<i32>,
-    /// `[M]` indices into the `S` samples whose logits a grammar constrains, in order.
+    /// `[M]` indices into the `E` entries whose logits a grammar constrains, in order.
     pub mask_sample_indices: Vec<i32>,
     /// Where the executor takes this step's mask (`[M, words]` bits) just before sampling;
     /// None when `M` is 0.
@@ -72,8 +80,14 @@ impl StepPlan {
         self.input_ids.len()
     }
 
+    /// Entries sampled (`E`: one per sampled sequence plus one per draft).
     pub fn num_samples(&self) -> usize {
         self.logits_indices.len()
+    }
+
+    /// Drafts in the step (`D`).
+    pub fn num_drafts(&self) -> usize {
+        self.draft_token_ids.len()
     }
 }
 
@@ -126,6 +140,10 @@ pub struct OutputEvent {
     /// sequence had already finished is dropped here.
     pub seq_ids: Vec<u64>,
     pub token_ids: Vec<i64>,
+    /// `[K]` which element of the step result's `sampled` each token is (accepted drafts
+    /// and the token after them); empty when the step had no drafts (each sequence then
+    /// has one element, found by its id as before).
+    pub sample_indices: Vec<i32>,
     /// `[F]` sequences that ended, and per-sequence facts about them.
     pub finished_seq_ids: Vec<u64>,
     /// `[F]` codes into [`FINISH_REASONS`].

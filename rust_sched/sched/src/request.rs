@@ -10,6 +10,7 @@ use crate::config::SchedulerConfig;
 use crate::constraint::{ConstraintHandle, Matcher};
 use crate::error::{SchedError, SchedResult};
 use crate::plan::FinishReason;
+use crate::spec::SpecRecord;
 
 /// Sequence id: one per sample, never reused within a scheduler.
 pub type SeqId = u64;
@@ -204,6 +205,11 @@ pub struct Sequence {
     /// Its grammar matcher, advanced by every accepted token (kept across preemption,
     /// dropped when the sequence ends).
     pub matcher: Option<Matcher>,
+    /// Its drafts so far, for the adaptive rule (`spec/mod.rs`).
+    pub spec: SpecRecord,
+    /// Drafts the executor proposed with the latest result (method "executor"), for the
+    /// next step; replaced by every result.
+    pub next_drafts: Vec<u32>,
 }
 
 /// `Sequence::row` of a sequence that holds no row.
@@ -290,6 +296,8 @@ impl Sequence {
             fork_source: None,
             attachment: None,
             matcher: None,
+            spec: SpecRecord::default(),
+            next_drafts: Vec::new(),
         }
     }
 

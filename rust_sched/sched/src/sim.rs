@@ -62,6 +62,97 @@ impl FakeExecutor {
     }
 }
 
+/// A stand-in target model for speculative decoding: the next token is a function of
+/// the input token and its position only ([`markov_token`]), so drafts can be verified
+/// greedily as a real executor would, and a run with speculation must produce exactly
+/// the tokens of a run without.
+#[derive(Debug, Default)]
+pub struct MarkovExecutor {
+    pub vocab: u32,
+    last_sampled: HashMap<i32, i64>,
+}
+
+/// The greedy "model" of [`MarkovExecutor`]: mostly a fixed permutation of a small
+/// vocabulary (so outputs repeat and prompt lookup finds them), shifted every seventh
+/// position (so some drafts are rejected).
+pub fn markov_token(input: u32, position: usize, vocab: u32) -> u32 {
+    let next = (input.wrapping_mul(5).wrapping_add(3)) % vocab;
+    if position % 7 == 0 {
+        (next + 1) % vocab
+    } else {
+        next
+    }
+}
+
+/// One step's result as [`MarkovExecutor`] returns it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VerifiedStep {
+    pub sampled: Vec<i64>,
+    /// `[S]`, None when the plan had no drafts.
+    pub num_accepted: Option<Vec<i32>>,
+}
+
+impl MarkovExecutor {
+    pub fn new(vocab: u32) -> Self {
+        MarkovExecutor { vocab, ..Default::default() }
+    }
+
+    /// Runs `plan`: each entry's target token, then per sequence the drafts accepted
+    /// greedily (while each equals the target before it) and the next target token.
+    pub fn run(&mut self, plan: &StepPlan) -> VerifiedStep {
+        for &row in &plan.new_rows {
+            self.last_sampled.remove(&row);
+        }
+        let input = |t: usize, last: &HashMap<i32, i64>, row: i32| -> u32 {
+            let id = plan.input_ids[t];
+            if id == PLACEHOLDER_TOKEN {
+                last[&row] as u32
+            } else {
+                id as u32
+            }
+        };
+        let targets: Vec<u32> = plan
+            .logits_indices
+            .iter()
+            .zip(&plan.sample_rows)
+            .map(|(&idx, &row)| {
+                let idx = idx as usize;
+                markov_token(
+                    input(idx, &self.last_sampled, row),
+                    plan.positions[idx] as usize + 1,
+                    self.vocab,
+                )
+            })
+            .collect();
+        let mut out = VerifiedStep::default();
+        let with_drafts = !plan.num_draft_tokens.is_empty();
+        let mut accepted = Vec::new();
+        let (mut entry, mut draft_at) = (0, 0);
+        let mut new_last = HashMap::new();
+        let num_seqs = if with_drafts { plan.num_draft_tokens.len() } else { targets.len() };
+        for k in 0..num_seqs {
+            let d = if with_drafts { plan.num_draft_tokens[k] as usize } else { 0 };
+            let drafts = &plan.draft_token_ids[draft_at..draft_at + d];
+            let mut a = 0;
+            while a < d && drafts[a] == i64::from(targets[entry + a]) {
+                out.sampled.push(drafts[a]);
+                a += 1;
+            }
+            let token = i64::from(targets[entry + a]);
+            out.sampled.push(token);
+            new_last.insert(plan.sample_rows[entry], token);
+            accepted.push(a as i32);
+            entry += d + 1;
+            draft_at += d;
+        }
+        self.last_sampled = new_last;
+        if with_drafts {
+            out.num_accepted = Some(accepted);
+        }
+        out
+    }
+}
+
 /// `n` requests of `prompt_len` tokens that never stop early (`ignore_eos`).
 pub fn uniform_requests(n: usize, prompt_len: usize, max_tokens: usize, vocab: u32) -> Vec<RequestSpec> {
     (0..n)

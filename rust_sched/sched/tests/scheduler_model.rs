@@ -106,6 +106,7 @@ fn config_strategy() -> impl Strategy<Value = SchedulerConfig> {
             enable_kv_events: false,
             policy: if prio { Policy::Priority } else { Policy::Fcfs },
             pipeline_depth: depth,
+            ..SchedulerConfig::default()
         })
 }
 
@@ -1040,6 +1041,7 @@ fn tiny_pool_preempts_and_still_matches_reference() {
         enable_kv_events: false,
         policy: Policy::Fcfs,
         pipeline_depth: 2,
+        ..SchedulerConfig::default()
     };
     let stems: Vec<Vec<u32>> =
         (0..3).map(|s| (0..MAX_PROMPT as u32).map(|t| (t * 7 + s) % PROMPT_VOCAB).collect()).collect();

@@ -14,6 +14,7 @@
 //! requests are not admitted in a step that preempted, so a victim is not re-admitted
 //! only to be preempted again in the same breath.
 
+mod drafts;
 mod masks;
 mod queues;
 mod schedule;
@@ -31,9 +32,12 @@ use crate::plan::{FinishReason, OutputEvent};
 use crate::request::{
     RequestSpec, SeqId, SeqIndex, SeqState, Sequence, StopCriteria, StopTokenFilter, NO_ROW,
 };
+use crate::spec::suffix::{SuffixCache, SUFFIX_CACHE_TOKENS};
+use crate::spec::{SpecMethod, MAX_SPECULATIVE_TOKENS};
 
 pub use queues::Rank;
 use queues::{RowAllocator, RunningList, WaitingQueue};
+pub use update::SpecResult;
 
 /// A planned step that has not reported back. Its sequences are [`SeqIndex`]es into the
 /// scheduler's slab.
@@ -63,6 +67,10 @@ struct InflightStep {
     mask_words: usize,
     /// Where their mask goes, until it is sent (`masks.rs`).
     mask_tx: Option<crossbeam_channel::Sender<GrammarMask>>,
+    /// Drafts of each sampled sequence, in `sampled` order; empty when the step has none.
+    draft_counts: Vec<u32>,
+    /// The drafts, flat, in the same order.
+    drafts: Vec<u32>,
 }
 
 /// The samples of one request, for abort and for id reuse.
@@ -97,6 +105,40 @@ pub struct SchedulerCounters {
     pub dead_ends: u64,
 }
 
+/// Speculative decoding's figures (counters that only grow).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpecStats {
+    /// Drafts per sequence and step at most (the configured k): the length of
+    /// `accepted_per_position` that counts.
+    pub k: usize,
+    /// Sequence-steps that carried drafts, and the drafts in them.
+    pub drafts: u64,
+    pub draft_tokens: u64,
+    /// Drafts accepted, in all and by position (the first draft, the second, ...).
+    pub accepted_tokens: u64,
+    pub accepted_per_position: [u64; MAX_SPECULATIVE_TOKENS],
+    /// Sequences the adaptive rule stopped proposing for.
+    pub disabled_sequences: u64,
+    /// Proposer calls (one per sequence and step it may draft in) and their time.
+    pub proposals: u64,
+    pub propose_ns: u64,
+}
+
+impl Default for SpecStats {
+    fn default() -> Self {
+        SpecStats {
+            k: 0,
+            drafts: 0,
+            draft_tokens: 0,
+            accepted_tokens: 0,
+            accepted_per_position: [0; MAX_SPECULATIVE_TOKENS],
+            disabled_sequences: 0,
+            proposals: 0,
+            propose_ns: 0,
+        }
+    }
+}
+
 /// A snapshot for stats and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SchedulerSnapshot {
@@ -108,6 +150,7 @@ pub struct SchedulerSnapshot {
     pub kv: PoolUsage,
     pub prefix: PrefixCacheStats,
     pub counters: SchedulerCounters,
+    pub spec: SpecStats,
 }
 
 pub struct Scheduler {
@@ -133,6 +176,11 @@ pub struct Scheduler {
     /// Request ids whose last sample ended since the last `take_ended_requests`.
     ended_requests: Vec<Arc<str>>,
     counters: SchedulerCounters,
+    spec_stats: SpecStats,
+    /// Finished outputs the suffix proposer looks up (method "suffix" only).
+    suffix_cache: Option<SuffixCache>,
+    /// Scratch for one sequence's proposed drafts.
+    draft_buf: Vec<u32>,
 }
 
 impl Scheduler {
@@ -145,7 +193,6 @@ impl Scheduler {
         Ok(Scheduler {
             pool,
             rows: RowAllocator::new(config.max_num_seqs),
-            config,
             seqs: Vec::new(),
             free_indices: Vec::new(),
             index_of_seq: HashMap::new(),
@@ -161,6 +208,12 @@ impl Scheduler {
             stop_filter: StopTokenFilter::default(),
             ended_requests: Vec::new(),
             counters: SchedulerCounters::default(),
+            spec_stats: SpecStats { k: config.num_speculative_tokens, ..SpecStats::default() },
+            suffix_cache: (config.speculative_method == SpecMethod::Suffix).then(|| {
+                SuffixCache::new(config.prompt_lookup_min, config.prompt_lookup_max, SUFFIX_CACHE_TOKENS)
+            }),
+            draft_buf: Vec::with_capacity(MAX_SPECULATIVE_TOKENS),
+            config,
         })
     }
 
@@ -317,6 +370,7 @@ impl Scheduler {
             kv: self.pool.usage(),
             prefix: self.pool.prefix_stats(),
             counters: self.counters,
+            spec: self.spec_stats,
         }
     }
 
@@ -449,6 +503,9 @@ impl Scheduler {
             SeqState::Parked | SeqState::Finished => {}
         }
         self.release_row(seq_index);
+        if matches!(reason, FinishReason::Stop | FinishReason::Length) {
+            self.remember_output(seq_index);
+        }
         let seq = self.seq_mut(seq_index);
         seq.state = SeqState::Finished;
         seq.matcher = None;
@@ -544,3 +601,6 @@ mod tests;
 
 #[cfg(test)]
 mod mask_tests;
+
+#[cfg(test)]
+mod spec_tests;

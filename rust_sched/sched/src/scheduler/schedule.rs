@@ -101,9 +101,14 @@ impl Scheduler {
     /// Returns true when it preempted anything.
     fn schedule_running(&mut self, budget: &mut usize, plan: &mut StepPlan, step: &mut InflightStep) -> bool {
         let mut preempted = false;
+        let speculates = self.config.speculates();
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
             let (_, seq_index) = self.running.get(i);
+            if speculates && self.waits_for_result(seq_index) {
+                i += 1;
+                continue;
+            }
             let n = self.chunk_size(seq_index, *budget);
             if n == 0 {
                 i += 1;
@@ -112,7 +117,17 @@ impl Scheduler {
             // A running sequence holds exactly blocks_for(num_computed) blocks, so the block
             // table itself (a cache line of its own) is not read here.
             let computed = self.seq(seq_index).unwrap().computed();
-            let need = self.config.blocks_for(computed + n) - self.config.blocks_for(computed);
+            let held = self.config.blocks_for(computed);
+            let mut d = 0;
+            if speculates && n == 1 && self.may_speculate(seq_index) {
+                // Drafts take only budget no later running sequence needs for its own token,
+                // and only free blocks: they are dropped before anyone is preempted for them.
+                let spare = budget.saturating_sub(self.running.len() - i);
+                let room =
+                    ((held + self.pool.num_free()) * self.config.block_size).saturating_sub(computed + 1);
+                d = self.propose(seq_index, spare.min(room));
+            }
+            let need = self.config.blocks_for(computed + n + d) - held;
             // Make room by preempting lower-ranked sequences (always the last of the list).
             while self.pool.num_free() < need && self.running.len() > i + 1 {
                 self.preempt_at(self.running.len() - 1);
@@ -124,8 +139,10 @@ impl Scheduler {
                 continue;
             }
             self.grow_blocks(seq_index, need, plan);
-            self.emit(seq_index, n, plan, step);
-            *budget -= n;
+            let drafts = std::mem::take(&mut self.draft_buf);
+            self.emit(seq_index, n + d, &drafts[..d], plan, step);
+            self.draft_buf = drafts;
+            *budget -= n + d;
             i += 1;
         }
         preempted
@@ -192,7 +209,7 @@ impl Scheduler {
             self.running.insert(rank, seq_index);
             self.announce_new(seq_index, plan);
             self.grow_blocks(seq_index, need, plan);
-            self.emit(seq_index, n, plan, step);
+            self.emit(seq_index, n, &[], plan, step);
             *budget -= n;
         }
     }
@@ -267,9 +284,17 @@ impl Scheduler {
         }
     }
 
-    /// Writes one picked sequence's tokens into the plan, advances its computed count,
-    /// registers prompt blocks that became full, and records it in the step.
-    fn emit(&mut self, seq_index: SeqIndex, n: usize, plan: &mut StepPlan, step: &mut InflightStep) {
+    /// Writes one picked sequence's tokens into the plan (`n` of them, the last
+    /// `drafts.len()` being its drafts), advances its computed count, registers prompt
+    /// blocks that became full, and records it in the step.
+    fn emit(
+        &mut self,
+        seq_index: SeqIndex,
+        n: usize,
+        drafts: &[u32],
+        plan: &mut StepPlan,
+        step: &mut InflightStep,
+    ) {
         let bs = self.config.block_size;
         let caching = self.pool.caching_enabled();
         let seq = self.seqs[seq_index as usize].as_mut().expect("live sequence");
@@ -280,8 +305,15 @@ impl Scheduler {
         for b in start / bs..=(end - 1) / bs {
             step.written.push(seq.block_at(b * bs, bs, num_blocks));
         }
+        let d = drafts.len();
         for pos in start..end {
-            let token = if pos < known { i64::from(seq.token_at(pos)) } else { PLACEHOLDER_TOKEN };
+            let token = if pos < known {
+                i64::from(seq.token_at(pos))
+            } else if pos - known < d {
+                i64::from(drafts[pos - known])
+            } else {
+                PLACEHOLDER_TOKEN
+            };
             plan.input_ids.push(token);
             plan.positions.push(pos as i64);
             let block = i64::from(seq.block_at(pos, bs, num_blocks));
@@ -293,7 +325,7 @@ impl Scheduler {
         plan.num_scheduled_tokens.push(n as i32);
         plan.query_start_loc.push(plan.input_ids.len() as i32);
         plan.seq_lens.push(end as i32);
-        if n == 1 && start >= seq.prompt_len() {
+        if n - d == 1 && start >= seq.prompt_len() {
             self.counters.decode_tokens_scheduled += 1;
         } else {
             self.counters.prefill_tokens_scheduled += n as u64;
@@ -304,12 +336,29 @@ impl Scheduler {
         if seq.pooling {
             plan.pool_indices.push(index);
             step.pooled.push(seq_index);
-        } else if end == seq.num_tokens_with_pending() {
-            plan.logits_indices.push(plan.input_ids.len() as i64 - 1);
-            plan.sample_rows.push(row);
+        } else if end == seq.num_tokens_with_pending() + d {
+            let last = plan.input_ids.len() as i64 - 1;
+            if d == 0 {
+                plan.logits_indices.push(last);
+                plan.sample_rows.push(row);
+            } else {
+                plan.logits_indices.extend(last - d as i64..=last);
+                plan.sample_rows.extend(std::iter::repeat_n(row, d + 1));
+                if step.drafts.is_empty() {
+                    // The step's first drafts: the sequences sampled before had none.
+                    plan.num_draft_tokens.resize(step.sampled.len(), 0);
+                    step.draft_counts.resize(step.sampled.len(), 0);
+                }
+                plan.draft_token_ids.extend(drafts.iter().map(|&t| i64::from(t)));
+                step.drafts.extend_from_slice(drafts);
+            }
+            if !step.drafts.is_empty() {
+                plan.num_draft_tokens.push(d as i32);
+                step.draft_counts.push(d as u32);
+            }
             seq.pending_samples += 1;
             if seq.constrained {
-                plan.mask_sample_indices.push(step.sampled.len() as i32);
+                plan.mask_sample_indices.push(plan.logits_indices.len() as i32 - 1);
                 step.masked.push(seq_index);
                 step.mask_words = step.mask_words.max(seq.matcher.as_ref().map_or(1, |m| m.mask_words));
             }

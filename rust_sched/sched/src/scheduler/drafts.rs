@@ -1,0 +1,106 @@
+//! Drafts at planning time: which sequences may speculate, their proposals (n-gram,
+//! suffix, or the executor's), and the rewind after verification. The rules are in
+//! `docs/speculative_decoding.md`.
+
+use std::time::Instant;
+
+use crate::request::SeqIndex;
+use crate::spec::{ngram, suffix, SpecMethod};
+
+use super::Scheduler;
+
+impl Scheduler {
+    /// Whether the sequence may get drafts at all: speculation is on, it samples, no
+    /// grammar constrains it (drafts are not checked against grammars: see the docs), and
+    /// the adaptive rule has not turned it off.
+    pub(super) fn may_speculate(&self, seq_index: SeqIndex) -> bool {
+        let seq = self.seq(seq_index).expect("live sequence");
+        self.config.speculates() && !seq.pooling && !seq.constrained && !seq.spec.off
+    }
+
+    /// Room for drafts left by the sequence's limits (max_tokens, max_model_len) once its
+    /// pending samples are in: each verified step also adds one token of its own.
+    fn draft_room(&self, seq_index: SeqIndex) -> usize {
+        let seq = self.seq(seq_index).expect("live sequence");
+        let with_pending = seq.num_tokens_with_pending();
+        let by_tokens =
+            (seq.max_tokens as usize).saturating_sub(seq.num_output() + seq.pending_samples as usize + 1);
+        let by_len = self.config.max_model_len.saturating_sub(with_pending + 1);
+        by_tokens.min(by_len).min(self.config.num_speculative_tokens)
+    }
+
+    /// A speculating sequence whose previous token is not known yet is not planned with
+    /// a placeholder: it waits for that result, and is then planned with drafts.
+    pub(super) fn waits_for_result(&self, seq_index: SeqIndex) -> bool {
+        let seq = self.seq(seq_index).expect("live sequence");
+        seq.pending_samples > 0 && self.may_speculate(seq_index) && self.draft_room(seq_index) > 0
+    }
+
+    /// Proposes at most `max_d` drafts for a decoding sequence into `draft_buf` (cleared
+    /// first); returns how many.
+    pub(super) fn propose(&mut self, seq_index: SeqIndex, max_d: usize) -> usize {
+        self.draft_buf.clear();
+        let seq = self.seq(seq_index).expect("live sequence");
+        // Only a sequence whose next input is its last known token (no sample pending).
+        if seq.pending_samples > 0 || seq.computed() + 1 != seq.num_tokens() || seq.num_output() == 0 {
+            return 0;
+        }
+        let k = max_d.min(self.draft_room(seq_index));
+        if k == 0 {
+            return 0;
+        }
+        let started = Instant::now();
+        let (min_n, max_n) = (self.config.prompt_lookup_min, self.config.prompt_lookup_max);
+        let mut buf = std::mem::take(&mut self.draft_buf);
+        let seq = self.seqs[seq_index as usize].as_mut().expect("live sequence");
+        match self.config.speculative_method {
+            SpecMethod::None => {}
+            SpecMethod::Ngram => {
+                ngram::propose(seq.known_tokens(), min_n, max_n, k, &mut buf);
+            }
+            SpecMethod::Suffix => {
+                let cache = self.suffix_cache.as_ref().expect("a suffix cache with method suffix");
+                suffix::propose(seq.known_tokens(), cache, min_n, max_n, k, &mut buf);
+            }
+            SpecMethod::Executor => {
+                let take = k.min(seq.next_drafts.len());
+                buf.extend_from_slice(&seq.next_drafts[..take]);
+            }
+        }
+        self.spec_stats.proposals += 1;
+        self.spec_stats.propose_ns += started.elapsed().as_nanos() as u64;
+        let d = buf.len();
+        self.draft_buf = buf;
+        d
+    }
+
+    /// Keeps a finished sequence's output for the suffix proposer.
+    pub(super) fn remember_output(&mut self, seq_index: SeqIndex) {
+        let Some(cache) = self.suffix_cache.as_mut() else {
+            return;
+        };
+        let seq = self.seqs[seq_index as usize].as_mut().expect("live sequence");
+        if seq.pooling {
+            return;
+        }
+        let prompt = seq.prompt_len();
+        let tokens = seq.known_tokens();
+        cache.insert(&tokens[..prompt], &tokens[prompt..]);
+    }
+
+    /// After verification: a running sequence that computed `d` drafts of which `a` were
+    /// accepted keeps the KV of its last committed token and the accepted drafts only;
+    /// blocks held only for rejected positions go back to the pool (they were fresh: a
+    /// block is offered to the prefix cache only once all its tokens are committed).
+    pub(super) fn rewind(&mut self, seq_index: SeqIndex, d: usize, a: usize) {
+        let bs = self.config.block_size;
+        let seq = self.seqs[seq_index as usize].as_mut().expect("live sequence");
+        seq.num_computed -= (d - a) as u32;
+        let keep = seq.computed().div_ceil(bs);
+        if seq.blocks.len() > keep {
+            let extra = seq.blocks.split_off(keep);
+            seq.tail_block = *seq.blocks.last().expect("a running sequence holds a block");
+            self.pool.release(&extra);
+        }
+    }
+}

@@ -1,0 +1,362 @@
+//! Speculative decoding in the scheduler: drafts planned, verified results applied,
+//! blocks reserved and given back, the adaptive rule, the executor's drafts.
+
+use super::*;
+use crate::sim::{MarkovExecutor, VerifiedStep};
+use crate::spec::SpecMethod;
+
+fn config(num_blocks: usize, k: usize, method: SpecMethod) -> SchedulerConfig {
+    SchedulerConfig {
+        num_blocks,
+        block_size: 4,
+        max_num_seqs: 8,
+        max_num_batched_tokens: 64,
+        max_model_len: 256,
+        pipeline_depth: 1,
+        num_speculative_tokens: k,
+        speculative_method: method,
+        spec_min_acceptance: 0.0,
+        ..SchedulerConfig::default()
+    }
+}
+
+fn request(id: &str, prompt: Vec<u32>, max_tokens: usize) -> RequestSpec {
+    RequestSpec { request_id: id.into(), prompt, max_tokens, ignore_eos: true, n: 1, ..Default::default() }
+}
+
+fn accept(s: &mut Scheduler, step: u64, sampled: &[i64], acc: &[i32]) -> SchedResult<()> {
+    s.apply_spec_result(step, sampled, SpecResult { num_accepted: Some(acc), next_drafts: None })
+}
+
+/// Runs everything to the end with the Markov executor; returns each sequence's tokens.
+fn run(s: &mut Scheduler, vocab: u32) -> HashMap<u64, Vec<i64>> {
+    let mut exec = MarkovExecutor::new(vocab);
+    let mut outputs: HashMap<u64, Vec<i64>> = HashMap::new();
+    let mut pending: VecDeque<(u64, VerifiedStep)> = VecDeque::new();
+    for _ in 0..100_000 {
+        while let Some(plan) = s.schedule() {
+            s.check_invariants().unwrap();
+            assert!(plan.num_draft_tokens.is_empty() || plan.num_draft_tokens.len() < plan.num_samples());
+            pending.push_back((plan.step_id, exec.run(&plan)));
+        }
+        let Some((step, result)) = pending.pop_front() else {
+            assert!(!s.has_unfinished());
+            return outputs;
+        };
+        let spec = SpecResult { num_accepted: result.num_accepted.as_deref(), next_drafts: None };
+        s.apply_spec_result(step, &result.sampled, spec).unwrap();
+        s.check_invariants().unwrap();
+        let ev = s.take_output(Some(step));
+        for (seq, tok) in ev.seq_ids.iter().zip(ev.token_ids) {
+            outputs.entry(*seq).or_default().push(tok);
+        }
+    }
+    panic!("did not finish");
+}
+
+#[test]
+fn config_refuses_inconsistent_speculation() {
+    let mut c = config(16, 3, SpecMethod::None);
+    assert!(c.validate().is_err(), "k without a method");
+    c = config(16, 0, SpecMethod::Ngram);
+    assert!(c.validate().is_err(), "a method without k");
+    c = config(16, 3, SpecMethod::Ngram);
+    c.validate().unwrap();
+    c.prompt_lookup_min = 4;
+    assert!(c.validate().is_err(), "min above max");
+    c = config(16, 99, SpecMethod::Ngram);
+    assert!(c.validate().is_err());
+    c = config(16, 3, SpecMethod::Ngram);
+    c.spec_min_acceptance = 1.5;
+    assert!(c.validate().is_err());
+}
+
+#[test]
+fn ngram_drafts_are_planned_verified_and_rewound() {
+    let mut s = Scheduler::new(config(32, 3, SpecMethod::Ngram)).unwrap();
+    s.add_request(request("a", vec![1, 2, 3, 4, 5, 6, 1, 2], 20)).unwrap();
+    let p0 = s.schedule().unwrap();
+    assert!(p0.num_draft_tokens.is_empty(), "a prefill has no drafts");
+    s.apply_result(p0.step_id, &[3]).unwrap();
+    s.take_output(Some(p0.step_id));
+    // Tokens: 1 2 3 4 5 6 1 2 3: "1 2 3" occurred at 0, followed by 4 5 6.
+    let p1 = s.schedule().unwrap();
+    assert_eq!(p1.num_draft_tokens, vec![3]);
+    assert_eq!(p1.draft_token_ids, vec![4, 5, 6]);
+    assert_eq!(p1.input_ids, vec![3, 4, 5, 6]);
+    assert_eq!(p1.positions, vec![8, 9, 10, 11]);
+    assert_eq!(p1.logits_indices, vec![0, 1, 2, 3]);
+    assert_eq!(p1.sample_rows, vec![p1.rows[0]; 4]);
+    assert_eq!(p1.seq_lens, vec![12]);
+    // Positions 8..11 need a third block, reserved for the drafts.
+    assert_eq!(s.seq(0).unwrap().blocks.len(), 3);
+    s.check_invariants().unwrap();
+    // One accepted (4), then the correction 9.
+    accept(&mut s, p1.step_id, &[4, 9], &[1]).unwrap();
+    s.check_invariants().unwrap();
+    let seq = s.seq(0).unwrap();
+    assert_eq!(seq.num_tokens(), 11);
+    assert_eq!(seq.computed(), 10);
+    assert_eq!(seq.blocks.len(), 3);
+    let ev = s.take_output(Some(p1.step_id));
+    assert_eq!(ev.token_ids, vec![4, 9]);
+    assert_eq!(ev.seq_ids, vec![0, 0]);
+    assert_eq!(ev.sample_indices, vec![0, 1]);
+    let stats = s.snapshot().spec;
+    assert_eq!((stats.drafts, stats.draft_tokens, stats.accepted_tokens), (1, 3, 1));
+    assert_eq!(&stats.accepted_per_position[..3], &[1, 0, 0]);
+    // The next plan starts from the correction token, at position 10.
+    let p2 = s.schedule().unwrap();
+    assert_eq!(p2.input_ids[0], 9);
+    assert_eq!(p2.positions[0], 10);
+}
+
+#[test]
+fn rejected_positions_give_their_blocks_back() {
+    let mut s = Scheduler::new(config(32, 3, SpecMethod::Ngram)).unwrap();
+    // 7 prompt tokens + 1 output = 8 tokens, computed 7: the next step's drafts reach
+    // positions 8..10, a third block held only for them.
+    s.add_request(request("a", vec![1, 2, 3, 9, 9, 1, 2], 20)).unwrap();
+    let p0 = s.schedule().unwrap();
+    s.apply_result(p0.step_id, &[3]).unwrap();
+    let p1 = s.schedule().unwrap();
+    assert_eq!(p1.draft_token_ids, vec![9, 9, 1]);
+    assert_eq!(s.seq(0).unwrap().blocks.len(), 3);
+    let used = s.pool().usage().used;
+    accept(&mut s, p1.step_id, &[5], &[0]).unwrap();
+    assert_eq!(s.seq(0).unwrap().blocks.len(), 2, "the block of rejected positions is released");
+    assert_eq!(s.pool().usage().used, used - 1);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_stop_among_accepted_drafts_drops_the_rest() {
+    let mut s = Scheduler::new(config(32, 3, SpecMethod::Ngram)).unwrap();
+    let mut r = request("a", vec![1, 2, 3, 4, 5, 6, 1, 2], 20);
+    r.ignore_eos = false;
+    r.eos_token_ids = vec![5];
+    s.add_request(r).unwrap();
+    let p0 = s.schedule().unwrap();
+    s.apply_result(p0.step_id, &[3]).unwrap();
+    s.take_output(Some(p0.step_id));
+    let p1 = s.schedule().unwrap();
+    assert_eq!(p1.draft_token_ids, vec![4, 5, 6]);
+    accept(&mut s, p1.step_id, &[4, 5, 6, 7], &[3]).unwrap();
+    let ev = s.take_output(Some(p1.step_id));
+    assert_eq!(ev.token_ids, vec![4, 5], "tokens after the EOS are dropped");
+    assert_eq!(ev.finished_seq_ids, vec![0]);
+    assert_eq!(ev.stop_token_ids, vec![5]);
+    assert_eq!(s.counters().discarded_tokens, 2);
+    assert_eq!(s.pool().usage().used, 0);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn max_tokens_bounds_the_drafts() {
+    let mut s = Scheduler::new(config(32, 3, SpecMethod::Ngram)).unwrap();
+    s.add_request(request("a", vec![1, 2, 3, 4, 5, 6, 1, 2], 3)).unwrap();
+    let p0 = s.schedule().unwrap();
+    s.apply_result(p0.step_id, &[3]).unwrap();
+    let p1 = s.schedule().unwrap();
+    // One output so far and max_tokens 3: one draft plus the token after it.
+    assert_eq!(p1.draft_token_ids, vec![4]);
+    accept(&mut s, p1.step_id, &[4, 5], &[1]).unwrap();
+    let ev = s.take_output(Some(p1.step_id));
+    assert_eq!(ev.finish_reasons, vec![FinishReason::Length as u8]);
+    assert_eq!(s.pool().usage().used, 0);
+}
+
+#[test]
+fn malformed_spec_results_are_refused_before_anything_changes() {
+    let mut s = Scheduler::new(config(32, 3, SpecMethod::Ngram)).unwrap();
+    s.add_request(request("a", vec![1, 2, 3, 4, 5, 6, 1, 2], 20)).unwrap();
+    let p0 = s.schedule().unwrap();
+    s.apply_result(p0.step_id, &[3]).unwrap();
+    let p1 = s.schedule().unwrap();
+    let id = p1.step_id;
+    assert!(s.apply_result(id, &[4]).is_err(), "drafts need num_accepted");
+    assert!(accept(&mut s, id, &[4, 5, 6, 7, 8], &[4]).is_err(), "more accepted than drafted");
+    assert!(accept(&mut s, id, &[7, 9], &[1]).is_err(), "an accepted token that is not the draft");
+    assert!(accept(&mut s, id, &[4, 5, 9], &[1]).is_err(), "a token count that does not add up");
+    assert!(accept(&mut s, id, &[9], &[-1]).is_err());
+    assert_eq!(s.num_inflight(), 1);
+    accept(&mut s, id, &[9], &[0]).unwrap();
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn speculation_off_plans_exactly_as_before() {
+    let mut plain = Scheduler::new(config(32, 0, SpecMethod::None)).unwrap();
+    let mut spec = Scheduler::new(config(32, 3, SpecMethod::Ngram)).unwrap();
+    for s in [&mut plain, &mut spec] {
+        s.add_request(request("a", vec![1, 2, 3, 4, 5, 6, 7, 8], 20)).unwrap();
+        let p0 = s.schedule().unwrap();
+        s.apply_result(p0.step_id, &[11]).unwrap();
+    }
+    // No earlier "11": n-gram finds nothing, the plan is a plain decode.
+    let a = plain.schedule().unwrap();
+    let b = spec.schedule().unwrap();
+    assert_eq!(a, b);
+    assert!(b.num_draft_tokens.is_empty() && b.draft_token_ids.is_empty());
+}
+
+#[test]
+fn greedy_outputs_equal_speculation_off_at_both_depths_with_preemption() {
+    for depth in [1, 2] {
+        for blocks in [12, 64] {
+            let mut runs = Vec::new();
+            for (k, method) in [(0, SpecMethod::None), (3, SpecMethod::Ngram), (4, SpecMethod::Suffix)] {
+                let mut cfg = config(blocks, k, method);
+                cfg.pipeline_depth = depth;
+                cfg.max_num_batched_tokens = 16;
+                let mut s = Scheduler::new(cfg).unwrap();
+                for i in 0..6u32 {
+                    let prompt: Vec<u32> = (0..5 + i).map(|p| (p * 3 + i) % 11).collect();
+                    s.add_request(request(&format!("r{i}"), prompt, 12 + i as usize)).unwrap();
+                }
+                let out = run(&mut s, 11);
+                assert_eq!(s.pool().usage().used, 0);
+                if k > 0 {
+                    assert!(s.snapshot().spec.accepted_tokens > 0, "the Markov model repeats itself");
+                }
+                runs.push(out);
+            }
+            assert_eq!(runs[0], runs[1], "ngram, depth {depth}, {blocks} blocks");
+            assert_eq!(runs[0], runs[2], "suffix, depth {depth}, {blocks} blocks");
+        }
+    }
+}
+
+#[test]
+fn short_blocks_drop_drafts_before_preempting() {
+    // Two sequences of 8 tokens (2 blocks each) in a pool of 5: drafts for the first
+    // would need a third block each; only one is free.
+    let mut cfg = config(5, 3, SpecMethod::Ngram);
+    cfg.enable_prefix_caching = false;
+    let mut s = Scheduler::new(cfg).unwrap();
+    s.add_request(request("a", vec![1, 2, 3, 4, 5, 6, 1], 8)).unwrap();
+    s.add_request(request("b", vec![7, 8, 9, 7, 8, 9, 7], 8)).unwrap();
+    let p0 = s.schedule().unwrap();
+    s.apply_result(p0.step_id, &[2, 8]).unwrap();
+    assert_eq!(s.pool().usage().free, 1);
+    let p1 = s.schedule().unwrap();
+    assert_eq!(p1.rows.len(), 2, "nobody was preempted");
+    assert_eq!(s.counters().preemptions, 0);
+    // The first gets the free block for its drafts (positions 8..10); the second, with no
+    // block left, decodes in its own block without drafts.
+    assert_eq!(p1.num_draft_tokens, vec![3, 0]);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_speculating_sequence_waits_for_its_result_at_depth_two() {
+    let mut cfg = config(32, 3, SpecMethod::Ngram);
+    cfg.pipeline_depth = 2;
+    let mut s = Scheduler::new(cfg).unwrap();
+    s.add_request(request("a", vec![1, 2, 3, 4, 5, 6, 1, 2], 20)).unwrap();
+    let p0 = s.schedule().unwrap();
+    assert!(s.schedule().is_none(), "no placeholder step for a speculating sequence");
+    s.apply_result(p0.step_id, &[3]).unwrap();
+    let p1 = s.schedule().unwrap();
+    assert_eq!(p1.num_draft_tokens, vec![3]);
+    assert!(!p1.input_ids.contains(&crate::plan::PLACEHOLDER_TOKEN));
+    assert!(s.schedule().is_none());
+}
+
+#[test]
+fn adaptive_rule_stops_drafting_for_a_sequence_that_never_accepts() {
+    let mut cfg = config(64, 3, SpecMethod::Ngram);
+    cfg.spec_min_acceptance = 0.5;
+    let mut s = Scheduler::new(cfg).unwrap();
+    s.add_request(request("a", vec![1; 8], 60)).unwrap();
+    let p0 = s.schedule().unwrap();
+    s.apply_result(p0.step_id, &[1]).unwrap();
+    let mut drafted_steps = 0;
+    for _ in 0..40 {
+        let p = s.schedule().unwrap();
+        if p.num_draft_tokens.is_empty() {
+            s.apply_result(p.step_id, &[1]).unwrap();
+        } else {
+            drafted_steps += 1;
+            // Always reject: the correction token is 1 again, so "1" keeps matching.
+            accept(&mut s, p.step_id, &[1], &[0]).unwrap();
+        }
+        s.check_invariants().unwrap();
+    }
+    let stats = s.snapshot().spec;
+    assert_eq!(stats.disabled_sequences, 1);
+    assert!(drafted_steps * 3 >= crate::spec::ADAPTIVE_WARMUP_DRAFTS as usize);
+    assert!(drafted_steps < 40, "drafting stopped");
+}
+
+#[test]
+fn executor_drafts_are_planned_for_the_next_step() {
+    let mut s = Scheduler::new(config(32, 2, SpecMethod::Executor)).unwrap();
+    s.add_request(request("a", vec![1, 2, 3], 20)).unwrap();
+    let p0 = s.schedule().unwrap();
+    let counts = [3i32];
+    let tokens = [7i64, 8, 9];
+    let spec = SpecResult { num_accepted: None, next_drafts: Some((&counts, &tokens)) };
+    s.apply_spec_result(p0.step_id, &[6], spec).unwrap();
+    let p1 = s.schedule().unwrap();
+    assert_eq!(p1.draft_token_ids, vec![7, 8], "capped at k");
+    assert_eq!(p1.input_ids, vec![6, 7, 8]);
+    let bad = SpecResult { num_accepted: Some(&[0]), next_drafts: Some((&[2], &[1])) };
+    assert!(s.apply_spec_result(p1.step_id, &[5], bad).is_err(), "counts that do not add up");
+    accept(&mut s, p1.step_id, &[7, 8, 4], &[2]).unwrap();
+    // No drafts came with that result: a plain decode.
+    let p2 = s.schedule().unwrap();
+    assert!(p2.num_draft_tokens.is_empty());
+    assert_eq!(p2.input_ids, vec![4]);
+}
+
+#[test]
+fn abort_and_failure_with_drafts_in_flight_leave_the_pool_full() {
+    for fail in [false, true] {
+        let mut s = Scheduler::new(config(32, 3, SpecMethod::Ngram)).unwrap();
+        s.add_request(request("a", vec![1, 2, 3, 4, 5, 6, 1, 2], 20)).unwrap();
+        let p0 = s.schedule().unwrap();
+        s.apply_result(p0.step_id, &[3]).unwrap();
+        let p1 = s.schedule().unwrap();
+        assert_eq!(p1.num_draft_tokens, vec![3]);
+        if fail {
+            s.fail_step(p1.step_id).unwrap();
+        } else {
+            assert!(s.abort("a"));
+            assert!(s.pool().usage().used > 0, "held until the step reports");
+            accept(&mut s, p1.step_id, &[4, 5, 6, 1], &[3]).unwrap();
+            assert_eq!(s.counters().discarded_tokens, 4);
+        }
+        assert_eq!(s.pool().usage().used, 0);
+        assert_eq!(s.pool().usage().free, 32);
+        s.check_invariants().unwrap();
+    }
+}
+
+#[test]
+fn constrained_and_pooling_sequences_get_no_drafts() {
+    let mut s = Scheduler::new(config(32, 3, SpecMethod::Ngram)).unwrap();
+    let mut p = request("p", vec![1, 2, 1, 2], 1);
+    p.pooling = true;
+    p.max_tokens = 0;
+    s.add_request(p).unwrap();
+    let p0 = s.schedule().unwrap();
+    assert!(p0.num_draft_tokens.is_empty());
+    s.apply_result(p0.step_id, &[]).unwrap();
+    assert_eq!(s.pool().usage().used, 0);
+}
+
+#[test]
+fn suffix_proposals_come_from_a_finished_request() {
+    let mut s = Scheduler::new(config(64, 3, SpecMethod::Suffix)).unwrap();
+    s.add_request(request("first", vec![1, 2], 6)).unwrap();
+    let out = run(&mut s, 1000);
+    let first: Vec<u32> = out[&0].iter().map(|&t| t as u32).collect();
+    // A second request whose prompt ends like the first one's output began.
+    s.add_request(request("second", vec![50, 51, first[0], first[1]], 6)).unwrap();
+    let p0 = s.schedule().unwrap();
+    s.apply_result(p0.step_id, &[i64::from(first[2])]).unwrap();
+    let p1 = s.schedule().unwrap();
+    let want: Vec<i64> = first[3..6].iter().map(|&t| i64::from(t)).collect();
+    assert_eq!(p1.draft_token_ids, want);
+}
