@@ -80,7 +80,11 @@ class ExecutorLoop:
         started_at = time.time() if len(plan.new_seq_ids) else 0.0
         try:
             out = self.runner.execute(plan)
-            self.sched.submit_result(plan.step_id, out.sampled_token_ids, _result(plan, out, started_at))
+            if out.num_accepted is None and out.next_drafts is None:
+                self.sched.submit_result(plan.step_id, out.sampled_token_ids, _result(plan, out, started_at))
+            else:  # speculative decoding: accepted drafts, or drafts for the next step
+                self.sched.submit_result(plan.step_id, out.sampled_token_ids, _result(plan, out, started_at),
+                                         num_accepted=out.num_accepted, next_drafts=out.next_drafts)
         except EngineDeadError:
             raise
         except Exception as e:  # noqa: BLE001 - the step's requests get the error

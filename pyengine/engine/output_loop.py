@@ -154,12 +154,18 @@ class OutputLoop:
         seq_ids = event.seq_ids.tolist()
         tokens = event.token_ids.tolist()
         self.generated_tokens += len(tokens)
-        index_of = result.logprob_rows() if result is not None else None
         logprobs = result.logprobs if result is not None else None
+        # With drafts in the step a sequence may accept several tokens: each token's row of
+        # the logprob arrays is its element of the step's `sampled` (`sample_indices`).
+        sample_indices = event.sample_indices.tolist() if event.sample_indices.size else None
+        index_of = result.logprob_rows() if result is not None and sample_indices is None else None
         # The sequences a token (EOS, stop_token_ids) ends in this step, and that token.
         stopped_by = dict(zip(event.finished_seq_ids.tolist(), event.stop_token_ids.tolist())) \
             if event.finished_seq_ids.size else {}
-        for seq, token in zip(seq_ids, tokens):
+        # Only a sequence's last token of the step can be the one that ended it (an earlier
+        # equal id came before min_tokens).
+        last_of = {seq: k for k, seq in enumerate(seq_ids)} if sample_indices is not None and stopped_by else None
+        for k, (seq, token) in enumerate(zip(seq_ids, tokens)):
             entry = self.requests.seq(seq)
             if entry is None:
                 continue
@@ -168,9 +174,12 @@ class OutputLoop:
                 continue  # ended here (stop string) before the scheduler heard of it
             touched[state.request_id] = state
             try:
-                row = index_of.get(seq, -1) if index_of is not None else -1
-                stop = state.add_token(sample, token, logprobs if row >= 0 else None, row,
-                                       stops=stopped_by.get(seq) == token)
+                if sample_indices is not None:
+                    row = sample_indices[k] if logprobs is not None else -1
+                else:
+                    row = index_of.get(seq, -1) if index_of is not None else -1
+                stops = stopped_by.get(seq) == token and (last_of is None or last_of[seq] == k)
+                stop = state.add_token(sample, token, logprobs if row >= 0 else None, row, stops=stops)
                 if stop is not None:
                     state.finish_sample(sample, "stop", stop)
                     self.sched.finish(seq, "stop")

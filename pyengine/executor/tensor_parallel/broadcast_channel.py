@@ -2,8 +2,8 @@
 
 Shared memory only reaches the ranks on rank 0's host. With ranks launched from outside
 (torchrun, ``distributed_executor_backend="external_launcher"``) rank 0 broadcasts each
-plan over a gloo group of its own: a 9-element header (sequence, step id, the array
-lengths, the kind: step or exit, the prompt positions' slice size), then the arrays concatenated into one int64 buffer,
+plan over a gloo group of its own: an 11-element header (sequence, step id, the array
+lengths, the kind: step or exit, the prompt positions' slice size, the draft lengths), then the arrays concatenated into one int64 buffer,
 laid out as in the shared segment (``plan_channel.ARRAYS``). The group is created with a
 long timeout: a worker waits in the header broadcast while the engine is idle, and a
 rank 0 that dies closes its connections, which ends that wait at once.
@@ -17,7 +17,14 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from pyengine.executor.tensor_parallel.plan_channel import ARRAYS, ForwardPlan, plan_lengths, prompt_positions
+from pyengine.executor.tensor_parallel.plan_channel import (
+    ARRAYS,
+    ForwardPlan,
+    draft_counts,
+    draft_ids,
+    plan_lengths,
+    prompt_positions,
+)
 from pyengine.models.parallel import CollectiveError
 
 STEP, EXIT = 1, 2
@@ -56,11 +63,13 @@ class BroadcastPlanSender:
         self.sequence += 1
         header = torch.tensor(
             [self.sequence, plan.step_id, lengths["tokens"], lengths["rows"], lengths["logits"],
-             lengths["block_writes"], STEP, lengths["prompt_logits"], getattr(plan, "prompt_slice", 0)],
+             lengths["block_writes"], STEP, lengths["prompt_logits"], getattr(plan, "prompt_slice", 0),
+             lengths["samples"], lengths["drafts"]],
             dtype=torch.int64,
         )
-        parts = [np.asarray(input_ids if name == "input_ids" else prompt_positions(plan)
-                            if name == "prompt_logits_indices" else getattr(plan, name), dtype=np.int64)
+        special = {"input_ids": input_ids, "prompt_logits_indices": prompt_positions(plan),
+                   "num_draft_tokens": draft_counts(plan), "draft_token_ids": draft_ids(plan)}
+        parts = [np.asarray(special[name] if name in special else getattr(plan, name), dtype=np.int64)
                  for name, _, _ in ARRAYS]
         payload = torch.from_numpy(np.concatenate(parts)) if parts else torch.zeros(0, dtype=torch.int64)
         self._broadcast(header)
@@ -72,7 +81,7 @@ class BroadcastPlanSender:
         if self._closed:
             return
         self._closed = True
-        self._broadcast(torch.tensor([self.sequence + 1, 0, 0, 0, 0, 0, EXIT, 0, 0], dtype=torch.int64))
+        self._broadcast(torch.tensor([self.sequence + 1, 0, 0, 0, 0, 0, EXIT, 0, 0, 0, 0], dtype=torch.int64))
         exit_barrier(self.group, timeout_s)
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
@@ -87,15 +96,16 @@ class BroadcastPlanReceiver:
 
     def __init__(self, group: Any) -> None:
         self.group = group
-        self.header = torch.zeros(9, dtype=torch.int64)
+        self.header = torch.zeros(11, dtype=torch.int64)
 
     def receive(self) -> Optional[ForwardPlan]:
         self._broadcast(self.header)
-        sequence, step_id, tokens, rows, logits, block_writes, kind, prompt_logits, prompt_slice = self.header.tolist()
+        (sequence, step_id, tokens, rows, logits, block_writes, kind, prompt_logits, prompt_slice, samples,
+         drafts) = self.header.tolist()
         if kind == EXIT:
             return None
         lengths = {"tokens": tokens, "rows": rows, "logits": logits, "block_writes": block_writes,
-                   "prompt_logits": prompt_logits}
+                   "prompt_logits": prompt_logits, "samples": samples, "drafts": drafts}
         total = sum(lengths[field] + extra for _, field, extra in ARRAYS)
         payload = torch.empty(total, dtype=torch.int64)
         self._broadcast(payload)

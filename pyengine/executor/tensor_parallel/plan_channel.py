@@ -34,7 +34,8 @@ from pyengine.executor.tensor_parallel.host_collectives import map_segment, unli
 from pyengine.models.parallel import CollectiveError
 
 # Header: sequence number, step id, then the length of each array below.
-_HEADER = ("sequence", "step_id", "tokens", "rows", "logits", "block_writes", "prompt_logits", "prompt_slice")
+_HEADER = ("sequence", "step_id", "tokens", "rows", "logits", "block_writes", "prompt_logits", "prompt_slice",
+           "samples", "drafts")
 ARRAYS = (
     # name, length field, extra elements
     ("input_ids", "tokens", 0),
@@ -49,6 +50,9 @@ ARRAYS = (
     ("block_table_cols", "block_writes", 0),
     ("block_table_ids", "block_writes", 0),
     ("prompt_logits_indices", "prompt_logits", 0),
+    # Speculative decoding: drafts per sampled sequence (empty without drafts), the drafts.
+    ("num_draft_tokens", "samples", 0),
+    ("draft_token_ids", "drafts", 0),
 )
 _NO_POSITIONS = np.zeros(0, dtype=np.int64)
 EXIT_BYTE = b"x"
@@ -67,7 +71,8 @@ class PlanCapacity:
 
     def lengths(self) -> dict[str, int]:
         return {"tokens": self.max_tokens, "rows": self.max_rows,
-                "logits": self.max_tokens, "block_writes": self.max_block_writes, "prompt_logits": self.max_tokens}
+                "logits": self.max_tokens, "block_writes": self.max_block_writes, "prompt_logits": self.max_tokens,
+                "samples": self.max_rows, "drafts": self.max_tokens}
 
 
 class ForwardPlan:
@@ -90,12 +95,25 @@ class ForwardPlan:
     # ``prompt_slice`` (prompt_logprobs; see ``executor.prompt_logprobs``).
     prompt_logits_indices: np.ndarray
     prompt_slice: int
+    num_draft_tokens: np.ndarray
+    draft_token_ids: np.ndarray
 
 
 def plan_lengths(plan: Any, input_ids: np.ndarray) -> dict[str, int]:
     """The length fields of ``plan`` (see ``ARRAYS``)."""
     return {"tokens": len(input_ids), "rows": len(plan.rows), "logits": len(plan.logits_indices),
-            "block_writes": len(plan.block_table_rows), "prompt_logits": len(prompt_positions(plan))}
+            "block_writes": len(plan.block_table_rows), "prompt_logits": len(prompt_positions(plan)),
+            "samples": len(draft_counts(plan)), "drafts": len(draft_ids(plan))}
+
+
+def draft_counts(plan: Any) -> np.ndarray:
+    """The plan's drafts per sampled sequence (none for a plan without them)."""
+    return getattr(plan, "num_draft_tokens", _NO_POSITIONS)
+
+
+def draft_ids(plan: Any) -> np.ndarray:
+    """The plan's drafts, flat (none for a plan without them)."""
+    return getattr(plan, "draft_token_ids", _NO_POSITIONS)
 
 
 def prompt_positions(plan: Any) -> np.ndarray:
@@ -129,15 +147,16 @@ class PlanSegment:
         tokens, rows = len(input_ids), len(plan.rows)
         logits, block_writes = len(plan.logits_indices), len(plan.block_table_rows)
         prompt = prompt_positions(plan)
-        total = 3 * tokens + 4 * rows + 1 + logits + 3 * block_writes + len(prompt)
+        counts, drafts = draft_counts(plan), draft_ids(plan)
+        total = 3 * tokens + 4 * rows + 1 + logits + 3 * block_writes + len(prompt) + len(counts) + len(drafts)
         np.concatenate(
             (input_ids, plan.positions, plan.slot_mapping, plan.rows, plan.num_scheduled_tokens, plan.seq_lens,
              plan.query_start_loc, plan.logits_indices, plan.block_table_rows, plan.block_table_cols,
-             plan.block_table_ids, prompt),
+             plan.block_table_ids, prompt, counts, drafts),
             out=self._area[:total],
         )
         self.header[1:] = (plan.step_id, tokens, rows, logits, block_writes, len(prompt),
-                           getattr(plan, "prompt_slice", 0))
+                           getattr(plan, "prompt_slice", 0), len(counts), len(drafts))
         _kernels.shared_word_advance(self.header, 0)  # a reader that sees it sees the arrays
 
     def read(self) -> ForwardPlan:

@@ -36,7 +36,7 @@ from pyengine.executor.attention.metadata import StepAttentionLayout
 from pyengine.executor.attention.selector import resolve_block_size
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
-from pyengine.executor.plan import StepPlanLike
+from pyengine.executor.plan import StepPlanLike, last_sample_per_row
 from pyengine.executor.prompt_logprobs import prompt_slices
 from pyengine.executor.runner_output import ModelRunnerOutput
 from pyengine.executor.tensor_parallel.collective_step import (
@@ -213,7 +213,8 @@ class TensorParallelRunner(ModelRunner):
                 self._fail_collectives(published, error)
             raise
         if len(plan.sample_rows):
-            self.host_last_sampled[plan.sample_rows] = output.sampled_token_ids
+            rows, tokens = last_sample_per_row(plan, output.sampled_token_ids, output.num_accepted)
+            self.host_last_sampled[rows] = tokens
         return output
 
     def _execute_locally(self, plan: StepPlanLike, **kwargs: Any) -> ModelRunnerOutput:
