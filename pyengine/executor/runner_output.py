@@ -78,11 +78,3 @@ class ModelRunnerOutput:
     next_drafts: Optional[tuple[np.ndarray, np.ndarray]] = None
     logits: Optional[torch.Tensor] = None
     hidden_states: Optional[torch.Tensor] = None
-    #: Speculative decoding (docs/speculative_decoding.md): with drafts in the plan, the
-    #: drafts each sampled sequence accepted (int32 [S]); ``sampled_token_ids`` then holds,
-    #: per sequence, those drafts and one more token (``S + sum`` ids, ``sampled_seq_ids``
-    #: alike). None when the plan had no drafts.
-    num_accepted: Optional[np.ndarray] = None
-    #: Drafts the executor proposes for each sampled sequence's next step (method
-    #: "executor"): (counts int32 [S], tokens int64 [sum]).
-    next_drafts: Optional[tuple[np.ndarray, np.ndarray]] = None

@@ -32,15 +32,6 @@ from pyengine.executor.plan import PLACEHOLDER_TOKEN, HandBuiltPlan
 from pyengine.sampling_params import PoolingParams, SamplingParams
 
 
-@dataclass
-class DraftedPlan(HandBuiltPlan):
-    """A hand-built plan with the speculative fields (docs/speculative_decoding.md), until
-    :class:`HandBuiltPlan` carries them itself."""
-
-    num_draft_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
-    draft_token_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-
-
 class HandPlanError(RuntimeError):
     """The hand planner ran out of rows or blocks, or was given an unknown sequence."""
 
@@ -298,8 +289,7 @@ class _PlanBuilder:
             has = any(self.num_draft_tokens)
             speculative = dict(num_draft_tokens=np.array(self.num_draft_tokens if has else [], dtype=i32),
                                draft_token_ids=np.array(self.draft_token_ids, dtype=i64))
-        plan_class = DraftedPlan if self.drafts is not None else HandBuiltPlan
-        return plan_class(
+        return HandBuiltPlan(
             **speculative,
             step_id=step_id,
             rows=np.array(self.rows, dtype=i32),

@@ -8,6 +8,12 @@
 //! - `prefix_hit_admission/M`: M requests sharing a cached 2048-token prefix, all admitted
 //!   in one step (each computes only its 16-token tail).
 //!
+//! - `spec_decode_step/{ngram,suffix}/1024`: the decode step of 1024 sequences with
+//!   speculation on (k = 4), every draft rejected (the result is one new random token per
+//!   sequence), so the state stays a steady decode; the proposer scans each sequence's
+//!   600-odd tokens every step and rarely finds a match (random tokens, vocab 32,000),
+//!   its worst case. Its time per step alone is printed from the scheduler's counters.
+//!
 //! `cargo bench --bench scheduler` measures; `cargo test --benches` runs each once.
 
 use std::hint::black_box;
@@ -15,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use pyengine_sched::sim::{fake_token, uniform_requests};
-use pyengine_sched::{RequestSpec, Scheduler, SchedulerConfig};
+use pyengine_sched::{RequestSpec, Scheduler, SchedulerConfig, SpecMethod, SpecResult};
 
 /// The same allocator the extension module uses (see `rust_sched/python/src/lib.rs`).
 #[global_allocator]
@@ -47,6 +53,11 @@ struct DecodeState {
 
 /// N requests admitted and prefilled; the next step is a pure decode of all N.
 fn decode_state(n: usize) -> DecodeState {
+    decode_state_with(n, 0, SpecMethod::None)
+}
+
+/// [`decode_state`] with `k` drafts per sequence by `method` (0 and None: off).
+fn decode_state_with(n: usize, k: usize, method: SpecMethod) -> DecodeState {
     let budget = n.max(16_384);
     // Never reached within a window, counting the tokens the first requests decode while
     // the last ones are still in prefill.
@@ -59,6 +70,9 @@ fn decode_state(n: usize) -> DecodeState {
         max_num_batched_tokens: budget,
         max_model_len: total,
         pipeline_depth: 1,
+        num_speculative_tokens: k,
+        speculative_method: method,
+        spec_min_acceptance: 0.0,
         ..SchedulerConfig::default()
     };
     let mut s = Scheduler::new(config).unwrap();
@@ -108,6 +122,69 @@ fn decode_step(s: &mut Scheduler, sampled: &[i64]) -> usize {
     s.apply_result(plan.step_id, &sampled[..plan.num_samples()]).expect("result accepted");
     black_box(s.take_output(Some(plan.step_id)));
     plan.num_seqs()
+}
+
+const SPEC_SEQS: usize = 1024;
+const SPEC_K: usize = 4;
+
+/// One decode step with speculation on, every draft rejected: one new token per sequence.
+fn spec_decode_step(
+    s: &mut Scheduler,
+    serial: u64,
+    sampled: &mut Vec<i64>,
+    accepted: &mut Vec<i32>,
+) -> usize {
+    let plan = s.schedule().expect("decoding");
+    let seqs = plan.num_seqs();
+    sampled.clear();
+    sampled.extend((0..seqs).map(|i| i64::from(fake_token(serial, i, VOCAB))));
+    accepted.clear();
+    accepted.resize(seqs, 0);
+    let spec = if plan.num_draft_tokens.is_empty() {
+        SpecResult::default()
+    } else {
+        SpecResult { num_accepted: Some(accepted), next_drafts: None }
+    };
+    s.apply_spec_result(plan.step_id, sampled, spec).expect("result accepted");
+    black_box(s.take_output(Some(plan.step_id)));
+    seqs
+}
+
+fn bench_spec_decode(c: &mut Criterion) {
+    let mut group = c.benchmark_group("spec_decode_step");
+    group.throughput(Throughput::Elements(SPEC_SEQS as u64));
+    for method in [SpecMethod::Ngram, SpecMethod::Suffix] {
+        group.bench_function(BenchmarkId::new(method.name(), SPEC_SEQS), |b| {
+            let mut state = decode_state_with(SPEC_SEQS, SPEC_K, method);
+            let (mut sampled, mut accepted) = (Vec::new(), Vec::new());
+            let (mut propose_ns, mut steps) = (0u64, 0u64);
+            b.iter_custom(|iters| {
+                let mut timed = Duration::ZERO;
+                for _ in 0..iters {
+                    if state.steps == DECODE_WINDOW {
+                        state = decode_state_with(SPEC_SEQS, SPEC_K, method);
+                    }
+                    let before = state.s.snapshot().spec.propose_ns;
+                    let t = Instant::now();
+                    let seqs = spec_decode_step(&mut state.s, steps, &mut sampled, &mut accepted);
+                    timed += t.elapsed();
+                    propose_ns += state.s.snapshot().spec.propose_ns - before;
+                    steps += 1;
+                    assert_eq!(seqs, SPEC_SEQS, "every request decodes");
+                    state.steps += 1;
+                }
+                timed
+            });
+            if steps > 0 {
+                println!(
+                    "spec_decode_step/{}/{SPEC_SEQS}: proposer {:.1} us per step ({steps} steps)",
+                    method.name(),
+                    propose_ns as f64 / steps as f64 * 1e-3
+                );
+            }
+        });
+    }
+    group.finish();
 }
 
 // -------------------------------------------------------------- prefill burst ----
@@ -296,6 +373,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = bench_decode, bench_prefill_burst, bench_prefix_hit
+    targets = bench_decode, bench_spec_decode, bench_prefill_burst, bench_prefix_hit
 }
 criterion_main!(benches);
