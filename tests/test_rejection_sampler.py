@@ -132,3 +132,22 @@ def test_malformed_draft_arrays_are_refused():
         DraftLayout.build(np.array([2]), np.array([1]), 3)
     with pytest.raises(DraftPlanError, match="logits entries"):
         DraftLayout.build(np.array([1, 1]), np.array([1, 2]), 3)
+
+
+def test_point_mass_drafts_checked_against_draws_keep_the_target_distribution():
+    """The coupled form (a draw from p at every entry, drafts kept while equal): first and
+    second tokens p-distributed, a draft kept with probability p(draft)."""
+    gen = torch.Generator().manual_seed(21)
+    per_seq = target_logits(gen, 2)
+    probs = per_seq.softmax(-1).double().numpy()
+    draws = torch.stack([torch.multinomial(per_seq.softmax(-1)[e], SAMPLES, replacement=True, generator=gen)
+                         for e in range(2)], 1).reshape(-1)
+    layout = layout_of([1] * SAMPLES, [1] * SAMPLES)
+    verdict = verify_drafts(layout, repeat_rows(per_seq, SAMPLES), np.zeros(SAMPLES, dtype=bool),
+                            torch.rand(SAMPLES, generator=gen), torch.rand(2 * SAMPLES, generator=gen),
+                            entry_samples=draws)
+    starts = np.concatenate([[0], np.cumsum(verdict.num_accepted.astype(np.int64) + 1)[:-1]])
+    assert chi_square(verdict.token_ids[starts], probs[0]) < chi_square_bound(VOCAB - 1)
+    kept = verdict.num_accepted == 1
+    assert abs(kept.mean() - probs[0, 1]) < 4 * math.sqrt(probs[0, 1] / SAMPLES)
+    assert chi_square(verdict.token_ids[starts[kept] + 1], probs[1]) < chi_square_bound(VOCAB - 1)

@@ -97,18 +97,24 @@ PARAMS = {
                                 presence_penalty=0.2, max_tokens=64),
     "logit_bias": SamplingParams(temperature=0.0, logit_bias={7: 3.0, 11: -100.0}, max_tokens=64),
     "logprobs": SamplingParams(temperature=0.0, logprobs=2, max_tokens=64),
+    # Seeded sampling: the draws are the (seed, position) variates the plain run uses.
+    "seeded": SamplingParams(temperature=0.9, top_p=0.95, top_k=60, seed=1234, max_tokens=64),
+    "seeded_penalties": SamplingParams(temperature=1.1, min_p=0.01, repetition_penalty=1.2, seed=99,
+                                       logprobs=1, max_tokens=64),
 }
 
 
 @pytest.mark.parametrize("kind", sorted(PARAMS))
-def test_greedy_speculation_matches_plain_decoding(checkpoint, kind):
+def test_speculation_matches_plain_decoding(checkpoint, kind):
+    """Greedy and seeded rows emit exactly the plain run's tokens, keeping exactly the
+    drafts that equal them."""
     prompts = [_prompt(10 + i, 9 + 7 * i) for i in range(4)]
     params = [PARAMS[kind]] * len(prompts)
     reference, ref_logprobs = _reference(checkpoint, prompts, params)
     tokens, logprobs, kept = _speculate(checkpoint, prompts, params, reference, _corrupt_some)
     assert tokens == reference
     assert kept > 0
-    if kind == "logprobs":
+    if PARAMS[kind].logprobs is not None:
         np.testing.assert_allclose(np.concatenate(logprobs), np.concatenate(ref_logprobs), atol=1e-4)
 
 
@@ -132,27 +138,31 @@ def test_rows_whose_processors_follow_the_output_refuse_their_drafts(checkpoint)
         assert produced == reference[i][:len(produced)]
 
 
-def test_seeded_sampling_with_drafts_is_reproducible_in_any_batch(checkpoint):
+def test_seeded_sampling_with_drafts_is_the_same_in_any_batch(checkpoint):
+    """A seeded request with (mostly wrong) drafts, alone or among unseeded companions,
+    with another engine seed: the tokens of its plain run."""
     seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=1234, max_tokens=64)
     prompt = _prompt(50, 15)
-    drafts = [5, 6, 7]
+    plain = _reference(checkpoint, [prompt], [seeded])[0][0]
 
-    def run(engine_seed: int, companions: int) -> tuple[list[int], list[int]]:
+    def run(engine_seed: int, companions: int) -> list[int]:
         runner, planner = _runner(checkpoint, seed=engine_seed), HandPlanner(num_blocks=128, max_rows=8)
         for c in range(companions):
             planner.add(_prompt(60 + c, 8 + c), SamplingParams(temperature=1.0))
         seq_id = planner.add(prompt, seeded)
         plan = planner.next_plan()
         planner.record(plan, runner.execute(plan).sampled_token_ids)
-        accepted = []
-        for _ in range(6):
+        for step in range(6):
+            done = len(planner.output_tokens(seq_id))
+            drafts = [5, 6, 7] if step % 2 else plain[done:done + 2] + [7]
             plan = planner.next_plan(drafts={seq_id: drafts})
             out = runner.execute(plan)
-            accepted.append(int(out.num_accepted[-1]))
             planner.record(plan, out.sampled_token_ids, out.num_accepted)
-        return planner.output_tokens(seq_id), accepted
+        return planner.output_tokens(seq_id)
 
-    assert run(1, 0) == run(2, 3)
+    alone = run(1, 0)
+    assert alone == plain[:len(alone)]
+    assert run(2, 3) == alone
 
 
 def test_a_plan_whose_drafts_disagree_with_its_entries_is_refused(checkpoint):

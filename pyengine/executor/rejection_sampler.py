@@ -94,6 +94,7 @@ def verify_drafts(
     sample_uniform: torch.Tensor,
     draft_probs: Optional[torch.Tensor] = None,
     no_drafts: Optional[np.ndarray] = None,
+    entry_samples: Optional[torch.Tensor] = None,
 ) -> Verdict:
     """The verdict for one step.
 
@@ -107,6 +108,13 @@ def verify_drafts(
       point masses (n-gram, suffix).
     - ``no_drafts`` [S] bool: sequences whose drafts must all be refused (their
       processors' state cannot be advanced by drafts); they sample at their first entry.
+    - ``entry_samples`` [E]: point-mass drafts only: a token drawn from ``p`` at every
+      entry. A sampled sequence then keeps a draft exactly when it equals the entry's
+      draw, and takes the draw at its first mismatch (or the bonus entry). That is the
+      rejection rule for a point mass (kept with probability ``p(x)``; a mismatch is a
+      draw from ``p`` without ``x``, the residual), and with the draws a sequence makes
+      without drafts (its seed's variate at each position), it emits the very tokens it
+      would emit without speculation.
     """
     S = layout.num_seqs
     device = final_logits.device
@@ -119,7 +127,10 @@ def verify_drafts(
         checked = final_logits.index_select(0, check_index)
         argmax_ok = (checked.argmax(dim=-1) == drafts_t).cpu().numpy()
         accepted = argmax_ok.copy()
-        if sampled_drafts.any():
+        if sampled_drafts.any() and entry_samples is not None:
+            draws = entry_samples.index_select(0, check_index)
+            accepted = np.where(sampled_drafts, (draws == drafts_t).cpu().numpy(), argmax_ok)
+        elif sampled_drafts.any():
             probs = checked.softmax(dim=-1)
             p = probs.gather(1, drafts_t.unsqueeze(1)).squeeze(1).double()
             q = torch.ones_like(p) if draft_probs is None else draft_probs.gather(1, drafts_t.unsqueeze(1)).squeeze(1).double()
@@ -131,7 +142,15 @@ def verify_drafts(
     num_accepted = _leading_accepts(accepted, layout)
     extra_entries = layout.starts + num_accepted
     rejected = num_accepted < layout.counts
-    extra = _extra_tokens(layout, final_logits, greedy, sample_uniform, draft_probs, extra_entries, rejected)
+    if entry_samples is not None:
+        extra = final_logits.index_select(0, torch.from_numpy(extra_entries).to(device)).argmax(dim=-1)
+        sampled_seqs = np.flatnonzero(~greedy)
+        if sampled_seqs.size:
+            at = torch.from_numpy(extra_entries[sampled_seqs]).to(device)
+            extra[torch.from_numpy(sampled_seqs).to(device)] = entry_samples.index_select(0, at)
+        extra = extra.cpu().numpy().astype(np.int64)
+    else:
+        extra = _extra_tokens(layout, final_logits, greedy, sample_uniform, draft_probs, extra_entries, rejected)
     # Flat output: per sequence, its kept drafts then its extra token.
     lengths = num_accepted + 1
     out_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)

@@ -15,8 +15,12 @@ through what an ordinary sample goes through, as of its own position:
    before it);
 4. temperature, top-k / top-p / min-p as the sampler does (``_RandomDraw``);
 5. :func:`rejection_sampler.verify_drafts`: greedy sequences keep drafts that are the
-   argmax; sampled ones by rejection sampling, with per-request seeds keyed on
-   (seed, position) so a seeded request's tokens do not depend on its batch.
+   argmax; sampled ones by rejection sampling. Drafts here are point masses (n-gram,
+   suffix, the draft model's argmax), for which rejection sampling is: draw a token at
+   every entry as the sampler would (same variates: a seeded request's (seed, position)
+   hash), keep drafts while they equal the draws, emit the draw at the first mismatch.
+   So a seeded request emits exactly the tokens it emits without speculation, whatever
+   its drafts and its batch.
 """
 
 from __future__ import annotations
@@ -116,12 +120,16 @@ class SpecVerifier:
             )
         seq_rows = entry_rows[layout.starts]
         greedy = table.greedy[seq_rows]
-        final = logits
+        final, entry_samples = logits, None
+        accept_u, sample_u = self._uniforms(layout, entry_rows, row_index, next_positions)
         if not greedy.all():
             sampling = np.flatnonzero(~table.greedy[entry_rows])
-            final = _RandomDraw.prepare(logits, table, entry_rows, row_index, sampling).processed_logits(logits)
-        accept_u, sample_u = self._uniforms(layout, entry_rows, row_index, next_positions)
-        verdict = verify_drafts(layout, final, greedy, accept_u, sample_u, draft_probs, no_drafts)
+            draw = _RandomDraw.prepare(logits, table, entry_rows, row_index, sampling)
+            final = draw.processed_logits(logits)
+            if draft_probs is None:  # point masses: each entry's draw, as the sampler makes it
+                entry_samples = logits.argmax(dim=-1)
+                entry_samples[draw.index] = draw.sample(sample_u[draw.index])
+        verdict = verify_drafts(layout, final, greedy, accept_u, sample_u, draft_probs, no_drafts, entry_samples)
         return SpecVerification(verdict, None, final)
 
     def logprobs(self, verification: SpecVerification, entry_rows: np.ndarray) -> Optional[LogprobsOutput]:
