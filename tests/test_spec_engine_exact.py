@@ -133,3 +133,19 @@ def test_a_failed_step_with_drafts_leaves_the_pool_whole(checkpoint, prompts):
         assert llm.stats().kv_usage == 0.0
         outs = llm.generate(prompts[:2], GREEDY, use_tqdm=False)
         assert all(len(o.outputs[0].token_ids) == MAX_TOKENS for o in outs)
+
+
+@pytest.mark.parametrize("draft", ["target", "other"])
+def test_a_draft_model_through_the_engine(checkpoint, prompts, reference, tmp_path_factory, draft):
+    """Drafts the executor proposes (method "draft_model", the scheduler's "executor"):
+    the target as its own draft is kept wholesale, another checkpoint's drafts mostly not;
+    the outputs are those of speculation off either way."""
+    folder = checkpoint if draft == "target" else make_tiny_checkpoint(
+        tmp_path_factory.mktemp("draft") / "qwen3", "qwen3", seed=9)
+    got, stats = generate(checkpoint, prompts[:12], num_kv_blocks=256, speculative_config={
+        "method": "draft_model", "model": str(folder), "num_speculative_tokens": 3})
+    assert_same(got, reference[:12])
+    assert stats.scheduler["spec_draft_tokens"] > 0
+    if draft == "target":
+        assert stats.scheduler["spec_accepted_tokens"] == stats.scheduler["spec_draft_tokens"]
+    assert stats.kv_usage == 0.0
