@@ -12,7 +12,7 @@ install-deps:  ## install the Python packages the build, tests and benches need
 	$(PY) -m pip install -q --upgrade "maturin>=1.9,<2" ziglang auditwheel twine "numpy>=1.24" pyzmq msgspec "pytest>=8" mypy ruff \
 		torch safetensors tokenizers transformers huggingface_hub tqdm \
 		fastapi "uvicorn[standard]" "pydantic>=2" prometheus_client structlog jinja2 openai httpx jsonschema \
-		gguf accelerate pyyaml
+		gguf accelerate pyyaml "compressed-tensors>=0.20"
 
 .PHONY: install-prometheus
 install-prometheus:  ## Debian's prometheus package (tests/test_prometheus_dashboard.py scrapes pyengine serve with it)

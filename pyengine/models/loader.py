@@ -34,6 +34,8 @@ from pyengine.models.layers import WeightTarget
 from pyengine.models.parallel import ParallelContext
 from pyengine.models.quantization.apply import quantize_model
 from pyengine.models.quantization.checkpoint_config import checkpoint_quantization
+from pyengine.models.quantization.compressed_config import CompressedTensorsScheme
+from pyengine.models.quantization.compressed_folder import fill_from_compressed_folder
 from pyengine.models.quantization.gguf_file import is_gguf_file
 from pyengine.models.quantization.online import check_method
 from pyengine.models.quantization.packed import QuantizationError
@@ -124,7 +126,8 @@ def load_model(
     config = read_model_config(folder)
     device = torch.device(device)
     check_method(quantization, device)
-    scheme = checkpoint_quantization(read_json(folder / "config.json"))  # GPTQ / AWQ; others refused by name
+    # GPTQ / AWQ / compressed-tensors / fp8; others refused by name
+    scheme = checkpoint_quantization(read_json(folder / "config.json"))
     if scheme is not None and device.type != "cpu":
         raise QuantizationError(f"{scheme.method} checkpoints ({scheme.bits} bits) run on CPU only yet: their "
                                 f"packed products have no kernel for device {device.type!r} (load a float "
@@ -136,6 +139,8 @@ def load_model(
     model = instantiate_model(config, torch_dtype, device, parallel)
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
+    elif isinstance(scheme, CompressedTensorsScheme):
+        fill_from_compressed_folder(model, folder, scheme, allow_bin=load_format == "auto")
     elif scheme is not None:
         fill_from_quantized_folder(model, folder, scheme, allow_bin=load_format == "auto")
     else:

@@ -2,16 +2,21 @@
 
 GPTQ (``quant_method: gptq``, 4 or 8 bits, any group size, act-order ``desc_act``,
 symmetric or with zeros, checkpoint_format ``gptq`` or ``gptq_v2``) and AWQ (``awq``,
-4 bits, ``version: gemm``, with zero points) are read; anything else (compressed-tensors,
-fp8, bitsandbytes, other settings) is a :class:`QuantizationError` naming the method and
+4 bits, ``version: gemm``, with zero points) are read here; compressed-tensors and
+DeepSeek's ``fp8`` in ``compressed_config.py``; anything else (bitsandbytes, other settings) is a :class:`QuantizationError` naming the method and
 the setting, before any tensor is read.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
+from pyengine.models.quantization.compressed_config import (
+    CompressedTensorsScheme,
+    compressed_tensors_scheme,
+    deepseek_fp8_scheme,
+)
 from pyengine.models.quantization.packed import QuantizationError
 
 
@@ -26,7 +31,8 @@ class CheckpointQuantization:
     modules_to_not_convert: tuple[str, ...] = ()
 
 
-def checkpoint_quantization(raw_config: dict[str, Any]) -> Optional[CheckpointQuantization]:
+def checkpoint_quantization(
+        raw_config: dict[str, Any]) -> Optional[Union[CheckpointQuantization, CompressedTensorsScheme]]:
     """The checkpoint's quantization (None for a float checkpoint)."""
     settings = raw_config.get("quantization_config")
     if not settings:
@@ -39,15 +45,12 @@ def checkpoint_quantization(raw_config: dict[str, Any]) -> Optional[CheckpointQu
     if method == "awq":
         return _awq(settings)
     if method == "compressed-tensors":
-        formats = sorted({str(g.get("format", settings.get("format"))) for g in (settings.get("config_groups") or {}).values()
-                          if isinstance(g, dict)} or {str(settings.get("format"))})
-        raise QuantizationError(
-            f"quantization_config: quant_method 'compressed-tensors' (format {', '.join(formats)}) is not supported yet; "
-            "supported: gptq, awq, and GGUF files"
-        )
+        return compressed_tensors_scheme(settings)
+    if method == "fp8":
+        return deepseek_fp8_scheme(settings)
     raise QuantizationError(
         f"quantization_config: quant_method {method or settings.get('quant_method')!r} is not supported "
-        "(supported: gptq, awq, and GGUF files)"
+        "(supported: gptq, awq, compressed-tensors, fp8, and GGUF files)"
     )
 
 

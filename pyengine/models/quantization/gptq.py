@@ -56,7 +56,7 @@ def gptq_weight(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tenso
             f"GPTQ {name}: scales {list(scale.shape)} / zeros {list(zeros.shape)} do not match "
             f"[{k // group}, {n}] (in_features {k}, group_size {group})"
         )
-    perm = _act_order(g_idx, k, group, name)
+    perm = act_order_permutation(g_idx, k, group, f"GPTQ {name}")
     if perm is not None:
         q = q.index_select(0, perm)
     q = q.t().contiguous()  # [N, K]
@@ -71,16 +71,16 @@ def gptq_weight(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tenso
                         scales=scale_t, biases=biases, input_perm=perm)
 
 
-def _act_order(g_idx: Optional[torch.Tensor], k: int, group: int, name: str) -> Optional[torch.Tensor]:
+def act_order_permutation(g_idx: Optional[torch.Tensor], k: int, group: int, name: str) -> Optional[torch.Tensor]:
     """The input permutation act-order needs (None when the groups are in input order)."""
     if g_idx is None:
         return None
     g = g_idx.to(torch.int64)
     if g.shape != (k,):
-        raise QuantizationError(f"GPTQ {name}: g_idx has shape {list(g.shape)}, expected [{k}]")
+        raise QuantizationError(f"{name}: g_idx has shape {list(g.shape)}, expected [{k}]")
     if torch.equal(g, torch.arange(k) // group):
         return None
     counts = torch.bincount(g, minlength=k // group)
     if counts.numel() != k // group or bool((counts != group).any()):
-        raise QuantizationError(f"GPTQ {name}: g_idx does not put {group} input channels in each group")
+        raise QuantizationError(f"{name}: g_idx does not put {group} input channels in each group")
     return torch.argsort(g, stable=True)

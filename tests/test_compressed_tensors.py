@@ -1,0 +1,198 @@
+"""compressed-tensors checkpoints (as llm-compressor writes them) loaded through the real
+loader, against transformers running the float weights their values stand for.
+
+The folders are written by the ``compressed-tensors`` package itself
+(``pyengine.testing.compressed_checkpoint``: its ``ModelCompressor`` packs, its
+decompression gives the reference weights). transformers' own compressed-tensors loading
+is not the reference: on CPU it refuses an asymmetric pack-quantized folder (the packed
+zero points' shape), so transformers runs the dequantized float folder. Prefill logits
+within 1e-4 (float32 rounding: the products run the same values in another order), greedy
+tokens equal; W8A8 and FP8 run their weights with unquantized activations (weight-only),
+which is what the reference does too.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.torch import save_file
+
+pytest.importorskip("compressed_tensors")
+
+from pyengine import LLM, SamplingParams  # noqa: E402
+from pyengine.executor.config import ExecutorConfig  # noqa: E402
+from pyengine.executor.model_runner import ModelRunner  # noqa: E402
+from pyengine.models.loader import load_model  # noqa: E402
+from pyengine.models.quantization.packed import QuantizationError  # noqa: E402
+from pyengine.testing.checkpoints import make_tiny_checkpoint  # noqa: E402
+from pyengine.testing.compressed_checkpoint import write_compressed  # noqa: E402
+from pyengine.testing.hand_plan import HandPlanner  # noqa: E402
+from pyengine.testing.tp_ranks import generate_on_rank, run_ranks  # noqa: E402
+
+SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=64)
+ATOL, RTOL = 1e-4, 1e-4
+PROMPTS = [[5, 17, 300, 42, 7, 99, 100, 3, 250, 11, 12, 13], [8, 9, 10]]
+# (scheme, ignore list, architecture): lm_head ignored as llm-compressor's recipes do, once
+# quantized; once k_proj ignored (float), which makes the merged q/k/v linear float.
+CASES = [
+    ("w4a16-group-asym", ("lm_head",), "qwen3"),
+    ("w4a16-group-sym", (), "qwen3"),
+    ("w8a16-channel-sym", ("lm_head",), "llama"),
+    ("w8a16-group-asym", ("lm_head", "re:.*k_proj"), "qwen3"),
+    ("w8a8-int", ("lm_head",), "qwen3"),
+    ("fp8-tensor", ("lm_head",), "qwen3"),
+    ("fp8-channel", ("lm_head",), "llama"),
+    ("fp8-block", ("lm_head",), "qwen3"),
+]
+
+
+def _float_folder(root, arch):
+    shape = SHAPE if arch == "qwen3" else dict(hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                                               num_key_value_heads=2)
+    return make_tiny_checkpoint(root / "float", arch, tie_word_embeddings=False, **shape)
+
+
+def _reference_folder(folder, reference, target):
+    target.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (folder / name).exists():
+            (target / name).write_bytes((folder / name).read_bytes())
+    save_file(reference, str(target / "model.safetensors"), metadata={"format": "pt"})
+    return target
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[2]}-ignore-{len(c[1])}")
+def compressed(request, tmp_path_factory):
+    scheme, ignore, arch = request.param
+    root = tmp_path_factory.mktemp("ct")
+    folder = _float_folder(root, arch)
+    reference = write_compressed(folder, root / "quantized", scheme, ignore=ignore)
+    return root / "quantized", _reference_folder(folder, reference, root / "reference"), request.param
+
+
+def test_prefill_logits_match_the_dequantized_reference(compressed):
+    path, reference_folder, (scheme, ignore, _) = compressed
+    runner = ModelRunner.from_pretrained(path, ExecutorConfig(max_num_seqs=8, max_model_len=256, num_kv_blocks=64))
+    layer = runner.model.layers[0]
+    down = layer.mlp.down_proj.quantized
+    if scheme.startswith("fp8"):
+        assert down is None  # FP8 loads dequantized (no exact integer form, no CPU FP8 kernel)
+    else:
+        bits = 4 if scheme.startswith("w4") else 8
+        assert down.weight.bits == bits
+        assert (down.weight.biases is None) == (bits == 8 and "asym" not in scheme)
+        assert (layer.self_attn.qkv_proj.quantized is None) == any("k_proj" in i for i in ignore)
+        assert (runner.model.quantized_head is None) == ("lm_head" in ignore)
+    prompt = list(range(3, 60))
+    planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=8)
+    planner.add(prompt)
+    ours = runner.model.compute_logits(runner.execute(planner.next_plan(), return_hidden=True).hidden_states)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(reference_folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        theirs = reference(torch.tensor([prompt])).logits[0]
+    torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=RTOL)
+
+
+def test_greedy_tokens_equal_the_dequantized_reference(compressed):
+    path, reference_folder, _ = compressed
+    reference = transformers.AutoModelForCausalLM.from_pretrained(reference_folder, dtype=torch.float32).eval()
+    reference.generation_config.eos_token_id = None
+    with torch.no_grad():
+        theirs = [reference.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False)[0, len(p):].tolist()
+                  for p in PROMPTS]
+    with LLM(model=str(path), max_model_len=256) as llm:
+        ours = [o.outputs[0].token_ids for o in llm.generate(
+            PROMPTS, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), use_tqdm=False)]
+    assert ours == theirs
+
+
+def test_w4a16_tensor_parallel_two_ranks_give_the_logits_of_one(tmp_path):
+    folder = _float_folder(tmp_path, "qwen3")
+    write_compressed(folder, tmp_path / "quantized", "w4a16-group-asym")
+    path = tmp_path / "quantized"
+    generate_on_rank(str(path), str(tmp_path / "tp1.npy"), 0, 1, 0, PROMPTS, 6)
+    run_ranks(path, tmp_path / "tp2.npy", 2, PROMPTS, 6, timeout=300.0)
+    one, two = np.load(tmp_path / "tp1.npy"), np.load(tmp_path / "tp2.npy")
+    assert one.shape == two.shape and one.shape[0] >= 6
+    np.testing.assert_allclose(two, one, atol=ATOL, rtol=RTOL)
+
+
+def _group(fmt, weights, inputs=None):
+    return {"quant_method": "compressed-tensors", "format": fmt,
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": inputs}}}
+
+
+W4 = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128}
+
+
+@pytest.mark.parametrize("settings, message", [
+    (_group("nvfp4-pack-quantized", {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}),
+     r"config_groups.group_0 \(format nvfp4-pack-quantized\) is not supported"),
+    (_group("sparse-24-bitmask", W4), r"format sparse-24-bitmask\) is not supported"),
+    ({**_group("pack-quantized", W4), "sparsity_config": {"format": "sparse-24-bitmask"}},
+     "compressed-tensors sparsity_config is not supported"),
+    ({**_group("pack-quantized", W4), "kv_cache_scheme": {"num_bits": 8, "type": "float"}}, "kv_cache_scheme"),
+    (_group("pack-quantized", {**W4, "num_bits": 2}), "num_bits=2 strategy='group'.* is not supported"),
+    (_group("pack-quantized", {**W4, "actorder": None, "strategy": "tensor"}), "strategy='tensor'"),
+    (_group("pack-quantized", W4, {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True}),
+     "input_activations int 8-bit token dynamic is not supported"),
+    (_group("int-quantized", {"num_bits": 8, "type": "int", "symmetric": False, "strategy": "channel"}),
+     "symmetric=False is not supported"),
+    ({"quant_method": "compressed-tensors", "format": "mixed-precision", "config_groups": {
+        "a": {"targets": ["re:.*mlp.*"], "weights": W4, "format": "pack-quantized"},
+        "b": {"targets": ["re:.*self_attn.*"], "weights": {**W4, "num_bits": 8}, "format": "pack-quantized"}}},
+     "several weight schemes"),
+    ({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]}, "fp8 fmt='e5m2'"),
+])
+def test_unsupported_compressed_tensors_configs_are_named(tmp_path, settings, message):
+    folder = make_tiny_checkpoint(tmp_path / "m", "qwen3")
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = settings
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(QuantizationError, match=message):
+        ModelRunner.from_pretrained(folder, ExecutorConfig(max_num_seqs=2, max_model_len=64, num_kv_blocks=8))
+
+
+def test_deepseek_fp8_block_checkpoint_matches_its_dequantized_weights(tmp_path):
+    """DeepSeek-V3's own layout (``quant_method: fp8``, ``weight_scale_inv`` per 128 x 128
+    block), written here from its published description: no library writes it."""
+    folder = _float_folder(tmp_path, "qwen3")
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    tensors, reference = {}, {}
+    for name, w in model.state_dict().items():
+        if name.endswith("proj.weight"):
+            n, k = w.shape
+            blocks = torch.nn.functional.pad(w, (0, -k % 128, 0, -n % 128)).view(-(-n // 128), 128, -(-k // 128), 128)
+            scale = blocks.abs().amax(dim=(1, 3)) / 448.0
+            full = scale.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+            fp8 = (w / full).to(torch.float8_e4m3fn)
+            tensors[name], tensors[name.replace(".weight", ".weight_scale_inv")] = fp8, scale
+            reference[name] = fp8.to(torch.float32) * full
+        else:
+            tensors[name] = reference[name] = w
+    target = _reference_folder(folder, tensors, tmp_path / "fp8")
+    config = json.loads((target / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                     "weight_block_size": [128, 128]}
+    (target / "config.json").write_text(json.dumps(config))
+    loaded = load_model(target).model
+    assert torch.equal(loaded.layers[0].self_attn.o_proj.weight, reference["model.layers.0.self_attn.o_proj.weight"])
+    ref_model = transformers.AutoModelForCausalLM.from_pretrained(
+        _reference_folder(folder, reference, tmp_path / "ref"), dtype=torch.float32).eval()
+    prompt = PROMPTS[0]
+    with torch.no_grad():
+        theirs = ref_model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0, len(prompt):]
+    with LLM(model=str(target), max_model_len=128) as llm:
+        ours = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+                            use_tqdm=False)[0].outputs[0].token_ids
+    assert ours == theirs.tolist()
+
+
+def test_a_compressed_tensors_folder_off_the_cpu_is_refused_before_loading(compressed):
+    folder, _, _ = compressed
+    with pytest.raises(QuantizationError, match="compressed-tensors checkpoints .* CPU only yet.*'cuda'"):
+        load_model(folder, device="cuda")
