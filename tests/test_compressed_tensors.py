@@ -196,3 +196,29 @@ def test_a_compressed_tensors_folder_off_the_cpu_is_refused_before_loading(compr
     folder, _, _ = compressed
     with pytest.raises(QuantizationError, match="compressed-tensors checkpoints .* CPU only yet.*'cuda'"):
         load_model(folder, device="cuda")
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_pack_quantized_act_order_g_idx_becomes_the_input_permutation(bits):
+    """Older llm-compressor checkpoints (actorder "group") carry ``weight_g_idx``; the
+    library no longer writes it, so the tensors are packed here with its ``pack_to_int32``."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+    from pyengine.models.quantization.compressed_config import CompressedTensorsScheme
+    from pyengine.models.quantization.ct_weights import pack_quantized_weight
+    from pyengine.models.quantization.fill import _as_float
+
+    generator = torch.Generator().manual_seed(3)
+    n, k, group = 48, 128, 32
+    low, high = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    q = torch.randint(low, high + 1, (n, k), generator=generator, dtype=torch.int8)
+    zero = torch.randint(low, high + 1, (n, k // group), generator=generator, dtype=torch.int8)
+    scale = torch.rand(n, k // group, generator=generator) + 0.01
+    g_idx = (torch.arange(k) // group)[torch.randperm(k, generator=generator)].to(torch.int32)
+    expected = (q.float() - zero.float()[:, g_idx.long()]) * scale[:, g_idx.long()]
+    scheme = CompressedTensorsScheme("compressed-tensors", "pack-quantized", bits, "group", group_size=group,
+                                     symmetric=False)
+    weight = pack_quantized_weight(pack_to_int32(q, bits), scale, torch.tensor([n, k]),
+                                   pack_to_int32(zero, bits, packed_dim=0), g_idx, scheme, "layer")
+    assert weight.input_perm is not None
+    torch.testing.assert_close(_as_float(weight), expected, atol=1e-5, rtol=1e-5)
