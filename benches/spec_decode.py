@@ -71,12 +71,12 @@ def ngram_drafts(tokens: list[int], k: int, low: int, high: int) -> list[int]:
     return []
 
 
-def prompts_for(workload: str, batch: int, make_runner, tokens: int) -> list[list[int]]:
+def prompts_for(workload: str, batch: int, make_runner, tokens: int, seed: int = 7) -> list[list[int]]:
     """``random``: random prompts. ``repeat``: a random span X, the model's own greedy
     continuation G of it, then X again (X + G + X): a repeated span whose continuation the
     context holds, whatever the (random) weights; a model that continues X as it did
     before is proposed G by prompt lookup."""
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(seed)
     if workload == "random":
         return [rng.integers(0, VOCAB_SIZE, PROMPT_LEN).tolist() for _ in range(batch)]
     spans = [rng.integers(0, VOCAB_SIZE, SPAN).tolist() for _ in range(batch)]
@@ -170,29 +170,31 @@ def runner_factory(folder: Path, batch: int):
         num_kv_blocks=batch * 1024 // BLOCK_SIZE, attention_backend="sdpa"))
 
 
-def engine_pair(folder: Path, method: str, prompts: list[list[int]], tokens: int, k: int,
-                lookup: tuple[int, int], repeats: int) -> dict:
-    """Plain and speculative ``LLM`` engines on the same prompts, runs alternated."""
+def engine_pair(folder: Path, method: str, prompt_sets: list[list[list[int]]], tokens: int, k: int,
+                lookup: tuple[int, int]) -> dict:
+    """Plain and speculative ``LLM`` engines, runs alternated, each run on its own prompt
+    set (the first warms up): suffix decoding's cross-request tree must not have seen
+    a run's outputs before it."""
     from pyengine import LLM
 
     spec: dict = {"method": method, "num_speculative_tokens": k}
     if method == "ngram":
         spec.update(prompt_lookup_min=lookup[0], prompt_lookup_max=lookup[1])
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
-    common = dict(max_num_seqs=max(16, len(prompts)), max_model_len=1024, dtype="float32")
+    common = dict(max_num_seqs=max(16, len(prompt_sets[0])), max_model_len=1024, dtype="float32")
     times: dict[str, list[float]] = {"off": [], "spec": []}
-    outputs: dict[str, list] = {}
+    outputs: dict[str, list] = {"off": [], "spec": []}
     with LLM(str(folder), **common) as off, LLM(str(folder), speculative_config=spec, **common) as on:
-        for _ in range(repeats + 1):  # the first pair warms up
+        for prompts in prompt_sets:
             for name, llm in (("off", off), ("spec", on)):
                 start = time.perf_counter()
                 outs = llm.generate(prompts, params, use_tqdm=False)
                 times[name].append(time.perf_counter() - start)
-                outputs[name] = [list(o.outputs[0].token_ids) for o in outs]
+                outputs[name].append([list(o.outputs[0].token_ids) for o in outs])
         off_stats, spec_stats = off.stats(), on.stats()
     sched = spec_stats.scheduler
     drafts = sched.get("spec_drafts", 0)
-    generated = tokens * len(prompts)
+    generated = tokens * len(prompt_sets[0])
     off_rate = generated / statistics.median(times["off"][1:])
     spec_rate = generated / statistics.median(times["spec"][1:])
     return {
@@ -211,10 +213,11 @@ def main_engine(args, folder: Path, batches: list[int], lookup: tuple[int, int])
     results = []
     for workload in ("repeat", "random"):
         for batch in batches:
-            prompts = prompts_for(workload, batch, runner_factory(folder, batch), args.tokens)
+            sets = [prompts_for(workload, batch, runner_factory(folder, batch), args.tokens, seed=7 + r)
+                    for r in range(args.repeats + 1)]
             for method in ("ngram", "suffix"):
                 row = {"workload": workload, "batch": batch, "method": method, "k": args.k,
-                       **engine_pair(folder, method, prompts, args.tokens, args.k, lookup, args.repeats)}
+                       **engine_pair(folder, method, sets, args.tokens, args.k, lookup)}
                 results.append(row)
                 if not args.json:
                     print(" ".join(f"{key}={value}" for key, value in row.items()), flush=True)
