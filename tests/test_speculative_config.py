@@ -65,15 +65,26 @@ def test_engine_config_takes_the_dict_and_the_flag():
     ns = parser.parse_args(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'])
     kwargs = engine_kwargs(ns, names)
     assert kwargs == {"speculative_config": '{"method": "ngram", "num_speculative_tokens": 3}'}
-    if not _scheduler_speculates():
-        with pytest.raises(InvalidConfigError, match="speculative decoding needs the scheduler"):
-            EngineConfig(**kwargs)
-        return
+    assert _scheduler_speculates()
     config = EngineConfig(**kwargs)
     assert config.speculative_config == SpeculativeConfig("ngram", 3)
     scheduler = config.scheduler_config(64, 16, 256)
     assert scheduler.num_speculative_tokens == 3
+    assert scheduler.speculative_method == "ngram"
+    assert (scheduler.prompt_lookup_min, scheduler.prompt_lookup_max) == (5, 5)
 
 
 def test_speculation_off_by_default():
     assert EngineConfig().speculative_config is None
+
+
+def test_the_config_crosses_to_an_engine_core_process():
+    """pyengine core --config-json: the nested SpeculativeConfig travels as its dict."""
+    import json
+
+    from pyengine.multiprocess.processes import config_json
+
+    config = EngineConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3})
+    fields = json.loads(config_json(config))
+    assert fields["speculative_config"]["method"] == "ngram"
+    assert EngineConfig(**fields).speculative_config == config.speculative_config
