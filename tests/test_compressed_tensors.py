@@ -4,8 +4,9 @@ loader, against transformers running the float weights their values stand for.
 The folders are written by the ``compressed-tensors`` package itself
 (``pyengine.testing.compressed_checkpoint``: its ``ModelCompressor`` packs, its
 decompression gives the reference weights). transformers' own compressed-tensors loading
-is not the reference: on CPU it refuses an asymmetric pack-quantized folder (the packed
-zero points' shape), so transformers runs the dequantized float folder. Prefill logits
+is the reference only where it runs the folder on CPU (symmetric weight-only
+pack-quantized); it refuses an asymmetric one (the packed zero points' shape) and would
+quantize W8A8 / FP8 activations, so elsewhere transformers runs the dequantized float folder. Prefill logits
 within 1e-4 (float32 rounding: the products run the same values in another order), greedy
 tokens equal; W8A8 and FP8 run their weights with unquantized activations (weight-only),
 which is what the reference does too.
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 pytest.importorskip("compressed_tensors")
 
@@ -110,6 +111,32 @@ def test_greedy_tokens_equal_the_dequantized_reference(compressed):
     assert ours == theirs
 
 
+@pytest.mark.parametrize("scheme", ["w4a16-group-sym", "w8a16-channel-sym"])
+def test_symmetric_weight_only_folders_match_transformers_running_the_folder_itself(tmp_path, scheme):
+    """Where transformers runs the format on CPU (symmetric weight-only pack-quantized: its
+    compressed-tensors integration decompresses the weights on the first forward), it is
+    the reference itself: prefill logits within 1e-4, greedy tokens equal."""
+    folder = _float_folder(tmp_path, "qwen3")
+    write_compressed(folder, tmp_path / "quantized", scheme)
+    path = tmp_path / "quantized"
+    theirs_model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    theirs_model.generation_config.eos_token_id = None
+    prompt = list(range(3, 40))
+    runner = ModelRunner.from_pretrained(path, ExecutorConfig(max_num_seqs=4, max_model_len=128, num_kv_blocks=32))
+    planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=4)
+    planner.add(prompt)
+    ours = runner.model.compute_logits(runner.execute(planner.next_plan(), return_hidden=True).hidden_states)
+    with torch.no_grad():
+        theirs = theirs_model(torch.tensor([prompt])).logits[0]
+        tokens = [theirs_model.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False)[0, len(p):].tolist()
+                  for p in PROMPTS]
+    torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=RTOL)
+    with LLM(model=str(path), max_model_len=128) as llm:
+        generated = [o.outputs[0].token_ids for o in llm.generate(
+            PROMPTS, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), use_tqdm=False)]
+    assert generated == tokens
+
+
 def test_w4a16_tensor_parallel_two_ranks_give_the_logits_of_one(tmp_path):
     folder = _float_folder(tmp_path, "qwen3")
     write_compressed(folder, tmp_path / "quantized", "w4a16-group-asym")
@@ -157,14 +184,24 @@ def test_unsupported_compressed_tensors_configs_are_named(tmp_path, settings, me
         ModelRunner.from_pretrained(folder, ExecutorConfig(max_num_seqs=2, max_model_len=64, num_kv_blocks=8))
 
 
-def test_deepseek_fp8_block_checkpoint_matches_its_dequantized_weights(tmp_path):
+DEEPSEEK_MOE = dict(first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                    n_shared_experts=1, n_group=1, topk_group=1)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "deepseek_v3"])
+def test_deepseek_fp8_block_checkpoint_matches_its_dequantized_weights(tmp_path, arch):
     """DeepSeek-V3's own layout (``quant_method: fp8``, ``weight_scale_inv`` per 128 x 128
-    block), written here from its published description: no library writes it."""
-    folder = _float_folder(tmp_path, "qwen3")
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    block; Qwen3-FP8 ships the same), written here from its published description: no
+    library writes it. On a DeepSeek-V3 with latent attention and routed experts too."""
+    if arch == "qwen3":
+        folder = _float_folder(tmp_path, arch)
+    else:
+        folder = make_tiny_checkpoint(tmp_path / "float", arch, **DEEPSEEK_MOE)
     tensors, reference = {}, {}
-    for name, w in model.state_dict().items():
-        if name.endswith("proj.weight"):
+    # the file's tensors (per expert, as published), not transformers' fused state dict
+    for name, w in load_file(str(folder / "model.safetensors")).items():
+        w = w.to(torch.float32)
+        if name.endswith(".weight") and w.dim() == 2 and "embed" not in name and "lm_head" not in name:
             n, k = w.shape
             blocks = torch.nn.functional.pad(w, (0, -k % 128, 0, -n % 128)).view(-(-n // 128), 128, -(-k // 128), 128)
             scale = blocks.abs().amax(dim=(1, 3)) / 448.0
@@ -179,12 +216,16 @@ def test_deepseek_fp8_block_checkpoint_matches_its_dequantized_weights(tmp_path)
     config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                      "weight_block_size": [128, 128]}
     (target / "config.json").write_text(json.dumps(config))
-    loaded = load_model(target).model
-    assert torch.equal(loaded.layers[0].self_attn.o_proj.weight, reference["model.layers.0.self_attn.o_proj.weight"])
     ref_model = transformers.AutoModelForCausalLM.from_pretrained(
         _reference_folder(folder, reference, tmp_path / "ref"), dtype=torch.float32).eval()
+    ref_model.generation_config.eos_token_id = None
     prompt = PROMPTS[0]
+    runner = ModelRunner.from_pretrained(target, ExecutorConfig(max_num_seqs=4, max_model_len=128, num_kv_blocks=32))
+    planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=4)
+    planner.add(prompt)
+    logits = runner.model.compute_logits(runner.execute(planner.next_plan(), return_hidden=True).hidden_states)
     with torch.no_grad():
+        torch.testing.assert_close(logits, ref_model(torch.tensor([prompt])).logits[0], atol=ATOL, rtol=RTOL)
         theirs = ref_model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0, len(prompt):]
     with LLM(model=str(target), max_model_len=128) as llm:
         ours = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),

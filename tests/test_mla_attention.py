@@ -103,7 +103,7 @@ def test_the_published_v3_config_parses():
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
-        (dict(quantization_config={"quant_method": "fp8"}), "quantization_config"),
+        (dict(quantization_config={"quant_method": "bitsandbytes"}), "quantization_config"),
         (dict(topk_method="greedy"), "topk_method"),
         (dict(qk_rope_head_dim=7), "qk_rope_head_dim"),
         (dict(attention_bias=True), "attention_bias"),

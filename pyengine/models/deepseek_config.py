@@ -146,10 +146,13 @@ def parse_deepseek_moe(raw: dict[str, Any], architecture: str, num_layers: int) 
 
 def refuse_deepseek_extras(raw: dict[str, Any], architecture: str) -> None:
     """Fields of published checkpoints that change the weights' meaning and are not
-    implemented: quantized weights (V3's FP8 release)."""
+    implemented: quantized weights other than V3's own FP8 release (``quant_method: fp8``,
+    read by the quantized-checkpoint loader, which dequantizes it)."""
     quantization = raw.get("quantization_config")
     if quantization:
         method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization
+        if method == "fp8":
+            return
         raise UnsupportedModelError(
             f"quantization_config ({method!r}) is not supported for {architecture}: "
             "load a bfloat16 / float16 / float32 conversion of the checkpoint"
