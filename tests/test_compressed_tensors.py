@@ -174,6 +174,7 @@ W4 = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "gro
         "b": {"targets": ["re:.*self_attn.*"], "weights": {**W4, "num_bits": 8}, "format": "pack-quantized"}}},
      "several weight schemes"),
     ({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]}, "fp8 fmt='e5m2'"),
+    ({**_group("pack-quantized", W4), "quantization_status": "frozen"}, "quantization_status='frozen'"),
 ])
 def test_unsupported_compressed_tensors_configs_are_named(tmp_path, settings, message):
     folder = make_tiny_checkpoint(tmp_path / "m", "qwen3")
@@ -231,6 +232,17 @@ def test_deepseek_fp8_block_checkpoint_matches_its_dequantized_weights(tmp_path,
         ours = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
                             use_tqdm=False)[0].outputs[0].token_ids
     assert ours == theirs.tolist()
+
+
+def test_a_quantized_layer_missing_its_packed_tensor_is_named(tmp_path):
+    folder = _float_folder(tmp_path, "qwen3")
+    write_compressed(folder, tmp_path / "quantized", "w4a16-group-sym")
+    path = tmp_path / "quantized" / "model.safetensors"
+    tensors = load_file(str(path))
+    del tensors["model.layers.1.mlp.up_proj.weight_packed"]
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    with pytest.raises(QuantizationError, match="model.layers.1.mlp.up_proj has a weight_scale but no weight_packed"):
+        load_model(tmp_path / "quantized")
 
 
 def test_a_compressed_tensors_folder_off_the_cpu_is_refused_before_loading(compressed):

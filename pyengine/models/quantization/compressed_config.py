@@ -52,6 +52,11 @@ def compressed_tensors_scheme(settings: dict[str, Any]) -> CompressedTensorsSche
     if settings.get("kv_cache_scheme"):
         raise QuantizationError("quantization_config: compressed-tensors kv_cache_scheme (a quantized KV cache) "
                                 "is not supported")
+    status = settings.get("quantization_status", "compressed")
+    if status != "compressed":
+        raise QuantizationError(f"quantization_config: compressed-tensors quantization_status={status!r} is not "
+                                "supported (a checkpoint saved uncompressed); 'compressed', as llm-compressor "
+                                "saves, is")
     groups = settings.get("config_groups") or {}
     if not isinstance(groups, dict) or not groups:
         raise QuantizationError("quantization_config: compressed-tensors needs config_groups with a weight scheme")

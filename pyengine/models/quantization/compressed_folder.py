@@ -24,6 +24,7 @@ from pyengine.models.quantization.ct_weights import (
     pack_quantized_weight,
 )
 from pyengine.models.quantization.fill import Weight, fill_model
+from pyengine.models.quantization.packed import QuantizationError
 
 _PARTS = ("weight_packed", "weight_scale", "weight_scale_inv", "weight_shape", "weight_zero_point", "weight_g_idx",
           "input_scale", "input_zero_point")
@@ -43,20 +44,30 @@ def fill_from_compressed_folder(model: DecoderForCausalLM, folder: Path, scheme:
         shapes[name] = tuple(tensor.shape)
     for prefix in quantized:
         shape = tensors.get(f"{prefix}.weight_shape")
+        stored = tensors.get(f"{prefix}.weight")
+        if shape is None and stored is None:
+            raise QuantizationError(f"{scheme.method} ({scheme.format}): {prefix} has a {scheme.scale_name} but "
+                                    "neither weight_shape nor weight")
         shapes[f"{prefix}.weight"] = (tuple(int(v) for v in shape.tolist()) if shape is not None
-                                      else tuple(tensors[f"{prefix}.weight"].shape))
+                                      else tuple(stored.shape))
+
+    def part(prefix: str, name: str) -> torch.Tensor:
+        if f"{prefix}.{name}" not in tensors:
+            raise QuantizationError(f"{scheme.method} ({scheme.format}): {prefix} has a {scheme.scale_name} but no "
+                                    f"{name} tensor")
+        return tensors[f"{prefix}.{name}"]
 
     def read(name: str) -> Weight:
         prefix = name.removesuffix(".weight")
         if prefix not in quantized or not name.endswith(".weight"):
             return tensors[name].to(torch.float32)
-        scale = tensors[f"{prefix}.{scheme.scale_name}"]
+        scale = part(prefix, scheme.scale_name)
         if scheme.format == "pack-quantized":
-            return pack_quantized_weight(tensors[f"{prefix}.weight_packed"], scale, tensors[f"{prefix}.weight_shape"],
+            return pack_quantized_weight(part(prefix, "weight_packed"), scale, part(prefix, "weight_shape"),
                                          tensors.get(f"{prefix}.weight_zero_point"),
                                          tensors.get(f"{prefix}.weight_g_idx"), scheme, prefix)
         if scheme.format == "int-quantized":
-            return int8_channel_weight(tensors[name], scale, prefix)
-        return fp8_dequantized(tensors[name], scale, scheme, prefix)
+            return int8_channel_weight(part(prefix, "weight"), scale, prefix)
+        return fp8_dequantized(part(prefix, "weight"), scale, scheme, prefix)
 
     fill_model(model, shapes, read)
