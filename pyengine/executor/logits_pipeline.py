@@ -103,6 +103,20 @@ class LogitsPipeline:
             self.broken = True
             raise
 
+    def acts_on(self, sample_rows: np.ndarray) -> bool:
+        """Some processor may change these rows' logits: a custom one is installed, or a
+        row uses a built-in one (min_tokens, logit_bias, allowed_token_ids, bad_words);
+        the built-in ones leave every other row as it is."""
+        if self.custom:
+            return True
+        for row in sample_rows.tolist():
+            held = self.batch.held.get(row)
+            if held is not None:
+                p = held[1]
+                if p.min_tokens > 0 or p.logit_bias or p.allowed_token_ids or p._bad_words_token_ids:
+                    return True
+        return False
+
     def follows_output(self, sample_rows: np.ndarray) -> np.ndarray:
         """Per sampled row: its processors depend on the output so far (min_tokens,
         bad_words; every row when a custom processor is installed), so drafts cannot be

@@ -81,7 +81,8 @@ def process_entries(
     starts_t = torch.from_numpy(layout.starts).to(logits.device)
     try:
         logits[starts_t] = pipeline.process(logits.index_select(0, starts_t), seq_rows, greedy_only)
-        for depth in range(1, int(layout.counts.max()) + 1):
+        depths = int(layout.counts.max()) if pipeline.acts_on(seq_rows) else 0  # else: the identity
+        for depth in range(1, depths + 1):
             having = np.flatnonzero(layout.counts >= depth)
             batch = logits.index_select(0, starts_t).clone()  # others: a filler row, discarded
             entries = torch.from_numpy(layout.starts[having] + depth).to(logits.device)
