@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_model import VOCAB_SIZE, bench_checkpoint  # noqa: E402
+from bench_model import QWEN3_06B_SHAPED, VOCAB_SIZE, bench_checkpoint, qwen3_06b_shaped_folder  # noqa: E402
 
 from pyengine.executor.config import ExecutorConfig  # noqa: E402
 from pyengine.executor.model_runner import ModelRunner  # noqa: E402
@@ -55,6 +55,10 @@ from pyengine.sampling_params import SamplingParams  # noqa: E402
 from pyengine.testing.hand_plan import HandPlanner  # noqa: E402
 
 BLOCK_SIZE = 16
+MODEL_NAMES = {
+    "bench": "bench_model (Qwen3-shaped, hidden 256, 4 layers, vocab 4096, random weights, float32)",
+    "qwen3-0.6b-8l": f"Qwen3-0.6B shapes, 8 layers, vocab {QWEN3_06B_SHAPED['vocab_size']}, dummy weights, float32",
+}
 PROMPT_LEN = 128
 SPAN = 32
 
@@ -164,10 +168,10 @@ def side_by_side(make_runner, prompts: list[list[int]], tokens: int, k: int, loo
     return off.report(), spec.report()
 
 
-def runner_factory(folder: Path, batch: int):
+def runner_factory(folder: Path, batch: int, load_format: str = "auto"):
     return lambda: ModelRunner.from_pretrained(folder, ExecutorConfig(
         dtype="float32", max_num_seqs=batch, max_model_len=1024, block_size=BLOCK_SIZE,
-        num_kv_blocks=batch * 1024 // BLOCK_SIZE, attention_backend="sdpa"))
+        num_kv_blocks=batch * 1024 // BLOCK_SIZE, attention_backend="sdpa", load_format=load_format))
 
 
 def engine_pair(folder: Path, method: str, prompt_sets: list[list[list[int]]], tokens: int, k: int,
@@ -240,11 +244,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--engine", action="store_true", help="the whole engine, the scheduler proposing")
     parser.add_argument("--repeats", type=int, default=3, help="--engine: timed runs per engine")
+    parser.add_argument("--shape", choices=("bench", "qwen3-0.6b-8l"), default="bench",
+                        help="qwen3-0.6b-8l: Qwen3-0.6B's shapes with 8 layers, dummy weights (memory-bound decode)")
+    parser.add_argument("--workloads", default="repeat:ngram,random:ngram,random:oracle",
+                        help="executor level: workload:method pairs")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     low, high = (int(x) for x in args.lookup.split(","))
-    folder = bench_checkpoint(Path(tempfile.mkdtemp(prefix="spec-bench-")))
+    scratch = Path(tempfile.mkdtemp(prefix="spec-bench-"))
+    load_format = "auto"
+    if args.shape == "qwen3-0.6b-8l":
+        folder, load_format = qwen3_06b_shaped_folder(scratch), "dummy"
+    else:
+        folder = bench_checkpoint(scratch)
     batches = [int(b) for b in args.batches.split(",")]
     if args.engine:
         from pyengine.errors import InvalidConfigError
@@ -256,10 +269,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 2
 
     def factory(batch: int):
-        return runner_factory(folder, batch)
+        return runner_factory(folder, batch, load_format)
 
     results = []
-    for workload, method in (("repeat", "ngram"), ("random", "ngram"), ("random", "oracle")):
+    for workload, method in (pair.split(":") for pair in args.workloads.split(",")):
         for batch in batches:
             prompts = prompts_for(workload, batch, factory(batch), args.tokens)
             oracle = None
@@ -288,7 +301,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             if not args.json:
                 print(" ".join(f"{key}={value}" for key, value in row.items()), flush=True)
     report = {"bench": "spec_decode", "level": "executor (ModelRunner + hand planner, Python n-gram proposer)",
-              "model": "bench_model (Qwen3-shaped, hidden 256, 4 layers, vocab 4096, random weights, float32)",
+              "model": MODEL_NAMES[args.shape],
               "decode_tokens_per_seq": args.tokens, "torch_threads": torch.get_num_threads(),
               "note": "shared, noisy machine: ratios of runs made side by side", "results": results}
     if args.json:
