@@ -122,7 +122,8 @@ async def _events(ctx: ServerContext, body: ResponsesRequest, run: ResponseRun, 
         for event in output.close():
             yield event
         status, incomplete = status_of(run.tracker.choices[0].finish_reason)
-        final = response_object(body, response_id, model, created_at, status, output=output.items,
+        final = response_object(body, response_id, model, created_at, status,
+                                output=output.final_items(run.tracker.choices[0].text),
                                 usage=_usage(run, prepared), incomplete_details=incomplete)
         _store(ctx, body, final, conv)
         kind = "response.completed" if status == "completed" else "response.incomplete"

@@ -12,14 +12,20 @@ the answer), carrying the whole response. A failure once the stream has started 
 
 With a tool-call parser, text and calls are told apart as the parser finds them
 (``tools.StreamedToolCalls``, as on chat): text opens a message item, a call's first
-piece closes the open item and opens a ``function_call`` item."""
+piece closes the open item and opens a ``function_call`` item. Within one parser step the
+arguments that continue an open call go first (they precede any text of that step), so a
+call's ``.done`` events carry all its arguments.
+
+A call the parser saw open but that turned out malformed or was cut (``max_output_tokens``)
+has had its events sent; the whole answer then is text, as the non-streamed response says,
+so ``final_items`` gives the closing event (and the store) the whole-text parse instead."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from pyengine.server.responses.output import new_item_id
+from pyengine.server.responses.output import new_item_id, output_items
 from pyengine.server.responses.protocol import FunctionCallItem, OutputItem, OutputMessage, OutputText
 from pyengine.server.sse import typed_event
 from pyengine.server.tools import StreamedToolCalls, ToolPlan
@@ -57,15 +63,30 @@ class StreamedOutput:
         if self._parser is None:
             return self._text(text)
         content, calls = self._parser.delta(text, finished)
-        out = self._text(content or "")
-        for call in calls or ():
-            arguments = call.function.arguments if call.function is not None else None
+        calls = calls or []
+        out: list[bytes] = []
+        for call in calls:  # arguments continuing a call opened in an earlier step
+            if call.id is None and call.function is not None and call.function.arguments:
+                out += self._arguments(call.index, call.function.arguments)
+        out += self._text(content or "")
+        for call in calls:
             if call.id is not None:
                 name = call.function.name if call.function is not None else ""
                 out += self._start_call(call.index, call.id, name or "")
-            if arguments:
-                out += self._arguments(call.index, arguments)
+                if call.function is not None and call.function.arguments:
+                    out += self._arguments(call.index, call.function.arguments)
         return out
+
+    def final_items(self, text: str) -> list[OutputItem]:
+        """The output the closing event carries and the store keeps, once ``close`` ran:
+        the streamed items, unless a streamed call is not a valid one (malformed, or cut
+        by ``max_output_tokens``); then the whole answer ``text`` read as the non-streamed
+        response reads it (plain text), so that a follow-up's history never holds a call
+        with broken arguments."""
+        streamed_calls = any(isinstance(item, FunctionCallItem) for item in self.items)
+        if self._parser is None or not streamed_calls or self._parser.called:
+            return self.items
+        return output_items(self.plan, text)
 
     def close(self) -> list[bytes]:
         """The events that close the open item, if any."""
