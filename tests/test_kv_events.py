@@ -207,6 +207,88 @@ def test_a_full_queue_drops_and_counts_and_leaves_a_gap(tmp_path):
         ctx.term()
 
 
+def test_a_replay_longer_than_zmqs_default_high_water_mark_arrives_whole(tmp_path):
+    """A ROUTER drops silently past its send high-water mark (1000 by default): a replay of
+    the whole buffer, and its end marker, must all arrive. Each batch carries a few KiB
+    (four 128-token blocks), more than the kernel's socket buffers hold in all, so the
+    ROUTER's pipe does fill while the subscriber has not read."""
+    n, bs = 3000, 128
+    ctx = zmq.Context()
+    replay = f"ipc://{tmp_path}/rp"
+    sub = Subscriber(ctx, None, replay, b"")
+    pub = KvEventPublisher(parse_kv_events_config({"enable_kv_cache_events": True, "endpoint": f"ipc://{tmp_path}/ev",
+                                                   "replay_endpoint": replay, "buffer_steps": n}),
+                           block_size=bs, medium="CPU")
+    try:
+        for h in range(n):
+            pub.publish(_log([0, 0, 0, 0], [4 * h + 1, 4 * h + 2, 4 * h + 3, 4 * h + 4], [0] * 4,
+                             [100_000 + t for t in range(4 * bs)]))
+        wait_published(pub, n)
+        sub.ask_replay(0)  # fails on a missing end marker
+        assert sorted(sub.batches) == list(range(n))
+    finally:
+        pub.close()
+        sub.close()
+        ctx.term()
+
+
+def test_a_failed_or_malformed_replay_request_leaves_the_publisher_serving(tmp_path, caplog):
+    ctx = zmq.Context()
+    replay = f"ipc://{tmp_path}/rp"
+    sub = Subscriber(ctx, None, replay, b"")
+    pub = KvEventPublisher(parse_kv_events_config({"enable_kv_cache_events": True, "endpoint": f"ipc://{tmp_path}/ev",
+                                                   "replay_endpoint": replay}), block_size=1, medium="CPU")
+    serve = pub._serve_replays
+    failures = [RuntimeError("a replay that fails")]
+
+    def failing_once():
+        if failures:  # fails mid-replay: the request read, no answer sent
+            pub._replay.recv_multipart()
+            raise failures.pop()
+        serve()
+
+    pub._serve_replays = failing_once
+    try:
+        pub.publish(_log([0], [7], [0], [7]))
+        wait_published(pub, 1)
+        sub.replay.send_multipart([b"", (0).to_bytes(8, "big")])  # meets the failure: no answer
+        wait_deadline = time.monotonic() + WAIT_S
+        while failures and time.monotonic() < wait_deadline:
+            time.sleep(0.01)
+        assert not failures
+        sub.replay.send_multipart([b"", b"not eight bytes long"])  # malformed: ignored
+        sub.ask_replay(0)
+        assert sorted(sub.batches) == [0] and pub._thread.is_alive()
+        assert "serving a KV-event replay failed" in caplog.text
+        assert "malformed KV-event replay request" in caplog.text
+    finally:
+        pub.close()
+        sub.close()
+        ctx.term()
+    assert pub._sockets == [] and not pub._thread.is_alive()
+
+
+def test_close_after_a_join_timeout_still_closes_every_socket_once(tmp_path):
+    pub = KvEventPublisher(parse_kv_events_config({"enable_kv_cache_events": True, "endpoint": f"ipc://{tmp_path}/ev",
+                                                   "replay_endpoint": f"ipc://{tmp_path}/rp"}),
+                           block_size=1, medium="CPU")
+    release = __import__("threading").Event()
+    send = pub._send_queued
+    pub._send_queued = lambda enc: (release.wait(WAIT_S), send(enc))  # a stalled publisher thread
+    try:
+        pub.publish(_log([0], [1], [0], [1]))
+        pub.close(timeout=0.05)
+        assert pub._thread.is_alive() and pub._sockets, "not closed under the running thread"
+        pub.publish(_log([0], [2], [0], [2]))  # an output thread that outlived shutdown: no error
+    finally:
+        release.set()
+    pub._thread.join(WAIT_S)
+    assert not pub._thread.is_alive() and pub._sockets == [], "the thread closed them as it ended"
+    pub.close()  # again: nothing left to do
+    pub.publish(_log([0], [3], [0], [3]))  # after close: dropped, no error
+    assert pub._sockets == []
+
+
 # ---- the engine ----
 
 def _prompts() -> list[list[int]]:

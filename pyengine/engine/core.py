@@ -377,7 +377,7 @@ class EngineCore:
             for t in (self._exec_thread, self._output_thread):
                 t.join(timeout=max(0.0, deadline - time.monotonic()))
         stuck = [t.name for t in (self._exec_thread, self._output_thread) if t.is_alive()]
-        if self.kv_publisher is not None and not self._output_thread.is_alive():
+        if self.kv_publisher is not None:  # even with the output thread stuck: its publish is then a no-op
             self.kv_publisher.close(timeout=max(0.5, deadline - time.monotonic()))
         close_runner = getattr(self.runner, "close", None)  # tensor-parallel workers: stopped and reaped
         if close_runner is not None:

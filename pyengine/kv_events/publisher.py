@@ -13,8 +13,14 @@ msgpack payload)``. The replay socket takes ``(identity, b"", start seq as 8 byt
 from a REQ or DEALER client and answers one ``(identity, b"", seq, payload)`` per
 buffered batch from ``start`` on, then ``(identity, b"", -1 as 8 signed bytes, b"")``.
 
+The replay socket's send high-water mark is ``buffer_steps + 1``: a ROUTER drops what
+exceeds it silently, and one replay is up to the whole buffer and its end marker.
+
 The thread blocks in ``zmq.Poller.poll`` on the replay socket and an inproc wake-up pair
 (the output thread sends one empty frame per batch queued): it never polls on a timer.
+A replay that fails is logged and the thread goes on serving. The thread owns its sockets
+and closes them as it ends, so ``close`` never closes one under it: a thread that did not
+stop within ``close``'s timeout still closes them, once, when it does.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ class KvEventPublisher:
         self._queue: queue.Queue[tuple[int, float, tuple]] = queue.Queue(maxsize=config.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self._stopping = threading.Event()
+        self._close_lock = threading.Lock()  # the wake-up sent by close vs the thread closing sockets
         self._own_context = context is None
         self._ctx = context if context is not None else zmq.Context()
         self._sockets: list[zmq.Socket] = []
@@ -73,6 +80,7 @@ class KvEventPublisher:
             self._replay: Optional[zmq.Socket] = None
             if self.replay_endpoint is not None:
                 self._replay = self._socket(zmq.ROUTER)
+                self._replay.setsockopt(zmq.SNDHWM, config.buffer_steps + 1)
                 self._attach(self._replay, self.replay_endpoint, "replay_endpoint", bind=True)
             wake = f"inproc://pyengine-kvpub-wake-{id(self)}"
             self._wake_rx = self._socket(zmq.PAIR)
@@ -114,38 +122,52 @@ class KvEventPublisher:
             if self.dropped == 1 or self.dropped % 1000 == 0:
                 logger.warning("KV-event queue full: %d batches dropped so far (seq %d lost)", self.dropped, seq)
             return
-        try:
-            self._wake_tx.send(b"", zmq.NOBLOCK)
-        except zmq.Again:  # a thousand wake-ups unread: the thread is awake with work queued
-            pass
+        with self._close_lock:  # an output thread that outlived shutdown never sends on a closed socket
+            if not self._sockets:
+                return
+            try:
+                self._wake_tx.send(b"", zmq.NOBLOCK)
+            except zmq.Again:  # a thousand wake-ups unread: the thread is awake with work queued
+                pass
 
     def close(self, timeout: float = _CLOSE_TIMEOUT_S) -> None:
-        """Publishes what is queued, stops the thread and closes every socket. Call it once
-        ``publish`` is no longer called (the output thread has stopped)."""
-        if self._stopping.is_set():
-            return
-        self._stopping.set()
-        try:
-            self._wake_tx.send(b"", zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass
+        """Publishes what is queued, stops the thread and (through it) closes every socket.
+        Safe to call again, and while ``publish`` may still be called (an output thread
+        that did not stop): such batches are dropped."""
+        with self._close_lock:
+            if not self._stopping.is_set() and self._sockets:
+                self._stopping.set()
+                try:
+                    self._wake_tx.send(b"", zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
         self._thread.join(timeout)
         if self._thread.is_alive():
-            logger.warning("the KV-event publisher thread did not stop within %.1fs", timeout)
-            return  # its sockets stay open rather than be closed under it
-        self._close_sockets()
+            logger.warning("the KV-event publisher thread did not stop within %.1fs; it closes its sockets "
+                           "when it does", timeout)
 
     def _close_sockets(self) -> None:
-        for s in self._sockets:
-            s.close(linger=0)
-        self._sockets.clear()
-        if self._own_context:
-            self._ctx.term()
+        """Closes every socket, once (a second call finds none)."""
+        with self._close_lock:
+            sockets, self._sockets = self._sockets, []
+            for s in sockets:
+                s.close(linger=0)
+            if self._own_context and sockets:
+                self._ctx.term()
 
     # ---- the publisher thread ----
 
     def _run(self) -> None:
         name_current_thread(THREAD_NAME)
+        try:
+            self._serve()
+        except BaseException:
+            logger.exception("the KV-event publisher thread failed; no more KV events are published")
+            raise
+        finally:
+            self._close_sockets()
+
+    def _serve(self) -> None:
         encoder = msgspec.msgpack.Encoder()
         poller = zmq.Poller()
         poller.register(self._wake_rx, zmq.POLLIN)
@@ -157,7 +179,10 @@ class KvEventPublisher:
                 while self._wake_rx.poll(0):
                     self._wake_rx.recv()
             if self._replay is not None and self._replay in ready:
-                self._serve_replays()
+                try:
+                    self._serve_replays()
+                except Exception:  # noqa: BLE001 - one failed replay; the others are still served
+                    logger.exception("serving a KV-event replay failed")
             self._send_queued(encoder)
             if self._stopping.is_set():
                 self._send_queued(encoder)
