@@ -82,10 +82,12 @@ def test_a_parsers_call_schema_keeps_refs_inside_too():
 
 def test_embedded_moves_local_refs_only_and_leaves_data_alone():
     schema = {"properties": {"$ref": {"$ref": "#/$defs/a"}, "const": {"const": {"$ref": "#"}}},
-              "items": [{"$ref": "#/"}, {"$ref": "other.json#/x"}], "default": {"$ref": "#"}}
+              "items": [{"$ref": "#/"}, {"$ref": "other.json#/x"}, {"$ref": "#Node"}, {"$ref": "#"}],
+              "default": {"$ref": "#"}}
     assert embedded(schema, "/p") == {
         "properties": {"$ref": {"$ref": "#/p/$defs/a"}, "const": {"const": {"$ref": "#"}}},
-        "items": [{"$ref": "#/p"}, {"$ref": "other.json#/x"}], "default": {"$ref": "#"}}
+        "items": [{"$ref": "#/p"}, {"$ref": "other.json#/x"}, {"$ref": "#Node"}, {"$ref": "#/p"}],
+        "default": {"$ref": "#"}}
     assert embedded(schema, "") == schema and embedded(schema, "") is not schema
 
 

@@ -11,8 +11,9 @@ into the wrapper and fail to compile or mean something else. ``embedded`` rewrit
 local reference to start at the place the parameters are put; definitions stay where
 they are (no hoisting, so two tools may each define a ``Node`` of their own).
 
-References that are not local (``other.json#/x``) are left as written: the backend
-refuses them either way, as it does for a schema given alone.
+References that are not local (``other.json#/x``) and plain-name anchors (``"#Node"``,
+a ``$anchor``, not a JSON pointer) are left as written: a pointer prefix would make the
+anchor a wrong name, and the backend treats them as it does in a schema given alone.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def embedded(schema: Any, pointer: str) -> Any:
 
 
 def _moved(reference: str, pointer: str) -> str:
-    if not pointer or not reference.startswith("#"):
-        return reference
+    if not pointer or not (reference == "#" or reference.startswith("#/")):
+        return reference  # another document, or a plain-name anchor ("#Node"): not a pointer
     rest = reference[1:]
     return "#" + pointer + ("" if rest == "/" else rest)  # "#/" is the root too, to llguidance
