@@ -135,7 +135,8 @@ impl BlockPool {
         if log.is_empty() {
             return None;
         }
-        Some(std::mem::take(log))
+        let next = KvEventLog::sized_like(log);
+        Some(std::mem::replace(log, next))
     }
 
     /// Published hashes ([`BlockHash::published`]) of every block in the prefix cache now,
@@ -295,11 +296,16 @@ impl BlockPool {
         if !self.enable_caching || self.hashes[block as usize].is_some() {
             return;
         }
+        // A subscriber finds a stored event's tokens by position (block_size per event), so
+        // one event without a full block would shift every later one's in the step: such a
+        // block is not cached at all (a lost prefix hit), and the cache and events agree.
+        if self.events.is_some() && tokens.len() != self.block_size {
+            return;
+        }
         if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(hash) {
             e.insert(block);
             self.hashes[block as usize] = Some(hash);
             if let Some(log) = &mut self.events {
-                debug_assert_eq!(tokens.len(), self.block_size, "a registered block is full");
                 log.stored(hash, parent, tokens);
             }
         }
@@ -512,5 +518,40 @@ mod tests {
         assert_eq!(set.into_iter().collect::<Vec<_>>(), p.cached_hashes());
         assert_eq!(p.cached_hashes(), vec![h(1).published()]);
         p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_block_without_its_tokens_is_neither_cached_nor_published() {
+        use crate::kv_events::*;
+        let mut p = BlockPool::new(3, 2, true);
+        p.record_events();
+        let mut a = Vec::new();
+        p.try_allocate(3, &mut a).unwrap();
+        p.register(a[0], h(1), None, &[10, 11]);
+        p.register(a[1], h(2), Some(h(1)), &[]);
+        p.register(a[2], h(3), None, &[14, 15]);
+        let log = p.take_events().unwrap();
+        assert_eq!(log.kinds, vec![KV_ALL_CLEARED, KV_STORED_ROOT, KV_STORED_ROOT]);
+        assert_eq!(log.tokens, vec![10, 11, 14, 15], "each stored event's block where it is expected");
+        assert_eq!(p.cached_hashes(), vec![h(1).published(), h(3).published()]);
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn taking_events_leaves_a_log_sized_like_the_one_taken() {
+        let mut p = BlockPool::new(4, 2, true);
+        p.record_events();
+        let mut a = Vec::new();
+        p.try_allocate(4, &mut a).unwrap();
+        for (i, &b) in a.iter().enumerate() {
+            p.register(b, h(i as u128 + 1), None, &[1, 2]);
+        }
+        let taken = p.take_events().unwrap();
+        let next = p.events.as_ref().unwrap();
+        assert!(next.is_empty());
+        assert!(next.kinds.capacity() >= taken.kinds.len() && next.hashes.capacity() >= taken.hashes.len());
+        assert!(
+            next.parents.capacity() >= taken.parents.len() && next.tokens.capacity() >= taken.tokens.len()
+        );
     }
 }

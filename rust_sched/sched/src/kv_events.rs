@@ -2,10 +2,11 @@
 //! holds (vLLM's KV-cache events: `docs/kv_events.md`).
 //!
 //! The block pool appends to a [`KvEventLog`] as blocks enter and leave the prefix cache,
-//! on the scheduler thread, into flat vectors (no allocation per event once they have
-//! grown to a step's worth); the scheduler moves the log into the next output event, so
-//! the events cross to Python on the channel that already carries each step's tokens,
-//! in the order they happened. With events off the pool holds no log and records nothing.
+//! on the scheduler thread, into flat vectors; the scheduler moves the log into the next
+//! output event (its vectors go to Python) and the pool starts a new one sized to the log
+//! it gave away ([`KvEventLog::sized_like`]), so a step allocates each vector once rather
+//! than per event while it grows. The events cross to Python on the channel that already
+//! carries each step's tokens, in the order they happened. With events off the pool holds no log and records nothing.
 
 use crate::block_hash::BlockHash;
 
@@ -37,6 +38,17 @@ impl KvEventLog {
 
     pub fn len(&self) -> usize {
         self.kinds.len()
+    }
+
+    /// An empty log with room for as many events (and tokens) as `other` holds: the next
+    /// step's, which is likely about as busy.
+    pub fn sized_like(other: &KvEventLog) -> KvEventLog {
+        KvEventLog {
+            kinds: Vec::with_capacity(other.kinds.len()),
+            hashes: Vec::with_capacity(other.hashes.len()),
+            parents: Vec::with_capacity(other.parents.len()),
+            tokens: Vec::with_capacity(other.tokens.len()),
+        }
     }
 
     pub fn stored(&mut self, hash: BlockHash, parent: Option<BlockHash>, tokens: &[u32]) {

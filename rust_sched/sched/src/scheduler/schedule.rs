@@ -68,9 +68,11 @@ impl Scheduler {
         // a run of independent map inserts.
         let recording = self.pool.records_events();
         for &(block, hash, seq_index, i) in &step.to_register[step.num_flushed..] {
-            let (tokens, parent) = match &self.seqs[seq_index as usize] {
-                Some(seq) if recording => seq.hashed_block(i as usize, bs),
-                _ => (&[][..], None),
+            let (tokens, parent) = if recording {
+                let seq = self.seqs[seq_index as usize].as_ref();
+                seq.map_or((&[][..], None), |seq| seq.hashed_block(i as usize, bs))
+            } else {
+                (&[][..], None)
             };
             self.pool.register(block, hash, parent, tokens);
         }
