@@ -120,6 +120,8 @@ def server(tmp_path_factory):
     log = (tmp_path_factory.mktemp("promserve-log") / "serve.log").open("w")
     proc = ServeProcess([str(checkpoint), "--served-model-name", served_model_name(), "--max-num-seqs", "4",
                          "--num-kv-blocks", "64", "--stats-interval", "0", "--log-level", "warning",
+                         # n-gram drafts: the speculative-decoding series (and their rules) have samples
+                         "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}',
                          "--no-log-requests"], env=CHILD_ENV, stderr=log)
     try:
         proc.wait_up(180)
@@ -135,6 +137,20 @@ def test_the_metrics_doc_lists_exactly_what_metrics_exposes(server):
     for name, (_, labels) in exposed.items():
         if labels is not None:
             assert documented[name][1] == labels, f"{name}: docs/metrics.md says {documented[name][1]}"
+
+
+def test_every_vllm_series_the_metrics_doc_names_has_a_recording_rule():
+    """The table's last column names vLLM's equivalents; each is recorded (a histogram as
+    its _bucket, _sum and _count) except a label of another series (cache_config_info)."""
+    recorded = set(recorded_names())
+    named = []
+    for line in METRICS_DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 5 and cells[0].startswith("`pyengine:") and "label of" not in cells[4]:
+            for name in re.findall(r"`(vllm:[a-z0-9_:]+)`", cells[4]):
+                named += [name + s for s in ("_bucket", "_sum", "_count")] if cells[1] == "histogram" else [name]
+    assert "vllm:spec_decode_num_drafts_total" in named, "the table was read"
+    assert sorted(set(named) - recorded) == []
 
 
 def test_the_endpoint_picker_and_keda_read_gauges_the_server_exposes(server):
