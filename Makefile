@@ -21,6 +21,13 @@ install-prometheus:  ## Debian's prometheus package (tests/test_prometheus_dashb
 		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null && \
 		prometheus --version 2>&1 | head -n 1; fi
 
+.PHONY: install-libxxhash
+install-libxxhash:  ## Debian's libxxhash0 (tests/test_kv_events.py checks our block hashes against it)
+	@if $(PY) -c "import ctypes.util, sys; sys.exit(ctypes.util.find_library('xxhash') is None)"; then echo "libxxhash present"; else \
+		SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libxxhash0 >/dev/null && \
+		echo "libxxhash installed"; fi
+
 .PHONY: build-dev
 build-dev:  ## editable install (the native module is built into pyengine/)
 	# a module built before abi3 (_native.cpython-3XX-*.so) would shadow the new _native.abi3.so

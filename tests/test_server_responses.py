@@ -96,13 +96,59 @@ def test_json_schema_format_is_enforced(client):
     assert out.text.format.type == "json_schema"
 
 
+# What may follow a cut JSON text before its brackets close: a partial literal, number,
+# escape or key ending, an element after a trailing comma.
+_FILLERS = ["", "0", "null", ":null", '":null', '"k":null', "ue", "rue", "e", "alse", "lse", "se", "ull",
+            "ll", "l", "n", "0", "00", "000", "0000", "e0", "0e0"]
+
+
+def completes_to_json(text: str) -> bool:
+    """Whether ``text`` is the start of some JSON value: a filler and the closing quote
+    and brackets it lacks make it parse."""
+    for filler in _FILLERS:
+        candidate = text + filler
+        stack, in_string, escaped = [], False, False
+        for ch in candidate:
+            if in_string:
+                escaped, in_string = (not escaped and ch == "\\"), in_string and (escaped or ch != '"')
+            elif ch == '"':
+                in_string = True
+            elif ch in "{[":
+                stack.append("}" if ch == "{" else "]")
+            elif ch in "}]" and stack:
+                stack.pop()
+        closed = candidate + ('"' if in_string else "") + "".join(reversed(stack))
+        for tail in ("", ":null"):  # a key cut right after its closing quote
+            try:
+                json.loads(closed[:len(closed) - len(stack)] + tail + "".join(reversed(stack)) if tail else closed)
+                return True
+            except ValueError:
+                continue
+    return False
+
+
+def test_completes_to_json_tells_cut_objects_from_other_text():
+    for cut in ['{', '{"a', '{"a"', '{"a": ', '{"a": 1', '{"a": 1.', '{"a": tr', '{"a": "x\\', '{"a": [1,',
+                '{"a": {"b": nul']:
+        assert completes_to_json(cut), cut
+    for bad in ['{"a": 1}}', '{]', '{"a" 1', 'hello']:
+        assert not completes_to_json(bad), bad
+
+
 def test_json_object_format(client):
     out = client.responses.create(model=MODEL, input="JSON please", max_output_tokens=120, temperature=0,
                                   text={"format": {"type": "json_object"}})
-    if out.status == "completed":
-        assert isinstance(json.loads(out.output_text), dict)
-    else:  # cut while the object was still open: a prefix of one
-        assert out.output_text.lstrip().startswith("{")
+    text = out.output_text
+    assert text.lstrip().startswith("{")
+    if out.status == "completed":  # the grammar ended the answer: one whole object
+        assert out.incomplete_details is None and out.usage.output_tokens <= 120
+        assert isinstance(json.loads(text), dict)
+    else:  # cut by max_output_tokens while the object was still open: a prefix of one, not a whole one
+        assert out.status == "incomplete" and out.incomplete_details.reason == "max_output_tokens"
+        assert out.usage.output_tokens == 120
+        with pytest.raises(ValueError):
+            json.loads(text)
+        assert completes_to_json(text), text
 
 
 def test_previous_response_id_chains_the_conversation(server, client):
