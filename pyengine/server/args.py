@@ -64,7 +64,7 @@ class ServerArgs:
 
     - ``responses_store_size``: responses kept for ``previous_response_id`` and
       ``GET /v1/responses/{id}``, least recently used evicted first (0: none kept).
-    - ``responses_store_max_bytes``: what they may weigh together (their JSON size).
+    - ``responses_store_max_bytes``: what they may weigh together (the encoded JSON bytes held).
     """
 
     model_name: str = "pyengine"

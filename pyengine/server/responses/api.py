@@ -73,7 +73,7 @@ async def create_response(body: ResponsesRequest, request: Request, ctx: Context
 
 
 @router.get("/v1/responses/{response_id}", response_model=None)
-async def retrieve_response(response_id: str, ctx: Context, stream: Optional[bool] = None) -> JSONResponse:
+async def retrieve_response(response_id: str, ctx: Context, stream: Optional[bool] = None) -> Response:
     """A stored response, as it was returned."""
     if stream:
         raise bad_request("stream=true replays a background response's events; this server runs no background "
@@ -82,7 +82,7 @@ async def retrieve_response(response_id: str, ctx: Context, stream: Optional[boo
     stored = ctx.responses.get(response_id)
     if stored is None:
         raise not_found(response_id, "response_id")
-    return JSONResponse(stored.response)
+    return Response(stored.response_json, media_type="application/json")
 
 
 @router.post("/v1/responses/{response_id}/cancel", response_model=None)
