@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use crate::request::SeqIndex;
-use crate::spec::{ngram, suffix, SpecMethod};
+use crate::spec::{ngram, suffix, SpecMethod, RETRY_AFTER_EMPTY};
 
 use super::Scheduler;
 
@@ -30,10 +30,19 @@ impl Scheduler {
     }
 
     /// A speculating sequence whose previous token is not known yet is not planned with
-    /// a placeholder: it waits for that result, and is then planned with drafts.
-    pub(super) fn waits_for_result(&self, seq_index: SeqIndex) -> bool {
+    /// a placeholder: it waits for that result, and is then planned with drafts. After a
+    /// proposal that found none it decodes behind placeholders for a few steps first.
+    pub(super) fn waits_for_result(&mut self, seq_index: SeqIndex) -> bool {
         let seq = self.seq(seq_index).expect("live sequence");
-        seq.pending_samples > 0 && self.may_speculate(seq_index) && self.draft_room(seq_index) > 0
+        if seq.pending_samples == 0 || !self.may_speculate(seq_index) || self.draft_room(seq_index) == 0 {
+            return false;
+        }
+        let spec = &mut self.seq_mut(seq_index).spec;
+        if spec.retry_in > 0 {
+            spec.retry_in -= 1;
+            return false;
+        }
+        true
     }
 
     /// Proposes at most `max_d` drafts for a decoding sequence into `draft_buf` (cleared
@@ -70,6 +79,9 @@ impl Scheduler {
         self.spec_stats.proposals += 1;
         self.spec_stats.propose_ns += started.elapsed().as_nanos() as u64;
         let d = buf.len();
+        if d == 0 {
+            seq.spec.retry_in = RETRY_AFTER_EMPTY;
+        }
         self.draft_buf = buf;
         d
     }

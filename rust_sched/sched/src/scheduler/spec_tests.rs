@@ -360,3 +360,37 @@ fn suffix_proposals_come_from_a_finished_request() {
     let want: Vec<i64> = first[3..6].iter().map(|&t| i64::from(t)).collect();
     assert_eq!(p1.draft_token_ids, want);
 }
+
+#[test]
+fn a_sequence_without_matches_keeps_the_pipeline_overlap_between_lookups() {
+    let mut cfg = config(64, 3, SpecMethod::Ngram);
+    cfg.pipeline_depth = 2;
+    let mut s = Scheduler::new(cfg).unwrap();
+    s.add_request(request("a", vec![1, 2, 3, 4], 40)).unwrap();
+    let p0 = s.schedule().unwrap();
+    assert!(s.schedule().is_none(), "waits for its first token to look for drafts");
+    s.apply_result(p0.step_id, &[9]).unwrap();
+    let p1 = s.schedule().unwrap();
+    assert!(p1.num_draft_tokens.is_empty(), "no earlier 9: nothing proposed");
+    // Nothing found: the next steps go behind placeholders, two in flight at once.
+    let p2 = s.schedule().unwrap();
+    assert_eq!(p2.input_ids, vec![crate::plan::PLACEHOLDER_TOKEN]);
+    let mut inflight = VecDeque::from([p1.step_id, p2.step_id]);
+    let mut token = 10;
+    let mut waited = false;
+    for _ in 0..12 {
+        let id = inflight.pop_front().unwrap();
+        s.apply_result(id, &[token]).unwrap();
+        token += 1;
+        match s.schedule() {
+            Some(p) => inflight.push_back(p.step_id),
+            None => waited = true,
+        }
+        if inflight.is_empty() {
+            let p = s.schedule().unwrap();
+            inflight.push_back(p.step_id);
+        }
+        s.check_invariants().unwrap();
+    }
+    assert!(waited, "it looks for drafts again after a few placeholder steps");
+}

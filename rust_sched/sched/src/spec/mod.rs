@@ -62,7 +62,15 @@ pub struct SpecRecord {
     pub seen: u32,
     /// The adaptive rule turned speculation off for this sequence.
     pub off: bool,
+    /// Placeholder steps left before the sequence waits for its result again to look for
+    /// drafts (set when a proposal found none: see [`RETRY_AFTER_EMPTY`]).
+    pub retry_in: u8,
 }
+
+/// After a proposal that found no draft, the sequence decodes this many steps behind
+/// placeholders (keeping the pipeline overlap at depth 2) before it waits for a result to
+/// look again.
+pub const RETRY_AFTER_EMPTY: u8 = 4;
 
 /// Weight kept of the past at each verified step: the rate follows the last ~10 steps.
 const DECAY: f32 = 0.9;
