@@ -141,9 +141,13 @@ impl Scheduler {
                 continue;
             }
             self.grow_blocks(seq_index, need, plan);
-            let drafts = std::mem::take(&mut self.draft_buf);
-            self.emit(seq_index, n + d, &drafts[..d], plan, step);
-            self.draft_buf = drafts;
+            if d == 0 {
+                self.emit(seq_index, n, &[], plan, step);
+            } else {
+                let drafts = std::mem::take(&mut self.draft_buf);
+                self.emit(seq_index, n + d, &drafts[..d], plan, step);
+                self.draft_buf = drafts;
+            }
             *budget -= n + d;
             i += 1;
         }

@@ -45,6 +45,10 @@ impl Scheduler {
         let with_drafts = !step.draft_counts.is_empty();
         // Drafts from the executor hold for one step: every result replaces them.
         let executor_drafts = self.config.speculative_method == SpecMethod::Executor;
+        if !with_drafts && !executor_drafts {
+            self.apply_plain(&step, sampled);
+            return Ok(());
+        }
         let next_drafts = spec.next_drafts.filter(|_| executor_drafts);
         let mut next_draft_at = 0;
         // One pass over the step's sequences; `sampled` follows them in order.
@@ -101,6 +105,68 @@ impl Scheduler {
         }
         debug_assert_eq!(draft_at, step.drafts.len());
         Ok(())
+    }
+
+    /// The loop of a step without drafts: one token per sampled sequence (the steady
+    /// decode step's path, kept free of the speculative bookkeeping).
+    fn apply_plain(&mut self, step: &InflightStep, sampled: &[i64]) {
+        let mut next_sample = 0;
+        for &seq_index in &step.scheduled {
+            let samples_here = step.sampled.get(next_sample) == Some(&seq_index);
+            let seq = self.seqs[seq_index as usize].as_mut().expect("live sequence");
+            seq.inflight_steps -= 1;
+            if samples_here {
+                let token = sampled[next_sample] as u32;
+                next_sample += 1;
+                seq.pending_samples -= 1;
+                if seq.state == SeqState::Finished {
+                    // Planned before its sequence was seen to finish: the extra token is dropped.
+                    self.counters.discarded_tokens += 1;
+                } else {
+                    let mut complete = None;
+                    // (`constrained` is in the hot bytes: unconstrained sequences never read
+                    // the matcher's.)
+                    let matcher = if seq.constrained { seq.matcher.as_mut() } else { None };
+                    if let Some(matcher) = matcher {
+                        match matcher.state.advance(token) {
+                            Ok(Advance::Continue) => {}
+                            Ok(Advance::Complete { eos }) => complete = Some(eos),
+                            Err(_) => {
+                                // Not allowed by its grammar (its mask was not applied): the
+                                // token is never emitted.
+                                self.counters.dead_ends += 1;
+                                self.counters.discarded_tokens += 1;
+                                self.end_sequence(seq_index, FinishReason::DeadEnd, None);
+                                continue;
+                            }
+                        }
+                    }
+                    let seq = self.seqs[seq_index as usize].as_mut().expect("live sequence");
+                    seq.push_token(token);
+                    self.output.seq_ids.push(seq.id);
+                    self.output.token_ids.push(i64::from(token));
+                    self.counters.generated_tokens += 1;
+                    if let Some(eos) = complete {
+                        // The grammar is complete: "stop", even at max_tokens. Ended by an
+                        // end-of-sequence token, that token is the stop token (not text).
+                        self.end_sequence(seq_index, FinishReason::Stop, eos.then_some(token));
+                        continue;
+                    }
+                    let maybe_stop = self.stop_filter.may_contain(token);
+                    if let Some((reason, stop_token)) = seq.check_stop(token, maybe_stop, &self.config) {
+                        self.end_sequence(seq_index, reason, stop_token);
+                        continue; // end_sequence released what was left to release
+                    }
+                }
+            } else if seq.pooling && seq.state != SeqState::Finished {
+                self.end_sequence(seq_index, FinishReason::Pooled, None);
+                continue;
+            }
+            let seq = self.seq(seq_index).expect("live sequence");
+            if seq.state == SeqState::Finished && seq.inflight_steps == 0 {
+                self.release_if_idle(seq_index);
+            }
+        }
     }
 
     /// Counts a verified sequence-step and applies the adaptive rule.
