@@ -376,12 +376,10 @@ fn a_sequence_without_matches_keeps_the_pipeline_overlap_between_lookups() {
     let p2 = s.schedule().unwrap();
     assert_eq!(p2.input_ids, vec![crate::plan::PLACEHOLDER_TOKEN]);
     let mut inflight = VecDeque::from([p1.step_id, p2.step_id]);
-    let mut token = 10;
     let mut waited = false;
-    for _ in 0..12 {
+    for token in 10..22 {
         let id = inflight.pop_front().unwrap();
         s.apply_result(id, &[token]).unwrap();
-        token += 1;
         match s.schedule() {
             Some(p) => inflight.push_back(p.step_id),
             None => waited = true,
