@@ -24,10 +24,10 @@ from pyengine.errors import EngineError, InvalidConfigError
 from pyengine.kv_events.config import KVEventsConfig, offset_endpoint, parse_kv_events_config
 from pyengine.kv_events.publisher import KvEventPublisher
 from pyengine.testing.kv_subscriber import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KVEventBatch,
+    SeenAllBlocksCleared,
+    SeenBlockRemoved,
+    SeenBlockStored,
+    SeenEventBatch,
     Subscriber,
 )
 
@@ -42,8 +42,8 @@ def wait_published(pub: KvEventPublisher, n: int) -> None:
     assert pub.published >= n, f"{pub.published} of {n} batches sent within {WAIT_S}s"
 
 
-def stored_ever(batches: dict[int, KVEventBatch]) -> list[BlockStored]:
-    return [ev for b in batches.values() for ev in b.events if isinstance(ev, BlockStored)]
+def stored_ever(batches: dict[int, SeenEventBatch]) -> list[SeenBlockStored]:
+    return [ev for b in batches.values() for ev in b.events if isinstance(ev, SeenBlockStored)]
 
 
 # ---- configuration ----
@@ -171,10 +171,10 @@ def test_publisher_batches_chains_carries_its_rank_and_closes(tmp_path):
         batch = sub.batches[0]
         assert batch.data_parallel_rank == 1
         assert batch.events == [
-            BlockStored([10, 11, 12], None, [1, 2, 3, 4, 5, 6], 2, None, "CPU"),
-            BlockStored([20], 99, [7, 8], 2, None, "CPU"),
-            BlockRemoved([11, 12], "CPU"),
-            AllBlocksCleared(),
+            SeenBlockStored([10, 11, 12], None, [1, 2, 3, 4, 5, 6], 2, None, "CPU"),
+            SeenBlockStored([20], 99, [7, 8], 2, None, "CPU"),
+            SeenBlockRemoved([11, 12], "CPU"),
+            SeenAllBlocksCleared(),
         ]
     finally:
         pub.close()
@@ -327,7 +327,7 @@ def test_a_subscriber_ends_with_the_engines_cached_blocks(tmp_path):
             assert sorted(live.batches) == list(range(last + 1))
             assert core.kv_publisher.dropped == 0
             assert live.cached() == expected and expected
-            removed = [ev for b in live.batches.values() for ev in b.events if isinstance(ev, BlockRemoved)]
+            removed = [ev for b in live.batches.values() for ev in b.events if isinstance(ev, SeenBlockRemoved)]
             assert removed, "the run must evict cached blocks"
             # Each prompt's full blocks were stored under the hashes anyone can compute.
             ever = {h for ev in stored_ever(live.batches) for h in ev.block_hashes}

@@ -19,7 +19,7 @@ from pyengine.kv_events.config import offset_endpoint
 from pyengine.multiprocess.client import MultiprocessEngine
 from pyengine.multiprocess.link_options import LinkOptions
 from pyengine.testing.checkpoints import make_tiny_checkpoint
-from pyengine.testing.kv_subscriber import BlockStored, Subscriber
+from pyengine.testing.kv_subscriber import SeenBlockStored, Subscriber
 
 CPUS = sorted(os.sched_getaffinity(0))[:2]
 pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="data parallelism over CPUs needs two of them")
@@ -53,7 +53,7 @@ def test_each_core_publishes_on_its_own_endpoints_with_its_rank(tmp_path):
             deadline = time.monotonic() + WAIT_S
             while True:
                 sub.ask_replay(0)
-                hashes = {h for b in sub.batches.values() for ev in b.events if isinstance(ev, BlockStored)
+                hashes = {h for b in sub.batches.values() for ev in b.events if isinstance(ev, SeenBlockStored)
                           for h in ev.block_hashes}
                 if hashes or time.monotonic() > deadline:
                     break

@@ -24,7 +24,7 @@ class _Event(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=
     pass
 
 
-class BlockStored(_Event):
+class SeenBlockStored(_Event, tag="BlockStored"):
     block_hashes: list[int]
     parent_block_hash: Optional[int]
     token_ids: list[int]
@@ -33,27 +33,27 @@ class BlockStored(_Event):
     medium: Optional[str]
 
 
-class BlockRemoved(_Event):
+class SeenBlockRemoved(_Event, tag="BlockRemoved"):
     block_hashes: list[int]
     medium: Optional[str]
 
 
-class AllBlocksCleared(_Event):
+class SeenAllBlocksCleared(_Event, tag="AllBlocksCleared"):
     pass
 
 
-class KVEventBatch(_Batch):
-    events: list[Union[BlockStored, BlockRemoved, AllBlocksCleared]]
+class SeenEventBatch(_Batch):
+    events: list[Union[SeenBlockStored, SeenBlockRemoved, SeenAllBlocksCleared]]
 
 
-DECODER = msgspec.msgpack.Decoder(type=KVEventBatch)
+DECODER = msgspec.msgpack.Decoder(type=SeenEventBatch)
 
 
 class Subscriber:
     """SUB on the events, DEALER on the replay socket; batches kept by sequence number."""
 
     def __init__(self, ctx: zmq.Context, endpoint: Optional[str], replay: Optional[str], topic: bytes) -> None:
-        self.batches: dict[int, KVEventBatch] = {}
+        self.batches: dict[int, SeenEventBatch] = {}
         self.sub = ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.setsockopt(zmq.SUBSCRIBE, topic)
@@ -91,10 +91,10 @@ class Subscriber:
         held: set[int] = set()
         for seq in sorted(self.batches):
             for ev in self.batches[seq].events:
-                if isinstance(ev, BlockStored):
+                if isinstance(ev, SeenBlockStored):
                     assert not held & set(ev.block_hashes), "a block stored twice"
                     held.update(ev.block_hashes)
-                elif isinstance(ev, BlockRemoved):
+                elif isinstance(ev, SeenBlockRemoved):
                     assert set(ev.block_hashes) <= held, "a block removed that was never stored"
                     held.difference_update(ev.block_hashes)
                 else:

@@ -27,10 +27,10 @@ from typing import Any, Optional
 from pyengine.server.errors import APIError, bad_request
 from pyengine.server.protocol import ChatMessage
 from pyengine.server.responses.protocol import (
-    ContentPart,
     InputItem,
     OutputItem,
     OutputMessage,
+    ResponseContentPart,
     ResponsesRequest,
 )
 
@@ -140,7 +140,7 @@ def _text(content: Any, where: str) -> str:
         raise bad_request(f"{where} is required", where)
     if isinstance(content, str):
         return content
-    parts: list[ContentPart] = content
+    parts: list[ResponseContentPart] = content
     for j, part in enumerate(parts):
         if part.type not in _TEXT_PARTS:
             raise bad_request(f"{where}[{j}].type is {part.type!r}: this model takes text only; send parts of type "

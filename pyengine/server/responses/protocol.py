@@ -17,7 +17,7 @@ from pyengine.server.protocol import Text, _Request, _utf8
 # ---- request ----
 
 
-class ContentPart(_Request):
+class ResponseContentPart(_Request):
     """A part of a message's content: ``input_text`` / ``output_text`` are served; any other
     type (an image, a file, audio) is refused by the converter, which names its place."""
 
@@ -34,12 +34,12 @@ class InputItem(_Request):
 
     type: Optional[Text] = None
     role: Optional[Text] = None
-    content: Union[Text, list[ContentPart], None] = None
+    content: Union[Text, list[ResponseContentPart], None] = None
     id: Optional[Text] = None
     call_id: Optional[Text] = None
     name: Optional[Text] = None
     arguments: Optional[Text] = None  # JSON text, as a function_call carries it
-    output: Union[Text, list[ContentPart], None] = None
+    output: Union[Text, list[ResponseContentPart], None] = None
     status: Optional[Text] = None
 
 
