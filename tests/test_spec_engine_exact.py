@@ -88,6 +88,7 @@ def test_prefix_cache_hits_with_speculation(checkpoint, prompts, reference):
     assert_same(first, reference)
     assert_same(again, reference)
     assert stats.prefix_cache_hit_rate > 0
+    assert stats.scheduler["spec_accepted_tokens"] > 0  # drafts were verified and kept, not only planned
 
 
 def test_n_greater_than_one(checkpoint, prompts, reference):
@@ -105,6 +106,7 @@ def test_seeded_sampling_equals_speculation_off(checkpoint, prompts):
     again, _ = generate(checkpoint, prompts[:6] + prompts[10:12], params, speculative_config=spec("ngram"))
     assert first == off
     assert again[:6] == off
+    assert stats.scheduler["spec_draft_tokens"] > 0  # the speculative path ran, not only the plain one
 
 
 def test_structured_outputs_with_speculation(checkpoint, prompts):
@@ -113,13 +115,17 @@ def test_structured_outputs_with_speculation(checkpoint, prompts):
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS,
                             structured_outputs=StructuredOutputsParams(regex="[a-c]{4,12}"))
     off, _ = generate(checkpoint, prompts[:6], params)
-    on, _ = generate(checkpoint, prompts[:6], params, speculative_config=spec("ngram"))
+    on, stats = generate(checkpoint, prompts[:6], params, speculative_config=spec("ngram"))
     assert on == off
+    # Constrained sequences get no drafts (the grammar matcher cannot roll back, see
+    # docs/speculative_decoding.md): the constraint holds because none is ever proposed.
+    assert stats.scheduler["spec_draft_tokens"] == 0
 
 
 def test_tensor_parallel_two(checkpoint, prompts, reference):
-    got, _ = generate(checkpoint, prompts[:8], speculative_config=spec("ngram"), tensor_parallel_size=2)
+    got, stats = generate(checkpoint, prompts[:8], speculative_config=spec("ngram"), tensor_parallel_size=2)
     assert_same(got, reference[:8])
+    assert stats.scheduler["spec_accepted_tokens"] > 0  # drafts crossed the plan broadcast and were kept
 
 
 def test_a_failed_step_with_drafts_leaves_the_pool_whole(checkpoint, prompts):
