@@ -81,11 +81,7 @@ class LogitsPipeline:
                 self.broken = False
             for processor in self.processors:
                 processor.update_state(update)
-            for processor in self.processors:
-                if greedy_only and processor.is_argmax_invariant():
-                    continue
-                logits = processor.apply(logits)
-            return logits
+            return self._apply_all(logits, greedy_only)
         except BaseException:
             self.broken = True
             raise
@@ -94,14 +90,18 @@ class LogitsPipeline:
         """The processors' ``apply`` once more in the step's layout, without a state update
         (a draft position's logits: docs/speculative_decoding.md)."""
         try:
-            for processor in self.processors:
-                if greedy_only and processor.is_argmax_invariant():
-                    continue
-                logits = processor.apply(logits)
-            return logits
+            return self._apply_all(logits, greedy_only)
         except BaseException:
             self.broken = True
             raise
+
+    def _apply_all(self, logits: torch.Tensor, greedy_only: bool) -> torch.Tensor:
+        """Every processor's ``apply`` in turn (argmax-invariant ones skipped for greedy rows)."""
+        for processor in self.processors:
+            if greedy_only and processor.is_argmax_invariant():
+                continue
+            logits = processor.apply(logits)
+        return logits
 
     def acts_on(self, sample_rows: np.ndarray) -> bool:
         """Some processor may change these rows' logits: a custom one is installed, or a
