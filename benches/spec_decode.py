@@ -10,9 +10,11 @@ it plans drafts; until then this is what can be measured.
 Workloads, each at batch 1 and 16:
 
 - ``repeat`` (drafts right): X + G + X, a random span X, the model's own greedy
-  continuation G of X, and X again, so prompt lookup finds a continuation in the context
-  (the bench model has random weights: whether it continues X the same way the second
-  time is measured, not assumed; the mean accepted length says it);
+  continuation G of X, and X again, so prompt lookup finds a continuation in the context.
+  Whether the model continues X the same way the second time is measured, not assumed
+  (the mean accepted length says it): the random-weight bench model does not; run it
+  with ``--shape copy`` (``benches/copy_model.py``: a Llama whose weights are an
+  induction circuit, so it continues a span it has seen) for drafts that are right;
 - ``random`` (drafts wrong): random prompts;
 - ``oracle`` (drafts right by construction): random prompts, each step proposed the
   plain run's own next k tokens: what verification gains when every draft is right (a
@@ -29,7 +31,8 @@ identical to decoding without speculation.
 each pair of engines alive together and their runs alternated; step time, mean accepted
 length and proposer time come from ``llm.stats()``.
 
-Usage: python benches/spec_decode.py [--json] [--engine] [--tokens N] [--k K] [--batches 1,16]
+Usage: python benches/spec_decode.py [--json] [--engine] [--shape bench|copy|qwen3-0.6b-8l]
+       [--tokens N] [--k K] [--batches 1,16]
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_model import QWEN3_06B_SHAPED, VOCAB_SIZE, bench_checkpoint, qwen3_06b_shaped_folder  # noqa: E402
+from copy_model import COPY_RECIPE, copy_accuracy, copy_checkpoint  # noqa: E402
 
 from pyengine.executor.config import ExecutorConfig  # noqa: E402
 from pyengine.executor.model_runner import ModelRunner  # noqa: E402
@@ -58,6 +62,8 @@ BLOCK_SIZE = 16
 MODEL_NAMES = {
     "bench": "bench_model (Qwen3-shaped, hidden 256, 4 layers, vocab 4096, random weights, float32)",
     "qwen3-0.6b-8l": f"Qwen3-0.6B shapes, 8 layers, vocab {QWEN3_06B_SHAPED['vocab_size']}, dummy weights, float32",
+    "copy": "copy_model (Llama, 2 layers, hidden 320, vocab 4096, an induction circuit set by hand: it continues "
+            "a span it has seen; benches/copy_model.py)",
 }
 PROMPT_LEN = 128
 SPAN = 32
@@ -175,7 +181,7 @@ def runner_factory(folder: Path, batch: int, load_format: str = "auto"):
 
 
 def engine_pair(folder: Path, method: str, prompt_sets: list[list[list[int]]], tokens: int, k: int,
-                lookup: tuple[int, int]) -> dict:
+                lookup: tuple[int, int], load_format: str = "auto") -> dict:
     """Plain and speculative ``LLM`` engines, runs alternated, each run on its own prompt
     set (the first warms up): suffix decoding's cross-request tree must not have seen
     a run's outputs before it."""
@@ -185,7 +191,8 @@ def engine_pair(folder: Path, method: str, prompt_sets: list[list[list[int]]], t
     if method == "ngram":
         spec.update(prompt_lookup_min=lookup[0], prompt_lookup_max=lookup[1])
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
-    common = dict(max_num_seqs=max(16, len(prompt_sets[0])), max_model_len=1024, dtype="float32")
+    common = dict(max_num_seqs=max(16, len(prompt_sets[0])), max_model_len=1024, dtype="float32",
+                  load_format=load_format)
     times: dict[str, list[float]] = {"off": [], "spec": []}
     outputs: dict[str, list] = {"off": [], "spec": []}
     with LLM(str(folder), **common) as off, LLM(str(folder), speculative_config=spec, **common) as on:
@@ -210,23 +217,27 @@ def engine_pair(folder: Path, method: str, prompt_sets: list[list[list[int]]], t
         "plain_step_ms": round(off_stats.step_time_mean_ms, 3), "verify_step_ms": round(spec_stats.step_time_mean_ms, 3),
         "verify_vs_plain_step": round(spec_stats.step_time_mean_ms / off_stats.step_time_mean_ms, 3),
         "disabled_sequences": sched.get("spec_disabled_sequences", 0),
+        # why the adaptive rule stopped or paused rows (absent from builds before it said)
+        **{key: sched[f"spec_{key}"] for key in ("disabled_low_rate", "disabled_failing", "backoffs",
+                                                 "empty_proposals") if f"spec_{key}" in sched},
     }
 
 
-def main_engine(args, folder: Path, batches: list[int], lookup: tuple[int, int]) -> int:
+def main_engine(args, folder: Path, batches: list[int], lookup: tuple[int, int], load_format: str,
+                extra: dict) -> int:
     results = []
-    for workload in ("repeat", "random"):
+    for workload in args.engine_workloads.split(","):
         for batch in batches:
-            sets = [prompts_for(workload, batch, runner_factory(folder, batch), args.tokens, seed=7 + r)
+            sets = [prompts_for(workload, batch, runner_factory(folder, batch, load_format), args.tokens, seed=7 + r)
                     for r in range(args.repeats + 1)]
-            for method in ("ngram", "suffix"):
+            for method in args.methods.split(","):
                 row = {"workload": workload, "batch": batch, "method": method, "k": args.k,
-                       **engine_pair(folder, method, sets, args.tokens, args.k, lookup)}
+                       **engine_pair(folder, method, sets, args.tokens, args.k, lookup, load_format)}
                 results.append(row)
                 if not args.json:
                     print(" ".join(f"{key}={value}" for key, value in row.items()), flush=True)
     report = {"bench": "spec_decode", "level": "engine (LLM.generate, the scheduler proposing)",
-              "model": "bench_model (Qwen3-shaped, hidden 256, 4 layers, vocab 4096, random weights, float32)",
+              "model": MODEL_NAMES[args.shape], **extra,
               "decode_tokens_per_seq": args.tokens, "repeats": args.repeats,
               "note": "shared, noisy machine: ratios of runs made side by side", "results": results}
     if args.json:
@@ -244,8 +255,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--engine", action="store_true", help="the whole engine, the scheduler proposing")
     parser.add_argument("--repeats", type=int, default=3, help="--engine: timed runs per engine")
-    parser.add_argument("--shape", choices=("bench", "qwen3-0.6b-8l"), default="bench",
-                        help="qwen3-0.6b-8l: Qwen3-0.6B's shapes with 8 layers, dummy weights (memory-bound decode)")
+    parser.add_argument("--shape", choices=("bench", "copy", "qwen3-0.6b-8l"), default="bench",
+                        help="copy: a model that copies its context (benches/copy_model.py; drafts right on "
+                             "repeat); qwen3-0.6b-8l: Qwen3-0.6B's shapes with 8 layers, dummy weights "
+                             "(memory-bound decode)")
+    parser.add_argument("--engine-workloads", default="repeat,random", help="--engine: workloads")
+    parser.add_argument("--methods", default="ngram,suffix", help="--engine: methods")
     parser.add_argument("--workloads", default="repeat:ngram,random:ngram,random:oracle",
                         help="executor level: workload:method pairs")
     args = parser.parse_args(argv)
@@ -254,8 +269,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     low, high = (int(x) for x in args.lookup.split(","))
     scratch = Path(tempfile.mkdtemp(prefix="spec-bench-"))
     load_format = "auto"
+    extra: dict = {}
     if args.shape == "qwen3-0.6b-8l":
         folder, load_format = qwen3_06b_shaped_folder(scratch), "dummy"
+    elif args.shape == "copy":
+        folder = copy_checkpoint()
+        # measured, not assumed: the share of a repeated span's tokens it predicts
+        extra["copy_accuracy"] = round(copy_accuracy(folder, COPY_RECIPE["vocab_size"]), 4)
     else:
         folder = bench_checkpoint(scratch)
     batches = [int(b) for b in args.batches.split(",")]
@@ -263,7 +283,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         from pyengine.errors import InvalidConfigError
 
         try:
-            return main_engine(args, folder, batches, (low, high))
+            return main_engine(args, folder, batches, (low, high), load_format, extra)
         except InvalidConfigError as error:  # a build whose scheduler plans no drafts
             print(f"spec_decode --engine: {error}", file=sys.stderr)
             return 2
@@ -301,7 +321,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             if not args.json:
                 print(" ".join(f"{key}={value}" for key, value in row.items()), flush=True)
     report = {"bench": "spec_decode", "level": "executor (ModelRunner + hand planner, Python n-gram proposer)",
-              "model": MODEL_NAMES[args.shape],
+              "model": MODEL_NAMES[args.shape], **extra,
               "decode_tokens_per_seq": args.tokens, "torch_threads": torch.get_num_threads(),
               "note": "shared, noisy machine: ratios of runs made side by side", "results": results}
     if args.json:
