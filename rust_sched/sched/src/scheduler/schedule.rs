@@ -104,9 +104,16 @@ impl Scheduler {
     fn schedule_running(&mut self, budget: &mut usize, plan: &mut StepPlan, step: &mut InflightStep) -> bool {
         let mut preempted = false;
         let speculates = self.config.speculates();
+        // Blocks the running sequences after the current one may need for their own
+        // tokens this step: drafts never take them (counted when drafts are first
+        // considered, then each sequence's share leaves the count as it is reached).
+        let mut later_need: Option<usize> = None;
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
             let (_, seq_index) = self.running.get(i);
+            if let Some(total) = later_need.as_mut() {
+                *total = total.saturating_sub(self.own_block_need(seq_index));
+            }
             if speculates && self.waits_for_result(seq_index) {
                 i += 1;
                 continue;
@@ -123,10 +130,15 @@ impl Scheduler {
             let mut d = 0;
             if speculates && n == 1 && self.may_speculate(seq_index) {
                 // Drafts take only budget no later running sequence needs for its own token,
-                // and only free blocks: they are dropped before anyone is preempted for them.
+                // and only free blocks that no later running sequence may need for its own
+                // tokens (`later_need`): they never cause a preemption, or a wait, that
+                // decoding without them would not.
                 let spare = budget.saturating_sub(self.running.len() - i);
-                let room =
-                    ((held + self.pool.num_free()) * self.config.block_size).saturating_sub(computed + 1);
+                let reserved = *later_need.get_or_insert_with(|| {
+                    (i + 1..self.running.len()).map(|j| self.own_block_need(self.running.get(j).1)).sum()
+                });
+                let usable = held + self.pool.num_free().saturating_sub(reserved);
+                let room = (usable * self.config.block_size).saturating_sub(computed + 1);
                 d = self.propose(seq_index, spare.min(room));
             }
             let need = self.config.blocks_for(computed + n + d) - held;
@@ -152,6 +164,16 @@ impl Scheduler {
             i += 1;
         }
         preempted
+    }
+
+    /// At most how many blocks a running sequence needs this step for its own tokens (no
+    /// drafts): its chunk as large as the per-step limits allow, whatever budget is left.
+    fn own_block_need(&self, seq_index: SeqIndex) -> usize {
+        let seq = self.seq(seq_index).unwrap();
+        let n =
+            self.cap_chunk(seq.tokens_wanted(&self.config), self.config.max_num_batched_tokens, seq.pooling);
+        let computed = seq.computed();
+        self.config.blocks_for(computed + n) - self.config.blocks_for(computed)
     }
 
     fn schedule_waiting(&mut self, budget: &mut usize, plan: &mut StepPlan, step: &mut InflightStep) {

@@ -392,3 +392,94 @@ fn a_sequence_without_matches_keeps_the_pipeline_overlap_between_lookups() {
     }
     assert!(waited, "it looks for drafts again after a few placeholder steps");
 }
+
+#[test]
+fn drafts_never_take_a_block_a_later_sequence_needs_for_its_own_token() {
+    // a and c (7 prompt tokens) decode position 7 in a block they hold; b (8 prompt
+    // tokens) needs a third block for position 8. One block is free: it is b's, not a
+    // place for a's drafts (which would have b preempt c).
+    let mut cfg = config(7, 3, SpecMethod::Ngram);
+    cfg.enable_prefix_caching = false;
+    let mut s = Scheduler::new(cfg).unwrap();
+    s.add_request(request("a", vec![1, 2, 3, 4, 5, 6, 1], 8)).unwrap();
+    s.add_request(request("b", (10..18).collect(), 8)).unwrap();
+    s.add_request(request("c", (20..27).collect(), 8)).unwrap();
+    let p0 = s.schedule().unwrap();
+    s.apply_result(p0.step_id, &[2, 18, 27]).unwrap();
+    assert_eq!(s.pool().usage().free, 1);
+    let p1 = s.schedule().unwrap();
+    assert_eq!(s.counters().preemptions, 0, "drafts made b preempt c");
+    assert_eq!(p1.rows.len(), 3);
+    assert!(p1.num_draft_tokens.is_empty(), "no block is left for a's drafts");
+    s.check_invariants().unwrap();
+}
+
+/// Decodes everything at depth 1 with every draft rejected, each sequence's tokens a
+/// fixed function of its id and position (so speculation on and off see the same
+/// tokens); returns the rows of every plan and the preemptions.
+fn run_all_rejected(s: &mut Scheduler) -> (Vec<Vec<i32>>, u64) {
+    let token = |id: u64, pos: usize| ((id as usize + pos % 3) % 4) as i64;
+    let mut rows = Vec::new();
+    for _ in 0..10_000 {
+        let Some(plan) = s.schedule() else {
+            assert!(!s.has_unfinished());
+            return (rows, s.counters().preemptions);
+        };
+        s.check_invariants().unwrap();
+        let step = s.inflight.back().unwrap();
+        let sampled: Vec<i64> =
+            step.sampled.iter().map(|&i| s.seq(i).map(|q| token(q.id, q.num_tokens())).unwrap()).collect();
+        let acc = vec![0i32; sampled.len()];
+        let with_drafts = !plan.num_draft_tokens.is_empty();
+        let spec = SpecResult { num_accepted: with_drafts.then_some(&acc[..]), next_drafts: None };
+        s.apply_spec_result(plan.step_id, &sampled, spec).unwrap();
+        s.take_output(Some(plan.step_id));
+        rows.push(plan.rows);
+    }
+    panic!("did not finish");
+}
+
+#[test]
+fn speculation_never_causes_a_preemption_that_speculation_off_would_not() {
+    // Tight pools where decoding without drafts never preempts: with drafts (all
+    // rejected, so both runs see the same tokens) every step plans the same sequences.
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |m: u64| {
+        state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        (state >> 33) % m
+    };
+    let mut compared = 0;
+    let mut drafted = 0;
+    for _ in 0..300 {
+        let num_seqs = 2 + next(4) as usize;
+        let requests: Vec<(Vec<u32>, usize)> = (0..num_seqs)
+            .map(|i| {
+                let len = 2 + next(10) as usize;
+                ((0..len).map(|p| ((i + p % 3) % 4) as u32).collect(), 2 + next(12) as usize)
+            })
+            .collect();
+        let prompt_blocks: usize = requests.iter().map(|(p, _)| p.len().div_ceil(4)).sum();
+        let num_blocks = prompt_blocks + next(4) as usize;
+        if requests.iter().any(|(p, m)| (p.len() + m).div_ceil(4) > num_blocks) {
+            continue; // refused: it could never fit
+        }
+        let mut runs = Vec::new();
+        for (k, method) in [(0, SpecMethod::None), (3, SpecMethod::Ngram)] {
+            let mut cfg = config(num_blocks, k, method);
+            cfg.enable_prefix_caching = false;
+            let mut s = Scheduler::new(cfg).unwrap();
+            for (i, (prompt, max_tokens)) in requests.iter().enumerate() {
+                s.add_request(request(&format!("r{i}"), prompt.clone(), *max_tokens)).unwrap();
+            }
+            runs.push(run_all_rejected(&mut s));
+            assert_eq!(s.pool().usage().used, 0);
+            drafted += s.snapshot().spec.drafts;
+        }
+        if runs[0].1 == 0 {
+            compared += 1;
+            assert_eq!(runs[1].1, 0, "speculation preempted where decoding without it did not: {requests:?}");
+            assert_eq!(runs[0].0, runs[1].0, "other sequences planned: {requests:?}, {num_blocks} blocks");
+        }
+    }
+    assert!(compared > 50 && drafted > 100, "{compared} runs compared, {drafted} drafted steps");
+}
