@@ -1,7 +1,10 @@
 //! Speculative decoding in the scheduler: drafts planned, verified results applied,
 //! blocks reserved and given back, the adaptive rule, the executor's drafts.
 
+use std::sync::Arc;
+
 use super::*;
+use crate::constraint::ConstraintHandle;
 use crate::sim::{MarkovExecutor, VerifiedStep};
 use crate::spec::SpecMethod;
 
@@ -344,6 +347,22 @@ fn constrained_and_pooling_sequences_get_no_drafts() {
     assert!(p0.num_draft_tokens.is_empty());
     s.apply_result(p0.step_id, &[]).unwrap();
     assert_eq!(s.pool().usage().used, 0);
+    // The same repeating prompt twice, one of them constrained by a grammar that allows
+    // exactly the repetition: prompt lookup would propose 4 5 6 for both.
+    let script = [3, 4, 5, 6, 1, 2, 3].map(Some).to_vec();
+    let grammar = ConstraintHandle(Arc::new(crate::constraint::testing::Script(script, 1)));
+    let prompt = vec![1, 2, 3, 4, 5, 6, 1, 2];
+    s.add_request(request("free", prompt.clone(), 20)).unwrap();
+    s.add_request(RequestSpec { constraint: Some(grammar), ..request("g", prompt, 20) }).unwrap();
+    let p1 = s.schedule().unwrap();
+    s.apply_result(p1.step_id, &[3, 3]).unwrap();
+    s.take_output(Some(p1.step_id));
+    let p2 = s.schedule().unwrap();
+    assert_eq!(p2.rows.len(), 2);
+    assert_eq!(p2.num_draft_tokens, vec![3, 0], "the constrained sequence gets no drafts");
+    assert_eq!(p2.draft_token_ids, vec![4, 5, 6]);
+    assert_eq!(p2.mask_sample_indices, vec![4], "its one entry is masked");
+    s.check_invariants().unwrap();
 }
 
 #[test]
