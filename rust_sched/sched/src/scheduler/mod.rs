@@ -331,7 +331,9 @@ impl Scheduler {
             Some(&seq_index)
                 if self.seqs[seq_index as usize].as_ref().unwrap().state != SeqState::Finished =>
             {
-                self.end_sequence(seq_index, reason, None);
+                // (Its output is not kept for suffix proposals: the scheduler does not
+                // know where in its tokens the stop string ended.)
+                self.close_sequence(seq_index, reason, None, false);
                 Ok(true)
             }
             _ => Ok(false),
@@ -491,6 +493,19 @@ impl Scheduler {
     /// Ends a sequence: records why, takes it out of its queue and releases its row. Its
     /// blocks go back now, or when the last in-flight step referencing it reports.
     fn end_sequence(&mut self, seq_index: SeqIndex, reason: FinishReason, stop_token: Option<u32>) {
+        let remember = matches!(reason, FinishReason::Stop | FinishReason::Length);
+        self.close_sequence(seq_index, reason, stop_token, remember);
+    }
+
+    /// [`end_sequence`](Self::end_sequence); `remember`: its output is kept for suffix
+    /// proposals (every token it holds is output it really produced).
+    fn close_sequence(
+        &mut self,
+        seq_index: SeqIndex,
+        reason: FinishReason,
+        stop_token: Option<u32>,
+        remember: bool,
+    ) {
         let rank = self.rank_of(seq_index);
         let state = self.seq(seq_index).unwrap().state;
         match state {
@@ -503,7 +518,7 @@ impl Scheduler {
             SeqState::Parked | SeqState::Finished => {}
         }
         self.release_row(seq_index);
-        if matches!(reason, FinishReason::Stop | FinishReason::Length) {
+        if remember {
             self.remember_output(seq_index);
         }
         let seq = self.seq_mut(seq_index);

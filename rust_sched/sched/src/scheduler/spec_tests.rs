@@ -502,3 +502,27 @@ fn speculation_never_causes_a_preemption_that_speculation_off_would_not() {
     }
     assert!(compared > 50 && drafted > 100, "{compared} runs compared, {drafted} drafted steps");
 }
+
+#[test]
+fn an_output_ended_by_a_stop_string_is_not_kept_for_suffix_proposals() {
+    // The output thread finds stop strings in the text and ends the sequence from outside;
+    // by then the scheduler knows tokens past the string (the rest of a verified step,
+    // or later steps): they are not the output, and no later request is proposed them.
+    let mut s = Scheduler::new(config(64, 3, SpecMethod::Suffix)).unwrap();
+    s.add_request(request("a", vec![1, 2], 20)).unwrap();
+    for token in [7, 8, 9] {
+        let p = s.schedule().unwrap();
+        s.apply_result(p.step_id, &[token]).unwrap();
+    }
+    assert!(s.finish(0, FinishReason::Stop).unwrap());
+    let cache = s.suffix_cache.as_ref().unwrap();
+    assert_eq!(cache.num_docs(), 0, "a stop-string output is kept with tokens past the string");
+    // An output the scheduler ended itself is kept.
+    s.add_request(request("b", vec![1, 2], 2)).unwrap();
+    for token in [7, 8] {
+        let p = s.schedule().unwrap();
+        s.apply_result(p.step_id, &[token]).unwrap();
+    }
+    assert!(!s.has_unfinished());
+    assert_eq!(s.suffix_cache.as_ref().unwrap().num_docs(), 1);
+}
