@@ -5,8 +5,15 @@ with probability ``q(x)`` is kept with probability ``min(1, p(x) / q(x))``, ``p`
 target's final distribution at that position; at the first rejection the sequence takes
 one token from the normalised residual ``max(0, p - q)`` and stops; when every draft is
 kept it takes one more (the bonus) from ``p`` after the last draft. Each kept token is
-then exactly ``p``-distributed. n-gram and suffix drafts are point masses (``q(x) = 1``,
-the residual is ``p`` without ``x``); a draft model's ``q`` is its probabilities.
+then exactly ``p``-distributed.
+
+Every proposer here makes point masses (n-gram, suffix, the draft model's argmax:
+``q(x) = 1``), for which that rule has a coupled form, the one implemented: a token is
+drawn from ``p`` at every entry exactly as the sampler would draw it (``entry_samples``),
+drafts are kept while they equal the draws, and the draw at the first mismatch is the
+extra token. A draft is then kept with probability ``p(x)`` and a mismatch is a draw from
+``p`` without ``x``, the residual. A proposer with a distribution of its own (a draft
+model sampling from ``q``) would need the general rule: it is not implemented.
 
 Greedy sequences keep a draft exactly when it is the target's argmax (their "sample").
 
@@ -90,67 +97,48 @@ def verify_drafts(
     layout: DraftLayout,
     final_logits: torch.Tensor,
     greedy: np.ndarray,
-    accept_uniform: torch.Tensor,
-    sample_uniform: torch.Tensor,
-    draft_probs: Optional[torch.Tensor] = None,
-    no_drafts: Optional[np.ndarray] = None,
     entry_samples: Optional[torch.Tensor] = None,
+    no_drafts: Optional[np.ndarray] = None,
 ) -> Verdict:
     """The verdict for one step.
 
     - ``final_logits`` [E, vocab]: each entry's final logits (processed, tempered and
       top-k/top-p/min-p masked for sampled sequences; ``-inf`` = never drawn).
     - ``greedy`` [S]: the sequence decodes greedily (argmax match, no randomness).
-    - ``accept_uniform`` [D] and ``sample_uniform`` [E]: independent uniform variates in
-      (0, 1): one per draft (its acceptance test), one per entry (used at the entry a
-      sequence takes its extra token at).
-    - ``draft_probs`` [D, vocab]: the proposer's distribution for each draft; None:
-      point masses (n-gram, suffix).
-    - ``no_drafts`` [S] bool: sequences whose drafts must all be refused (their
-      processors' state cannot be advanced by drafts); they sample at their first entry.
-    - ``entry_samples`` [E]: point-mass drafts only: a token drawn from ``p`` at every
-      entry. A sampled sequence then keeps a draft exactly when it equals the entry's
-      draw, and takes the draw at its first mismatch (or the bonus entry). That is the
-      rejection rule for a point mass (kept with probability ``p(x)``; a mismatch is a
-      draw from ``p`` without ``x``, the residual), and with the draws a sequence makes
+    - ``entry_samples`` [E]: a token drawn from ``p`` at every entry (needed when a
+      sequence samples). A sampled sequence keeps a draft exactly when it equals the
+      entry's draw, and takes the draw at its first mismatch (or the bonus entry): the
+      rejection rule for a point mass (module docstring); with the draws a sequence makes
       without drafts (its seed's variate at each position), it emits the very tokens it
       would emit without speculation.
+    - ``no_drafts`` [S] bool: sequences whose drafts must all be refused (their
+      processors' state cannot be advanced by drafts); they sample at their first entry.
     """
     S = layout.num_seqs
     device = final_logits.device
+    sampled_seqs = np.flatnonzero(~greedy)
+    if sampled_seqs.size and entry_samples is None:
+        raise ValueError("sampled sequences need entry_samples, a draw from p at every entry")
     drafts_t = torch.from_numpy(layout.drafts).to(device)
     check_index = torch.from_numpy(layout.draft_entries).to(device)
     draft_seq = np.repeat(np.arange(S, dtype=np.int64), layout.counts)
-    sampled_drafts = ~greedy[draft_seq]
     accepted = np.zeros(len(layout.drafts), dtype=bool)
     if len(layout.drafts):
         checked = final_logits.index_select(0, check_index)
-        argmax_ok = (checked.argmax(dim=-1) == drafts_t).cpu().numpy()
-        accepted = argmax_ok.copy()
-        if sampled_drafts.any() and entry_samples is not None:
-            draws = entry_samples.index_select(0, check_index)
-            accepted = np.where(sampled_drafts, (draws == drafts_t).cpu().numpy(), argmax_ok)
-        elif sampled_drafts.any():
-            probs = checked.softmax(dim=-1)
-            p = probs.gather(1, drafts_t.unsqueeze(1)).squeeze(1).double()
-            q = torch.ones_like(p) if draft_probs is None else draft_probs.gather(1, drafts_t.unsqueeze(1)).squeeze(1).double()
-            # keep with probability min(1, p/q): u < p/q <=> u*q < p (q = 0: never proposed, never kept)
-            keep = (accept_uniform.double() * q < p) & (q > 0)
-            accepted = np.where(sampled_drafts, keep.cpu().numpy(), argmax_ok)
+        accepted = (checked.argmax(dim=-1) == drafts_t).cpu().numpy()
+        sampled_drafts = ~greedy[draft_seq]
+        if sampled_drafts.any():
+            draws = entry_samples.index_select(0, check_index)  # type: ignore[union-attr]
+            accepted = np.where(sampled_drafts, (draws == drafts_t).cpu().numpy(), accepted)
         if no_drafts is not None and no_drafts.any():
             accepted &= ~no_drafts[draft_seq]
     num_accepted = _leading_accepts(accepted, layout)
     extra_entries = layout.starts + num_accepted
-    rejected = num_accepted < layout.counts
-    if entry_samples is not None:
-        extra = final_logits.index_select(0, torch.from_numpy(extra_entries).to(device)).argmax(dim=-1)
-        sampled_seqs = np.flatnonzero(~greedy)
-        if sampled_seqs.size:
-            at = torch.from_numpy(extra_entries[sampled_seqs]).to(device)
-            extra[torch.from_numpy(sampled_seqs).to(device)] = entry_samples.index_select(0, at)
-        extra = extra.cpu().numpy().astype(np.int64)
-    else:
-        extra = _extra_tokens(layout, final_logits, greedy, sample_uniform, draft_probs, extra_entries, rejected)
+    extra = final_logits.index_select(0, torch.from_numpy(extra_entries).to(device)).argmax(dim=-1)
+    if sampled_seqs.size:
+        at = torch.from_numpy(extra_entries[sampled_seqs]).to(device)
+        extra[torch.from_numpy(sampled_seqs).to(device)] = entry_samples.index_select(0, at)  # type: ignore[union-attr]
+    extra = extra.cpu().numpy().astype(np.int64)
     # Flat output: per sequence, its kept drafts then its extra token.
     lengths = num_accepted + 1
     out_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
@@ -178,43 +166,3 @@ def _leading_accepts(accepted: np.ndarray, layout: DraftLayout) -> np.ndarray:
     clean = rejections == np.repeat(before, counts)
     draft_seq = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
     return np.bincount(draft_seq[clean], minlength=len(counts)).astype(np.int64)
-
-
-def _extra_tokens(
-    layout: DraftLayout, final_logits: torch.Tensor, greedy: np.ndarray, sample_uniform: torch.Tensor,
-    draft_probs: Optional[torch.Tensor], entries: np.ndarray, rejected: np.ndarray,
-) -> np.ndarray:
-    """Each sequence's token after its kept drafts: at a rejection, from the residual
-    ``max(0, p - q)``; after all were kept, from ``p`` (the bonus); greedy: the argmax."""
-    device = final_logits.device
-    logits = final_logits.index_select(0, torch.from_numpy(entries).to(device))
-    tokens = logits.argmax(dim=-1)
-    sampled = np.flatnonzero(~greedy)
-    if sampled.size:
-        index = torch.from_numpy(sampled).to(device)
-        probs = logits.index_select(0, index).softmax(dim=-1).double()
-        rejected_here = rejected[sampled]
-        if rejected_here.any():
-            hit = np.flatnonzero(rejected_here)
-            seqs = sampled[hit]
-            draft_at = layout.draft_starts[seqs] + (entries[seqs] - layout.starts[seqs])  # the rejected draft
-            draft_ids = torch.from_numpy(layout.drafts[draft_at]).to(device)
-            hit_t = torch.from_numpy(hit).to(device)
-            if draft_probs is None:
-                q = torch.zeros_like(probs[hit_t]).scatter_(1, draft_ids.unsqueeze(1), 1.0)
-            else:
-                q = draft_probs.index_select(0, torch.from_numpy(draft_at).to(device)).double()
-            residual = (probs[hit_t] - q).clamp(min=0.0)
-            empty = residual.sum(dim=-1, keepdim=True) <= 0  # p <= q everywhere: cannot happen after a rejection
-            probs[hit_t] = torch.where(empty, probs[hit_t], residual)
-        uniform = sample_uniform.index_select(0, torch.from_numpy(entries[sampled]).to(device))
-        tokens[index] = _inverse_transform(probs, uniform)
-    return tokens.cpu().numpy().astype(np.int64)
-
-
-def _inverse_transform(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """Per row, the first token whose cumulative (unnormalised, float64) mass exceeds
-    ``uniform`` times the row's total; tokens of mass 0 are never drawn."""
-    cumulative = probs.cumsum(dim=-1, dtype=torch.float64)
-    target = (uniform.double() * cumulative[:, -1]).unsqueeze(1)
-    return torch.searchsorted(cumulative, target, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)

@@ -42,10 +42,6 @@ from pyengine.executor.seeded_noise import seeded_uniform
 
 logger = logging.getLogger(__name__)
 
-#: Mixed into a seeded request's seed for its acceptance tests, so they are independent
-#: of the variates its tokens are drawn with.
-ACCEPT_SEED_SALT = 0x5DEECE66D
-
 #: Called with (an entry of the step, the error) for a sequence whose own work failed.
 OnEntryFailure = Callable[[int, BaseException], None]
 
@@ -106,7 +102,6 @@ class SpecVerifier:
     def verify(
         self, logits: torch.Tensor, layout: DraftLayout, entry_rows: np.ndarray, next_positions: torch.Tensor,
         history: Optional[TokenHistory], no_drafts: Optional[np.ndarray] = None,
-        draft_probs: Optional[torch.Tensor] = None,
     ) -> SpecVerification:
         """``logits`` [E, vocab] after processors and grammar masks; ``entry_rows`` [E]
         each entry's batch row; ``next_positions`` [E] the position each entry samples."""
@@ -122,15 +117,14 @@ class SpecVerifier:
         seq_rows = entry_rows[layout.starts]
         greedy = table.greedy[seq_rows]
         final, entry_samples = logits, None
-        accept_u, sample_u = self._uniforms(layout, entry_rows, row_index, next_positions)
-        if not greedy.all():
+        if not greedy.all():  # each entry's draw, as the sampler makes it (point-mass drafts)
+            sample_u = self._uniforms(entry_rows, row_index, next_positions)
             sampling = np.flatnonzero(~table.greedy[entry_rows])
             draw = _RandomDraw.prepare(logits, table, entry_rows, row_index, sampling)
             final = draw.processed_logits(logits)
-            if draft_probs is None:  # point masses: each entry's draw, as the sampler makes it
-                entry_samples = logits.argmax(dim=-1)
-                entry_samples[draw.index] = draw.sample(sample_u[draw.index])
-        verdict = verify_drafts(layout, final, greedy, accept_u, sample_u, draft_probs, no_drafts, entry_samples)
+            entry_samples = logits.argmax(dim=-1)
+            entry_samples[draw.index] = draw.sample(sample_u[draw.index])
+        verdict = verify_drafts(layout, final, greedy, entry_samples, no_drafts)
         return SpecVerification(verdict, None, final)
 
     def logprobs(self, verification: SpecVerification, entry_rows: np.ndarray) -> Optional[LogprobsOutput]:
@@ -193,23 +187,13 @@ class SpecVerifier:
                               accumulate=True)
         return counts
 
-    def _uniforms(
-        self, layout: DraftLayout, entry_rows: np.ndarray, row_index: torch.Tensor, next_positions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per draft, the variate of its acceptance test; per entry, the one a token is
-        drawn with there. Seeded rows: hashes of (seed, position), else the engine's generator."""
+    def _uniforms(self, entry_rows: np.ndarray, row_index: torch.Tensor, next_positions: torch.Tensor) -> torch.Tensor:
+        """Per entry, the variate a token is drawn with there: seeded rows a hash of (seed,
+        position), as without drafts; the others the engine's generator."""
         device = next_positions.device
-        accept = torch.rand(len(layout.drafts), generator=self.generator, device=device)
         sample = torch.rand(len(entry_rows), generator=self.generator, device=device)
         seeded = np.flatnonzero(self.table.has_seed[entry_rows])
         if seeded.size:
             seeded_t = torch.from_numpy(seeded).to(device)
-            seeds = self.table.seed[row_index[seeded_t]]
-            sample[seeded_t] = seeded_uniform(seeds, next_positions[seeded_t])
-            draft_seeded = np.flatnonzero(self.table.has_seed[entry_rows[layout.draft_entries]])
-            if draft_seeded.size:
-                at = torch.from_numpy(draft_seeded).to(device)
-                entries = torch.from_numpy(layout.draft_entries[draft_seeded]).to(device)
-                accept[at] = seeded_uniform(self.table.seed[row_index[entries]] ^ ACCEPT_SEED_SALT,
-                                            next_positions[entries])
-        return accept, sample
+            sample[seeded_t] = seeded_uniform(self.table.seed[row_index[seeded_t]], next_positions[seeded_t])
+        return sample
