@@ -10,7 +10,10 @@ In one run:
   bytes it reads per token (every linear and the LM head), and their ratio, the effective
   bandwidth. Bar: >= 0.85 of the read bandwidth for float32 and int8.
 - the step's overhead: its time minus the time spent inside its matmul kernels (each
-  native product timed as it runs in those same steps).
+  native product timed as it runs in those same steps);
+- the same step through the modules (the model's native decode path off,
+  ``pyengine.models.decode_path``), alternating with the timed steps on the same
+  sequences: ``modules_step_ms`` and ``decode_path_speedup``.
 
 Usage: python benches/decode_bandwidth.py [--json] [--steps N] [--threads N] [--methods float32,int8,int4]
 """
@@ -109,9 +112,12 @@ class KernelClock:
         return timed
 
 
-def decode_steps(runner: ModelRunner, batch: int, steps: int, clock: Optional[KernelClock] = None) -> list[float]:
+def decode_steps(runner: ModelRunner, batch: int, steps: int, clock: Optional[KernelClock] = None,
+                 modules: Optional[list[float]] = None) -> list[float]:
     """``batch`` sequences prefilled with 32 tokens, then ``steps`` timed decode steps
-    (after 3 untimed); with ``clock``, the kernel time of the timed steps goes into it."""
+    (after 3 untimed); with ``clock``, the kernel time of the timed steps goes into it.
+    With ``modules``, each timed step is followed by one with the model's native decode
+    path off (``pyengine.models.decode_path``: the modules run), whose time goes there."""
     vocab = QWEN3_06B_SHAPED["vocab_size"]
     planner = HandPlanner(block_size=BLOCK_SIZE, num_blocks=runner.num_kv_blocks, max_rows=batch, seed=1)
     rng = np.random.default_rng(0)
@@ -132,13 +138,22 @@ def decode_steps(runner: ModelRunner, batch: int, steps: int, clock: Optional[Ke
             if timed:
                 times.append(time.perf_counter() - start)
         planner.record(plan, out.sampled_token_ids)
+        if timed and modules is not None:
+            path, runner.model.decode_path = runner.model.decode_path, None
+            plan = planner.next_plan()
+            start = time.perf_counter()
+            out = runner.execute(plan)
+            modules.append(time.perf_counter() - start)
+            runner.model.decode_path = path
+            planner.record(plan, out.sampled_token_ids)
     return times
 
 
 def bench_method(folder: Path, method: str, steps: int, bandwidth: float) -> dict[str, Any]:
     runner = make_runner(folder, method, 1)
     clock = KernelClock()
-    times = decode_steps(runner, 1, steps, clock)
+    modules: list[float] = []
+    times = decode_steps(runner, 1, steps, clock, modules)
     step = statistics.median(times)
     read = weight_bytes_per_token(runner.model)
     kernel = clock.seconds / len(times)
@@ -151,6 +166,8 @@ def bench_method(folder: Path, method: str, steps: int, bandwidth: float) -> dic
         "kernel_ms": round(kernel * 1e3, 3),
         "kernel_gb_s": round(read / kernel / 1e9, 2) if kernel > 0 else None,
         "overhead_ms": round((sum(times) / len(times) - kernel) * 1e3, 3),
+        "modules_step_ms": round(statistics.median(modules) * 1e3, 3),
+        "decode_path_speedup": round(statistics.median(modules) / step, 3),
     }
 
 
@@ -180,7 +197,7 @@ def main() -> None:
         r = results[method]
         print(f"{method:9s} {r['tokens_per_s']:7.2f} tok/s  {r['effective_gb_s']:6.2f} GB/s effective "
               f"({r['fraction_of_read_bandwidth']:.2f} of read)  kernels {r['kernel_ms']:.2f} ms  "
-              f"overhead {r['overhead_ms']:.2f} ms")
+              f"overhead {r['overhead_ms']:.2f} ms  (modules: {r['modules_step_ms']:.2f} ms a step)")
 
 
 if __name__ == "__main__":

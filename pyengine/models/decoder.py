@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from pyengine.models import cpu_linear, gemv
 from pyengine.models.config import DecoderConfig
+from pyengine.models.decode_path import NativeDecodePath
 from pyengine.models.layers import AttentionOp, DecoderAttention, RMSNorm, WeightTarget
 from pyengine.models.moe import build_mlp, mlp_checkpoint_name
 from pyengine.models.parallel import ParallelContext
@@ -113,6 +114,8 @@ class DecoderForCausalLM(torch.nn.Module):
         self.packed_head: torch.Tensor | None = None
         self.quantized_head: QuantizedMatmul | None = None
         self.gemv_head: torch.Tensor | None = None
+        # Decode steps without the module plumbing, once the weights are final (pack_for_cpu).
+        self.decode_path: NativeDecodePath | None = None
 
     def build_layer(self, config: DecoderConfig, layer_index: int, parallel: ParallelContext) -> torch.nn.Module:
         """One decoder layer (an architecture with other layers overrides this)."""
@@ -161,6 +164,10 @@ class DecoderForCausalLM(torch.nn.Module):
 
         ``context_lens`` [T] (each token's sequence length after this step) matters only
         to longrope (``rotary.needs_context_lens``); see ``rope.py``."""
+        if self.decode_path is not None:  # decode steps on CPU: the same kernels, no plumbing
+            decoded = self.decode_path.forward(input_ids, positions, attention, context_lens)
+            if decoded is not None:
+                return decoded
         hidden = self.embed_tokens(input_ids)
         if self.scales_embeddings:  # the multiplier in the weights' dtype, as transformers rounds it
             hidden = hidden * torch.tensor(self.config.hidden_size**0.5, dtype=hidden.dtype)
@@ -210,6 +217,10 @@ class DecoderForCausalLM(torch.nn.Module):
         """
         for layer in self.layers:
             layer.pack_for_cpu()
+        self._pack_head()
+        self.decode_path = NativeDecodePath.build(self, DecoderLayer)
+
+    def _pack_head(self) -> None:
         if self.packed_head is not None or self.quantized_head is not None:
             return
         if not cpu_linear.can_pack(self.output_embedding):

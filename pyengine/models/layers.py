@@ -85,6 +85,20 @@ class AttentionOp(Protocol):
         """q [T, heads, head_dim], k/v [T, kv_heads, head_dim] -> [T, heads, head_dim]."""
         ...
 
+    def fused_decode(self) -> Optional["FusedDecodeAttention"]:
+        """The step's attention for the native decode path (``decode_path``), when the
+        backend has one for this step (every token a decode row, float32 on CPU); else None."""
+        ...
+
+
+class FusedDecodeAttention(Protocol):
+    """Decode attention over a layer's fused q/k/v rows (see ``AttentionOp.fused_decode``)."""
+
+    def attend_fused(self, layer_index: int, qkv: torch.Tensor, num_heads: int, spec: LayerAttention) -> torch.Tensor:
+        """``qkv`` [rows, (num_heads + 2 kv_heads) * head_dim], q/k normed and rotated;
+        writes K and V into the cache and returns [rows, num_heads * head_dim]."""
+        ...
+
 
 class RMSNorm(torch.nn.Module):
     """Root-mean-square norm computed in float32, as the reference implementations do.

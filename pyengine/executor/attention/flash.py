@@ -79,6 +79,10 @@ class FlashStepAttention:
         self.block_table = layout.block_tables.to(torch.int32).contiguous() if self.paged else None
         self.context_slots = None if self.paged else _context_slots(layout, seq_lens, device)
 
+    def fused_decode(self) -> None:
+        """No native decode path on CUDA: the model runs its modules."""
+        return None
+
     def attend(
         self,
         layer_index: int,

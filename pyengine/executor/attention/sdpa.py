@@ -115,6 +115,20 @@ class SdpaStepAttention:
             )
         return out
 
+    def fused_decode(self) -> Optional[NativeDecodeAttention]:
+        """The step's attention for a model's native decode path, when every token of the
+        step is a decode row the native kernel takes (float32 on CPU); else None."""
+        single = self.single
+        if single is None or single.token_indices is not None or not single.native:
+            return None
+        return NativeDecodeAttention(self)
+
+    def decode_group(self, window: Optional[int]) -> _SingleQueryGroup:
+        """The decode group of layers with ``window`` when every token is a decode row."""
+        group = self._single_group(window)
+        assert group is not None  # fused_decode() checked that the step has decode rows
+        return group
+
     def _single_group(self, window: Optional[int]) -> Optional[_SingleQueryGroup]:
         """The decode group for layers with ``window`` (None: the whole context)."""
         if window is None or self.single is None or int(self.layout.seq_lens.max()) <= window:
@@ -226,13 +240,22 @@ def _native_decode(
 ) -> torch.Tensor:
     """float32 CPU decode attention by the native kernel: no gather, K and V read once (the
     window's positions only)."""
+    return torch.from_numpy(
+        _decode_kernel(group, q.contiguous().numpy(), key_blocks.numpy(), value_blocks.numpy(), spec)
+    )
+
+
+def _decode_kernel(
+    group: _SingleQueryGroup, q: np.ndarray, key_blocks: np.ndarray, value_blocks: np.ndarray, spec: LayerAttention
+) -> np.ndarray:
+    """``_native_decode`` on arrays: q [rows, heads, head_dim] (C-contiguous) -> the same shape."""
     rows, heads, head_dim = q.shape
-    out = torch.empty((rows, heads, head_dim), dtype=q.dtype)
+    out = np.empty((rows, heads, head_dim), dtype=np.float32)
     _kernels.paged_decode_attention(
-        out.numpy(),
-        q.contiguous().numpy(),
-        key_blocks.numpy(),
-        value_blocks.numpy(),
+        out,
+        q,
+        key_blocks,
+        value_blocks,
         group.tables.numpy(),
         group.seq_lens,
         spec.score_scale(head_dim),
@@ -241,6 +264,37 @@ def _native_decode(
         softcap=spec.softcap or 0.0,
     )
     return out
+
+
+class NativeDecodeAttention:
+    """One step's attention for a model's native decode path (``pyengine.models.decode_path``):
+    each layer hands over its fused q/k/v rows; their K and V go into the cache and the
+    native kernel attends, with none of the per-layer tensor plumbing of ``attend``. Only
+    built when every token of the step is a decode row the kernel takes
+    (``SdpaStepAttention.fused_decode``)."""
+
+    def __init__(self, step: "SdpaStepAttention") -> None:
+        self.step = step
+        self.slots = step.slot_mapping.numpy()
+        cache = step.cache
+        self.keys = cache.keys.numpy()  # [layers, blocks, block_size, kv_heads, head_dim]
+        self.values = cache.values.numpy()
+        self.head_dim = cache.shape.head_dim
+        self.kv_width = cache.shape.num_kv_heads * cache.shape.head_dim
+
+    def attend_fused(self, layer_index: int, qkv: torch.Tensor, num_heads: int, spec: LayerAttention) -> torch.Tensor:
+        """``qkv`` [rows, (num_heads + 2 kv_heads) * head_dim], q/k normed and rotated ->
+        the attention output [rows, num_heads * head_dim]."""
+        rows = qkv.shape[0]
+        q_width, kv_width = num_heads * self.head_dim, self.kv_width
+        fused = qkv.numpy()
+        keys, values = self.keys[layer_index], self.values[layer_index]
+        keys.reshape(-1, kv_width)[self.slots] = fused[:, q_width : q_width + kv_width]
+        values.reshape(-1, kv_width)[self.slots] = fused[:, q_width + kv_width :]
+        query = np.ascontiguousarray(fused[:, :q_width]).reshape(rows, num_heads, self.head_dim)
+        group = self.step.decode_group(spec.window)
+        out = _decode_kernel(group, query, keys, values, spec)
+        return torch.from_numpy(out.reshape(rows, q_width))
 
 
 def _gather_rows(

@@ -1,0 +1,234 @@
+"""The native decode path: a decode step of a Llama-family model without its module plumbing.
+
+At batch 1 a decode step reads every weight once, and the native kernels
+(``gemv``, ``rms_norm``, ``qk_norm_rope``, ``paged_decode_attention``) already run at the
+memory's pace. What is left is the plumbing between them: per layer some 25 module calls,
+views, splits, ``empty`` and ``index_copy_`` calls and eligibility checks, about 6 ms of an
+80 ms float32 step (and of a 30 ms int8 one) on the 2-core development machine, and more
+while the weights stream through the caches the interpreter also needs.
+
+This path runs the same kernels in the same order, on the same tensors, so its results are
+bit-identical to the modules' (``tests/test_decode_path.py`` compares them): everything
+that can be looked up once (which kernel a linear takes, the norms' weights as arrays, the
+heads) is looked up when the path is built, after the weights are final
+(``DecoderForCausalLM.pack_for_cpu``), and a step hands each layer's fused q/k/v rows to the
+attention backend's ``FusedDecodeAttention``, which writes K/V and attends in one go.
+
+It runs when every token of the step is a decode row (no prefill chunk, no draft
+verification), there are at most ``gemv.MAX_ROWS`` of them, the activations are float32
+on the CPU, and the backend offers ``fused_decode`` (SDPA on CPU; not flash-attn). The
+model qualifies when its layers are the plain ``DecoderLayer`` / ``DecoderAttention`` /
+``RMSNorm`` (Llama, Mistral, Qwen2, Qwen3; not Gemma or Phi-3, whose layers differ) and
+every linear takes the native kernels (float32, or packed weights they read). A layer
+whose MLP is not the dense gated one (mixture of experts) calls that module. Tensor
+parallelism all-reduces where the modules do. Anything else runs the modules.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pyengine import _kernels
+from pyengine.models import gemv
+from pyengine.models.layers import (
+    ColumnParallelLinear,
+    DecoderAttention,
+    FusedDecodeAttention,
+    GatedMLP,
+    RMSNorm,
+    RowParallelLinear,
+)
+
+AnyLinear = ColumnParallelLinear | RowParallelLinear
+
+
+class _Linear:
+    """One linear as the decode-sized kernels multiply by it (its ``quantized`` product or
+    its ``gemv_weight``), looked up once."""
+
+    __slots__ = ("quantized", "weight", "bias")
+
+    def __init__(self, linear: AnyLinear) -> None:
+        self.quantized = linear.quantized
+        self.weight = linear.gemv_weight
+        self.bias = getattr(linear, "bias", None)
+
+    @staticmethod
+    def fits(linear: AnyLinear) -> bool:
+        """Whether every decode-sized product of ``linear`` goes to the native kernels."""
+        bias = getattr(linear, "bias", None)
+        if bias is not None and not _float32_cpu(bias):
+            return False
+        if linear.quantized is not None:
+            return linear.quantized.native and linear.quantized.weight.in_features % gemv.CHUNK == 0
+        return linear.gemv_weight is not None and linear.gemv_weight.shape[1] % gemv.CHUNK == 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None:
+            return self.quantized(x, self.bias)
+        assert self.weight is not None  # fits() checked it
+        return gemv.float_linear(x, self.weight, self.bias)
+
+
+class _Norm:
+    """An RMSNorm's weight as the kernel reads it, and its epsilon."""
+
+    __slots__ = ("weight", "eps")
+
+    def __init__(self, norm: RMSNorm) -> None:
+        self.weight = norm.kernel_weight().detach().numpy()
+        self.eps = norm.eps
+
+    @staticmethod
+    def fits(norm: Optional[RMSNorm]) -> bool:
+        return norm is None or (type(norm) is RMSNorm and _float32_cpu(norm.weight))
+
+    def __call__(self, x: torch.Tensor, residual: Optional[torch.Tensor], threads: int) -> torch.Tensor:
+        """The norm of ``x`` (of ``residual += x`` when given, in place)."""
+        out = torch.empty_like(x)
+        stream = None if residual is None else residual.numpy()
+        _kernels.rms_norm(out.numpy(), x.numpy(), self.weight, self.eps, stream, threads)
+        return out
+
+
+class _LayerProgram:
+    """One ``DecoderLayer``'s decode step: what ``DecoderLayer.forward`` computes."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        attention: DecoderAttention = layer.self_attn
+        self.layer_index = attention.layer_index
+        self.input_norm = _Norm(layer.input_layernorm)
+        self.post_norm = _Norm(layer.post_attention_layernorm)
+        self.qkv = _Linear(attention.qkv_proj)
+        self.o = _Linear(attention.o_proj)
+        q_norm, k_norm = attention.q_norm, attention.k_norm
+        self.q_norm = None if q_norm is None else q_norm.kernel_weight().detach().numpy()
+        self.k_norm = None if k_norm is None else k_norm.kernel_weight().detach().numpy()
+        self.qk_eps = q_norm.eps if q_norm is not None else 0.0
+        self.num_heads = attention.num_heads
+        self.num_kv_heads = attention.num_kv_heads
+        self.head_dim = attention.head_dim
+        self.spec = attention.spec
+        self.parallel = attention.o_proj.parallel
+        self.uses_local_rope = layer.uses_local_rope
+        mlp = layer.mlp
+        self.dense_mlp = type(mlp) is GatedMLP and _mlp_fits(mlp)
+        self.mlp = mlp
+        if self.dense_mlp:
+            self.gate_up = _Linear(mlp.gate_up_proj)
+            self.down = _Linear(mlp.down_proj)
+            self.gelu = mlp.gelu
+
+    @staticmethod
+    def fits(layer: torch.nn.Module, layer_type: type) -> bool:
+        if type(layer) is not layer_type or type(layer.self_attn) is not DecoderAttention:
+            return False
+        attention = layer.self_attn
+        norms = (layer.input_layernorm, layer.post_attention_layernorm, attention.q_norm, attention.k_norm)
+        return (
+            all(_Norm.fits(norm) for norm in norms)
+            and (attention.q_norm is None) == (attention.k_norm is None)
+            and _Linear.fits(attention.qkv_proj)
+            and _Linear.fits(attention.o_proj)
+        )
+
+    def run(
+        self,
+        hidden: torch.Tensor,
+        residual: Optional[torch.Tensor],
+        cos: np.ndarray,
+        sin: np.ndarray,
+        attention: FusedDecodeAttention,
+        threads: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, normed = hidden, self.input_norm(hidden, None, threads)
+        else:
+            normed = self.input_norm(hidden, residual, threads)
+        qkv = self.qkv(normed)
+        _kernels.qk_norm_rope(
+            qkv.numpy(), cos, sin, self.num_heads, self.num_kv_heads, self.q_norm, self.k_norm, self.qk_eps, threads
+        )
+        attended = attention.attend_fused(self.layer_index, qkv, self.num_heads, self.spec)
+        normed = self.post_norm(self.parallel.all_reduce(self.o(attended)), residual, threads)
+        if not self.dense_mlp:
+            return self.mlp(normed), residual
+        gate_up = self.gate_up(normed)
+        inter = gate_up.shape[1] // 2
+        gate, up = gate_up[:, :inter], gate_up[:, inter:]
+        activated = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.parallel.all_reduce(self.down(activated.mul_(up))), residual
+
+
+class NativeDecodePath:
+    """A model's decode steps through ``_LayerProgram``s (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.layers = [_LayerProgram(layer) for layer in model.layers]
+        self.final_norm = _Norm(model.norm)
+
+    @classmethod
+    def build(cls, model: torch.nn.Module, layer_type: type) -> Optional["NativeDecodePath"]:
+        """The path for ``model`` (a ``DecoderForCausalLM`` whose plain layers are
+        ``layer_type``), or None where its layers or weights do not qualify."""
+        if getattr(model, "scales_embeddings", True) or not _embeds_float32_cpu(model):
+            return None
+        if not _Norm.fits(model.norm) or not all(_LayerProgram.fits(layer, layer_type) for layer in model.layers):
+            return None
+        return cls(model)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attention: object,
+        context_lens: Optional[torch.Tensor],
+    ) -> Optional[torch.Tensor]:
+        """Final-normed hidden states [T, hidden] as ``DecoderForCausalLM.forward`` computes
+        them, or None (nothing done) when this step is not one the path takes."""
+        rows = input_ids.shape[0]
+        fused_decode = getattr(attention, "fused_decode", None)
+        if not 0 < rows <= gemv.MAX_ROWS or fused_decode is None:
+            return None
+        fused = fused_decode()
+        if fused is None:
+            return None
+        model = self.model
+        hidden = model.embed_tokens(input_ids)
+        cos, sin = _rows(model.rotary.cos_sin(positions, hidden.dtype, context_lens), rows)
+        local = None
+        if model.local_rotary is not None:
+            local = _rows(model.local_rotary.cos_sin(positions, hidden.dtype), rows)
+        threads = torch.get_num_threads()
+        residual: Optional[torch.Tensor] = None
+        for program in self.layers:
+            layer_cos, layer_sin = local if local is not None and program.uses_local_rope else (cos, sin)
+            hidden, residual = program.run(hidden, residual, layer_cos, layer_sin, fused, threads)
+        return self.final_norm(hidden, residual, threads)
+
+
+def _rows(cos_sin: tuple[torch.Tensor, torch.Tensor], rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rotary tables [T, 1, head_dim] as the kernel's [T, head_dim] arrays."""
+    cos, sin = cos_sin
+    return cos.reshape(rows, -1).contiguous().numpy(), sin.reshape(rows, -1).contiguous().numpy()
+
+
+def _embeds_float32_cpu(model: torch.nn.Module) -> bool:
+    """Whether the embeddings come out float32 on the CPU (a quantized tied embedding
+    looks its rows up in the packed head: asked, not read off a weight)."""
+    with torch.inference_mode():
+        probe = model.embed_tokens(torch.zeros(1, dtype=torch.int64))
+    return probe.dtype == torch.float32 and probe.device.type == "cpu"
+
+
+def _mlp_fits(mlp: GatedMLP) -> bool:
+    return _Linear.fits(mlp.gate_up_proj) and _Linear.fits(mlp.down_proj)
+
+
+def _float32_cpu(t: torch.Tensor) -> bool:
+    return t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
