@@ -83,6 +83,44 @@ def llama_cpp_harness_decode(binary: str, path: Path, tokens: int, threads: int)
             "system_info": row["system_info"].strip()}
 
 
+def pyengine_top(llm: LLM, prompt: list[int], k: int) -> list[tuple[int, float]]:
+    """pyengine's ``k`` most likely next tokens after ``prompt``, with log-probabilities."""
+    params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=k)
+    position = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].logprobs[0]
+    return sorted(((token, lp.logprob) for token, lp in position.items()), key=lambda item: -item[1])[:k]
+
+
+def compare_tops(theirs: list[tuple[int, float]], ours: list[tuple[int, float]]) -> dict[str, Any]:
+    """How far two top-k lists are apart: same first token, shared tokens, the largest
+    log-probability difference over the shared ones."""
+    ours_by_id = dict(ours)
+    shared = [token for token, _ in theirs if token in ours_by_id]
+    return {"same_top1": theirs[0][0] == ours[0][0], "shared_of_top": len(shared),
+            "max_logprob_diff": max((abs(lp - ours_by_id[token]) for token, lp in theirs if token in ours_by_id),
+                                    default=None)}
+
+
+def same_model_check(binary: str, gguf_llm: LLM, float_llm: Optional[LLM], path: Path, prompt: list[int],
+                     k: int = 5) -> dict[str, Any]:
+    """The ``k`` most likely next tokens after ``prompt`` in llama.cpp (``llamacpp-decode
+    --top``) and in pyengine, on the same file: the speeds compare only if both engines
+    compute the same model from it (a writer or loader bug would leave the lists
+    unrelated; 5 tokens of 151,936). llama.cpp also rounds the activations to 8 bits before
+    its quantized products, so the log-probabilities differ a little and near-ties may swap;
+    pyengine float32 against pyengine on the file (the weights' own rounding) gives the scale."""
+    done = subprocess.run([binary, "--top", str(path), str(k), *map(str, prompt)], capture_output=True, text=True,
+                          timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"llamacpp-decode --top failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    theirs = [(int(token), float(logprob)) for token, logprob in json.loads(done.stdout)["top"]]
+    ours = pyengine_top(gguf_llm, prompt, k)
+    result = {"llama_cpp_top": theirs, "pyengine_top": ours, "llama_cpp_vs_pyengine": compare_tops(theirs, ours)}
+    if float_llm is not None:
+        result["pyengine_float32_top"] = reference = pyengine_top(float_llm, prompt, k)
+        result["pyengine_float32_vs_pyengine"] = compare_tops(reference, ours)
+    return result
+
+
 def pyengine_decode(llm: LLM, prompt: list[int], tokens: int) -> float:
     """Decode tokens/s of one greedy request (first to last token)."""
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
@@ -129,6 +167,8 @@ def main() -> None:
     pyengine_decode(gguf_llm, prompt, 8)  # warm-up
     if float_llm is not None:
         pyengine_decode(float_llm, prompt, 8)
+    check = (same_model_check(harness_binary, gguf_llm, float_llm, path, prompt) if harness_binary is not None
+             else None)
     runs: dict[str, list[float]] = {"llama_bench": [], "llamacpp_decode": [], "pyengine_gguf": [],
                                     "pyengine_float32": []}
     llama_info: dict[str, Any] = {}
@@ -156,6 +196,7 @@ def main() -> None:
         "runs": runs,
         "pyengine_gguf_over_llama_cpp": ratio,
         "llama_cpp_reference": reference,
+        "same_model_check": check,
         "pyengine_gguf_over_float32": (median["pyengine_gguf"] / median["pyengine_float32"]
                                        if median["pyengine_float32"] else None),
         "pyengine_gguf_load_s": gguf_load_s,
@@ -168,6 +209,12 @@ def main() -> None:
         return
     if missing:
         print(missing)
+    if check is not None:
+        for name in ("llama_cpp_vs_pyengine", "pyengine_float32_vs_pyengine"):
+            if name in check:
+                c = check[name]
+                print(f"{name}: same next token {c['same_top1']}, top-5 shared {c['shared_of_top']}, largest "
+                      f"log-probability difference {c['max_logprob_diff']}")
     for name, value in median.items():
         print(f"{name:>18}: " + ("not run" if value is None else f"{value:8.1f} tok/s decode"))
     if ratio is not None:

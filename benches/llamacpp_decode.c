@@ -13,9 +13,16 @@
  *
  * Usage: llamacpp-decode MODEL.gguf TOKENS THREADS REPEATS
  * Prints one JSON object: tokens per second of each repeat and their mean.
+ *
+ *        llamacpp-decode --top MODEL.gguf K TOKEN_ID...
+ * Prints the K most likely next tokens after the prompt TOKEN_ID... with their
+ * log-probabilities, so the bench can check that llama.cpp and pyengine read the file
+ * alike (the speeds of two engines that compute different models would not compare).
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "ggml-cpu.h"
@@ -42,9 +49,67 @@ static int decode_one(struct llama_context *ctx, llama_token token) {
     return status;
 }
 
+/* The k most likely next tokens after the prompt ids[0..n), as JSON on stdout. */
+static int print_top(const char *path, int k, const llama_token *ids, int n) {
+    struct llama_model *model = llama_model_load_from_file(path, llama_model_default_params());
+    if (model == NULL) {
+        fprintf(stderr, "llama.cpp could not load %s\n", path);
+        return 1;
+    }
+    struct llama_context_params cparams = llama_context_default_params();
+    cparams.n_ctx = (uint32_t)n + 1;
+    cparams.n_batch = (uint32_t)n;
+    cparams.n_ubatch = (uint32_t)n;
+    struct llama_context *ctx = llama_init_from_model(model, cparams);
+    if (ctx == NULL || llama_decode(ctx, llama_batch_get_one((llama_token *)ids, n)) != 0) {
+        fprintf(stderr, "llama.cpp could not decode the prompt\n");
+        return 1;
+    }
+    int vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+    const float *logits = llama_get_logits_ith(ctx, -1);
+    double top = logits[0], sum = 0.0;
+    for (int i = 1; i < vocab; i++) {
+        top = logits[i] > top ? logits[i] : top;
+    }
+    for (int i = 0; i < vocab; i++) {
+        sum += exp(logits[i] - top);
+    }
+    double log_norm = top + log(sum);
+    int *chosen = calloc((size_t)vocab, sizeof(int));
+    printf("{\"top\": [");
+    for (int j = 0; j < k && j < vocab; j++) {
+        int best = -1;
+        for (int i = 0; i < vocab; i++) {
+            if (!chosen[i] && (best < 0 || logits[i] > logits[best])) {
+                best = i;
+            }
+        }
+        chosen[best] = 1;
+        printf("%s[%d, %.6f]", j ? ", " : "", best, logits[best] - log_norm);
+    }
+    printf("]}\n");
+    free(chosen);
+    llama_free(ctx);
+    llama_model_free(model);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc >= 5 && strcmp(argv[1], "--top") == 0) {
+        llama_log_set(errors_only, NULL);
+        llama_backend_init();
+        int n = argc - 4;
+        llama_token *ids = malloc(sizeof(llama_token) * (size_t)n);
+        for (int i = 0; i < n; i++) {
+            ids[i] = atoi(argv[4 + i]);
+        }
+        int status = print_top(argv[2], atoi(argv[3]), ids, n);
+        free(ids);
+        return status;
+    }
     if (argc != 5) {
-        fprintf(stderr, "usage: %s MODEL.gguf TOKENS THREADS REPEATS\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL.gguf TOKENS THREADS REPEATS\n       %s --top MODEL.gguf K TOKEN_ID...\n",
+                argv[0], argv[0]);
         return 2;
     }
     const char *path = argv[1];
