@@ -96,7 +96,7 @@ impl Matrix {
             "int4" => 128,
             other => panic!("unknown format {other} (f32, int8, q8_0, int4)"),
         };
-        let raw = bytes(seed, if format == "f32" { n * k } else if format == "int4" { n * k / 2 } else { n * k });
+        let raw = bytes(seed, if format == "int4" { n * k / 2 } else { n * k });
         let mut matrix = Matrix {
             n,
             k,
