@@ -35,13 +35,14 @@ pub(crate) unsafe fn rows(problem: &Problem<'_>, first: usize, last: usize) {
 /// How far ahead of the row being multiplied its weight bytes are prefetched.
 ///
 /// Measured with `cargo bench -p pyengine-kernels --bench gemv -- --threads 1` on the
-/// 2-core EPYC (Zen 3) development VM, by CPU time (the machine was shared): without it a
-/// streamed product took about the time of its memory reads *plus* its arithmetic (int8
-/// 6.2-6.4 GB/s where a plain read runs at 8.5-10 and the arithmetic alone, on cached
-/// weights, at 16): the hardware prefetcher kept too few lines in flight for a loop that
-/// spends a cycle or more on every 8 weights. Asking for the bytes ahead overlaps the two
-/// (int8 8.7-9.3, int4 4.0-4.4 -> 6.4-6.6, float32 8.2-9.0 -> 10); 1 KiB did as well as
-/// or better than 4 and 16 KiB.
+/// 2-core EPYC (Zen 3) development VM, by CPU time, 7 alternated pairs while the machine
+/// was shared (load 11-17, so noisy): without it a streamed product took about the time of
+/// its memory reads *plus* its arithmetic (int8 about 6 GB/s where a plain read runs at
+/// 7-10 and the arithmetic alone, on cached weights, at 15-16): the hardware prefetcher
+/// kept too few lines in flight for a loop that spends a cycle or more on every 8
+/// weights. Prefetching 1 KiB ahead overlaps the two: medians int8 6.2 -> 7.4 GB/s, int4
+/// 4.4 -> 6.1; float32 unchanged within the noise. 1 KiB did as well as or better than 4
+/// and 16 KiB.
 const PREFETCH_BYTES: usize = 1024;
 const LINE: usize = 64;
 
