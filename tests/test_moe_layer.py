@@ -1,19 +1,24 @@
 """The MoE layer's parts on their own: routing rules, grouped expert products against a
-per-token reference, the fallback loop, weight names and config errors."""
+per-token reference (native and torch paths), quantized experts against their dequantized
+weights, weight names and config errors."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from pyengine.models import experts as experts_module
+from pyengine import _kernels
+from pyengine.models import gemv
 from pyengine.models.errors import UnsupportedModelError
 from pyengine.models.experts import GroupedExperts
 from pyengine.models.loader import read_model_config
 from pyengine.models.parallel import ParallelContext
+from pyengine.models.quantization.apply import quantize_model_experts
+from pyengine.models.quantization.packed import QuantizationError
 from pyengine.models.router import softmax_top_k
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 
@@ -52,20 +57,59 @@ def test_softmax_top_k_with_and_without_renormalising():
     torch.testing.assert_close(normed.weights[0], probs[0, [3, 2]] / probs[0, [3, 2]].sum())
 
 
-@pytest.mark.parametrize("tokens", [0, 1, 7, 40])
-@pytest.mark.parametrize("path", ["grouped", "loop", "packed"])
-def test_grouped_experts_equal_a_per_token_loop(tokens, path, monkeypatch):
+@pytest.mark.parametrize("tokens", [0, 1, 7, 40, 200])
+def test_grouped_experts_equal_a_per_token_loop(tokens, monkeypatch):
+    """Up to 48 rows an expert's gate/up runs the native kernel (hidden 16), wider blocks
+    and the 8-wide down torch.mm; 200 tokens give every expert more than 48 rows."""
     experts = _experts()
     generator = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, H, generator=generator)
     routing = softmax_top_k(torch.randn(tokens, E, generator=generator), K, normalize=False)
     expected = _per_token_reference(experts, x, routing.expert_ids, routing.weights)
-    if path == "loop":
-        monkeypatch.setattr(experts_module, "_grouped_mm_fits", lambda *args: False)
-    if path == "packed":
-        experts.pack_for_cpu()
-        assert experts.gate_up.device.type == "meta"
+    native_rows = []
+    gemv_f32 = _kernels.gemv_f32
+    monkeypatch.setattr(_kernels, "gemv_f32", lambda out, x, *rest: native_rows.append(len(x)) or gemv_f32(out, x, *rest))
     torch.testing.assert_close(experts(x, routing), expected, rtol=1e-5, atol=1e-5)
+    counts = torch.bincount(routing.expert_ids.reshape(-1), minlength=E).tolist()
+    assert native_rows == [c for c in counts if 0 < c <= gemv.MAX_ROWS]
+    if tokens == 200:
+        assert native_rows == []
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("tokens", [5, 200])
+def test_quantized_experts_equal_the_dequantized_float_experts(method, tokens, monkeypatch):
+    """quantization= covers the routed experts: their products (native integer kernels on
+    decode-sized blocks, dequantize-then-matmul on wider ones) equal float experts holding
+    the dequantized weights, and differ from the float experts they were quantized from."""
+    experts_count, hidden, inter = 4, 128, 128  # int4 groups of 128 input features
+    experts = GroupedExperts(experts_count, hidden, inter, ParallelContext())
+    generator = torch.Generator().manual_seed(tokens)
+    with torch.no_grad():
+        experts.gate_up.normal_(generator=generator).mul_(0.1)
+        experts.down.normal_(generator=generator).mul_(0.1)
+    original = copy.deepcopy(experts)
+    quantize_model_experts(experts, method)
+    assert experts.gate_up.device.type == "meta" and experts.quantized is not None
+    reference = GroupedExperts(experts_count, hidden, inter, ParallelContext())
+    with torch.no_grad():
+        reference.gate_up.copy_(experts.quantized.gate_up_weight.dequantize())
+        reference.down.copy_(experts.quantized.down_weight.dequantize())
+    x = torch.randn(tokens, hidden, generator=generator)
+    routing = softmax_top_k(torch.randn(tokens, experts_count, generator=generator), K, normalize=True)
+    native = []
+    gemv_quantized = _kernels.gemv_quantized
+    monkeypatch.setattr(_kernels, "gemv_quantized", lambda out, x, *rest: native.append(len(x)) or gemv_quantized(out, x, *rest))
+    ours = experts(x, routing)
+    assert bool(native) == (tokens == 5)
+    torch.testing.assert_close(ours, reference(x, routing), rtol=1e-4, atol=1e-4)
+    assert float((ours - original(x, routing).detach()).abs().max()) > 1e-3
+
+
+def test_int4_experts_split_off_a_group_boundary_are_refused():
+    experts = GroupedExperts(2, 128, 128, ParallelContext(rank=1, world_size=2))  # rank 1 starts at feature 64
+    with pytest.raises(QuantizationError, match="group size 128"):
+        quantize_model_experts(experts, "int4")
 
 
 def test_experts_left_without_tokens_are_skipped():

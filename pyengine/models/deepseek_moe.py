@@ -57,7 +57,8 @@ class DeepseekMoeBlock(torch.nn.Module):
         return out
 
     def pack_for_cpu(self) -> None:
-        self.experts.pack_for_cpu()
+        """Packs the shared expert's linears; the routed experts stay as loaded (the
+        native kernels read that layout, see ``expert_matmuls.py``)."""
         if self.shared_experts is not None:
             self.shared_experts.pack_for_cpu()
 

@@ -1,21 +1,20 @@
-"""The routed experts of a mixture-of-experts layer, run as grouped matrix products.
+"""The routed experts of a mixture-of-experts layer, run grouped by expert.
 
 Every expert is a gated MLP ``down(silu(gate(x)) * up(x))``. A step routes each token to
 ``k`` experts (:class:`~pyengine.models.router.Routing`); the ``T * k`` (token, expert)
 pairs are sorted by expert once, so that each expert's tokens are one contiguous block
-of rows, and the two products of all experts run as two grouped matmuls
-(``torch._grouped_mm``: per-group offsets, no padding, no Python loop). The results are
-put back in (token, slot) order and each token's ``k`` rows summed with their routing
-weights by one batched product (deterministic: no atomic scatter-add).
+of rows, and the products run per group, never per token:
 
-Why ``torch._grouped_mm``: it is PyTorch's own grouped GEMM (CUTLASS on CUDA sm90+, a
-native loop over groups on CPU), takes ragged groups as offsets and needs no extra
-library. On 2 shared CPU cores (float32, 8 experts, top-2, hidden 256, expert size 256,
-128 routed rows) it took 3.0 ms against 5.3 ms for a Python loop of one ``F.linear``
-per expert and 3.6 ms for ``torch.bmm`` over equal groups (which real routing does not
-give without padding). Where it does not fit (an older PyTorch, CPU dtypes other than
-float32, where it is slow, CUDA below sm90 or without bfloat16) the experts run as a
-loop over the experts that received tokens, one matmul each on its gathered rows.
+- on CUDA (bfloat16, sm90+) as two grouped matmuls (``torch._grouped_mm``: CUTLASS's
+  grouped GEMM, ragged groups by offsets, no padding);
+- elsewhere (CPU) one product per expert that received rows (``expert_matmuls.py``):
+  the native skinny kernels on decode-sized blocks, reading each expert's weight once
+  as loaded, ``F.linear`` on wider ones; quantized experts through their
+  ``PackedWeight``s (``set_packed_weights``, ``quantization="int8"`` / ``"int4"``).
+  ``expert_matmuls.py`` says why not ``_grouped_mm`` on CPU, with the figures.
+
+The results are put back in (token, slot) order and each token's ``k`` rows summed with
+their routing weights by one batched product (deterministic: no atomic scatter-add).
 
 Tensor parallelism: each rank holds a slice of every expert's intermediate features
 (gate/up rows, down columns, like the dense MLP), so the output here is this rank's
@@ -29,8 +28,11 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from pyengine.models import cpu_linear
+from pyengine.models.expert_matmuls import FloatExpertMatmuls, QuantizedExpertMatmuls, run_experts
 from pyengine.models.layers import WeightTarget
 from pyengine.models.parallel import ParallelContext
+from pyengine.models.quantization.packed import PackedWeight, QuantizationError
 from pyengine.models.router import Routing
 
 
@@ -39,9 +41,8 @@ class GroupedExperts(torch.nn.Module):
 
     Parameters keep the checkpoint's layout, stacked: ``gate_up`` is ``[E * 2I, H]``
     (expert e's gate rows, then its up rows) and ``down`` ``[E * H, I]``, so each
-    per-expert checkpoint tensor fills a block of rows. ``pack_for_cpu`` swaps them for
-    contiguous ``[E, H, 2I]`` / ``[E, I, H]`` copies, the layout the CPU grouped matmul
-    reads fastest.
+    per-expert checkpoint tensor fills a block of rows, and each expert's weight is a
+    contiguous ``[out, in]`` block, the layout the native kernels read.
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, parallel: ParallelContext) -> None:
@@ -52,7 +53,8 @@ class GroupedExperts(torch.nn.Module):
         local = self.part.size
         self.gate_up = torch.nn.Parameter(torch.empty(num_experts * 2 * local, hidden_size))
         self.down = torch.nn.Parameter(torch.empty(num_experts * hidden_size, local))
-        self.packed: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        #: The packed experts once quantized (``set_packed_weights``); the float ones are released.
+        self.quantized: Optional[QuantizedExpertMatmuls] = None
 
     def forward(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
         """This rank's partial output [T, H] for ``x`` [T, H] routed by ``routing``."""
@@ -63,39 +65,36 @@ class GroupedExperts(torch.nn.Module):
         order = torch.argsort(flat, stable=True)
         rows = x.index_select(0, order // top_k)  # [T * k, H], grouped by expert
         counts = torch.bincount(flat, minlength=self.num_experts)
-        gate_up, down = self._kn_weights()
-        if _grouped_mm_fits(x, self.hidden_size, self.part.size):
+        local = self.part.size
+        gate_up = self.gate_up.view(self.num_experts, 2 * local, self.hidden_size)
+        down = self.down.view(self.num_experts, self.hidden_size, local)
+        if self.quantized is not None:
+            out = run_experts(rows, counts, self.quantized, local, self.hidden_size)
+        elif _grouped_mm_fits(x, self.hidden_size, local):
             offsets = torch.cumsum(counts, 0, dtype=torch.int32)
-            hidden = torch._grouped_mm(rows, gate_up, offs=offsets)
+            hidden = torch._grouped_mm(rows, gate_up.transpose(1, 2), offs=offsets)
             gate, up = hidden.chunk(2, dim=-1)
-            out = torch._grouped_mm(F.silu(gate) * up, down, offs=offsets)
+            out = torch._grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=offsets)
         else:
-            out = _expert_loop(rows, counts, gate_up, down)
+            out = run_experts(rows, counts, FloatExpertMatmuls(gate_up, down), local, self.hidden_size)
         unsorted = torch.empty_like(out).index_copy_(0, order, out).view(tokens, top_k, self.hidden_size)
         weights = routing.weights.to(x.dtype).unsqueeze(1)  # [T, 1, k]
         return torch.bmm(weights, unsorted).squeeze(1)
 
-    def _kn_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[E, H, 2I]`` and ``[E, I, H]`` (input features first): packed copies, or
-        transposed views of the loaded parameters."""
-        if self.packed is not None:
-            return self.packed
-        local = self.part.size
-        gate_up = self.gate_up.view(self.num_experts, 2 * local, self.hidden_size).transpose(1, 2)
-        down = self.down.view(self.num_experts, self.hidden_size, local).transpose(1, 2)
-        return gate_up, down
-
-    def pack_for_cpu(self) -> None:
-        """Contiguous input-major copies for the CPU grouped matmul (float32 on CPU only);
-        the loaded parameters are released (meta tensors of the same shape)."""
-        weight = self.gate_up
-        if self.packed is not None or weight.device.type != "cpu" or weight.dtype != torch.float32:
-            return
-        gate_up, down = self._kn_weights()
-        self.packed = (gate_up.contiguous(), down.contiguous())
-        for name in ("gate_up", "down"):
+    def set_packed_weights(self, gate_up: PackedWeight, down: PackedWeight) -> None:
+        """Multiply by packed experts from now on: ``gate_up`` [E * 2I, H] and ``down``
+        [E * H, I] (this rank's slices, stacked like the parameters); the float
+        parameters are released (meta tensors of the same shape)."""
+        for name, weight in (("gate_up", gate_up), ("down", down)):
             dense = getattr(self, name)
-            setattr(self, name, torch.nn.Parameter(torch.empty_like(dense, device="meta"), requires_grad=False))
+            if (weight.out_features, weight.in_features) != tuple(dense.shape):
+                raise QuantizationError(
+                    f"packed experts' {name} is [{weight.out_features}, {weight.in_features}], the layer's is "
+                    f"{list(dense.shape)}"
+                )
+        self.quantized = QuantizedExpertMatmuls(gate_up, down, self.num_experts)
+        cpu_linear.release_dense(self, "gate_up")
+        cpu_linear.release_dense(self, "down")
 
     def weight_targets(self, prefix: str, names: tuple[str, str, str]) -> dict[str, WeightTarget]:
         """Per-expert checkpoint tensors ``{prefix}.{e}.{gate|up|down}.weight``, ``names``
@@ -120,12 +119,11 @@ class GroupedExperts(torch.nn.Module):
 
 
 def _grouped_mm_fits(x: torch.Tensor, hidden: int, local: int) -> bool:
-    """Whether ``torch._grouped_mm`` takes this input: float32 on CPU; bfloat16 on CUDA
-    sm90+ with feature sizes that keep its 16-byte alignment."""
+    """Whether the products run as ``torch._grouped_mm``: bfloat16 on CUDA sm90+ with
+    feature sizes that keep its 16-byte alignment (on CPU the per-expert products are
+    faster: see ``expert_matmuls.py``)."""
     if not hasattr(torch, "_grouped_mm"):
         return False
-    if x.device.type == "cpu":
-        return x.dtype == torch.float32
     if x.device.type == "cuda":
         return (
             x.dtype == torch.bfloat16
@@ -135,16 +133,3 @@ def _grouped_mm_fits(x: torch.Tensor, hidden: int, local: int) -> bool:
         )
     return False
 
-
-def _expert_loop(rows: torch.Tensor, counts: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """The grouped products as a loop over the experts that received rows (one host
-    read of the counts per layer): the fallback where ``_grouped_mm`` does not fit."""
-    out = rows.new_empty(rows.shape[0], down.shape[-1])
-    start = 0
-    for expert, count in enumerate(counts.tolist()):
-        if count:
-            block = rows[start : start + count]
-            gate, up = (block @ gate_up[expert]).chunk(2, dim=-1)
-            out[start : start + count] = (F.silu(gate) * up) @ down[expert]
-            start += count
-    return out

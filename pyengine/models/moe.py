@@ -45,6 +45,8 @@ class SparseMoeBlock(torch.nn.Module):
         self.layout = moe.checkpoint_layout
         #: The block's name in checkpoint tensor names (``model.layers.{i}.<name>``).
         self.checkpoint_name = _BLOCK_NAMES[self.layout]
+        #: The experts' gate, up and down projections' names in checkpoint tensor names.
+        self.expert_names = _EXPERT_NAMES[self.layout]
         self.gate = SoftmaxTopKRouter(config.hidden_size, moe.num_experts, moe.top_k, moe.norm_topk_prob)
         self.experts = GroupedExperts(moe.num_experts, config.hidden_size, moe.expert_intermediate_size, parallel)
         self.shared_expert: Optional[GatedMLP] = None
@@ -67,7 +69,8 @@ class SparseMoeBlock(torch.nn.Module):
         return out
 
     def pack_for_cpu(self) -> None:
-        self.experts.pack_for_cpu()
+        """Packs the shared expert's linears; the routed experts stay as loaded (the
+        native kernels read that layout, see ``expert_matmuls.py``)."""
         if self.shared_expert is not None:
             self.shared_expert.pack_for_cpu()
 
@@ -75,7 +78,7 @@ class SparseMoeBlock(torch.nn.Module):
         """``prefix`` is the block's own (``model.layers.{i}.{checkpoint_name}``)."""
         targets = {
             **self.gate.weight_targets(f"{prefix}.gate.weight"),
-            **self.experts.weight_targets(f"{prefix}.experts", _EXPERT_NAMES[self.layout]),
+            **self.experts.weight_targets(f"{prefix}.experts", self.expert_names),
         }
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             targets.update(self.shared_expert.weight_targets(f"{prefix}.shared_expert"))

@@ -6,18 +6,21 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from pyengine.models.experts import GroupedExperts
 from pyengine.models.layers import ColumnParallelLinear, RowParallelLinear
 from pyengine.models.quantization.online import INT4_GROUP_SIZE, METHODS, quantize_weight
-from pyengine.models.quantization.packed import QuantizationError
+from pyengine.models.quantization.packed import PackedWeight, QuantizationError
 
 if TYPE_CHECKING:
     from pyengine.models.decoder import DecoderForCausalLM
 
 
 def quantize_model(model: "DecoderForCausalLM", method: str) -> None:
-    """Every linear of the decoder layers and the LM head (a tied embedding shares the
-    head's packed weight) replaced by its ``method`` PackedWeight, one at a time, so the
-    peak memory is the float model plus one float32 copy of the largest weight."""
+    """Every linear of the decoder layers, the routed experts of MoE layers (expert by
+    expert, stacked again) and the LM head (a tied embedding shares the head's
+    packed weight) replaced by its ``method`` PackedWeight, one at a time, so the peak
+    memory is the float model plus one float32 copy of the largest weight. The routers
+    stay float: they choose the experts."""
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, RowParallelLinear):
@@ -25,15 +28,36 @@ def quantize_model(model: "DecoderForCausalLM", method: str) -> None:
                 module.set_packed_weight(quantize_weight(module.weight, method))
             elif isinstance(module, ColumnParallelLinear):
                 module.set_packed_weight(quantize_weight(module.weight, method))
+            elif isinstance(module, GroupedExperts):
+                quantize_model_experts(module, method)
         model.set_packed_head(quantize_weight(model.output_embedding, method))
+
+
+def quantize_model_experts(experts: GroupedExperts, method: str) -> None:
+    """One MoE layer's routed experts replaced by ``method`` PackedWeights."""
+    with torch.no_grad():
+        _check_shard_start(experts.part.start, method)
+        experts.set_packed_weights(_per_expert(experts.gate_up, experts.num_experts, method),
+                                   _per_expert(experts.down, experts.num_experts, method))
+
+
+def _per_expert(stacked: torch.Tensor, num_experts: int, method: str) -> PackedWeight:
+    """A stacked expert parameter ([E * rows, in]) quantized one expert at a time (the
+    peak stays one expert's float32 temporaries), the parts stacked again."""
+    blocks = stacked.view(num_experts, -1, stacked.shape[1])
+    return PackedWeight.concat_rows([quantize_weight(block, method) for block in blocks])
 
 
 def _check_row_shard(linear: RowParallelLinear, method: str) -> None:
     """A row-parallel shard's groups must be the whole weight's groups (start on a boundary)."""
-    if method != "int4" or linear.input_shard.start % INT4_GROUP_SIZE == 0:
+    _check_shard_start(linear.input_shard.start, method)
+
+
+def _check_shard_start(start: int, method: str) -> None:
+    if method != "int4" or start % INT4_GROUP_SIZE == 0:
         return
     raise QuantizationError(
         f"quantization='int4' ({METHODS['int4']}): this rank's input features start at "
-        f"{linear.input_shard.start}, not a multiple of the group size {INT4_GROUP_SIZE}; "
+        f"{start}, not a multiple of the group size {INT4_GROUP_SIZE}; "
         "choose a tensor_parallel_size that splits the layer on group boundaries"
     )
