@@ -10,11 +10,14 @@ import torch
 from safetensors.torch import save_file
 
 from pyengine.models.decoder import DecoderForCausalLM
+from pyengine.models.layers import GatedMLP
+from pyengine.models.moe import SparseMoeBlock
 
 
 def dequantized_tensors(model: DecoderForCausalLM) -> dict[str, torch.Tensor]:
     """Hugging Face name -> float32 tensor of a model (world size 1) quantized at load: the
-    packed linears dequantized, the rest (norms) as they are."""
+    packed linears and routed experts dequantized, the rest (norms, MoE routers) as they
+    are. Dense, Qwen2/3-MoE and Mixtral layers."""
     tensors: dict[str, torch.Tensor] = {}
     for index, layer in enumerate(model.layers):
         prefix = f"model.layers.{index}"
@@ -27,9 +30,10 @@ def dequantized_tensors(model: DecoderForCausalLM) -> dict[str, torch.Tensor]:
             tensors.update({f"{prefix}.self_attn.q_proj.bias": qb, f"{prefix}.self_attn.k_proj.bias": kb,
                             f"{prefix}.self_attn.v_proj.bias": vb})
         tensors[f"{prefix}.self_attn.o_proj.weight"] = _dense(attn.o_proj)
-        gate, up = _dense(mlp.gate_up_proj).chunk(2)
-        tensors.update({f"{prefix}.mlp.gate_proj.weight": gate, f"{prefix}.mlp.up_proj.weight": up,
-                        f"{prefix}.mlp.down_proj.weight": _dense(mlp.down_proj)})
+        if isinstance(mlp, SparseMoeBlock):
+            tensors.update(_moe_tensors(mlp, f"{prefix}.{mlp.checkpoint_name}"))
+        else:
+            tensors.update(_mlp_tensors(mlp, f"{prefix}.mlp"))
         for name, norm in (("input_layernorm", layer.input_layernorm),
                            ("post_attention_layernorm", layer.post_attention_layernorm),
                            ("self_attn.q_norm", attn.q_norm), ("self_attn.k_norm", attn.k_norm)):
@@ -50,6 +54,33 @@ def write_dequantized_checkpoint(model: DecoderForCausalLM, source: Path, target
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "*.index.json"))
     save_file(dequantized_tensors(model), str(target / "model.safetensors"), metadata={"format": "pt"})
     return target
+
+
+def _mlp_tensors(mlp: GatedMLP, prefix: str) -> dict[str, torch.Tensor]:
+    gate, up = _dense(mlp.gate_up_proj).chunk(2)
+    return {f"{prefix}.gate_proj.weight": gate, f"{prefix}.up_proj.weight": up,
+            f"{prefix}.down_proj.weight": _dense(mlp.down_proj)}
+
+
+def _moe_tensors(block: SparseMoeBlock, prefix: str) -> dict[str, torch.Tensor]:
+    """The router as it is (float), every routed expert dequantized under the checkpoint's
+    names, and Qwen2-MoE's shared expert and its gate."""
+    experts = block.experts
+    if experts.quantized is None:
+        raise ValueError("the MoE layer's experts are not quantized")
+    count = experts.num_experts
+    gate_up = experts.quantized.gate_up_weight.dequantize().view(count, 2, -1, experts.hidden_size)
+    down = experts.quantized.down_weight.dequantize().view(count, experts.hidden_size, -1)
+    gate_name, up_name, down_name = block.expert_names
+    tensors = {f"{prefix}.gate.weight": block.gate.weight.detach()}
+    for expert in range(count):
+        base = f"{prefix}.experts.{expert}"
+        tensors.update({f"{base}.{gate_name}.weight": gate_up[expert, 0], f"{base}.{up_name}.weight": gate_up[expert, 1],
+                        f"{base}.{down_name}.weight": down[expert]})
+    if block.shared_expert is not None and block.shared_expert_gate is not None:
+        tensors.update(_mlp_tensors(block.shared_expert, f"{prefix}.shared_expert"))
+        tensors[f"{prefix}.shared_expert_gate.weight"] = block.shared_expert_gate.weight.detach()
+    return tensors
 
 
 def _dense(linear: torch.nn.Module) -> torch.Tensor:
