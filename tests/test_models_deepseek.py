@@ -15,6 +15,7 @@ from pyengine import LLM, SamplingParams
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.latent_kv_cache import LatentKVCacheShape
 from pyengine.executor.model_runner import ModelRunner
+from pyengine.models.experts import GroupedExperts
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.deepseek_checkpoints import DEEPSEEK_MOE, set_correction_bias
 from pyengine.testing.hand_plan import HandPlanner
@@ -152,8 +153,8 @@ def test_bfloat16_on_cpu_takes_the_gather_path_and_tracks_float32(dense_checkpoi
 
 
 def test_int8_quantization_leaves_the_up_projections_dense(checkpoint):
-    """Online int8 quantizes the linears; kv_b_proj, read per head by the absorbed
-    attention, stays dense, and the logits stay near the float model's."""
+    """Online int8 quantizes the linears and the routed experts; kv_b_proj, read per head
+    by the absorbed attention, stays dense, and the logits stay near the float model's."""
     settings = dict(max_num_seqs=4, max_model_len=256, num_kv_blocks=32)
     prompt = np.random.default_rng(2).integers(0, VOCAB, 20).tolist()
     logits = []
@@ -164,6 +165,9 @@ def test_int8_quantization_leaves_the_up_projections_dense(checkpoint):
         logits.append(runner.execute(planner.next_plan(), return_logits=True).logits)
     attention = runner.model.layers[0].self_attn
     assert attention.o_proj.quantized is not None and attention.kv_b_proj.weight.device.type == "cpu"
+    routed = [module for module in runner.model.modules() if isinstance(module, GroupedExperts)]
+    assert bool(routed) == (runner.model.config.deepseek_moe is not None)  # the MoE variants have experts
+    assert all(experts.quantized is not None for experts in routed)
     assert torch.allclose(logits[0], logits[1], atol=0.1)
 
 
