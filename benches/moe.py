@@ -13,9 +13,11 @@ decoding ``--output-len`` (128) tokens, greedy, ignore_eos, all in one batch
 tokens and one step), the median of ``--repeats`` runs that alternate dense and MoE (a
 fresh engine each, start-up and a warm-up not timed), and ``moe / dense``.
 
-Bar: MoE >= 0.7x the dense model's tokens/s.
+Bar: MoE >= 0.7x the dense model's tokens/s. ``--quantization int8`` (or ``int4``) runs
+both models quantized at load (the MoE's routed experts included).
 
     python benches/moe.py [--json] [--batch N] [--repeats N] [--experts N] [--top-k N]
+                          [--quantization int8|int4]
 """
 
 from __future__ import annotations
@@ -48,12 +50,14 @@ def moe_checkpoint(folder: Path, experts: int, top_k: int) -> Path:
     )
 
 
-def decode_rate(folder: Path, batch: int, prompt_len: int, output_len: int) -> float:
+def decode_rate(folder: Path, batch: int, prompt_len: int, output_len: int,
+                quantization: str | None = None) -> float:
     """Output tokens per second for one batch of ``batch`` requests."""
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, VOCAB_SIZE, prompt_len).tolist() for _ in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    with LLM(str(folder), dtype="float32", max_num_seqs=batch, max_model_len=prompt_len + output_len + 16) as llm:
+    with LLM(str(folder), dtype="float32", max_num_seqs=batch, max_model_len=prompt_len + output_len + 16,
+             quantization=quantization) as llm:
         llm.generate(prompts[:batch], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)  # warm-up
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
@@ -73,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--top-k", type=int, default=2)
+    parser.add_argument("--quantization", choices=["int8", "int4"], default=None)
     args = parser.parse_args(argv)
     logging.getLogger("pyengine").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
@@ -81,13 +86,14 @@ def main(argv: list[str] | None = None) -> None:
         runs: dict[str, list[float]] = {"dense": [], "moe": []}
         for _ in range(args.repeats):
             for name, folder in (("dense", dense), ("moe", moe)):
-                runs[name].append(decode_rate(folder, args.batch, args.prompt_len, args.output_len))
+                runs[name].append(decode_rate(folder, args.batch, args.prompt_len, args.output_len, args.quantization))
     medians = {name: statistics.median(values) for name, values in runs.items()}
     ratio = medians["moe"] / medians["dense"]
     result = {
         "bench": "moe",
         "workload": {"batch": args.batch, "prompt_len": args.prompt_len, "output_len": args.output_len,
-                     "repeats": args.repeats, "experts": args.experts, "top_k": args.top_k},
+                     "repeats": args.repeats, "experts": args.experts, "top_k": args.top_k,
+                     "quantization": args.quantization},
         "dense_tokens_per_s": round(medians["dense"], 1),
         "moe_tokens_per_s": round(medians["moe"], 1),
         "moe_over_dense": round(ratio, 3),
