@@ -16,14 +16,12 @@ dequantize-then-matmul (``reference_matmul``) on wider ones.
 
 Why not ``torch._grouped_mm`` on CPU: PyTorch 2.15's CPU implementation is a loop of
 ``mm`` over the groups; it is fast only on input-major copies of the weights
-(``[E, in, out]``), twice as slow on views of the checkpoint's layout, and the native
-kernels need the checkpoint's layout: keeping both would double the experts' memory. On
-the bench's layer (8 experts of 384 features, hidden 256, 64 tokens top-2, float32, one
-thread, 2 shared and loaded cores; minimum of 300 calls) the two grouped products took
-3.1 ms, the native kernels 2.1 ms and the dense MLP of the same active size 1.3 ms. At
-1024 prefill tokens a loop of ``mm`` on the loaded layout took what ``_grouped_mm`` on
-the copies did (92 vs 94 ms). The loop runs over the experts that got rows (one host
-read of the counts per layer), never over tokens.
+(``[E, in, out]``; twice as slow on views of the checkpoint's layout), and the native
+kernels, float and quantized, read the checkpoint's layout: one layout serves both. On
+``benches/moe_layer.py``'s layer (2 cores under heavy load) the two paths took the same
+time within the noise; at 1024 prefill tokens a loop of ``mm`` on the loaded layout took
+what ``_grouped_mm`` on the copies did (92 vs 94 ms). The loop runs over the experts that
+got rows (one host read of the counts per layer), never over tokens.
 """
 
 from __future__ import annotations
