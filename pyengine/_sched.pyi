@@ -140,11 +140,13 @@ class Request:
         cache_salt: str | None = None,
         sample_params: list[object] | None = None,
         constraint: CompiledConstraint | None = None,
+        no_spec: bool = False,
     ) -> Self:
         """``sample_params``: none, or one object per sample (its sampling or pooling
         parameters), handed to the executor in ``StepPlan.new_params``. ``constraint``:
         a compiled grammar every sample's output must match (each sample its own
-        matcher)."""
+        matcher). ``no_spec``: never propose drafts for it (the executor would refuse
+        them: its logits processors follow its output), so it keeps the pipeline overlap."""
     @property
     def request_id(self) -> str: ...
     @property

@@ -155,3 +155,14 @@ def test_a_draft_model_through_the_engine(checkpoint, prompts, reference, tmp_pa
     if draft == "target":
         assert stats.scheduler["spec_accepted_tokens"] == stats.scheduler["spec_draft_tokens"]
     assert stats.kv_usage == 0.0
+
+
+def test_requests_whose_drafts_the_executor_refuses_are_never_proposed_for(checkpoint, prompts):
+    """min_tokens (like bad_words and custom processors) makes the executor refuse every
+    draft: the scheduler marks such requests no_spec and never runs the proposer for them."""
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, min_tokens=4)
+    off, _ = generate(checkpoint, prompts[:6], params)
+    on, stats = generate(checkpoint, prompts[:6], params, speculative_config=spec("ngram"))
+    assert on == off
+    assert stats.scheduler["spec_proposals"] == 0
+    assert stats.scheduler["spec_draft_tokens"] == 0

@@ -246,7 +246,15 @@ class EngineCore:
             stop_token_ids=list(params.stop_token_ids or []), priority=priority, n=candidates,
             sample_params=[sample_params(for_executor, i) for i in range(candidates)],
             constraint=constraint, cache_salt=own_cache_salt(request_id, params),
+            no_spec=self._refuses_drafts(params),
         )
+
+    def _refuses_drafts(self, params: SamplingParams) -> bool:
+        """Whether the executor would refuse every draft of this request (its logits
+        processors follow its output: ``min_tokens``, ``bad_words``, or any custom
+        processor, ``LogitsPipeline.follows_output``): the scheduler then never proposes
+        for it, and it keeps the pipeline overlap."""
+        return bool(self.processor_classes) or params.min_tokens > 0 or bool(params._bad_words_token_ids)
 
     def _request_state(self, request_id: str, request: BuiltRequest, sink: OutputSink, kind: OutputKind,
                        make_text: bool) -> RequestState:

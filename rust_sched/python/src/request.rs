@@ -61,6 +61,7 @@ impl PyRequest {
         cache_salt = None,
         sample_params = None,
         constraint = None,
+        no_spec = false,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -78,6 +79,7 @@ impl PyRequest {
         cache_salt: Option<String>,
         sample_params: Option<Vec<Bound<'_, PyAny>>>,
         constraint: Option<PyRef<'_, PyCompiledConstraint>>,
+        no_spec: bool,
     ) -> PyResult<Self> {
         let non_negative = |name: &str, v: i64| {
             usize::try_from(v)
@@ -96,6 +98,7 @@ impl PyRequest {
             cache_salt,
             sample_attachments: sample_attachments(py, &request_id, sample_params)?,
             constraint: constraint.map(|c| c.handle.clone()),
+            no_spec,
             request_id,
         };
         Ok(PyRequest { spec })

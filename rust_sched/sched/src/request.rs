@@ -44,6 +44,10 @@ pub struct RequestSpec {
     /// A compiled grammar every sample's output must match (each sample gets its own
     /// matcher).
     pub constraint: Option<ConstraintHandle>,
+    /// Never propose drafts for its samples: the executor would refuse them (its logits
+    /// processors follow its output: `min_tokens`, `bad_words`, custom processors), so
+    /// drafting would only cost it the pipeline overlap.
+    pub no_spec: bool,
 }
 
 impl RequestSpec {

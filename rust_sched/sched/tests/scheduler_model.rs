@@ -383,6 +383,7 @@ impl Model {
             // (again after a preemption) can be checked to carry its own.
             sample_attachments: (0..g.n as u64).map(|i| Attachment::new(self.next_seq + i)).collect(),
             constraint: None,
+            no_spec: false,
         }
     }
 

@@ -11,8 +11,8 @@ use super::Scheduler;
 
 impl Scheduler {
     /// Whether the sequence may get drafts at all: speculation is on, it samples, no
-    /// grammar constrains it (drafts are not checked against grammars: see the docs), and
-    /// the adaptive rule has not turned it off.
+    /// grammar constrains it (drafts are not checked against grammars: see the docs), its
+    /// request was not marked `no_spec`, and the adaptive rule has not turned it off.
     pub(super) fn may_speculate(&self, seq_index: SeqIndex) -> bool {
         let seq = self.seq(seq_index).expect("live sequence");
         self.config.speculates() && !seq.pooling && !seq.constrained && !seq.spec.off

@@ -286,6 +286,7 @@ impl Scheduler {
             seq.attachment = spec.sample_attachments.get(index).cloned();
             seq.matcher = spec.constraint.as_ref().map(Matcher::start);
             seq.constrained = seq.matcher.is_some();
+            seq.spec.off = spec.no_spec;
             if index == 0 && self.config.enable_prefix_caching {
                 seq.update_hashes(self.config.block_size);
             }

@@ -526,3 +526,21 @@ fn an_output_ended_by_a_stop_string_is_not_kept_for_suffix_proposals() {
     assert!(!s.has_unfinished());
     assert_eq!(s.suffix_cache.as_ref().unwrap().num_docs(), 1);
 }
+
+#[test]
+fn a_no_spec_request_is_never_proposed_for_and_keeps_the_overlap() {
+    let mut cfg = config(32, 3, SpecMethod::Ngram);
+    cfg.pipeline_depth = 2;
+    let mut s = Scheduler::new(cfg).unwrap();
+    s.add_request(RequestSpec { no_spec: true, ..request("a", vec![1, 2, 3, 4, 5, 6, 1, 2], 20) }).unwrap();
+    let p0 = s.schedule().unwrap();
+    let p1 = s.schedule().expect("planned behind a placeholder, not waiting for drafts");
+    assert_eq!(p1.input_ids, vec![crate::plan::PLACEHOLDER_TOKEN]);
+    s.apply_result(p0.step_id, &[3]).unwrap();
+    // "1 2 3" occurred before: a sequence that may draft would be proposed 4 5 6 now.
+    let p2 = s.schedule().unwrap();
+    assert!(p2.num_draft_tokens.is_empty());
+    assert_eq!(s.snapshot().spec.proposals, 0, "the proposer never ran for it");
+    assert_eq!(s.snapshot().spec.disabled_sequences, 0, "not counted as turned off by the adaptive rule");
+    s.check_invariants().unwrap();
+}

@@ -60,7 +60,8 @@ pub struct SpecRecord {
     pub accepted: f32,
     /// Drafts verified in all (not weighted), for the warm-up.
     pub seen: u32,
-    /// The adaptive rule turned speculation off for this sequence.
+    /// No drafts for this sequence: the adaptive rule turned speculation off, or its
+    /// request came with `no_spec`.
     pub off: bool,
     /// Placeholder steps left before the sequence waits for its result again to look for
     /// drafts (set when a proposal found none: see [`RETRY_AFTER_EMPTY`]).
