@@ -251,6 +251,10 @@ class StepPlan:
     def draft_token_ids(self) -> npt.NDArray[np.int64]:
         """[D] the drafts, flat, sequence by sequence (also in ``input_ids``)."""
     @property
+    def propose_indices(self) -> npt.NDArray[np.int32]:
+        """[Q] indices into the S sampled sequences (sample order) whose next step's drafts
+        the executor proposes (method "executor"; empty otherwise): those that may draft."""
+    @property
     def num_seqs(self) -> int: ...
     @property
     def num_tokens(self) -> int: ...

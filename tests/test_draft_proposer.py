@@ -81,3 +81,41 @@ def test_a_draft_with_another_vocabulary_is_refused(target, tmp_path):
     wrong = make_tiny_checkpoint(tmp_path / "wrong", "qwen3", vocab_size=300)
     with pytest.raises(InvalidConfigError, match="share the target's vocabulary"):
         _runner(target, draft=wrong)
+
+
+def test_the_draft_model_proposes_only_for_the_sequences_the_plan_names(target):
+    """``propose_indices`` (the scheduler's: sequences that may draft) limits the proposal
+    forwards to those rows; the others get a count of 0, the named ones the drafts they
+    get when every sequence is proposed for."""
+    outputs = []
+    for named in (None, np.array([1, 3], dtype=np.int32)):
+        runner = _runner(target, draft=target)
+        proposed_rows: list[int] = []
+        propose = runner.proposer.propose
+
+        def recording(rows, *args, _propose=propose, _seen=proposed_rows):
+            _seen.extend(np.asarray(rows).tolist())
+            return _propose(rows, *args)
+
+        runner.proposer.propose = recording
+        planner = HandPlanner(num_blocks=runner.num_kv_blocks, max_rows=8)
+        for p in PROMPTS:
+            planner.add(p, GREEDY)
+        plan = planner.next_plan()
+        plan.propose_indices = named
+        out = runner.execute(plan)
+        outputs.append((out.next_drafts, sorted(proposed_rows), plan.sample_rows))
+    (all_counts, all_tokens), all_rows, sample_rows = outputs[0]
+    (counts, tokens), rows, _ = outputs[1]
+    assert all_rows == sorted(np.asarray(sample_rows).tolist())
+    assert rows == sorted(np.asarray(sample_rows)[[1, 3]].tolist()), "the draft ran for the named rows only"
+    assert counts.tolist() == [0, K, 0, K]
+    per_seq = np.split(all_tokens, np.cumsum(all_counts)[:-1])
+    assert tokens.tolist() == per_seq[1].tolist() + per_seq[3].tolist()
+    empty = HandPlanner(num_blocks=64, max_rows=8)
+    empty.add(PROMPTS[0], GREEDY)
+    plan = empty.next_plan()
+    plan.propose_indices = np.zeros(0, dtype=np.int32)
+    runner = _runner(target, draft=target)
+    counts, tokens = runner.execute(plan).next_drafts
+    assert counts.tolist() == [0] and len(tokens) == 0

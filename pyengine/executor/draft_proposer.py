@@ -6,8 +6,10 @@ loader, with its own KV cache indexed by the target's block tables and slot mapp
 1. every step, after the target's, the draft runs over the same tokens at the same
    positions and slots, so its cache mirrors the target's (the KV of drafts the target
    rejects is garbage in both, overwritten by the next step);
-2. then, for each sampled sequence, it proposes k tokens greedily, one forward per draft,
-   starting from the token just emitted. Those positions' blocks may not be allocated
+2. then, for each sampled sequence the plan names in ``propose_indices`` (those that may
+   draft and have room for one: not constrained, pooling, turned off by the adaptive rule
+   or refused by the executor, nor at their last token), it proposes k tokens greedily,
+   one forward per draft, starting from the token just emitted. Those positions' blocks may not be allocated
    yet (the scheduler reserves them when it plans the next step), so the proposal
    forwards write into scratch blocks of the draft's own cache: each row's block that
    holds the first proposal position is copied into the row's scratch blocks and the
@@ -63,8 +65,11 @@ class DraftProposer:
         self.model(input_ids, positions, self.backend.bind(self.kv_cache, layout))
 
     def propose_after(self, plan: Any, output: Any, block_table: torch.Tensor) -> Optional[tuple[np.ndarray, np.ndarray]]:
-        """The next step's drafts for every sequence ``plan`` sampled (in sample order),
-        from the tokens ``output`` emitted (with drafts: each sequence's last one)."""
+        """The next step's drafts for the sequences ``plan`` sampled (counts for all, in
+        sample order), from the tokens ``output`` emitted (with drafts: each sequence's
+        last one). Only those the plan names in ``propose_indices`` are proposed for (the
+        scheduler's: they may draft and have room for one); a plan without the field (a
+        hand-built one) means every sampled sequence."""
         if not len(plan.logits_indices):
             return None
         counts = getattr(plan, "num_draft_tokens", None)
@@ -77,8 +82,18 @@ class DraftProposer:
             rows, last_entry = np.asarray(plan.sample_rows), np.arange(len(plan.logits_indices))
             last = output.sampled_token_ids
         next_positions = np.asarray(plan.positions)[np.asarray(plan.logits_indices)[last_entry]] + 1
-        return self.propose(rows, torch.from_numpy(np.asarray(last, dtype=np.int64)).to(self.device), next_positions,
-                            block_table)
+        last = np.asarray(last, dtype=np.int64)
+        wanted = getattr(plan, "propose_indices", None)
+        if wanted is None:
+            return self.propose(rows, torch.from_numpy(last).to(self.device), next_positions, block_table)
+        wanted = np.asarray(wanted, dtype=np.int64)
+        counts = np.zeros(len(rows), dtype=np.int32)
+        if not len(wanted):
+            return counts, np.zeros(0, dtype=np.int64)
+        some, tokens = self.propose(rows[wanted], torch.from_numpy(last[wanted]).to(self.device),
+                                    next_positions[wanted], block_table)
+        counts[wanted] = some  # ascending indices: the tokens are in sample order already
+        return counts, tokens
 
     def propose(self, rows: np.ndarray, last_tokens: torch.Tensor, positions: np.ndarray,
                 block_table: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:

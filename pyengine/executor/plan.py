@@ -46,6 +46,7 @@ class StepPlanLike(Protocol):
     grammar_mask: Optional[Any]
     num_draft_tokens: np.ndarray
     draft_token_ids: np.ndarray
+    propose_indices: Optional[np.ndarray]
 
 
 @dataclass
@@ -79,6 +80,9 @@ class HandBuiltPlan:
     #: [S] drafts per sampled sequence (empty: no drafts in the step), and the drafts.
     num_draft_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     draft_token_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    #: [Q] sampled sequences (indices in sample order) the executor's draft model proposes
+    #: for; None (hand-built plans only): every sampled sequence.
+    propose_indices: Optional[np.ndarray] = None
 
 
 def last_sample_per_row(plan: StepPlanLike, sampled: np.ndarray,

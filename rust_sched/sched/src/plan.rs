@@ -42,6 +42,10 @@ pub struct StepPlan {
     /// `[D]` the drafts, flat, sequence by sequence (they are also in `input_ids`, after
     /// each such sequence's last committed token).
     pub draft_token_ids: Vec<i64>,
+    /// `[Q]` indices into the `S` sampled sequences (sample order) whose next step's drafts
+    /// the executor proposes (method "executor" only, else empty): those that may draft
+    /// and have room for one. The executor's proposer runs for these alone.
+    pub propose_indices: Vec<i32>,
     /// `[P]` indices into `rows` of pooling sequences whose whole prompt is in this step.
     pub pool_indices: Vec<i32>,
     /// `[B]` block-table writes: `block_table[rows[i], cols[i]] = ids[i]`.

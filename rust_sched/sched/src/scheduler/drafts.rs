@@ -18,6 +18,13 @@ impl Scheduler {
         self.config.speculates() && !seq.pooling && !seq.constrained && !seq.spec.off
     }
 
+    /// Whether the executor should propose drafts for the sequence's next step, once the
+    /// sample just planned is in (`StepPlan::propose_indices`): it may draft and has room
+    /// for one.
+    pub(super) fn wants_executor_drafts(&self, seq_index: SeqIndex) -> bool {
+        self.may_speculate(seq_index) && self.draft_room(seq_index) > 0
+    }
+
     /// Room for drafts left by the sequence's limits (max_tokens, max_model_len) once its
     /// pending samples are in: each verified step also adds one token of its own.
     fn draft_room(&self, seq_index: SeqIndex) -> usize {

@@ -5,6 +5,7 @@ use crate::block_pool::BlockId;
 use crate::constraint::MaskTicket;
 use crate::plan::{StepPlan, PLACEHOLDER_TOKEN};
 use crate::request::{SeqIndex, SeqState};
+use crate::spec::SpecMethod;
 
 use super::{InflightStep, Scheduler};
 
@@ -349,6 +350,7 @@ impl Scheduler {
         }
         let row = seq.row().expect("scheduled sequence has a row") as i32;
         let index = plan.rows.len() as i32;
+        let mut sampled_at = None;
         plan.rows.push(row);
         plan.num_scheduled_tokens.push(n as i32);
         plan.query_start_loc.push(plan.input_ids.len() as i32);
@@ -391,6 +393,7 @@ impl Scheduler {
                 step.mask_words = step.mask_words.max(seq.matcher.as_ref().map_or(1, |m| m.mask_words));
             }
             step.sampled.push(seq_index);
+            sampled_at = Some(step.sampled.len() - 1);
         }
         // (The index, in the block table's cache line, is only read at the end of a prompt.)
         if start < seq.prompt_len() && end >= seq.prompt_len() && seq.sample_index == 0 {
@@ -415,6 +418,12 @@ impl Scheduler {
                 }
             }
             seq.num_registered = full as u32;
+        }
+        if let Some(k) = sampled_at {
+            if self.config.speculative_method == SpecMethod::Executor && self.wants_executor_drafts(seq_index)
+            {
+                plan.propose_indices.push(k as i32);
+            }
         }
     }
 

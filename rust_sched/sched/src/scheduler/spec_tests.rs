@@ -544,3 +544,26 @@ fn a_no_spec_request_is_never_proposed_for_and_keeps_the_overlap() {
     assert_eq!(s.snapshot().spec.disabled_sequences, 0, "not counted as turned off by the adaptive rule");
     s.check_invariants().unwrap();
 }
+
+#[test]
+fn the_plan_names_the_sequences_the_executor_proposes_for() {
+    let mut s = Scheduler::new(config(32, 2, SpecMethod::Executor)).unwrap();
+    s.add_request(request("free", vec![1, 2, 3], 20)).unwrap();
+    s.add_request(RequestSpec { no_spec: true, ..request("no", vec![1, 2, 3], 20) }).unwrap();
+    // One output and max_tokens 2: its next step has no room for a draft.
+    s.add_request(request("short", vec![1, 2, 3], 2)).unwrap();
+    let script = [4, 5, 6, 7].map(Some).to_vec();
+    let grammar = ConstraintHandle(Arc::new(crate::constraint::testing::Script(script, 1)));
+    s.add_request(RequestSpec { constraint: Some(grammar), ..request("g", vec![1, 2, 3], 20) }).unwrap();
+    let mut p = request("pool", vec![1, 2, 3], 1);
+    p.pooling = true;
+    p.max_tokens = 0;
+    s.add_request(p).unwrap();
+    let p0 = s.schedule().unwrap();
+    assert_eq!(p0.num_samples(), 4, "the pooling prompt is not sampled");
+    assert_eq!(p0.propose_indices, vec![0], "only the first may draft in its next step");
+    // Off for other methods.
+    let mut n = Scheduler::new(config(32, 2, SpecMethod::Ngram)).unwrap();
+    n.add_request(request("free", vec![1, 2, 3], 20)).unwrap();
+    assert!(n.schedule().unwrap().propose_indices.is_empty());
+}
