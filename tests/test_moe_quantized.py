@@ -1,10 +1,12 @@
 """Mixture-of-experts models quantized at load (``quantization="int8"`` / ``"int4"``): the
 routed experts are quantized with the linears (the routers stay float), and the model
 matches Hugging Face transformers running the dequantized weights: prefill logits within
-float32 rounding, greedy tokens equal (decode steps run the native integer kernels)."""
+float32 rounding, greedy tokens equal (decode steps run the native integer kernels); at
+tensor parallel size 2 the logits of size 1."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -16,6 +18,7 @@ from pyengine.models.moe import SparseMoeBlock
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.dequantized import write_dequantized_checkpoint
 from pyengine.testing.hand_plan import HandPlanner
+from pyengine.testing.tp_ranks import generate_on_rank, run_ranks
 
 # Every input width a multiple of 128 (int4's group): hidden, expert and shared sizes.
 SHAPES = {
@@ -75,3 +78,18 @@ def test_greedy_tokens_equal_the_dequantized_reference(checkpoint, method, tmp_p
     with LLM(str(checkpoint), quantization=method, max_model_len=256) as llm:
         ours = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
     assert ours == theirs
+
+
+def test_int4_experts_at_tensor_parallel_two_give_the_logits_of_one(tmp_path):
+    """Each rank quantizes its slice of every expert; with every rank's share of the
+    experts' (and attention's, MLP's) input features a multiple of int4's group of 128,
+    the integers are those of the whole weight cut, so two ranks give one rank's logits.
+    (int8's one scale per output channel is taken over a row-parallel shard's columns: a
+    different quantization at each size, for the dense linears as for the experts.)"""
+    shape = dict(SHAPES["qwen3_moe"], moe_intermediate_size=256)  # 128 features per rank
+    checkpoint = make_tiny_checkpoint(tmp_path / "m", "qwen3_moe", **shape)
+    generate_on_rank(str(checkpoint), str(tmp_path / "tp1.npy"), 0, 1, 0, PROMPTS, 6, "int4")
+    run_ranks(checkpoint, tmp_path / "tp2.npy", 2, PROMPTS, 6, quantization="int4")
+    one, two = np.load(tmp_path / "tp1.npy"), np.load(tmp_path / "tp2.npy")
+    assert one.shape == two.shape and one.shape[0] >= 6
+    np.testing.assert_allclose(two, one, atol=ATOL, rtol=RTOL)
