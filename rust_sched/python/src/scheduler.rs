@@ -67,6 +67,7 @@ pub fn snapshot_dict<'py>(py: Python<'py>, s: &SchedulerSnapshot) -> PyResult<Bo
     d.set_item("masks_computed", c.masks_computed)?;
     d.set_item("mask_seconds", c.mask_ns as f64 * 1e-9)?;
     d.set_item("grammar_dead_ends", c.dead_ends)?;
+    d.set_item("kv_blocks_freed_behind_window", c.window_freed_blocks)?;
     let spec = &s.spec;
     d.set_item("spec_drafts", spec.drafts)?;
     d.set_item("spec_draft_tokens", spec.draft_tokens)?;

@@ -24,6 +24,11 @@ use crate::lru::LruList;
 
 pub type BlockId = u32;
 
+/// A block-table entry whose block went back to the pool because every layer's sliding
+/// window has passed it (`kv_groups.rs`): it is never read again, and never a real block
+/// (the pool holds fewer than `u32::MAX` blocks).
+pub const NULL_BLOCK: BlockId = BlockId::MAX;
+
 /// Returned by [`BlockPool::try_allocate`] when the pool cannot serve the request; nothing
 /// was taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,6 +200,38 @@ impl BlockPool {
             match self.cached.get(h) {
                 Some(&b) => out.push(b),
                 None => break,
+            }
+        }
+    }
+
+    /// The longest cached prefix a sliding-window attention can resume from: the largest
+    /// `k <= hashes.len()` such that the blocks a query at the hit point still reads,
+    /// `behind(k)..k`, are all cached (the blocks before them need not be: their hashes
+    /// chain, so a cached block vouches for the whole prefix before it). Fills `out` with
+    /// those blocks and returns `behind(k)`, the leading blocks the hit skips; the hit is
+    /// `behind(k) + out.len()` blocks. Scans from the end, as runs of cached blocks.
+    pub fn longest_cached_window(
+        &self,
+        hashes: &[BlockHash],
+        behind: impl Fn(usize) -> usize,
+        out: &mut Vec<BlockId>,
+    ) -> usize {
+        out.clear();
+        if !self.enable_caching {
+            return 0;
+        }
+        // Blocks i..end are cached; end is a candidate hit.
+        let mut end = hashes.len();
+        let mut i = end;
+        loop {
+            let skip = behind(end).min(end);
+            if i <= skip {
+                out.extend(hashes[skip..end].iter().map(|h| self.cached[h]));
+                return skip;
+            }
+            i -= 1;
+            if !self.cached.contains_key(&hashes[i]) {
+                end = i;
             }
         }
     }

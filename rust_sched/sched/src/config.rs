@@ -1,6 +1,7 @@
 //! Scheduler configuration: one validated value passed explicitly.
 
 use crate::error::{SchedError, SchedResult};
+use crate::kv_groups::{self, KvGroup};
 use crate::spec::{SpecMethod, MAX_SPECULATIVE_TOKENS};
 
 /// Order in which waiting requests are admitted and running ones are preempted.
@@ -66,6 +67,10 @@ pub struct SchedulerConfig {
     /// Adaptive speculation: a sequence whose running acceptance rate falls below this,
     /// after a warm-up, gets no more drafts (0 = never).
     pub spec_min_acceptance: f64,
+    /// The model's layers grouped by attention need (`kv_groups.rs`); empty: every layer
+    /// sees the whole context. When every group is windowed, blocks behind the widest
+    /// window are freed while a sequence runs.
+    pub kv_groups: Vec<KvGroup>,
 }
 
 impl Default for SchedulerConfig {
@@ -86,6 +91,7 @@ impl Default for SchedulerConfig {
             prompt_lookup_min: 1,
             prompt_lookup_max: 3,
             spec_min_acceptance: 0.1,
+            kv_groups: Vec::new(),
         }
     }
 }
@@ -126,6 +132,7 @@ impl SchedulerConfig {
                 self.max_num_batched_tokens, self.max_num_seqs
             )));
         }
+        kv_groups::validate(&self.kv_groups)?;
         self.validate_speculation()
     }
 
@@ -162,6 +169,11 @@ impl SchedulerConfig {
     /// Whether drafts are planned at all.
     pub fn speculates(&self) -> bool {
         self.num_speculative_tokens > 0
+    }
+
+    /// The window behind which blocks are freed while a sequence runs (`kv_groups.rs`).
+    pub fn shared_window(&self) -> Option<usize> {
+        kv_groups::shared_window(&self.kv_groups)
     }
 
     /// Blocks needed to hold `tokens` tokens.

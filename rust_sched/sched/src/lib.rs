@@ -15,6 +15,7 @@ pub mod constraint;
 pub mod engine;
 pub mod error;
 pub mod kv_events;
+pub mod kv_groups;
 mod lru;
 pub mod plan;
 pub mod request;
@@ -23,13 +24,14 @@ pub mod sim;
 pub mod spec;
 
 pub use attachment::Attachment;
-pub use block_pool::{BlockId, BlockPool, PoolUsage, PrefixCacheStats};
+pub use block_pool::{BlockId, BlockPool, PoolUsage, PrefixCacheStats, NULL_BLOCK};
 pub use config::{Policy, SchedulerConfig};
 pub use constraint::{
     Advance, Constraint, ConstraintHandle, ConstraintState, GrammarMask, MaskTicket, MaskWait,
 };
 pub use engine::{DraftResult, EngineHandle, SchedulerThreadStats};
 pub use error::{panic_message, SchedError, SchedResult};
+pub use kv_groups::KvGroup;
 pub use plan::{FinishReason, OutputEvent, StepPlan, FINISH_REASONS, PLACEHOLDER_TOKEN};
 pub use request::{RequestSpec, SeqId};
 pub use scheduler::{Scheduler, SchedulerCounters, SchedulerSnapshot, SpecResult, SpecStats};

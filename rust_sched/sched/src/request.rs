@@ -186,6 +186,9 @@ pub struct Sequence {
     /// Leading entries of `blocks` reused rather than computed (prefix-cache hits, or a
     /// sibling's prompt blocks) at the latest admission.
     pub num_shared_blocks: u32,
+    /// Leading entries of `blocks` handed back because every layer's window has passed
+    /// them: each is [`NULL_BLOCK`](crate::block_pool::NULL_BLOCK) (`kv_groups.rs`).
+    pub num_window_freed: u32,
     /// Sample index within its request (0..n).
     pub sample_index: u32,
     pub request_id: Arc<str>,
@@ -286,6 +289,7 @@ impl Sequence {
             staged: [0; STAGED_TOKENS],
             blocks: Vec::new(),
             num_shared_blocks: 0,
+            num_window_freed: 0,
             sample_index,
             request_id,
             hashes: Vec::new(),

@@ -13,15 +13,23 @@
 //! (max_tokens, min_tokens, EOS, stop ids) computed independently. A failed step writes
 //! poison into its slots, so KV reused from it is caught by the same content check.
 //!
+//! With every KV group windowed (`kv_groups.rs`), the model derives on its own which
+//! leading blocks each scheduled row no longer reads (those behind the window of its first
+//! query); they must be gone from the pool's owners, table writes skip them, and each row
+//! re-reads only the positions its window reaches, so a block freed too early shows up as
+//! a content mismatch. Some cases are hybrid (a full group beside a windowed one): nothing
+//! is freed early then.
+//!
 //! `PROPTEST_CASES=N` changes the case count of both properties (defaults: 512 and 256).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use proptest::prelude::*;
 use proptest::sample::Index;
+use pyengine_sched::kv_groups::blocks_behind;
 use pyengine_sched::sim::{fake_token, FakeExecutor};
 use pyengine_sched::{
-    Attachment, FinishReason, Policy, RequestSpec, SchedError, Scheduler, SchedulerConfig, StepPlan,
+    Attachment, FinishReason, KvGroup, Policy, RequestSpec, SchedError, Scheduler, SchedulerConfig, StepPlan,
     PLACEHOLDER_TOKEN,
 };
 
@@ -30,6 +38,8 @@ const PROMPT_VOCAB: u32 = 4;
 /// Sampled tokens too, so that EOS and stop ids are drawn often.
 const SAMPLE_VOCAB: u32 = 8;
 const MAX_PROMPT: usize = 80;
+/// A table entry behind the window, in the model's tables.
+const NULL_ENTRY: i32 = -1;
 /// KV content of a slot whose step failed.
 const POISON: u64 = 0xDEAD_BEEF;
 
@@ -94,20 +104,39 @@ fn config_strategy() -> impl Strategy<Value = SchedulerConfig> {
         any::<bool>(),
         any::<bool>(),
         1usize..=2,
+        kv_groups_strategy(),
     )
-        .prop_map(|(bs, pool_tokens, seqs, extra, mml, thr, caching, prio, depth)| SchedulerConfig {
-            num_blocks: pool_tokens.div_ceil(bs),
-            block_size: bs,
-            max_num_seqs: seqs,
-            max_num_batched_tokens: seqs + extra,
-            max_model_len: mml,
-            long_prefill_token_threshold: thr,
-            enable_prefix_caching: caching,
-            enable_kv_events: false,
-            policy: if prio { Policy::Priority } else { Policy::Fcfs },
-            pipeline_depth: depth,
-            ..SchedulerConfig::default()
+        .prop_map(|(bs, pool_tokens, seqs, extra, mml, thr, caching, prio, depth, kv_groups)| {
+            SchedulerConfig {
+                num_blocks: pool_tokens.div_ceil(bs),
+                block_size: bs,
+                max_num_seqs: seqs,
+                max_num_batched_tokens: seqs + extra,
+                max_model_len: mml,
+                long_prefill_token_threshold: thr,
+                enable_prefix_caching: caching,
+                enable_kv_events: false,
+                policy: if prio { Policy::Priority } else { Policy::Fcfs },
+                pipeline_depth: depth,
+                kv_groups,
+                ..SchedulerConfig::default()
+            }
         })
+}
+
+/// No groups (full attention), every group windowed (blocks freed behind the widest
+/// window) or hybrid (a full group keeps every block).
+fn kv_groups_strategy() -> impl Strategy<Value = Vec<KvGroup>> {
+    prop_oneof![
+        2 => Just(Vec::new()),
+        3 => (1usize..48, prop::option::of(1usize..48))
+            .prop_map(|(w, w2)| {
+                let mut g = vec![KvGroup::windowed(w, 2)];
+                g.extend(w2.map(|w2| KvGroup::windowed(w2, 1)));
+                g
+            }),
+        1 => (1usize..48).prop_map(|w| vec![KvGroup::windowed(w, 3), KvGroup::full(1)]),
+    ]
 }
 
 fn req_strategy() -> impl Strategy<Value = ReqGen> {
@@ -582,11 +611,31 @@ impl Model {
             self.rows.insert(r, row);
         }
 
+        // Under a shared window each scheduled row handed back the blocks behind its first
+        // query's window before this plan's blocks were taken (which may reuse them): the
+        // model drops them from what the sequence holds.
+        if let Some(w) = cfg.shared_window() {
+            for i in 0..r_count {
+                let r = plan.rows[i];
+                let start = (plan.seq_lens[i] - plan.num_scheduled_tokens[i]) as usize;
+                let row = self.rows.get_mut(&r).unwrap_or_else(|| panic!("scheduled free row {r}"));
+                let behind = blocks_behind(start, w, bs).min(row.table.len());
+                row.table[..behind].fill(NULL_ENTRY);
+                self.seqs.get_mut(&row.seq).unwrap().blocks = row.table.clone();
+            }
+        }
+
         // -- block-table writes: appended in column order
         for i in 0..b_count {
             let (r, c, b) = (plan.block_table_rows[i], plan.block_table_cols[i], plan.block_table_ids[i]);
             assert!(b >= 0 && (b as usize) < cfg.num_blocks, "block {b} out of range");
             let row = self.rows.get_mut(&r).unwrap_or_else(|| panic!("table write to free row {r}"));
+            if c as usize > row.table.len() {
+                // Only a new row's entries behind its window are skipped (checked below).
+                assert!(self.cfg.shared_window().is_some(), "row {r}: table writes must append");
+                assert!(new_rows.contains(&r), "row {r}: a running row's table write skips columns");
+                row.table.resize(c as usize, NULL_ENTRY);
+            }
             assert_eq!(c as usize, row.table.len(), "row {r}: table writes must append");
             assert!(!row.table.contains(&b), "row {r} holds block {b} twice");
             row.table.push(b);
@@ -600,12 +649,15 @@ impl Model {
             assert!(p >= 0 && (p as usize) < r_count);
             assert!(pool_rows.insert(p as usize));
         }
+        let window = cfg.shared_window();
+        let mut starts = Vec::with_capacity(r_count);
         for i in 0..r_count {
             let r = plan.rows[i];
             let n = plan.num_scheduled_tokens[i] as usize;
             let end = plan.seq_lens[i] as usize;
             assert!(end >= n && end <= cfg.max_model_len);
             let start = end - n;
+            starts.push(start);
             let row = self.rows.get_mut(&r).unwrap_or_else(|| panic!("scheduled free row {r}"));
             let seq = &self.seqs[&row.seq];
             assert!(seq.finished.is_none(), "scheduled ended sequence {}", row.seq);
@@ -651,10 +703,18 @@ impl Model {
                 assert!(!spec.pooling, "pooling sequence scheduled but not pooled");
             }
         }
-        // Every scheduled row reads its whole context after the step's writes.
+        // Every scheduled row reads its whole context after the step's writes (under a
+        // shared window, what its first query's window reaches onwards).
         for i in 0..r_count {
             let row = &self.rows[&plan.rows[i]];
-            for q in 0..plan.seq_lens[i] as usize {
+            let lo = window.map_or(0, |w| (starts[i] + 1).saturating_sub(w));
+            for q in lo..plan.seq_lens[i] as usize {
+                assert_ne!(
+                    row.table[q / bs],
+                    NULL_ENTRY,
+                    "row {}: position {q} in its window is freed",
+                    plan.rows[i]
+                );
                 let slot = i64::from(row.table[q / bs]) * bs as i64 + (q % bs) as i64;
                 assert_eq!(
                     self.kv.get(&slot),
@@ -872,13 +932,21 @@ impl Model {
         assert!(usage.evictable <= usage.free);
         let mut lo = vec![0u32; self.cfg.num_blocks];
         let mut hi = vec![0u32; self.cfg.num_blocks];
+        let window = self.cfg.shared_window();
         for seq in self.seqs.values() {
             if seq.hold == Hold::None {
                 continue;
             }
-            for &b in &seq.blocks {
+            // Behind the window of its next query, a block may already be handed back
+            // (planning visited the row) even if no plan shows it yet.
+            let computed = seq.row.and_then(|r| self.rows.get(&r)).map_or(0, |row| row.computed);
+            let maybe_freed = window.map_or(0, |w| blocks_behind(computed, w, self.cfg.block_size));
+            for (j, &b) in seq.blocks.iter().enumerate() {
+                if b == NULL_ENTRY {
+                    continue;
+                }
                 hi[b as usize] += 1;
-                if seq.hold == Hold::Holding {
+                if seq.hold == Hold::Holding && j >= maybe_freed {
                     lo[b as usize] += 1;
                 }
             }
@@ -950,10 +1018,11 @@ fn run_case(case: &Case) -> Model {
         let p = m.sched.pool().prefix_stats();
         let reasons: Vec<_> = m.seqs.values().map(|s| s.finished.unwrap().name()).collect();
         eprintln!(
-            "reqs {} steps {} preempt {} hit {}/{} gen {} discarded {} stop {} len {} abort {} pooled {}",
+            "reqs {} steps {} preempt {} window-freed {} hit {}/{} gen {} discarded {} stop {} len {} abort {} pooled {}",
             m.reqs.len(),
             c.steps_planned,
             c.preemptions,
+            c.window_freed_blocks,
             p.hit_tokens,
             p.queried_tokens,
             c.generated_tokens,

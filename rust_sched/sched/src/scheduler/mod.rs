@@ -19,12 +19,13 @@ mod masks;
 mod queues;
 mod schedule;
 mod update;
+mod window;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use crate::block_hash::BlockHash;
-use crate::block_pool::{BlockId, BlockPool, PoolUsage, PrefixCacheStats};
+use crate::block_pool::{BlockId, BlockPool, PoolUsage, PrefixCacheStats, NULL_BLOCK};
 use crate::config::{Policy, SchedulerConfig};
 use crate::constraint::{GrammarMask, Matcher};
 use crate::error::{SchedError, SchedResult};
@@ -103,6 +104,9 @@ pub struct SchedulerCounters {
     pub mask_ns: u64,
     /// Constrained sequences ended because their grammar allowed no token.
     pub dead_ends: u64,
+    /// Block-table entries handed back while their sequence ran, every layer's sliding
+    /// window having passed them (`window.rs`).
+    pub window_freed_blocks: u64,
 }
 
 /// Speculative decoding's figures (counters that only grow).
@@ -181,6 +185,9 @@ pub struct Scheduler {
     suffix_cache: Option<SuffixCache>,
     /// Scratch for one sequence's proposed drafts.
     draft_buf: Vec<u32>,
+    /// Blocks behind this window are freed while a sequence runs: every KV group is
+    /// windowed (`kv_groups.rs`, `window.rs`); None keeps every block.
+    window: Option<usize>,
 }
 
 impl Scheduler {
@@ -213,6 +220,7 @@ impl Scheduler {
                 SuffixCache::new(config.prompt_lookup_min, config.prompt_lookup_max, SUFFIX_CACHE_TOKENS)
             }),
             draft_buf: Vec::with_capacity(MAX_SPECULATIVE_TOKENS),
+            window: config.shared_window(),
             config,
         })
     }
@@ -401,7 +409,23 @@ impl Scheduler {
         self.pool.check_invariants()?;
         let mut owners = vec![0u32; self.pool.num_blocks()];
         for seq in self.live_seqs() {
-            for &b in &seq.blocks {
+            let freed = seq.num_window_freed as usize;
+            if freed > seq.blocks.len() || seq.blocks[..freed].iter().any(|&b| b != NULL_BLOCK) {
+                return Err(format!("sequence {}: its window-freed entries are not all null", seq.id));
+            }
+            if freed > 0 && self.window.is_none() {
+                return Err(format!("sequence {} freed blocks without a shared window", seq.id));
+            }
+            if let Some(w) = self.window {
+                let behind = crate::kv_groups::blocks_behind(seq.computed(), w, self.config.block_size);
+                if seq.state == SeqState::Running && freed > behind {
+                    return Err(format!("sequence {} freed a block its window still reads", seq.id));
+                }
+            }
+            for &b in &seq.blocks[freed..] {
+                if b == NULL_BLOCK {
+                    return Err(format!("sequence {} holds a null block inside its window", seq.id));
+                }
                 owners[b as usize] += 1;
             }
             if seq.state != SeqState::Running && seq.state != SeqState::Finished && !seq.blocks.is_empty() {
@@ -413,7 +437,7 @@ impl Scheduler {
             if seq.state == SeqState::Running && seq.blocks.len() != self.config.blocks_for(seq.computed()) {
                 return Err(format!("running sequence {} holds blocks beyond what it computes", seq.id));
             }
-            for (i, &b) in seq.blocks.iter().enumerate().take(seq.num_registered as usize) {
+            for (i, &b) in seq.blocks.iter().enumerate().take(seq.num_registered as usize).skip(freed) {
                 if let Some(h) = self.pool.hash_of(b) {
                     if seq.hashes.get(i) != Some(&h) {
                         return Err(format!("block {b} cached with a hash its content does not have"));
@@ -560,7 +584,7 @@ impl Scheduler {
             self.register_rest(seq_index);
         }
         let seq = self.seqs[seq_index as usize].take().unwrap();
-        self.pool.release(&seq.blocks);
+        self.pool.release(&seq.blocks[seq.num_window_freed as usize..]);
         self.index_of_seq.remove(&seq.id);
         self.free_indices.push(seq_index);
     }
@@ -583,8 +607,10 @@ impl Scheduler {
         }
         seq.update_hashes(bs);
         for i in seq.num_registered as usize..full {
-            let (tokens, parent) = seq.hashed_block(i, bs);
-            pool.register(seq.blocks[i], seq.hashes[i], parent, tokens);
+            if seq.blocks[i] != NULL_BLOCK {
+                let (tokens, parent) = seq.hashed_block(i, bs);
+                pool.register(seq.blocks[i], seq.hashes[i], parent, tokens);
+            }
         }
         seq.num_registered = full as u32;
     }
@@ -602,11 +628,12 @@ impl Scheduler {
         let seq = self.seqs[seq_index as usize].as_mut().unwrap();
         seq.state = SeqState::Waiting;
         let blocks = std::mem::take(&mut seq.blocks);
+        let freed = std::mem::take(&mut seq.num_window_freed) as usize;
         seq.num_computed = 0;
         seq.num_registered = 0;
         seq.num_shared_blocks = 0;
         seq.num_preemptions += 1;
-        self.pool.release(&blocks);
+        self.pool.release(&blocks[freed..]);
         self.waiting.insert(rank, seq_index);
         self.counters.preemptions += 1;
     }
@@ -620,3 +647,6 @@ mod mask_tests;
 
 #[cfg(test)]
 mod spec_tests;
+
+#[cfg(test)]
+mod window_tests;

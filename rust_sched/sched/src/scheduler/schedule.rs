@@ -1,7 +1,7 @@
 //! Planning one step: running sequences first (decodes and the rest of chunked prefills),
 //! then waiting ones, within the token budget, the sequence cap and the free blocks.
 
-use crate::block_pool::BlockId;
+use crate::block_pool::{BlockId, NULL_BLOCK};
 use crate::constraint::MaskTicket;
 use crate::plan::{StepPlan, PLACEHOLDER_TOKEN};
 use crate::request::{SeqIndex, SeqState};
@@ -124,6 +124,8 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
+            // Blocks behind every layer's window go back before any are asked for.
+            self.drop_behind_window(seq_index);
             // A running sequence holds exactly blocks_for(num_computed) blocks, so the block
             // table itself (a cache line of its own) is not read here.
             let computed = self.seq(seq_index).unwrap().computed();
@@ -194,15 +196,17 @@ impl Scheduler {
             self.flush_registrations(step);
             // Never reuse the whole prompt: at least one token is computed for its logits.
             let max_hit_blocks = (known - 1) / bs;
-            self.find_reusable_prefix(seq_index, max_hit_blocks, &mut hit);
-            let cached = hit.len() * bs;
+            // A windowed hit skips the blocks behind its window: held as null entries.
+            let skipped = self.find_reusable_prefix(seq_index, max_hit_blocks, &mut hit);
+            let hit_blocks = skipped + hit.len();
+            let cached = hit_blocks * bs;
             let wanted = known - cached;
             let seq = self.seq(seq_index).unwrap();
             let n = self.cap_chunk(wanted, *budget, seq.pooling);
             if n == 0 {
                 break; // a pooling prompt that does not fit this step's budget
             }
-            let need = self.config.blocks_for(cached + n) - hit.len();
+            let need = self.config.blocks_for(cached + n) - hit_blocks;
             let free_after_hits = self.pool.num_free() - self.pool.count_evictable(&hit);
             if need > free_after_hits {
                 break;
@@ -217,13 +221,15 @@ impl Scheduler {
             let max_model_len = self.config.max_model_len;
             let seq = self.seq_mut(seq_index);
             seq.blocks.clear();
+            seq.blocks.resize(skipped, NULL_BLOCK);
             seq.blocks.extend_from_slice(&hit);
             if let Some(&b) = hit.last() {
                 seq.tail_block = b;
             }
+            seq.num_window_freed = skipped as u32;
             seq.num_computed = cached as u32;
-            seq.num_registered = hit.len() as u32;
-            seq.num_shared_blocks = hit.len() as u32;
+            seq.num_registered = hit_blocks as u32;
+            seq.num_shared_blocks = hit_blocks as u32;
             seq.row = row;
             seq.state = SeqState::Running;
             seq.fork_source = None;
@@ -244,13 +250,19 @@ impl Scheduler {
     }
 
     /// Fills `hit` with blocks the waiting sequence at `seq_index` can reuse: its first
-    /// sibling's prompt blocks when it was forked, else the longest cached prefix.
-    fn find_reusable_prefix(&mut self, seq_index: SeqIndex, max_blocks: usize, hit: &mut Vec<BlockId>) {
+    /// sibling's prompt blocks when it was forked, else the longest cached prefix. Returns
+    /// how many leading blocks the hit skips, behind a sliding window (`window.rs`).
+    fn find_reusable_prefix(
+        &mut self,
+        seq_index: SeqIndex,
+        max_blocks: usize,
+        hit: &mut Vec<BlockId>,
+    ) -> usize {
         hit.clear();
         let caching = self.pool.caching_enabled();
         let seq = self.seqs[seq_index as usize].as_mut().unwrap();
         if seq.pooling {
-            return;
+            return 0;
         }
         if caching {
             seq.update_hashes(self.config.block_size);
@@ -262,16 +274,20 @@ impl Scheduler {
                     let shared = (parent.computed().min(seq.prompt_len()) / self.config.block_size)
                         .min(max_blocks)
                         .min(parent.blocks.len());
-                    hit.extend_from_slice(&parent.blocks[..shared]);
-                    return;
+                    // Shared only if the parent still holds what the window reaches.
+                    let skip = self.hit_skips(shared);
+                    if parent.num_window_freed as usize <= skip {
+                        hit.extend_from_slice(&parent.blocks[skip..shared]);
+                        return skip;
+                    }
                 }
             }
         }
         if !caching {
-            return;
+            return 0;
         }
         let limit = max_blocks.min(seq.hashes.len());
-        self.pool.longest_cached_prefix(&seq.hashes[..limit], hit);
+        self.cached_prefix(&seq.hashes[..limit], hit)
     }
 
     /// Allocates `need` more blocks for the sequence at `seq_index` (checked free) and
@@ -306,7 +322,8 @@ impl Scheduler {
         plan.new_attachments.push(seq.attachment.clone());
         plan.new_token_ids.extend(seq.known_tokens().iter().map(|&t| i64::from(t)));
         plan.new_token_offsets.push(plan.new_token_ids.len() as i64);
-        for (col, &b) in seq.blocks.iter().enumerate() {
+        // Entries behind the window are never read: the executor's table is not written there.
+        for (col, &b) in seq.blocks.iter().enumerate().skip(seq.num_window_freed as usize) {
             plan.block_table_rows.push(row);
             plan.block_table_cols.push(col as i32);
             plan.block_table_ids.push(b as i32);
