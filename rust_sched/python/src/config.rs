@@ -3,7 +3,7 @@
 use pyo3::prelude::*;
 
 use pyengine_sched::config::{Policy, SchedulerConfig};
-use pyengine_sched::SpecMethod;
+use pyengine_sched::{KvGroup, SpecMethod};
 
 use crate::errors::{invalid_config, NativeError};
 
@@ -40,6 +40,7 @@ impl PySchedulerConfig {
         prompt_lookup_min = 1,
         prompt_lookup_max = 3,
         spec_min_acceptance = 0.1,
+        kv_groups = Vec::new(),
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -59,7 +60,16 @@ impl PySchedulerConfig {
         prompt_lookup_min: i64,
         prompt_lookup_max: i64,
         spec_min_acceptance: f64,
+        kv_groups: Vec<(Option<i64>, i64)>,
     ) -> PyResult<Self> {
+        let mut groups = Vec::with_capacity(kv_groups.len());
+        for (window, num_layers) in kv_groups {
+            let window = match window {
+                Some(w) => Some(count(py, "a KV group's window", w, 1)?),
+                None => None,
+            };
+            groups.push(KvGroup { window, num_layers: count(py, "a KV group's num_layers", num_layers, 1)? });
+        }
         let inner = SchedulerConfig {
             num_blocks: count(py, "num_blocks", num_blocks, 1)?,
             block_size: count(py, "block_size", block_size, 1)?,
@@ -81,6 +91,7 @@ impl PySchedulerConfig {
             prompt_lookup_min: count(py, "prompt_lookup_min", prompt_lookup_min, 1)?,
             prompt_lookup_max: count(py, "prompt_lookup_max", prompt_lookup_max, 1)?,
             spec_min_acceptance,
+            kv_groups: groups,
         };
         inner.validate().map_err(|e| e.into_py_err(py))?;
         Ok(PySchedulerConfig { inner })
@@ -148,13 +159,25 @@ impl PySchedulerConfig {
         self.inner.spec_min_acceptance
     }
 
+    /// The model's layers by attention need: (window or None, number of layers).
+    #[getter]
+    fn kv_groups(&self) -> Vec<(Option<usize>, usize)> {
+        self.inner.kv_groups.iter().map(|g| (g.window, g.num_layers)).collect()
+    }
+    /// The window behind which blocks are freed while a sequence runs (every group
+    /// windowed), or None.
+    #[getter]
+    fn shared_window(&self) -> Option<usize> {
+        self.inner.shared_window()
+    }
+
     fn __repr__(&self) -> String {
         let c = &self.inner;
         format!(
             "SchedulerConfig(num_blocks={}, block_size={}, max_num_seqs={}, max_num_batched_tokens={}, \
              max_model_len={}, long_prefill_token_threshold={}, enable_prefix_caching={}, \
              enable_kv_events={}, policy={:?}, pipeline_depth={}, num_speculative_tokens={}, speculative_method={:?}, \
-             prompt_lookup_min={}, prompt_lookup_max={}, spec_min_acceptance={})",
+             prompt_lookup_min={}, prompt_lookup_max={}, spec_min_acceptance={}, kv_groups={})",
             c.num_blocks,
             c.block_size,
             c.max_num_seqs,
@@ -169,7 +192,20 @@ impl PySchedulerConfig {
             c.speculative_method.name(),
             c.prompt_lookup_min,
             c.prompt_lookup_max,
-            c.spec_min_acceptance
+            c.spec_min_acceptance,
+            kv_groups_repr(&c.kv_groups)
         )
     }
+}
+
+/// `[(4096, 32)]`, `[(None, 1), (512, 5)]`: as Python writes the list of tuples.
+fn kv_groups_repr(groups: &[KvGroup]) -> String {
+    let items: Vec<String> = groups
+        .iter()
+        .map(|g| match g.window {
+            Some(w) => format!("({w}, {})", g.num_layers),
+            None => format!("(None, {})", g.num_layers),
+        })
+        .collect();
+    format!("[{}]", items.join(", "))
 }

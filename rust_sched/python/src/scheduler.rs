@@ -50,6 +50,7 @@ pub fn snapshot_dict<'py>(py: Python<'py>, s: &SchedulerSnapshot) -> PyResult<Bo
     d.set_item("kv_blocks_free", s.kv.free)?;
     d.set_item("kv_blocks_evictable", s.kv.evictable)?;
     d.set_item("kv_blocks_used", s.kv.used)?;
+    d.set_item("kv_blocks_used_peak", s.kv_peak_used)?;
     d.set_item("kv_usage", if s.kv.total > 0 { s.kv.used as f64 / s.kv.total as f64 } else { 0.0 })?;
     d.set_item("prefix_cache_queried_tokens", s.prefix.queried_tokens)?;
     d.set_item("prefix_cache_hit_tokens", s.prefix.hit_tokens)?;

@@ -87,6 +87,8 @@ pub struct BlockPool {
     fresh: Vec<BlockId>,
     evictable: LruList,
     num_used: usize,
+    /// The most blocks in use at once so far.
+    peak_used: usize,
     stats: PrefixCacheStats,
     /// What changed in the prefix cache since the last `take_events`; None when events
     /// are off (nothing is recorded).
@@ -112,6 +114,7 @@ impl BlockPool {
             fresh: (0..num_blocks as BlockId).rev().collect(),
             evictable: LruList::new(num_blocks),
             num_used: 0,
+            peak_used: 0,
             stats: PrefixCacheStats::default(),
             events: None,
         }
@@ -175,6 +178,11 @@ impl BlockPool {
             evictable: self.evictable.len(),
             used: self.num_used,
         }
+    }
+
+    /// The most blocks that were in use at once since the pool was made.
+    pub fn peak_used(&self) -> usize {
+        self.peak_used
     }
 
     pub fn prefix_stats(&self) -> PrefixCacheStats {
@@ -260,6 +268,7 @@ impl BlockPool {
             }
             self.ref_counts[i] += 1;
         }
+        self.peak_used = self.peak_used.max(self.num_used);
     }
 
     /// Appends `n` fresh blocks (reference count 1) to `out`, or takes nothing and says how
@@ -278,6 +287,7 @@ impl BlockPool {
             out.push(b);
         }
         self.num_used += n;
+        self.peak_used = self.peak_used.max(self.num_used);
         Ok(())
     }
 

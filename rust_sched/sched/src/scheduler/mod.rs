@@ -152,6 +152,8 @@ pub struct SchedulerSnapshot {
     pub num_preempted_waiting: usize,
     pub num_inflight_steps: usize,
     pub kv: PoolUsage,
+    /// The most KV blocks in use at once so far.
+    pub kv_peak_used: usize,
     pub prefix: PrefixCacheStats,
     pub counters: SchedulerCounters,
     pub spec: SpecStats,
@@ -379,6 +381,7 @@ impl Scheduler {
                 .count(),
             num_inflight_steps: self.inflight.len(),
             kv: self.pool.usage(),
+            kv_peak_used: self.pool.peak_used(),
             prefix: self.pool.prefix_stats(),
             counters: self.counters,
             spec: self.spec_stats,
