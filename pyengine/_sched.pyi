@@ -11,7 +11,8 @@ into that step's event (``OutputEvent.step_result``): the scheduler moves these 
 without reading them. Provided by the extension ``pyengine._native`` (``rust_sched/python``).
 """
 
-from typing import Final, Literal, TypeAlias, final
+from collections.abc import Sequence
+from typing import Final, Literal, Optional, TypeAlias, final
 
 import numpy as np
 import numpy.typing as npt
@@ -69,6 +70,7 @@ class SchedulerConfig:
         prompt_lookup_min: int = 1,
         prompt_lookup_max: int = 3,
         spec_min_acceptance: float = 0.1,
+        kv_groups: Sequence[tuple[Optional[int], int]] = (),
     ) -> Self: ...
     @property
     def num_blocks(self) -> int:
@@ -114,6 +116,14 @@ class SchedulerConfig:
     @property
     def spec_min_acceptance(self) -> float:
         """Acceptance rate below which a sequence stops getting drafts (after a warm-up)."""
+    @property
+    def kv_groups(self) -> list[tuple[Optional[int], int]]:
+        """The model's layers by attention need: ``(window, num_layers)``, window None for
+        full attention. Empty: every layer sees the whole context."""
+    @property
+    def shared_window(self) -> Optional[int]:
+        """With every group windowed, the widest window: blocks behind it are freed while a
+        sequence runs. None (a full group, or no groups): every block is kept."""
 
 @final
 class Request:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional, Union
@@ -222,9 +223,13 @@ class EngineConfig:
         """The executor's settings: every ExecutorConfig field, taken by name from here."""
         return ExecutorConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ExecutorConfig)})
 
-    def scheduler_config(self, num_blocks: int, block_size: int, max_model_len: int) -> SchedulerConfig:
+    def scheduler_config(
+        self, num_blocks: int, block_size: int, max_model_len: int,
+        kv_groups: Sequence[tuple[Optional[int], int]] = (),
+    ) -> SchedulerConfig:
         """The scheduler's settings, once the runner has decided the KV cache (its blocks and
-        their size) and the model's length is known."""
+        their size) and the model's length is known; ``kv_groups`` are the runner's layers by
+        attention need (none given: full attention, every block kept)."""
         return SchedulerConfig(
             num_blocks,
             block_size=block_size,
@@ -236,6 +241,7 @@ class EngineConfig:
             enable_kv_events=self.kv_events is not None and self.kv_events.active,
             policy=self.scheduling_policy,
             pipeline_depth=self.pipeline_depth,
+            kv_groups=list(kv_groups),
             **_speculative_fields(self.speculative_config),
         )
 

@@ -117,7 +117,12 @@ class EngineCore:
             self.max_request_tokens = min(self.max_model_len, self.runner.num_kv_blocks * self.block_size)
             # The vocabulary goes to Rust once, for structured outputs (docs/structured_outputs.md).
             self.constraints = ConstraintCompiler.for_engine(self.decode_table, self.eos_token_ids, self.vocab_size)
-            self.sched = SchedulerThread(config.scheduler_config(self.runner.num_kv_blocks, self.block_size, self.max_model_len))
+            # The layers by attention need: with every one windowed, the scheduler frees blocks
+            # behind the window (a stand-in runner that does not say keeps every block).
+            kv_groups = getattr(self.runner, "kv_groups", ())
+            self.sched = SchedulerThread(
+                config.scheduler_config(self.runner.num_kv_blocks, self.block_size, self.max_model_len, kv_groups)
+            )
             self.requests = RequestTable()
             self.executor = ExecutorLoop(self.runner, self.sched, lambda: len(self.requests) > 0)
             # A token's text on its own (``Logprob.decoded_token``); None without a tokenizer.

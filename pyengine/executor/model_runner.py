@@ -47,6 +47,8 @@ from pyengine.executor.runner_output import ModelRunnerOutput, PromptLogprobsOut
 from pyengine.executor.sampler import Sampler
 from pyengine.executor.spec_verify import SpecVerifier, draft_layout, process_entries
 from pyengine.logits_processors.loading import resolve_processor
+from pyengine.models.config import DecoderConfig
+from pyengine.models.layer_config import kv_groups as layer_kv_groups
 from pyengine.models.loader import LoadedModel, load_model
 from pyengine.models.parallel import CollectiveError, ParallelContext
 
@@ -139,6 +141,16 @@ class ModelRunner:
             parallel=parallel, quantization=config.quantization,
         )
         return cls(loaded, config)
+
+    @property
+    def kv_groups(self) -> list[tuple[Optional[int], int]]:
+        """The layers reading this runner's block tables, grouped by attention need, for the
+        scheduler (``layer_config.kv_groups``): the model's, and a draft model's, which
+        reads the same tables."""
+        groups = model_kv_groups(self.loaded.config)
+        if self.proposer is not None:
+            groups += model_kv_groups(self.proposer.loaded.config)
+        return groups
 
     @property
     def num_kv_blocks(self) -> int:
@@ -390,3 +402,8 @@ def _context_lens(model: torch.nn.Module, layout: StepAttentionLayout) -> Option
 
 def _to_device(array: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=dtype)
+
+
+def model_kv_groups(model_config: DecoderConfig) -> list[tuple[Optional[int], int]]:
+    """A model's KV groups by its per-layer windows (no window anywhere: one full group)."""
+    return layer_kv_groups(model_config.layer_windows, model_config.num_hidden_layers)

@@ -43,6 +43,19 @@ def layer_windows(raw: dict[str, Any], architecture: str, num_layers: int) -> tu
     return windows if any(w is not None for w in windows) else ()
 
 
+def kv_groups(layer_windows: tuple[Optional[int], ...], num_layers: int) -> list[tuple[Optional[int], int]]:
+    """The layers grouped by attention need, as the scheduler takes them: ``(window, layers)``
+    per distinct window (None: the whole context), in order of first appearance. With every
+    group windowed the scheduler frees blocks behind the widest window while a sequence runs;
+    one full group keeps every block (``docs/architecture.md``, KV blocks)."""
+    if not layer_windows:
+        return [(None, num_layers)]
+    counts: dict[Optional[int], int] = {}
+    for window in layer_windows:
+        counts[window] = counts.get(window, 0) + 1
+    return list(counts.items())
+
+
 def _sliding_layers(raw: dict[str, Any], architecture: str, num_layers: int) -> list[bool]:
     if architecture in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
         return [True] * num_layers

@@ -151,6 +151,18 @@ TINY_ARCHITECTURES: dict[str, dict[str, Any]] = {
         sliding_window=20,
         tie_word_embeddings=False,
     ),
+    "qwen2_window_all": dict(  # every layer windowed (max_window_layers=0)
+        config_class="Qwen2Config",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        use_sliding_window=True,
+        sliding_window=20,
+        max_window_layers=0,
+        tie_word_embeddings=True,
+    ),
     "qwen2_window": dict(  # layer 0 full, layer 1 windowed (max_window_layers)
         config_class="Qwen2Config",
         hidden_size=64,

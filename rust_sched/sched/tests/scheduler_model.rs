@@ -705,16 +705,12 @@ impl Model {
         }
         // Every scheduled row reads its whole context after the step's writes (under a
         // shared window, what its first query's window reaches onwards).
-        for i in 0..r_count {
-            let row = &self.rows[&plan.rows[i]];
-            let lo = window.map_or(0, |w| (starts[i] + 1).saturating_sub(w));
+        for (i, &start) in starts.iter().enumerate() {
+            let r = plan.rows[i];
+            let row = &self.rows[&r];
+            let lo = window.map_or(0, |w| (start + 1).saturating_sub(w));
             for q in lo..plan.seq_lens[i] as usize {
-                assert_ne!(
-                    row.table[q / bs],
-                    NULL_ENTRY,
-                    "row {}: position {q} in its window is freed",
-                    plan.rows[i]
-                );
+                assert_ne!(row.table[q / bs], NULL_ENTRY, "row {r}: position {q} in its window is freed");
                 let slot = i64::from(row.table[q / bs]) * bs as i64 + (q % bs) as i64;
                 assert_eq!(
                     self.kv.get(&slot),
