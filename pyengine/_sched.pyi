@@ -70,7 +70,7 @@ class SchedulerConfig:
         prompt_lookup_min: int = 1,
         prompt_lookup_max: int = 3,
         spec_min_acceptance: float = 0.1,
-        kv_groups: Sequence[tuple[Optional[int], int]] = (),
+        kv_groups: Sequence[tuple[Optional[int], int]] = ...,
     ) -> Self: ...
     @property
     def num_blocks(self) -> int:

@@ -1,9 +1,10 @@
 """Greedy ``LLM.generate`` of sliding-window models equals transformers', token for token,
 under the scheduler's regimes: prompts and generations longer than the window, prefix-cache
 hits that end inside and beyond the window, chunked prefill across the window's edge, and
-preemption (recomputation) past it. The block accounting still keeps every block of a
-sequence (the KV groups that free blocks behind the window are the scheduler's next step):
-these tests check the attention, which reads only the window."""
+preemption (recomputation) past it. Mistral's window covers every layer, so the scheduler
+frees its blocks behind the window as it runs (a prefix hit then resumes from the cached
+window only); Gemma 2 is hybrid and keeps every block (``test_engine_window_blocks.py``
+checks the counts)."""
 
 from __future__ import annotations
 
