@@ -122,41 +122,8 @@ impl Scheduler {
                 if seq.state == SeqState::Finished {
                     // Planned before its sequence was seen to finish: the extra token is dropped.
                     self.counters.discarded_tokens += 1;
-                } else {
-                    let mut complete = None;
-                    // (`constrained` is in the hot bytes: unconstrained sequences never read
-                    // the matcher's.)
-                    let matcher = if seq.constrained { seq.matcher.as_mut() } else { None };
-                    if let Some(matcher) = matcher {
-                        match matcher.state.advance(token) {
-                            Ok(Advance::Continue) => {}
-                            Ok(Advance::Complete { eos }) => complete = Some(eos),
-                            Err(_) => {
-                                // Not allowed by its grammar (its mask was not applied): the
-                                // token is never emitted.
-                                self.counters.dead_ends += 1;
-                                self.counters.discarded_tokens += 1;
-                                self.end_sequence(seq_index, FinishReason::DeadEnd, None);
-                                continue;
-                            }
-                        }
-                    }
-                    let seq = self.seqs[seq_index as usize].as_mut().expect("live sequence");
-                    seq.push_token(token);
-                    self.output.seq_ids.push(seq.id);
-                    self.output.token_ids.push(i64::from(token));
-                    self.counters.generated_tokens += 1;
-                    if let Some(eos) = complete {
-                        // The grammar is complete: "stop", even at max_tokens. Ended by an
-                        // end-of-sequence token, that token is the stop token (not text).
-                        self.end_sequence(seq_index, FinishReason::Stop, eos.then_some(token));
-                        continue;
-                    }
-                    let maybe_stop = self.stop_filter.may_contain(token);
-                    if let Some((reason, stop_token)) = seq.check_stop(token, maybe_stop, &self.config) {
-                        self.end_sequence(seq_index, reason, stop_token);
-                        continue; // end_sequence released what was left to release
-                    }
+                } else if self.push_sampled(seq_index, token, None, 0) {
+                    continue; // end_sequence released what was left to release
                 }
             } else if seq.pooling && seq.state != SeqState::Finished {
                 self.end_sequence(seq_index, FinishReason::Pooled, None);
@@ -196,48 +163,68 @@ impl Scheduler {
         record_indices: bool,
     ) -> bool {
         for (j, &token) in tokens.iter().enumerate() {
-            let token = token as u32;
             let dropped = (tokens.len() - 1 - j) as u64;
-            let seq = self.seqs[seq_index as usize].as_mut().expect("live sequence");
-            let mut complete = None;
-            // (`constrained` is in the hot bytes: unconstrained sequences never read the
-            // matcher's.)
-            let matcher = if seq.constrained { seq.matcher.as_mut() } else { None };
-            if let Some(matcher) = matcher {
-                match matcher.state.advance(token) {
-                    Ok(Advance::Continue) => {}
-                    Ok(Advance::Complete { eos }) => complete = Some(eos),
-                    Err(_) => {
-                        // Not allowed by its grammar (its mask was not applied): the token
-                        // is never emitted.
-                        self.counters.dead_ends += 1;
-                        self.counters.discarded_tokens += 1 + dropped;
-                        self.end_sequence(seq_index, FinishReason::DeadEnd, None);
-                        return true;
-                    }
+            let index = record_indices.then_some((first + j) as i32);
+            if self.push_sampled(seq_index, token as u32, index, dropped) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// One sampled token joins its sequence: the grammar's matcher advances, the token is
+    /// pushed and emitted (with `sample_index`, its element of the step's `sampled`, when
+    /// the step had drafts), then every stop check. Returns whether the sequence ended;
+    /// `dropped` tokens of the step after this one are then counted discarded. Both
+    /// result loops (without drafts and with) share it; inlined, the plain loop's
+    /// constant arguments fold away.
+    #[inline(always)]
+    fn push_sampled(
+        &mut self,
+        seq_index: SeqIndex,
+        token: u32,
+        sample_index: Option<i32>,
+        dropped: u64,
+    ) -> bool {
+        let seq = self.seqs[seq_index as usize].as_mut().expect("live sequence");
+        let mut complete = None;
+        // (`constrained` is in the hot bytes: unconstrained sequences never read the
+        // matcher's.)
+        let matcher = if seq.constrained { seq.matcher.as_mut() } else { None };
+        if let Some(matcher) = matcher {
+            match matcher.state.advance(token) {
+                Ok(Advance::Continue) => {}
+                Ok(Advance::Complete { eos }) => complete = Some(eos),
+                Err(_) => {
+                    // Not allowed by its grammar (its mask was not applied): the token is
+                    // never emitted.
+                    self.counters.dead_ends += 1;
+                    self.counters.discarded_tokens += 1 + dropped;
+                    self.end_sequence(seq_index, FinishReason::DeadEnd, None);
+                    return true;
                 }
             }
-            let seq = self.seqs[seq_index as usize].as_mut().expect("live sequence");
-            seq.push_token(token);
-            self.output.seq_ids.push(seq.id);
-            self.output.token_ids.push(i64::from(token));
-            if record_indices {
-                self.output.sample_indices.push((first + j) as i32);
-            }
-            self.counters.generated_tokens += 1;
-            if let Some(eos) = complete {
-                // The grammar is complete: "stop", even at max_tokens. Ended by an
-                // end-of-sequence token, that token is the stop token (not text).
-                self.counters.discarded_tokens += dropped;
-                self.end_sequence(seq_index, FinishReason::Stop, eos.then_some(token));
-                return true;
-            }
-            let maybe_stop = self.stop_filter.may_contain(token);
-            if let Some((reason, stop_token)) = seq.check_stop(token, maybe_stop, &self.config) {
-                self.counters.discarded_tokens += dropped;
-                self.end_sequence(seq_index, reason, stop_token);
-                return true;
-            }
+        }
+        let seq = self.seqs[seq_index as usize].as_mut().expect("live sequence");
+        seq.push_token(token);
+        self.output.seq_ids.push(seq.id);
+        self.output.token_ids.push(i64::from(token));
+        if let Some(index) = sample_index {
+            self.output.sample_indices.push(index);
+        }
+        self.counters.generated_tokens += 1;
+        if let Some(eos) = complete {
+            // The grammar is complete: "stop", even at max_tokens. Ended by an
+            // end-of-sequence token, that token is the stop token (not text).
+            self.counters.discarded_tokens += dropped;
+            self.end_sequence(seq_index, FinishReason::Stop, eos.then_some(token));
+            return true;
+        }
+        let maybe_stop = self.stop_filter.may_contain(token);
+        if let Some((reason, stop_token)) = seq.check_stop(token, maybe_stop, &self.config) {
+            self.counters.discarded_tokens += dropped;
+            self.end_sequence(seq_index, reason, stop_token);
+            return true;
         }
         false
     }
