@@ -123,6 +123,9 @@ _SERIES: tuple[tuple[str, str, str, Callable[[EngineStats], float]], ...] = (
      lambda s: s.scheduler.get("spec_mean_accepted_length", 0.0)),
     ("counter", "spec_decode_disabled_sequences", "Sequences the adaptive rule stopped proposing drafts for.",
      lambda s: s.scheduler.get("spec_disabled_sequences", 0)),
+    ("counter", "spec_decode_backoffs",
+     "Drafted steps that kept no draft, after which the sequence decoded plainly for a while.",
+     lambda s: s.scheduler.get("spec_backoffs", 0)),
 )
 
 

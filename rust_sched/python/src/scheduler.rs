@@ -75,6 +75,10 @@ pub fn snapshot_dict<'py>(py: Python<'py>, s: &SchedulerSnapshot) -> PyResult<Bo
     d.set_item("spec_accepted_tokens", spec.accepted_tokens)?;
     d.set_item("spec_accepted_per_position", spec.accepted_per_position[..spec.k].to_vec())?;
     d.set_item("spec_disabled_sequences", spec.disabled_sequences)?;
+    d.set_item("spec_disabled_low_rate", spec.disabled_low_rate)?;
+    d.set_item("spec_disabled_failing", spec.disabled_failing)?;
+    d.set_item("spec_backoffs", spec.backoffs)?;
+    d.set_item("spec_empty_proposals", spec.empty_proposals)?;
     d.set_item(
         "spec_mean_accepted_length",
         if spec.drafts > 0 { 1.0 + spec.accepted_tokens as f64 / spec.drafts as f64 } else { 0.0 },

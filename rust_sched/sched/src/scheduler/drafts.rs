@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use crate::request::SeqIndex;
-use crate::spec::{ngram, suffix, SpecMethod, RETRY_AFTER_EMPTY};
+use crate::spec::{ngram, suffix, SpecMethod};
 
 use super::Scheduler;
 
@@ -38,7 +38,8 @@ impl Scheduler {
 
     /// A speculating sequence whose previous token is not known yet is not planned with
     /// a placeholder: it waits for that result, and is then planned with drafts. After a
-    /// proposal that found none it decodes behind placeholders for a few steps first.
+    /// proposal that found none, or kept none, it decodes behind placeholders for a while
+    /// first (`spec::backoff_steps`).
     pub(super) fn waits_for_result(&mut self, seq_index: SeqIndex) -> bool {
         let seq = self.seq(seq_index).expect("live sequence");
         if seq.pending_samples == 0 || !self.may_speculate(seq_index) || self.draft_room(seq_index) == 0 {
@@ -61,7 +62,17 @@ impl Scheduler {
         if seq.pending_samples > 0 || seq.computed() + 1 != seq.num_tokens() || seq.num_output() == 0 {
             return 0;
         }
-        let k = max_d.min(self.draft_room(seq_index));
+        if seq.spec.retry_in > 0 {
+            // Backing off after failed proposals (at depth 1; at depth 2 `waits_for_result`
+            // counts these steps down).
+            self.seq_mut(seq_index).spec.retry_in -= 1;
+            return 0;
+        }
+        let k_max = self.config.num_speculative_tokens;
+        // The adaptive rule (off with spec_min_acceptance = 0) proposes only what is kept.
+        let useful =
+            if self.config.spec_min_acceptance > 0.0 { seq.spec.useful_drafts(k_max) } else { k_max };
+        let k = max_d.min(self.draft_room(seq_index)).min(useful);
         if k == 0 {
             return 0;
         }
@@ -87,7 +98,8 @@ impl Scheduler {
         self.spec_stats.propose_ns += started.elapsed().as_nanos() as u64;
         let d = buf.len();
         if d == 0 {
-            seq.spec.retry_in = RETRY_AFTER_EMPTY;
+            seq.spec.record_empty();
+            self.spec_stats.empty_proposals += 1;
         }
         self.draft_buf = buf;
         d

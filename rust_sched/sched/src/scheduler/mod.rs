@@ -121,8 +121,16 @@ pub struct SpecStats {
     /// Drafts accepted, in all and by position (the first draft, the second, ...).
     pub accepted_tokens: u64,
     pub accepted_per_position: [u64; MAX_SPECULATIVE_TOKENS],
-    /// Sequences the adaptive rule stopped proposing for.
+    /// Sequences the adaptive rule stopped proposing for: in all, because their rate
+    /// fell below `spec_min_acceptance`, because `MAX_FAILED_STEPS` steps in a row kept
+    /// nothing.
     pub disabled_sequences: u64,
+    pub disabled_low_rate: u64,
+    pub disabled_failing: u64,
+    /// Back-offs (plain decoding for a while) after a drafted step that kept nothing, and
+    /// after a lookup that found nothing.
+    pub backoffs: u64,
+    pub empty_proposals: u64,
     /// Proposer calls (one per sequence and step it may draft in) and their time.
     pub proposals: u64,
     pub propose_ns: u64,
@@ -137,6 +145,10 @@ impl Default for SpecStats {
             accepted_tokens: 0,
             accepted_per_position: [0; MAX_SPECULATIVE_TOKENS],
             disabled_sequences: 0,
+            disabled_low_rate: 0,
+            disabled_failing: 0,
+            backoffs: 0,
+            empty_proposals: 0,
             proposals: 0,
             propose_ns: 0,
         }

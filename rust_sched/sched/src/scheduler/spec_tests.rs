@@ -288,8 +288,11 @@ fn adaptive_rule_stops_drafting_for_a_sequence_that_never_accepts() {
     }
     let stats = s.snapshot().spec;
     assert_eq!(stats.disabled_sequences, 1);
-    assert!(drafted_steps * 3 >= crate::spec::ADAPTIVE_WARMUP_DRAFTS as usize);
-    assert!(drafted_steps < 40, "drafting stopped");
+    // Each rejection backed off (4, 8, 16 plain steps), and the fourth in a row stopped
+    // it before the rate's warm-up of 16 drafts.
+    assert_eq!(stats.disabled_failing, 1);
+    assert_eq!(stats.backoffs, u64::from(crate::spec::MAX_FAILED_STEPS) - 1);
+    assert_eq!(drafted_steps, crate::spec::MAX_FAILED_STEPS as usize, "drafting stopped");
 }
 
 #[test]

@@ -6,7 +6,7 @@ use crate::constraint::Advance;
 use crate::error::{SchedError, SchedResult};
 use crate::plan::FinishReason;
 use crate::request::{SeqIndex, SeqState};
-use crate::spec::SpecMethod;
+use crate::spec::{SpecMethod, Verdict};
 
 use super::{InflightStep, Scheduler};
 
@@ -146,8 +146,17 @@ impl Scheduler {
             *count += 1;
         }
         let min_rate = self.config.spec_min_acceptance;
-        if self.seq_mut(seq_index).spec.record(d, a, min_rate) {
-            self.spec_stats.disabled_sequences += 1;
+        match self.seq_mut(seq_index).spec.record(d, a, min_rate) {
+            Verdict::Keep => {}
+            Verdict::BackOff => self.spec_stats.backoffs += 1,
+            Verdict::OffLowRate => {
+                self.spec_stats.disabled_sequences += 1;
+                self.spec_stats.disabled_low_rate += 1;
+            }
+            Verdict::OffFailing => {
+                self.spec_stats.disabled_sequences += 1;
+                self.spec_stats.disabled_failing += 1;
+            }
         }
     }
 

@@ -49,49 +49,117 @@ impl SpecMethod {
 /// Most drafts per sequence and step the scheduler accepts as `num_speculative_tokens`.
 pub const MAX_SPECULATIVE_TOKENS: usize = 32;
 
-/// Drafts a sequence must have had verified before the adaptive rule judges it.
+/// Drafts a sequence must have had verified before the adaptive rule judges it by its rate.
 pub const ADAPTIVE_WARMUP_DRAFTS: u32 = 16;
+
+/// Verified steps in a row that kept no draft after which a sequence stops proposing for
+/// good, whatever its rate (its drafts keep failing: each such step cost a verification
+/// and, at pipeline depth 2, a step without the overlap).
+pub const MAX_FAILED_STEPS: u8 = 4;
 
 /// A sequence's running record of its drafts, for the adaptive rule.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct SpecRecord {
-    /// Drafts verified and accepted (an exponentially weighted count: see `record`).
+    /// Drafts verified and accepted, and drafted steps (exponentially weighted counts:
+    /// see `record`).
     pub drafted: f32,
     pub accepted: f32,
+    pub steps: f32,
     /// Drafts verified in all (not weighted), for the warm-up.
     pub seen: u32,
     /// No drafts for this sequence: the adaptive rule turned speculation off, or its
     /// request came with `no_spec`.
     pub off: bool,
-    /// Placeholder steps left before the sequence waits for its result again to look for
-    /// drafts (set when a proposal found none: see [`RETRY_AFTER_EMPTY`]).
+    /// Proposals in a row that found nothing or kept nothing (reset by an accepted
+    /// draft): each one doubles the back-off below.
+    pub failures: u8,
+    /// Verified steps in a row that kept no draft (see [`MAX_FAILED_STEPS`]).
+    pub failed_steps: u8,
+    /// Steps left before the sequence looks for drafts again: it decodes plainly (behind
+    /// placeholders at depth 2, keeping the overlap) meanwhile (see [`backoff_steps`]).
     pub retry_in: u8,
 }
 
-/// After a proposal that found no draft, the sequence decodes this many steps behind
-/// placeholders (keeping the pipeline overlap at depth 2) before it waits for a result to
-/// look again.
+/// After a proposal that found no draft or whose drafts were all rejected, the sequence
+/// decodes this many steps plainly before it looks again: 4 after the first failure,
+/// doubling with each failure in a row, at most 64.
 pub const RETRY_AFTER_EMPTY: u8 = 4;
+const MAX_BACKOFF: u8 = 64;
+
+pub fn backoff_steps(failures: u8) -> u8 {
+    let shift = u32::from(failures.saturating_sub(1)).min(4);
+    (RETRY_AFTER_EMPTY << shift).min(MAX_BACKOFF)
+}
 
 /// Weight kept of the past at each verified step: the rate follows the last ~10 steps.
 const DECAY: f32 = 0.9;
 
+/// What the adaptive rule decided after a verified step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Go on proposing.
+    Keep,
+    /// Nothing was kept: decode plainly for a while before proposing again.
+    BackOff,
+    /// Turned off for good: the rate fell below the minimum after the warm-up.
+    OffLowRate,
+    /// Turned off for good: [`MAX_FAILED_STEPS`] steps in a row kept nothing.
+    OffFailing,
+}
+
 impl SpecRecord {
-    /// Records one verified step (`d` drafts, `a` accepted); returns true when the rule
-    /// turns speculation off for the sequence now (the rate fell below `min_rate` after the
-    /// warm-up).
-    pub fn record(&mut self, d: usize, a: usize, min_rate: f64) -> bool {
+    /// Records one verified step (`d` drafts, `a` accepted) and applies the rule. A
+    /// `min_rate` of 0 turns nothing off and never backs off after rejected drafts.
+    pub fn record(&mut self, d: usize, a: usize, min_rate: f64) -> Verdict {
         if d == 0 || self.off {
-            return false;
+            return Verdict::Keep;
         }
         self.drafted = self.drafted * DECAY + d as f32;
         self.accepted = self.accepted * DECAY + a as f32;
+        self.steps = self.steps * DECAY + 1.0;
         self.seen = self.seen.saturating_add(d as u32);
+        if min_rate <= 0.0 {
+            return Verdict::Keep;
+        }
+        if a > 0 {
+            self.failures = 0;
+            self.failed_steps = 0;
+        } else {
+            self.failures = self.failures.saturating_add(1);
+            self.failed_steps = self.failed_steps.saturating_add(1);
+        }
         if self.seen >= ADAPTIVE_WARMUP_DRAFTS && f64::from(self.accepted / self.drafted) < min_rate {
             self.off = true;
-            return true;
+            return Verdict::OffLowRate;
         }
-        false
+        if self.failed_steps >= MAX_FAILED_STEPS {
+            self.off = true;
+            return Verdict::OffFailing;
+        }
+        if a == 0 {
+            self.retry_in = backoff_steps(self.failures);
+            return Verdict::BackOff;
+        }
+        Verdict::Keep
+    }
+
+    /// A lookup found nothing: back off before looking again.
+    pub fn record_empty(&mut self) {
+        self.failures = self.failures.saturating_add(1);
+        self.retry_in = backoff_steps(self.failures);
+    }
+
+    /// Drafts worth proposing next, at most `k`: one more than the accepted drafts per
+    /// drafted step lately (rounded up), so a sequence that keeps only the first draft or
+    /// two verifies two or three entries, not `k + 1`; a step that keeps all its drafts
+    /// lets the next one propose one more.
+    pub fn useful_drafts(&self, k: usize) -> usize {
+        if self.steps <= 0.0 {
+            return k;
+        }
+        // (less a hair, so that a steady 1 accepted a step reads as 1, not 1.0000001)
+        let per_step = (self.accepted / self.steps - 1e-3).ceil().max(0.0) as usize;
+        (per_step + 1).clamp(1, k.max(1))
     }
 }
 
@@ -110,21 +178,59 @@ mod tests {
     #[test]
     fn adaptive_rule_waits_for_the_warmup_then_turns_off_a_poor_sequence() {
         let mut r = SpecRecord::default();
-        for _ in 0..3 {
-            assert!(!r.record(4, 0, 0.2), "still warming up");
-        }
-        assert!(r.record(4, 0, 0.2));
+        r.record(4, 1, 0.2);
+        r.record(4, 1, 0.2);
+        r.record(4, 0, 0.2);
+        assert!(!r.off, "still warming up (12 drafts)");
+        assert_eq!(r.record(4, 0, 0.2), Verdict::OffLowRate, "2 of 16 kept");
         assert!(r.off);
-        assert!(!r.record(4, 4, 0.2), "off stays off");
+        assert_eq!(r.record(4, 4, 0.2), Verdict::Keep, "off stays off");
+        assert!(r.off);
         let mut good = SpecRecord::default();
         for _ in 0..100 {
-            assert!(!good.record(4, 2, 0.2));
+            assert_eq!(good.record(4, 2, 0.2), Verdict::Keep);
         }
         assert!(!good.off);
-        // A rate of 0 turns nothing off.
+        // A rate of 0 turns nothing off and never backs off.
         let mut any = SpecRecord::default();
         for _ in 0..100 {
-            assert!(!any.record(4, 0, 0.0));
+            assert_eq!(any.record(4, 0, 0.0), Verdict::Keep);
         }
+        assert_eq!(any.retry_in, 0);
+    }
+
+    #[test]
+    fn failing_drafts_back_off_longer_each_time_then_stop() {
+        let mut r = SpecRecord::default();
+        assert_eq!(r.record(1, 0, 0.05), Verdict::BackOff);
+        assert_eq!(r.retry_in, 4);
+        r.record_empty();
+        assert_eq!(r.retry_in, 8, "an empty lookup is a failure too");
+        assert_eq!(r.record(1, 0, 0.05), Verdict::BackOff);
+        assert_eq!(r.retry_in, 16);
+        assert_eq!(r.record(1, 1, 0.05), Verdict::Keep, "an accepted draft resets the back-off");
+        assert_eq!(r.failures, 0);
+        for _ in 0..MAX_FAILED_STEPS - 1 {
+            assert_eq!(r.record(1, 0, 0.05), Verdict::BackOff);
+        }
+        assert_eq!(r.record(1, 0, 0.05), Verdict::OffFailing, "before the warm-up of 16 drafts");
+        assert_eq!(backoff_steps(200), 64);
+    }
+
+    #[test]
+    fn useful_drafts_follow_what_is_accepted() {
+        let mut r = SpecRecord::default();
+        assert_eq!(r.useful_drafts(4), 4, "no record yet: k");
+        for _ in 0..30 {
+            r.record(4, 4, 0.1);
+        }
+        assert_eq!(r.useful_drafts(4), 4);
+        let mut poor = SpecRecord::default();
+        for _ in 0..30 {
+            poor.record(2, 1, 0.1);
+        }
+        assert_eq!(poor.useful_drafts(4), 2, "keeps one a step: proposes two");
+        poor.record(2, 2, 0.1);
+        assert_eq!(poor.useful_drafts(4), 3, "kept all: one more");
     }
 }
