@@ -62,22 +62,23 @@ impl Scheduler {
         if seq.pending_samples > 0 || seq.computed() + 1 != seq.num_tokens() || seq.num_output() == 0 {
             return 0;
         }
-        if seq.spec.retry_in > 0 {
-            // Backing off after failed proposals (at depth 1; at depth 2 `waits_for_result`
-            // counts these steps down).
+        // The adaptive rule (off with spec_min_acceptance = 0, which looks every step it
+        // can) backs off after failed proposals here too (at depth 1; at depth 2
+        // `waits_for_result` counts these steps down) and proposes only what is kept.
+        let adaptive = self.config.spec_min_acceptance > 0.0;
+        if adaptive && seq.spec.retry_in > 0 {
             self.seq_mut(seq_index).spec.retry_in -= 1;
             return 0;
         }
         let k_max = self.config.num_speculative_tokens;
-        // The adaptive rule (off with spec_min_acceptance = 0) proposes only what is kept.
-        let useful =
-            if self.config.spec_min_acceptance > 0.0 { seq.spec.useful_drafts(k_max) } else { k_max };
+        let useful = if adaptive { seq.spec.useful_drafts(k_max) } else { k_max };
         let k = max_d.min(self.draft_room(seq_index)).min(useful);
         if k == 0 {
             return 0;
         }
         let started = Instant::now();
         let (min_n, max_n) = (self.config.prompt_lookup_min, self.config.prompt_lookup_max);
+        let min_rate = self.config.spec_min_acceptance;
         let mut buf = std::mem::take(&mut self.draft_buf);
         let seq = self.seqs[seq_index as usize].as_mut().expect("live sequence");
         match self.config.speculative_method {
@@ -98,7 +99,7 @@ impl Scheduler {
         self.spec_stats.propose_ns += started.elapsed().as_nanos() as u64;
         let d = buf.len();
         if d == 0 {
-            seq.spec.record_empty();
+            seq.spec.record_empty(min_rate);
             self.spec_stats.empty_proposals += 1;
         }
         self.draft_buf = buf;

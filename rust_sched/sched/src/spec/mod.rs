@@ -143,8 +143,13 @@ impl SpecRecord {
         Verdict::Keep
     }
 
-    /// A lookup found nothing: back off before looking again.
-    pub fn record_empty(&mut self) {
+    /// A lookup found nothing: back off before looking again (by [`RETRY_AFTER_EMPTY`]
+    /// steps, not growing, when the adaptive rule is off: `min_rate` 0).
+    pub fn record_empty(&mut self, min_rate: f64) {
+        if min_rate <= 0.0 {
+            self.retry_in = RETRY_AFTER_EMPTY;
+            return;
+        }
         self.failures = self.failures.saturating_add(1);
         self.retry_in = backoff_steps(self.failures);
     }
@@ -204,7 +209,7 @@ mod tests {
         let mut r = SpecRecord::default();
         assert_eq!(r.record(1, 0, 0.05), Verdict::BackOff);
         assert_eq!(r.retry_in, 4);
-        r.record_empty();
+        r.record_empty(0.05);
         assert_eq!(r.retry_in, 8, "an empty lookup is a failure too");
         assert_eq!(r.record(1, 0, 0.05), Verdict::BackOff);
         assert_eq!(r.retry_in, 16);
