@@ -101,9 +101,15 @@ def test_seeded_sampling_equals_speculation_off(checkpoint, prompts):
     """Seeded rows draw each position's token with their (seed, position) variate, drafts
     or not: the outputs of speculation off, in any batch."""
     params = SamplingParams(temperature=0.8, top_p=0.9, seed=11, max_tokens=MAX_TOKENS, ignore_eos=True)
-    off, _ = generate(checkpoint, prompts[:6], params)
-    first, stats = generate(checkpoint, prompts[:6], params, speculative_config=spec("ngram"))
-    again, _ = generate(checkpoint, prompts[:6] + prompts[10:12], params, speculative_config=spec("ngram"))
+    # Prompts holding most of the vocabulary, so that a sampled token is almost always
+    # found in the context and prompt lookup proposes (the adaptive rule backs off after
+    # lookups that find nothing: with short prompts a random model's samples may leave
+    # no draft in 24 tokens).
+    rng = np.random.default_rng(5)
+    wide = [rng.permutation(np.arange(3, 500))[:400].tolist() for _ in range(6)]
+    off, _ = generate(checkpoint, wide, params)
+    first, stats = generate(checkpoint, wide, params, speculative_config=spec("ngram"))
+    again, _ = generate(checkpoint, wide + prompts[10:12], params, speculative_config=spec("ngram"))
     assert first == off
     assert again[:6] == off
     assert stats.scheduler["spec_draft_tokens"] > 0  # the speculative path ran, not only the plain one
