@@ -178,7 +178,11 @@ def test_encode_is_embed(llm):
     a = llm.encode(["hello", "world"], use_tqdm=False)
     b = llm.embed(["hello", "world"], use_tqdm=False)
     for x, y in zip(a, b, strict=True):
-        assert x.prompt_token_ids == y.prompt_token_ids and x.outputs.embedding == pytest.approx(y.outputs.embedding)
+        # Whether the two prompts share a step depends on when the second one reaches the
+        # scheduler, and a prompt prefilled alone differs from one prefilled beside another
+        # in float32's last bits (7e-8 here): the same task, not bit-identical floats.
+        assert x.prompt_token_ids == y.prompt_token_ids
+        assert x.outputs.embedding == pytest.approx(y.outputs.embedding, rel=1e-4, abs=1e-6)
     with pytest.raises(InvalidRequestError, match="pooling_task"):
         llm.encode("hello", use_tqdm=False, pooling_task="classify")
 
