@@ -12,7 +12,7 @@ from pyengine.executor.model_runner import ModelRunner
 from pyengine.sampling_params import SamplingParams
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.contiguous_reference import ContiguousKVCache, contiguous_step
-from pyengine.testing.hand_plan import HandPlanner
+from pyengine.testing.hand_plan import HandPlanner, prefill_alone
 
 VOCAB = 512
 VARIANTS = {
@@ -61,10 +61,7 @@ def _prompts(seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
 def test_prefill_logits_match_transformers(checkpoint):
     runner, reference = _runner(checkpoint), _reference(checkpoint)
     prompt = _prompts(1, (70,))[0]
-    planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=8)
-    planner.add(prompt)
-    out = runner.execute(planner.next_plan(), return_hidden=True)
-    ours = runner.model.compute_logits(out.hidden_states)
+    out, ours = prefill_alone(runner, prompt)
     with torch.no_grad():
         theirs = reference(torch.tensor([prompt])).logits[0]
     torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=1e-5)

@@ -9,7 +9,7 @@ import torch
 from test_models_parity import _prompts, _reference, _run_generation, _runner
 
 from pyengine.testing.checkpoints import make_tiny_checkpoint
-from pyengine.testing.hand_plan import HandPlanner
+from pyengine.testing.hand_plan import prefill_alone
 
 VARIANTS = {
     # norm_topk_prob on, a dense layer among the sparse ones (mlp_only_layers)
@@ -32,10 +32,7 @@ def checkpoint(request, tmp_path_factory):
 def test_prefill_logits_match_transformers(checkpoint):
     runner, reference = _runner(checkpoint), _reference(checkpoint)
     prompt = _prompts(1, (70,))[0]
-    planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=8)
-    planner.add(prompt)
-    out = runner.execute(planner.next_plan(), return_hidden=True)
-    ours = runner.model.compute_logits(out.hidden_states)
+    out, ours = prefill_alone(runner, prompt)
     with torch.no_grad():
         theirs = reference(torch.tensor([prompt])).logits[0]
     torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=1e-5)

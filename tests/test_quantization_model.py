@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-import transformers
 
-from pyengine import LLM, SamplingParams
 from pyengine.errors import InvalidConfigError
 from pyengine.executor.config import ExecutorConfig
-from pyengine.executor.model_runner import ModelRunner
 from pyengine.models.quantization.packed import QuantizationError
 from pyengine.testing.checkpoints import make_tiny_checkpoint
-from pyengine.testing.dequantized import write_dequantized_checkpoint
-from pyengine.testing.hand_plan import HandPlanner
+from pyengine.testing.quantized_parity import (
+    assert_greedy_matches_dequantized,
+    assert_prefill_matches_dequantized,
+    quantized_runner,
+)
 from pyengine.testing.tp_ranks import generate_on_rank, run_ranks
 
 # Every input width a multiple of 128 (int4's group), also per rank at TP=2 (o_proj 256 -> 128).
@@ -32,44 +31,14 @@ def checkpoint(request, tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("q"), "qwen3", tie_word_embeddings=request.param, **SHAPE)
 
 
-def _runner(path, method) -> ModelRunner:
-    return ModelRunner.from_pretrained(path, ExecutorConfig(max_num_seqs=8, max_model_len=256, num_kv_blocks=64,
-                                                            quantization=method))
-
-
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_prefill_logits_match_the_dequantized_reference(checkpoint, method, tmp_path):
-    runner = _runner(checkpoint, method)
-    reference_path = write_dequantized_checkpoint(runner.model, checkpoint, tmp_path / "dequantized")
-    reference = transformers.AutoModelForCausalLM.from_pretrained(reference_path, dtype=torch.float32).eval()
-    prompt = list(range(3, 73))
-    planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=8)
-    planner.add(prompt)
-    out = runner.execute(planner.next_plan(), return_hidden=True)
-    ours = runner.model.compute_logits(out.hidden_states)
-    with torch.no_grad():
-        theirs = reference(torch.tensor([prompt])).logits[0]
-        original = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)(
-            torch.tensor([prompt])).logits[0]
-    torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=RTOL)
-    # The quantized model is a different model: further from the float one than the tolerance.
-    assert float((ours - original).abs().max()) > 10 * ATOL
+    assert_prefill_matches_dequantized(quantized_runner(checkpoint, method), checkpoint, tmp_path, atol=ATOL, rtol=RTOL)
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_greedy_tokens_equal_the_dequantized_reference(checkpoint, method, tmp_path):
-    runner = _runner(checkpoint, method)
-    reference_path = write_dequantized_checkpoint(runner.model, checkpoint, tmp_path / "dequantized")
-    del runner
-    reference = transformers.AutoModelForCausalLM.from_pretrained(reference_path, dtype=torch.float32).eval()
-    reference.generation_config.eos_token_id = None
-    with torch.no_grad():
-        theirs = [reference.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False)[0, len(p):].tolist()
-                  for p in PROMPTS]
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    with LLM(str(checkpoint), quantization=method, max_model_len=256) as llm:
-        ours = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
-    assert ours == theirs
+    assert_greedy_matches_dequantized(checkpoint, method, tmp_path, PROMPTS)
 
 
 def test_int4_tensor_parallel_two_ranks_give_the_logits_of_one(tmp_path):
@@ -86,6 +55,6 @@ def test_bad_settings_are_clear_errors(tmp_path):
         ExecutorConfig(quantization="awq")
     small = make_tiny_checkpoint(tmp_path / "small", "qwen3")  # hidden 64: not a multiple of 128
     with pytest.raises(QuantizationError, match="int4.*divisible by 128"):
-        _runner(small, "int4")
+        quantized_runner(small, "int4")
     with pytest.raises(QuantizationError, match="'fp8'.*not supported on device 'cpu'"):
-        _runner(small, "fp8")
+        quantized_runner(small, "fp8")

@@ -41,6 +41,7 @@ from pyengine.models.layers import (
     GatedMLP,
     RMSNorm,
     RowParallelLinear,
+    native_rms_norm,
 )
 
 AnyLinear = ColumnParallelLinear | RowParallelLinear
@@ -89,10 +90,7 @@ class _Norm:
 
     def __call__(self, x: torch.Tensor, residual: Optional[torch.Tensor], threads: int) -> torch.Tensor:
         """The norm of ``x`` (of ``residual += x`` when given, in place)."""
-        out = torch.empty_like(x)
-        stream = None if residual is None else residual.numpy()
-        _kernels.rms_norm(out.numpy(), x.numpy(), self.weight, self.eps, stream, threads)
-        return out
+        return native_rms_norm(x, self.weight, self.eps, residual, threads)
 
 
 class _LayerProgram:

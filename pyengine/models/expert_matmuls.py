@@ -26,7 +26,7 @@ got rows (one host read of the counts per layer), never over tokens.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Iterator, Protocol
 
 import numpy as np
 import torch
@@ -106,6 +106,16 @@ def run_experts(
     return out
 
 
+def _expert_blocks(sizes: list[int]) -> Iterator[tuple[int, int, int]]:
+    """(expert, start, end) for each expert that received rows: rows ``start:end`` of the
+    expert-sorted input are that expert's block (``sizes[e]`` rows each, in expert order)."""
+    start = 0
+    for expert, size in enumerate(sizes):
+        if size:
+            yield expert, start, start + size
+            start += size
+
+
 def _native_rows(x: torch.Tensor) -> bool:
     """Whether ``x``'s blocks may go to the native kernels (float32 CPU, contiguous, widths
     of whole chunks); each block also needs at most ``gemv.MAX_ROWS`` rows."""
@@ -119,16 +129,11 @@ def _float_products(weights: torch.Tensor, sizes: list[int], x: torch.Tensor, ou
     native = _native_rows(x) and weights.dtype == torch.float32 and weights.is_contiguous()
     if native:
         w, xs, outs, threads = weights.numpy(), x.numpy(), out.numpy(), torch.get_num_threads()
-    start = 0
-    for expert, size in enumerate(sizes):
-        if not size:
-            continue
-        end = start + size
-        if native and size <= gemv.MAX_ROWS:
+    for expert, start, end in _expert_blocks(sizes):
+        if native and end - start <= gemv.MAX_ROWS:
             _kernels.gemv_f32(outs[start:end], xs[start:end], w[expert], threads)
         else:
             torch.mm(x[start:end], weights[expert].t(), out=out[start:end])
-        start = end
 
 
 class _PackedExperts:
@@ -152,15 +157,10 @@ class _PackedExperts:
         native = self.native and _native_rows(x)
         if native:
             xs, outs, threads = x.numpy(), out.numpy(), torch.get_num_threads()
-        start = 0
-        for expert, size in enumerate(sizes):
-            if not size:
-                continue
-            end = start + size
-            if native and size <= gemv.MAX_ROWS:
+        for expert, start, end in _expert_blocks(sizes):
+            if native and end - start <= gemv.MAX_ROWS:
                 qweight, scales, biases = self.arrays[expert]
                 _kernels.gemv_quantized(outs[start:end], xs[start:end], qweight, scales, biases, self.group_size,
                                         threads)
             else:
                 out[start:end] = reference_matmul(x[start:end], self.parts[expert])
-            start = end

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -134,13 +135,21 @@ class RMSNorm(torch.nn.Module):
         return self(residual)
 
     def _native(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> torch.Tensor:
-        out = torch.empty_like(x)
-        stream = None if residual is None else residual.numpy()
-        _kernels.rms_norm(out.numpy(), x.numpy(), self.kernel_weight().numpy(), self.eps, stream, _threads())
-        return out
+        return native_rms_norm(x, self.kernel_weight().numpy(), self.eps, residual, _threads())
 
     def weight_targets(self, name: str) -> dict[str, WeightTarget]:
         return {name: WeightTarget(self.weight, tuple(self.weight.shape))}
+
+
+def native_rms_norm(x: torch.Tensor, weight: np.ndarray, eps: float, residual: Optional[torch.Tensor],
+                    threads: int) -> torch.Tensor:
+    """The native kernel's RMSNorm of ``x`` (of ``residual += x``, in place, when
+    ``residual`` is given) times ``weight``, the norm's kernel weight as a numpy array;
+    every tensor float32, CPU and contiguous. A new tensor."""
+    out = torch.empty_like(x)
+    stream = None if residual is None else residual.numpy()
+    _kernels.rms_norm(out.numpy(), x.numpy(), weight, eps, stream, threads)
+    return out
 
 
 def _native_float32(t: torch.Tensor) -> bool:

@@ -30,16 +30,29 @@ _DEEPSEEK_YARN: dict[str, Any] = dict(
     rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=1024,
     beta_fast=32, beta_slow=1,
 )
+# The shape most tiny architectures share: two layers, grouped-query attention (4 heads, 2 KV heads).
+_SMALL_DENSE: dict[str, Any] = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
+# Qwen2's sliding windows of 20 tokens (not a multiple of the tests' 16-token blocks) on
+# the layers from max_window_layers on.
+_QWEN2_WINDOWED: dict[str, Any] = dict(
+    config_class="Qwen2Config",
+    **_SMALL_DENSE,
+    use_sliding_window=True,
+    sliding_window=20,
+    tie_word_embeddings=True,
+)
 
 # Small shapes that still exercise GQA, explicit head_dim, biases and rope scaling.
 TINY_ARCHITECTURES: dict[str, dict[str, Any]] = {
     "llama": dict(
         config_class="LlamaConfig",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **_SMALL_DENSE,
         tie_word_embeddings=False,
     ),
     "llama3": dict(
@@ -143,38 +156,12 @@ TINY_ARCHITECTURES: dict[str, dict[str, Any]] = {
     # Sliding windows of 20 tokens: not a multiple of the tests' 16-token blocks.
     "mistral_window": dict(
         config_class="MistralConfig",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **_SMALL_DENSE,
         sliding_window=20,
         tie_word_embeddings=False,
     ),
-    "qwen2_window_all": dict(  # every layer windowed (max_window_layers=0)
-        config_class="Qwen2Config",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        use_sliding_window=True,
-        sliding_window=20,
-        max_window_layers=0,
-        tie_word_embeddings=True,
-    ),
-    "qwen2_window": dict(  # layer 0 full, layer 1 windowed (max_window_layers)
-        config_class="Qwen2Config",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        use_sliding_window=True,
-        sliding_window=20,
-        max_window_layers=1,
-        tie_word_embeddings=True,
-    ),
+    "qwen2_window_all": dict(_QWEN2_WINDOWED, max_window_layers=0),  # every layer windowed
+    "qwen2_window": dict(_QWEN2_WINDOWED, max_window_layers=1),  # layer 0 full, layer 1 windowed
     # Soft-caps small enough to matter on random weights; query_pre_attn_scalar != head_dim.
     "gemma2": dict(
         config_class="Gemma2Config",
@@ -208,11 +195,7 @@ TINY_ARCHITECTURES: dict[str, dict[str, Any]] = {
     # longrope: short factors up to 128 positions, long ones past them.
     "phi3": dict(
         config_class="Phi3Config",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **_SMALL_DENSE,
         original_max_position_embeddings=128,
         rope_scaling={
             "rope_type": "longrope",

@@ -32,6 +32,16 @@ from pyengine.executor.plan import PLACEHOLDER_TOKEN, HandBuiltPlan
 from pyengine.sampling_params import PoolingParams, SamplingParams
 
 
+def prefill_alone(runner: Any, prompt: list[int]) -> tuple[Any, Any]:
+    """``prompt`` prefilled alone in one plan through ``runner`` (a
+    :class:`~pyengine.executor.model_runner.ModelRunner`): (its step output, the logits at
+    every prompt position)."""
+    planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=8)
+    planner.add(prompt)
+    out = runner.execute(planner.next_plan(), return_hidden=True)
+    return out, runner.model.compute_logits(out.hidden_states)
+
+
 class HandPlanError(RuntimeError):
     """The hand planner ran out of rows or blocks, or was given an unknown sequence."""
 
