@@ -9,11 +9,9 @@ import pytest
 import torch
 import transformers
 
-from pyengine.errors import InvalidConfigError
 from pyengine.executor.attention.sdpa import SdpaBackend
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
-from pyengine.models.architectures import check_tensor_parallel
 from pyengine.models.config import parse_decoder_config
 from pyengine.models.errors import UnsupportedModelError
 from pyengine.sampling_params import SamplingParams
@@ -121,13 +119,6 @@ def test_phi3_long_prompt_uses_the_long_factors(tmp_path):
     short = rotary.cos_sin(positions, torch.float32, torch.full((4,), 100))[0]
     long = rotary.cos_sin(positions, torch.float32, torch.full((4,), 129))[0]
     assert (short - long).abs().max() > 1e-3
-
-
-def test_phi3_refuses_tensor_parallelism_naming_the_fused_tensors(tmp_path):
-    path = make_tiny_checkpoint(tmp_path, "phi3", vocab_size=VOCAB)
-    config = _runner(path).loaded.config
-    with pytest.raises(InvalidConfigError, match="fused qkv_proj"):
-        check_tensor_parallel(config, 2)
 
 
 BASE = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)

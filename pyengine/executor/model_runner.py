@@ -272,7 +272,7 @@ class ModelRunner:
         """Hidden states of every token and float32 logits of ``logits_indices`` (the
         tensor-parallel rank 0 runs this with its collectives, see ``tensor_parallel``)."""
         hidden = self.model(
-            input_ids, positions, self.attention_backend.bind(self.kv_cache, layout), _context_lens(self.model, layout)
+            input_ids, positions, self.attention_backend.bind(self.kv_cache, layout), context_lens(self.model, layout)
         )
         if logits_indices.numel() == 0:
             return hidden, hidden.new_zeros(0, self.model.config.vocab_size, dtype=torch.float32)
@@ -391,7 +391,7 @@ def _max_model_len(config: ExecutorConfig, max_positions: int) -> int:
     return config.max_model_len
 
 
-def _context_lens(model: torch.nn.Module, layout: StepAttentionLayout) -> Optional[torch.Tensor]:
+def context_lens(model: torch.nn.Module, layout: StepAttentionLayout) -> Optional[torch.Tensor]:
     """Each token's sequence length after the step, for a rotary that depends on it
     (longrope, ``models/rope.py``); None for every other model (no per-step cost)."""
     if not model.rotary.needs_context_lens:

@@ -40,6 +40,13 @@ class WeightTarget:
     rank keeps rows ``[shard.start, shard.start + shard.size)`` of it along ``shard_dim``
     (None: the whole tensor, replicated) and copies them into ``parameter`` rows
     ``[row_offset, row_offset + rows)`` (the whole parameter when ``row_offset`` is None).
+
+    ``parts`` describes a fused checkpoint tensor (Phi-3's ``qkv_proj``, ``gate_up_proj``):
+    its rows are the parts one after another (``part.full`` rows each), and this rank
+    keeps rows ``[part.start, part.start + part.size)`` of every part, in order
+    (:meth:`kept_rows`); such a tensor is read whole and cut by :func:`rank_rows`.
+    A target that keeps no rows (``held`` False: expert parallelism, another rank's
+    expert) names a tensor the checkpoint must have but this rank does not read.
     """
 
     parameter: torch.nn.Parameter
@@ -47,6 +54,28 @@ class WeightTarget:
     shard_dim: Optional[int] = None
     row_offset: Optional[int] = None
     shard: Optional[Shard] = None
+    parts: tuple[Shard, ...] = ()
+
+    @property
+    def held(self) -> bool:
+        """Whether this rank keeps any of the tensor."""
+        return self.shard is None or self.shard.size > 0
+
+    def kept_rows(self) -> list[tuple[int, int]]:
+        """(first row, rows) of the fused checkpoint tensor this rank keeps, per part."""
+        rows, start = [], 0
+        for part in self.parts:
+            rows.append((start + part.start, part.size))
+            start += part.full
+        return rows
+
+
+def rank_rows(dest: WeightTarget, tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's rows of a fused checkpoint tensor (``dest.parts``), in the parameter's
+    order; ``tensor`` itself when the target is not fused."""
+    if not dest.parts:
+        return tensor
+    return torch.cat([tensor.narrow(0, start, size) for start, size in dest.kept_rows()])
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +243,16 @@ class ColumnParallelLinear(torch.nn.Module):
                     self.bias, (part.full,), shard_dim=0, row_offset=offset, shard=part
                 )
             offset += part.size
+        return targets
+
+    def fused_weight_targets(self, name: str) -> dict[str, WeightTarget]:
+        """The checkpoint tensors of a checkpoint that stores the parts fused, one tensor
+        ``<name>.weight`` (and ``.bias``) with the parts' rows in order (Phi-3)."""
+        parts = tuple(self.parts)
+        full = sum(part.full for part in parts)
+        targets = {f"{name}.weight": WeightTarget(self.weight, (full, self.input_size), parts=parts)}
+        if self.bias is not None:
+            targets[f"{name}.bias"] = WeightTarget(self.bias, (full,), parts=parts)
         return targets
 
 

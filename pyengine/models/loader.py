@@ -30,7 +30,7 @@ from pyengine.models.config import DecoderConfig, parse_decoder_config
 from pyengine.models.decoder import DecoderForCausalLM
 from pyengine.models.dtypes import normalize_dtype
 from pyengine.models.errors import ModelLoadError, WeightMismatchError
-from pyengine.models.layers import WeightTarget
+from pyengine.models.layers import WeightTarget, rank_rows
 from pyengine.models.parallel import ParallelContext
 from pyengine.models.quantization.apply import quantize_model
 from pyengine.models.quantization.checkpoint_config import checkpoint_quantization
@@ -190,6 +190,8 @@ def fill_dummy_weights(model: DecoderForCausalLM, seed: int) -> None:
     with torch.no_grad():
         model.zero_padding()
         for name, dest in model.weight_targets().items():
+            if not dest.held:
+                continue
             dtype = dest.parameter.dtype
             if name.endswith("norm.weight"):
                 full = torch.ones(dest.checkpoint_shape, dtype=dtype, device=device)
@@ -198,7 +200,7 @@ def fill_dummy_weights(model: DecoderForCausalLM, seed: int) -> None:
                 full = torch.empty(dest.checkpoint_shape, dtype=dtype, device=device)
                 full.normal_(0.0, 0.02, generator=generator)
             cut = _cut(dest)
-            _copy_into_target(dest, full if cut is None else full.narrow(*cut))
+            _copy_into_target(dest, rank_rows(dest, full if cut is None else full.narrow(*cut)))
 
 
 def load_checkpoint_weights(model: DecoderForCausalLM, folder: Path, *, allow_bin: bool = True) -> None:
@@ -217,15 +219,16 @@ def load_checkpoint_weights(model: DecoderForCausalLM, folder: Path, *, allow_bi
     )
     if missing or unexpected or wrong_shapes:
         raise WeightMismatchError(missing, unexpected, wrong_shapes)
-    wanted = {name: _cut(dest) for name, dest in targets.items()}
+    wanted = {name: _cut(dest) for name, dest in targets.items() if dest.held}
     with torch.no_grad():
         model.zero_padding()
         for name, tensor in iterate_shards(files, wanted):
-            _copy_into_target(targets[name], tensor)
+            _copy_into_target(targets[name], rank_rows(targets[name], tensor))
 
 
 def _cut(dest: WeightTarget) -> Optional[tuple[int, int, int]]:
-    """(dim, start, size) of the checkpoint tensor this rank reads; None: all of it."""
+    """(dim, start, size) of the checkpoint tensor this rank reads; None: all of it (a
+    fused tensor is read whole, then cut per part by ``rank_rows``)."""
     if dest.shard_dim is None or dest.shard is None:
         return None
     if dest.shard.start == 0 and dest.shard.size == dest.shard.full:

@@ -35,7 +35,7 @@ from pyengine.errors import EngineDeadError, EngineError, InvalidConfigError, Mo
 from pyengine.executor.attention.metadata import StepAttentionLayout
 from pyengine.executor.attention.selector import resolve_block_size
 from pyengine.executor.config import ExecutorConfig
-from pyengine.executor.model_runner import ModelRunner
+from pyengine.executor.model_runner import ModelRunner, context_lens
 from pyengine.executor.plan import StepPlanLike, last_sample_per_row
 from pyengine.executor.prompt_logprobs import prompt_slices
 from pyengine.executor.runner_output import ModelRunnerOutput
@@ -250,7 +250,8 @@ class TensorParallelRunner(ModelRunner):
         model = self.model
 
         def forward() -> tuple[torch.Tensor, torch.Tensor]:
-            hidden = model(input_ids, positions, self.attention_backend.bind(self.kv_cache, layout))
+            attention = self.attention_backend.bind(self.kv_cache, layout)
+            hidden = model(input_ids, positions, attention, context_lens(model, layout))
             return hidden, model.local_logits(hidden.index_select(0, logits_indices))
 
         hidden, error, local = run_forward(

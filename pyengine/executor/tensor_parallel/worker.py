@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from pyengine.executor.config import ExecutorConfig
-from pyengine.executor.model_runner import ModelRunner
+from pyengine.executor.model_runner import ModelRunner, context_lens
 from pyengine.executor.prompt_logprobs import prompt_slices
 from pyengine.executor.tensor_parallel.collective_step import gather_logits, run_forward
 from pyengine.executor.tensor_parallel.host_collectives import HostCollectives
@@ -105,7 +105,8 @@ class WorkerStep:
         input_ids = torch.from_numpy(plan.input_ids).to(device)
         positions = torch.from_numpy(plan.positions).to(device)
         layout = runner._layout(plan, rows)  # type: ignore[arg-type]
-        hidden = self.model(input_ids, positions, runner.attention_backend.bind(runner.kv_cache, layout))
+        attention = runner.attention_backend.bind(runner.kv_cache, layout)
+        hidden = self.model(input_ids, positions, attention, context_lens(self.model, layout))
         indices = torch.from_numpy(plan.logits_indices).to(device)
         return hidden, self.model.local_logits(hidden.index_select(0, indices))
 

@@ -26,7 +26,7 @@ import torch
 
 from pyengine.models.decoder import DecoderForCausalLM
 from pyengine.models.errors import WeightMismatchError
-from pyengine.models.layers import WeightTarget
+from pyengine.models.layers import WeightTarget, rank_rows
 from pyengine.models.quantization.packed import PackedWeight, QuantizationError
 
 Weight = Union[torch.Tensor, PackedWeight]
@@ -47,6 +47,8 @@ def fill_model(model: DecoderForCausalLM, shapes: dict[str, tuple[int, ...]], re
     with torch.no_grad():
         model.zero_padding()
         for name, dest in targets.items():
+            if not dest.held:  # another rank's expert (expert parallelism)
+                continue
             weight = _this_rank(read(name), dest)
             if name in ("lm_head.weight", "model.embed_tokens.weight"):
                 _fill_vocab(model, name, dest, weight)
@@ -101,6 +103,10 @@ def _linear_modules(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
 
 def _this_rank(weight: Weight, dest: WeightTarget) -> Weight:
     """The shard of ``weight`` this rank keeps (see ``WeightTarget``)."""
+    if dest.parts:  # a fused tensor (Phi-3's qkv_proj): each part's rows of this rank
+        if not isinstance(weight, PackedWeight):
+            return rank_rows(dest, weight)
+        return PackedWeight.concat_rows([weight.rows(start, size) for start, size in dest.kept_rows()])
     shard = dest.shard
     if dest.shard_dim is None or shard is None or (shard.start == 0 and shard.size == shard.full):
         return weight
