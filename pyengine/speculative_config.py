@@ -8,9 +8,9 @@ at fault. vLLM's keys keep their meaning; a key pyengine does not implement is r
 name rather than ignored, so a config never silently means less than it says.
 
 What each method maps to in the scheduler (docs/speculative_decoding.md): "ngram" and
-"suffix" are proposed by the Rust scheduler itself; "draft_model" by the executor (a
-second, smaller model sharing the target's vocabulary); "eagle3" is refused: not
-supported yet.
+"suffix" are proposed by the Rust scheduler itself; "draft_model" (a second, smaller model
+sharing the target's vocabulary) and "eagle3" (an EAGLE-3 head reading the target's hidden
+states) by the executor.
 """
 
 from __future__ import annotations
@@ -37,14 +37,15 @@ class SpeculativeConfig:
 
     - ``method``: "ngram" (prompt lookup: the continuation of the last n-gram's earlier
       occurrence in the sequence), "suffix" (the longest earlier match of the sequence's
-      suffix), "draft_model" (a smaller checkpoint, ``model``), "eagle3" (refused: not
-      supported yet). Without ``method``, a ``model`` means "draft_model", as in vLLM.
+      suffix), "draft_model" (a smaller checkpoint, ``model``), "eagle3" (an EAGLE-3 head
+      checkpoint as published, ``model``). Without ``method``, a ``model`` means
+      "draft_model", as in vLLM.
     - ``num_speculative_tokens``: drafts proposed per sequence and step (k, 1 to 32).
     - ``prompt_lookup_min`` / ``prompt_lookup_max``: n-gram lengths tried, longest
       first ("ngram" only). vLLM's defaults: both 5 when neither is given, else the
       missing one equals the other.
-    - ``model``: the draft checkpoint folder ("draft_model"); it must share the target's
-      vocabulary (checked when it loads).
+    - ``model``: the draft checkpoint folder ("draft_model") or the EAGLE-3 head's
+      ("eagle3"); either must share the target's vocabulary (checked when it loads).
     - ``draft_tensor_parallel_size``: vLLM's key; only 1 (or unset) is accepted.
     """
 
@@ -61,12 +62,9 @@ class SpeculativeConfig:
 
         if self.method in _OTHER_VLLM_METHODS:
             raise InvalidConfigError(f"speculative_config: method {self.method!r} is not supported by pyengine "
-                                     f"(supported: {', '.join(METHODS[:3])})")
+                                     f"(supported: {', '.join(METHODS)})")
         if self.method not in METHODS:
             raise bad("method", f"must be one of {', '.join(repr(m) for m in METHODS)}")
-        if self.method == "eagle3":
-            raise InvalidConfigError("speculative_config: method 'eagle3' is not supported yet (EAGLE-3 heads cannot "
-                                     "be loaded by this version); use 'ngram', 'suffix' or 'draft_model'")
         k = self.num_speculative_tokens
         if not _is_int(k) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise bad("num_speculative_tokens", f"must be an integer from 1 to {MAX_SPECULATIVE_TOKENS}")
@@ -84,9 +82,9 @@ class SpeculativeConfig:
             for key in ("prompt_lookup_min", "prompt_lookup_max"):
                 if getattr(self, key) is not None:
                     raise bad(key, "applies to method 'ngram' only")
-        if self.method == "draft_model":
+        if self.method in ("draft_model", "eagle3"):
             if not isinstance(self.model, (str, Path)) or not (Path(self.model) / "config.json").is_file():
-                raise bad("model", "must be a checkpoint folder (with a config.json) for method 'draft_model'")
+                raise bad("model", f"must be a checkpoint folder (with a config.json) for method {self.method!r}")
             object.__setattr__(self, "model", str(self.model))
         elif self.model is not None:
             raise bad("model", f"does not apply to method {self.method!r}")
@@ -100,8 +98,8 @@ class SpeculativeConfig:
 
     @property
     def proposed_by_executor(self) -> bool:
-        """Drafts come from the executor with each step's result (a draft model)."""
-        return self.method == "draft_model"
+        """Drafts come from the executor with each step's result (a draft model, an EAGLE-3 head)."""
+        return self.method in ("draft_model", "eagle3")
 
     def scheduler_fields(self) -> dict[str, Any]:
         """The scheduler's keyword arguments (docs/speculative_decoding.md)."""

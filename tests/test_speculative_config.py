@@ -38,7 +38,7 @@ def test_json_and_dict_give_the_same_config():
     ({"method": "suffix", "num_speculative_tokens": 2, "prompt_lookup_max": 2}, "'ngram' only"),
     ({"method": "ngram", "num_speculative_tokens": 2, "model": "/x"}, "model does not apply"),
     ({"method": "draft_model", "num_speculative_tokens": 2, "model": "/no/such/folder"}, "checkpoint folder"),
-    ({"method": "eagle3", "num_speculative_tokens": 2}, "not supported yet"),
+    ({"method": "eagle3", "num_speculative_tokens": 2}, "checkpoint folder .* for method 'eagle3'"),
     ({"method": "medusa", "num_speculative_tokens": 2}, "not supported by pyengine"),
     ({"method": "lookahead", "num_speculative_tokens": 2}, "must be one of"),
     ({"method": "ngram", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2}, "draft_tensor_parallel"),

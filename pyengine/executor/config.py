@@ -40,8 +40,8 @@ class ExecutorConfig:
     - ``logits_processors``: custom ``LogitsProcessor`` classes (or qualified names) run
       after the built-in ones, on tensor-parallel rank 0 (docs/logits_processors.md).
     - ``speculative_config``: speculative decoding's settings (a ``SpeculativeConfig`` or
-      its dict); the executor loads a draft model for method "draft_model"
-      (docs/speculative_decoding.md).
+      its dict); the executor loads a draft model for method "draft_model", an EAGLE-3
+      head for "eagle3" (docs/speculative_decoding.md).
     """
 
     dtype: str = "auto"

@@ -26,6 +26,7 @@ from pyengine.executor.attention.selector import (
 )
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.draft_proposer import DraftProposer
+from pyengine.executor.eagle3_proposer import Eagle3Proposer
 from pyengine.executor.grammar_mask import GrammarMaskApplier
 from pyengine.executor.kv_cache import KVCacheShape, PagedKVCache
 from pyengine.executor.latent_kv_cache import LatentKVCache, LatentKVCacheShape
@@ -41,6 +42,7 @@ from pyengine.executor.prompt_logprobs import (
     PromptLogprobsTable,
     compute_prompt_logprobs,
 )
+from pyengine.executor.proposals import StepTokens
 from pyengine.executor.rejection_sampler import DraftLayout, Verdict
 from pyengine.executor.row_isolation import mask_isolated, process_isolated, sample_isolated
 from pyengine.executor.runner_output import ModelRunnerOutput, PromptLogprobsOutput
@@ -123,10 +125,15 @@ class ModelRunner:
         self.sampler = Sampler(self.batch.sampling, self.generator)
         self.verifier = SpecVerifier(self.batch.sampling, self.generator)
         self.prompt_logprobs = PromptLogprobsTable(config.max_num_seqs, model_config.vocab_size)
-        self.proposer: Optional[DraftProposer] = None  # speculative_config's draft model
+        # speculative_config's draft model or EAGLE-3 head; the target layers EAGLE-3 reads
+        self.proposer: Optional[Union[DraftProposer, Eagle3Proposer]] = None
+        self.aux_layers: tuple[int, ...] = ()
         spec = config.speculative_config
         if spec is not None and spec.method == "draft_model":
             self.proposer = DraftProposer.load(spec, loaded, config, num_blocks, self.block_size, self.max_model_len)
+        elif spec is not None and spec.method == "eagle3":
+            self.proposer = Eagle3Proposer.load(spec, loaded, config, num_blocks, self.block_size, self.max_model_len)
+            self.aux_layers = self.proposer.aux_layers
         self.grammar_masks = GrammarMaskApplier(self.device)
 
     @classmethod
@@ -149,7 +156,7 @@ class ModelRunner:
         reads the same tables."""
         groups = model_kv_groups(self.loaded.config)
         if self.proposer is not None:
-            groups += model_kv_groups(self.proposer.loaded.config)
+            groups += self.proposer.kv_groups
         return groups
 
     @property
@@ -179,7 +186,11 @@ class ModelRunner:
         positions = _to_device(plan.positions, torch.int64, device)
         layout = self._layout(plan, rows)
         logits_indices_t = _to_device(plan.logits_indices, torch.int64, device)
-        hidden, logits = self._forward(input_ids, positions, layout, logits_indices_t)
+        aux = None
+        if self.aux_layers:  # EAGLE-3: the target's auxiliary hidden states, from the same forward
+            hidden, logits, aux = self._forward_capturing(input_ids, positions, layout, logits_indices_t)
+        else:
+            hidden, logits = self._forward(input_ids, positions, layout, logits_indices_t)
         output = ModelRunnerOutput(
             plan.step_id, np.zeros(0, dtype=np.int64), hidden_states=hidden if return_hidden else None
         )
@@ -212,9 +223,9 @@ class ModelRunner:
             if result.logprobs is not None:
                 output.sampled_seq_ids = self.batch.seq_ids[plan.sample_rows]
             output.logits = logits if return_logits else None
-        if self.proposer is not None:  # the draft model: next step's drafts
-            self.proposer.mirror(input_ids, positions, layout)
-            output.next_drafts = self.proposer.propose_after(plan, output, self.batch.block_table)
+        if self.proposer is not None:  # the draft model or EAGLE-3 head: next step's drafts
+            step = StepTokens(plan, input_ids, positions, layout, aux)
+            output.next_drafts = self.proposer.after_step(step, output, self.batch)
         if len(plan.pool_indices):
             output.pooled = self._pool(plan, hidden)
             output.pooled_seq_ids = self.batch.seq_ids[plan.rows[plan.pool_indices]]
@@ -277,6 +288,21 @@ class ModelRunner:
         if logits_indices.numel() == 0:
             return hidden, hidden.new_zeros(0, self.model.config.vocab_size, dtype=torch.float32)
         return hidden, self.model.compute_logits(hidden.index_select(0, logits_indices))
+
+    def _forward_capturing(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, layout: StepAttentionLayout,
+        logits_indices: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``_forward``, plus the residual stream entering each of ``aux_layers`` [T, n * hidden]
+        (one device only: EAGLE-3 is refused at tensor_parallel_size > 1)."""
+        hidden, aux = self.model.forward_capturing(
+            input_ids, positions, self.attention_backend.bind(self.kv_cache, layout),
+            context_lens(self.model, layout), self.aux_layers,
+        )
+        assert aux is not None  # aux_layers is not empty
+        if logits_indices.numel() == 0:
+            return hidden, hidden.new_zeros(0, self.model.config.vocab_size, dtype=torch.float32), aux
+        return hidden, self.model.compute_logits(hidden.index_select(0, logits_indices)), aux
 
     def _fail_fully_masked(self, plan: StepPlanLike, logits: torch.Tensor) -> None:
         """Fails the samples left with no token (see ``masked_rows``), only those."""

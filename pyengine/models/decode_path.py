@@ -186,9 +186,13 @@ class NativeDecodePath:
         positions: torch.Tensor,
         attention: object,
         context_lens: Optional[torch.Tensor],
+        aux_layers: tuple[int, ...] = (),
+        captured: Optional[list[torch.Tensor]] = None,
     ) -> Optional[torch.Tensor]:
         """Final-normed hidden states [T, hidden] as ``DecoderForCausalLM.forward`` computes
-        them, or None (nothing done) when this step is not one the path takes."""
+        them, or None (nothing done) when this step is not one the path takes. With
+        ``aux_layers``, the residual stream entering each of those layers is appended to
+        ``captured`` (``DecoderForCausalLM.forward_capturing``)."""
         rows = input_ids.shape[0]
         fused_decode = getattr(attention, "fused_decode", None)
         if not 0 < rows <= gemv.MAX_ROWS or fused_decode is None:
@@ -204,7 +208,9 @@ class NativeDecodePath:
             local = _rows(model.local_rotary.cos_sin(positions, hidden.dtype), rows)
         threads = torch.get_num_threads()
         residual: Optional[torch.Tensor] = None
-        for program in self.layers:
+        for index, program in enumerate(self.layers):
+            if captured is not None and index in aux_layers:
+                captured.append(hidden.clone() if residual is None else hidden + residual)
             layer_cos, layer_sin = local if local is not None and program.uses_local_rope else (cos, sin)
             hidden, residual = program.run(hidden, residual, layer_cos, layer_sin, fused, threads)
         return self.final_norm(hidden, residual, threads)

@@ -164,20 +164,37 @@ class DecoderForCausalLM(torch.nn.Module):
 
         ``context_lens`` [T] (each token's sequence length after this step) matters only
         to longrope (``rotary.needs_context_lens``); see ``rope.py``."""
+        return self.forward_capturing(input_ids, positions, attention, context_lens)[0]
+
+    def forward_capturing(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attention: AttentionOp,
+        context_lens: torch.Tensor | None = None,
+        aux_layers: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``forward``, and with ``aux_layers`` (ascending layer indices) the residual stream
+        entering each of those layers, concatenated per token [T, len(aux_layers) * hidden]
+        (EAGLE-3's auxiliary hidden states: layer 0's input is the embeddings); None without."""
+        captured: list[torch.Tensor] | None = [] if aux_layers else None
         if self.decode_path is not None:  # decode steps on CPU: the same kernels, no plumbing
-            decoded = self.decode_path.forward(input_ids, positions, attention, context_lens)
+            decoded = self.decode_path.forward(input_ids, positions, attention, context_lens, aux_layers, captured)
             if decoded is not None:
-                return decoded
+                return decoded, _concat(captured)
         hidden = self.embed_tokens(input_ids)
         if self.scales_embeddings:  # the multiplier in the weights' dtype, as transformers rounds it
             hidden = hidden * torch.tensor(self.config.hidden_size**0.5, dtype=hidden.dtype)
         cos, sin = self.rotary.cos_sin(positions, hidden.dtype, context_lens)
         local = None if self.local_rotary is None else self.local_rotary.cos_sin(positions, hidden.dtype)
         residual: torch.Tensor | None = None
-        for layer in self.layers:
+        for index, layer in enumerate(self.layers):
+            if captured is not None and index in aux_layers:
+                captured.append(hidden.clone() if residual is None else hidden + residual)
             layer_cos, layer_sin = local if local is not None and layer.uses_local_rope else (cos, sin)
             hidden, residual = layer(hidden, residual, layer_cos, layer_sin, attention)
-        return self.norm(hidden) if residual is None else self.norm.add_and_norm(hidden, residual)
+        out = self.norm(hidden) if residual is None else self.norm.add_and_norm(hidden, residual)
+        return out, _concat(captured)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [N, vocab] for the given hidden states [N, hidden] (gathered
@@ -261,6 +278,10 @@ class DecoderForCausalLM(torch.nn.Module):
         if self.config.tie_word_embeddings and name == "lm_head.weight":
             return True
         return _IGNORED_CHECKPOINT_TENSORS.match(name) is not None
+
+
+def _concat(captured: list[torch.Tensor] | None) -> torch.Tensor | None:
+    return None if captured is None else torch.cat(captured, dim=-1)
 
 
 class LlamaForCausalLM(DecoderForCausalLM):

@@ -1,0 +1,176 @@
+"""EAGLE-3 drafts (``speculative_config={"method": "eagle3", "model": HEAD, ...}``).
+
+The head (``models/eagle3.py``) reads, at each position ``p``, the embedding of the token
+at ``p + 1`` beside a hidden state: for committed positions the target's own (its three
+auxiliary layers' states, captured in the target's forward, through ``fc``), for the
+proposal steps the head's previous output. It keeps a one-layer paged KV cache indexed by
+the target's block tables, like the draft model's:
+
+1. **Mirror.** After each step's verdict, the head runs over the step's tokens shifted by
+   one: the pair (token at ``p + 1``, target state at ``p``) at position ``p``, for every
+   ``p`` whose next token is now known and committed. The state of a row's last committed
+   position is kept (the *carry*, per persistent-batch row) until the next step brings the
+   token after it; so the first pair of a step is (its first token, the carry). A drafted
+   sequence's positions after its last accepted token are not mirrored (only accepted
+   tokens' states are valid); the next step starts there. A chunk with no carry (a new
+   sequence, a prefix-cache hit, a resumed preemption) skips its first pair: that
+   position's head KV is the one the cache block holds, which for a shared block was
+   written for another continuation. That only changes drafts, never outputs.
+2. **Propose.** For each sampled sequence the plan names in ``propose_indices``: the token
+   just emitted with the carry at the position before it, then k greedy steps, each on the
+   previous one's draft and pre-norm output, into scratch blocks (``proposals``). Draft ids
+   are mapped to the target's vocabulary through ``d2t``.
+
+Drafts are the head's argmax: point masses, so rejection sampling stays exact with ``q = 1``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+from pyengine.executor.attention.metadata import StepAttentionLayout
+from pyengine.executor.attention.selector import select_attention_backend
+from pyengine.executor.kv_cache import KVCacheShape, PagedKVCache
+from pyengine.executor.proposals import (
+    Drafts,
+    ScratchBlocks,
+    StepTokens,
+    draft_counts,
+    kept_drafts,
+    proposal_starts,
+    propose_named,
+)
+from pyengine.models.eagle3 import Eagle3Head, load_eagle3_head
+from pyengine.models.eagle3_config import read_eagle3_config
+from pyengine.models.loader import LoadedModel
+
+
+class Eagle3Proposer:
+    """The EAGLE-3 head, its KV cache, the per-row carry and the proposal loop (module docstring)."""
+
+    def __init__(self, head: Eagle3Head, target: LoadedModel, k: int, num_blocks: int, block_size: int,
+                 max_rows: int, max_model_len: int, attention_backend: str) -> None:
+        self.head, self.k, self.device = head, k, target.device
+        self.block_size, self.max_model_len = block_size, max_model_len
+        self.aux_layers = head.config.aux_layer_ids
+        self.embed: Callable[[torch.Tensor], torch.Tensor] = (
+            head.embed_tokens if head.embed_tokens is not None else target.model.embed_tokens)
+        layer = head.config.layer
+        self.scratch = ScratchBlocks(num_blocks, max_rows, k, block_size, max_model_len, self.device)
+        shape = KVCacheShape(num_layers=1, num_kv_heads=head.num_kv_heads, head_dim=layer.head_dim,
+                             block_size=block_size, dtype=target.dtype)
+        self.kv_cache = PagedKVCache(shape, self.scratch.total_blocks, self.device)
+        self.backend = select_attention_backend(attention_backend, self.device, target.dtype)
+        # Each row's last committed position: the head's input state there, which sequence, where.
+        self.carry = torch.zeros(max_rows, layer.hidden_size, dtype=target.dtype, device=self.device)
+        self.carry_seq = np.full(max_rows, -1, dtype=np.int64)
+        self.carry_position = np.full(max_rows, -1, dtype=np.int64)
+
+    @classmethod
+    def load(cls, spec: Any, target: LoadedModel, config: Any, num_blocks: int, block_size: int,
+             max_model_len: int) -> "Eagle3Proposer":
+        folder = Path(spec.model)
+        head_config = read_eagle3_config(folder, target.config)
+        head = load_eagle3_head(folder, head_config, target.dtype, target.device, max_model_len)
+        return cls(head, target, spec.num_speculative_tokens, num_blocks, block_size, config.max_num_seqs,
+                   max_model_len, config.attention_backend)
+
+    @property
+    def kv_groups(self) -> list[tuple[Optional[int], int]]:
+        """The head's one full-attention layer, which reads the target's block tables."""
+        return [(None, 1)]
+
+    def after_step(self, step: StepTokens, output: Any, batch: Any) -> Optional[Drafts]:
+        """Mirrors the step's committed tokens into the head's cache, then proposes the next
+        step's drafts (``batch``: the runner's persistent batch: block tables, seq ids)."""
+        assert step.aux_hidden is not None  # the runner captures them when EAGLE-3 is on
+        plan = step.plan
+        features = self.head.combine(step.aux_hidden)
+        starts = proposal_starts(plan, output) if len(plan.logits_indices) else None
+        last_valid = np.asarray(plan.query_start_loc, dtype=np.int64)[1:] - 1
+        if starts is not None:  # a sampled sequence's last committed token: its last accepted entry
+            tokens = np.asarray(plan.logits_indices, dtype=np.int64)[starts.last_entries]
+            owners = np.searchsorted(plan.query_start_loc, tokens, side="right") - 1
+            last_valid[owners] = tokens
+        self._mirror(step, features, last_valid, batch)
+        self._keep_carry(plan, features, last_valid, batch)
+        if starts is None:
+            return None
+        return propose_named(starts, self.device, lambda rows, last, positions: self.propose(
+            rows, last, positions, batch.block_table))
+
+    def _mirror(self, step: StepTokens, features: torch.Tensor, last_valid: np.ndarray, batch: Any) -> None:
+        """The pairs (token at p + 1, state at p) whose token is committed, into the cache."""
+        plan = step.plan
+        qs = np.asarray(plan.query_start_loc, dtype=np.int64)
+        rows = np.asarray(plan.rows, dtype=np.int64)
+        positions = np.asarray(plan.positions, dtype=np.int64)
+        counts = np.diff(qs)
+        owner = np.repeat(np.arange(len(rows)), counts)
+        t = np.arange(len(positions), dtype=np.int64)
+        first = t == qs[owner]
+        carry_ok = ((self.carry_seq[rows] == batch.seq_ids[rows]) & (self.carry_position[rows] == positions[qs[:-1]] - 1)
+                    & (positions[qs[:-1]] > 0))
+        keep = (t <= last_valid[owner]) & (~first | carry_ok[owner])
+        if not keep.any():
+            return
+        kept = t[keep]
+        kept_owner = owner[keep]
+        device = self.device
+        prev = torch.from_numpy(np.maximum(kept - 1, 0)).to(device)
+        hidden = features.index_select(0, prev)
+        from_carry = np.flatnonzero(first[keep])
+        if from_carry.size:
+            hidden[torch.from_numpy(from_carry).to(device)] = self.carry[
+                torch.from_numpy(rows[kept_owner[from_carry]]).to(device)]
+        head_positions = positions[kept] - 1
+        per_row = np.bincount(kept_owner, minlength=len(rows))
+        present = np.flatnonzero(per_row)
+        seq_lens = positions[last_valid[present]]  # the head's last position + 1
+        bs = self.block_size
+        width = -(-int(seq_lens.max()) // bs)
+        tables = batch.block_table.index_select(0, torch.from_numpy(rows[present]).to(device))[:, :width]
+        local = np.searchsorted(present, kept_owner)  # each pair's row within ``tables``
+        blocks = tables[torch.from_numpy(local).to(device), torch.from_numpy(head_positions // bs).to(device)]
+        pos_t = torch.from_numpy(head_positions).to(device)
+        layout = StepAttentionLayout(
+            query_start_loc=np.concatenate([[0], np.cumsum(per_row[present])]).astype(np.int64),
+            seq_lens=seq_lens, num_scheduled_tokens=per_row[present].astype(np.int64),
+            slot_mapping=blocks.to(torch.int64) * bs + pos_t % bs, block_tables=tables, block_size=bs)
+        embeds = self.embed(step.input_ids.index_select(0, torch.from_numpy(kept).to(device)))
+        self.head(embeds, hidden, pos_t, self.backend.bind(self.kv_cache, layout))
+
+    def _keep_carry(self, plan: Any, features: torch.Tensor, last_valid: np.ndarray, batch: Any) -> None:
+        """Each scheduled row's state at its last committed position, for the next step."""
+        rows = np.asarray(plan.rows, dtype=np.int64)
+        device = self.device
+        self.carry[torch.from_numpy(rows).to(device)] = features.index_select(
+            0, torch.from_numpy(last_valid).to(device))
+        self.carry_seq[rows] = batch.seq_ids[rows]
+        self.carry_position[rows] = np.asarray(plan.positions, dtype=np.int64)[last_valid]
+
+    def propose(self, rows: np.ndarray, last_tokens: torch.Tensor, positions: np.ndarray,
+                block_table: torch.Tensor) -> Drafts:
+        """k drafts for each row (fewer near max_model_len): ``last_tokens`` [S] the tokens
+        just emitted, at ``positions`` [S]; the head's first step sits one position before
+        (its state there is the row's carry). Returns (counts int32 [S], tokens int64)."""
+        positions = positions.astype(np.int64)
+        counts = draft_counts(positions, self.k, self.max_model_len)
+        steps = int(counts.max()) if len(rows) else 0
+        if steps == 0:
+            return counts, np.zeros(0, dtype=np.int64)
+        first = positions - 1
+        table = self.scratch.table(self.kv_cache, rows, first, steps, block_table)
+        hidden = self.carry[torch.from_numpy(rows).to(self.device)]
+        tokens = last_tokens.to(torch.int64)
+        drafts = []
+        for j in range(steps):
+            pos_t, layout = self.scratch.step_layout(table, first + j)
+            out, hidden = self.head(self.embed(tokens), hidden, pos_t, self.backend.bind(self.kv_cache, layout))
+            tokens = self.head.draft_tokens(out)
+            drafts.append(tokens)
+        return counts, kept_drafts(drafts, counts)

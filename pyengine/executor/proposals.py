@@ -1,0 +1,143 @@
+"""What the executor's proposers (the draft model, EAGLE-3) share: where each sequence's
+proposal starts, and the scratch blocks its proposal forwards write into.
+
+- :func:`proposal_starts`: after a step, each sampled sequence's row, the token it just
+  emitted (with drafts: its last one) and that token's position, and which of them the
+  plan names in ``propose_indices`` (the scheduler's: those that may draft and have room
+  for one; a hand-built plan without the field means every sampled sequence).
+- :class:`ScratchBlocks`: the proposal positions' blocks may not be allocated yet (the
+  scheduler reserves them when it plans the next step), so a proposer's cache has a few
+  blocks per row past the pool. Before the proposal forwards, each row's block holding
+  its first proposal position is copied into the row's scratch blocks and the row's table
+  points there from that block on, so the real cache is never touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+from pyengine.executor.attention.metadata import StepAttentionLayout
+from pyengine.executor.kv_cache import PagedKVCache
+
+Drafts = tuple[np.ndarray, np.ndarray]  # (counts int32 [S], tokens int64 [sum])
+ProposeFn = Callable[[np.ndarray, torch.Tensor, np.ndarray], Drafts]
+
+
+@dataclass(frozen=True)
+class StepTokens:
+    """What a proposer reads of the step the target just ran (the model runner's)."""
+
+    plan: Any
+    input_ids: torch.Tensor  # int64 [T], placeholders filled
+    positions: torch.Tensor  # int64 [T]
+    layout: StepAttentionLayout
+    aux_hidden: Optional[torch.Tensor] = None  # [T, n * hidden]: EAGLE-3's auxiliary hidden states
+
+
+@dataclass(frozen=True)
+class ProposalStarts:
+    """Per sampled sequence of a step, in sample order."""
+
+    rows: np.ndarray  # int64 [S]: persistent-batch rows
+    last_tokens: np.ndarray  # int64 [S]: the token just emitted (with drafts: the last one)
+    next_positions: np.ndarray  # int64 [S]: that token's position
+    last_entries: np.ndarray  # int64 [S]: the entry (logits row) it was drawn at
+    wanted: Optional[np.ndarray]  # int64 [Q] ascending sample indices to propose for; None: all
+
+
+def proposal_starts(plan: Any, output: Any) -> ProposalStarts:
+    """Where each sampled sequence of ``plan`` goes on from, given what ``output`` emitted."""
+    counts = getattr(plan, "num_draft_tokens", None)
+    if output.num_accepted is not None and counts is not None and len(counts):
+        starts = np.concatenate([[0], np.cumsum(np.asarray(counts, dtype=np.int64) + 1)[:-1]])
+        accepted = output.num_accepted.astype(np.int64)
+        rows, last_entry = np.asarray(plan.sample_rows)[starts], starts + accepted
+        last = output.sampled_token_ids[np.cumsum(accepted + 1) - 1]
+    else:
+        rows, last_entry = np.asarray(plan.sample_rows), np.arange(len(plan.logits_indices))
+        last = output.sampled_token_ids
+    next_positions = np.asarray(plan.positions)[np.asarray(plan.logits_indices)[last_entry]] + 1
+    wanted = getattr(plan, "propose_indices", None)
+    return ProposalStarts(rows.astype(np.int64), np.asarray(last, dtype=np.int64), next_positions.astype(np.int64),
+                          last_entry.astype(np.int64), None if wanted is None else np.asarray(wanted, dtype=np.int64))
+
+
+def propose_named(starts: ProposalStarts, device: torch.device, propose: ProposeFn) -> Drafts:
+    """``propose(rows, last_tokens, next_positions)`` for the sequences ``starts`` names,
+    as counts for every sampled sequence (0 for the others) and their tokens in order."""
+    if starts.wanted is None:
+        return propose(starts.rows, torch.from_numpy(starts.last_tokens).to(device), starts.next_positions)
+    wanted = starts.wanted
+    counts = np.zeros(len(starts.rows), dtype=np.int32)
+    if not len(wanted):
+        return counts, np.zeros(0, dtype=np.int64)
+    some, tokens = propose(starts.rows[wanted], torch.from_numpy(starts.last_tokens[wanted]).to(device),
+                           starts.next_positions[wanted])
+    counts[wanted] = some  # ascending indices: the tokens are in sample order already
+    return counts, tokens
+
+
+class ScratchBlocks:
+    """A few blocks per persistent-batch row past a proposer cache's ``num_blocks`` pool
+    blocks, and the per-step tables and layouts of its proposal forwards."""
+
+    def __init__(self, num_blocks: int, max_rows: int, k: int, block_size: int, max_model_len: int,
+                 device: torch.device) -> None:
+        self.num_blocks, self.block_size, self.device = num_blocks, block_size, device
+        self.last_position = max_model_len - 1  # rows with fewer drafts run at a clamped position
+        self.per_row = -(-(k + block_size) // block_size) + 1
+        self.total_blocks = num_blocks + max_rows * self.per_row
+
+    def table(self, cache: PagedKVCache, rows: np.ndarray, first_positions: np.ndarray, steps: int,
+              block_table: torch.Tensor) -> torch.Tensor:
+        """The rows' tables for forwards at ``first_positions + 0 .. steps - 1``: the real
+        blocks before each row's first proposal block, its scratch blocks from there on
+        (the first one a copy of the real block, every layer)."""
+        bs, device = self.block_size, self.device
+        S = len(rows)
+        first_block = np.minimum(first_positions, self.last_position) // bs
+        width = int((np.minimum(first_positions + steps, self.last_position) // bs).max()) + 1
+        table = torch.zeros(S, width, dtype=torch.int64, device=device)
+        real_width = min(width, block_table.shape[1])
+        table[:, :real_width] = block_table.index_select(0, torch.from_numpy(rows.astype(np.int64)).to(device))[
+            :, :real_width].to(torch.int64)
+        scratch = self.num_blocks + rows.astype(np.int64)[:, None] * self.per_row + np.arange(self.per_row)[None, :]
+        for s in range(S):  # the row's table from its first proposal block on: its scratch blocks
+            b0 = int(first_block[s])
+            span = min(self.per_row, width - b0)
+            source = int(table[s, b0])
+            table[s, b0:b0 + span] = torch.from_numpy(scratch[s, :span]).to(device)
+            cache.keys[:, scratch[s, 0]] = cache.keys[:, source]
+            cache.values[:, scratch[s, 0]] = cache.values[:, source]
+        return table
+
+    def step_layout(self, table: torch.Tensor, positions: np.ndarray) -> tuple[torch.Tensor, StepAttentionLayout]:
+        """One token per row at ``positions`` (clamped to the model's last position): the
+        positions on the device and the forward's attention layout over ``table``."""
+        bs, device = self.block_size, self.device
+        pos = np.minimum(positions, self.last_position)
+        S = len(pos)
+        pos_t = torch.from_numpy(pos).to(device)
+        slots = table.gather(1, torch.from_numpy(pos // bs).to(device).unsqueeze(1)).squeeze(1) * bs + pos_t % bs
+        layout = StepAttentionLayout(
+            query_start_loc=np.arange(S + 1, dtype=np.int64), seq_lens=pos + 1,
+            num_scheduled_tokens=np.ones(S, dtype=np.int64), slot_mapping=slots,
+            block_tables=table[:, :int((pos // bs).max()) + 1].to(torch.int32), block_size=bs)
+        return pos_t, layout
+
+
+def draft_counts(next_positions: np.ndarray, k: int, max_model_len: int) -> np.ndarray:
+    """Drafts that fit each sequence: k, fewer near ``max_model_len`` (int32 [S])."""
+    return np.clip(max_model_len - 1 - next_positions.astype(np.int64), 0, k).astype(np.int32)
+
+
+def kept_drafts(proposed: list[torch.Tensor], counts: np.ndarray) -> np.ndarray:
+    """The flat drafts (int64) of per-forward proposals [S] each, each row's first counts."""
+    steps = len(proposed)
+    table = torch.stack(proposed, dim=1).cpu().numpy()  # [S, steps]
+    keep = np.arange(steps)[None, :] < counts[:, None]
+    return table[keep].astype(np.int64)
