@@ -68,6 +68,10 @@ class EngineConfig:
       or "external_launcher" (every rank is started by torchrun or alike, possibly on
       several hosts, and runs the same program: rank 0 becomes the engine, the others
       serve it and exit with it; vLLM's name for the same).
+    - ``enable_expert_parallel``: under tensor parallelism, a mixture-of-experts model's
+      routed experts are split whole across the ranks (each holds ``num_experts / N``
+      of them) instead of each rank holding a slice of every expert (vLLM's name; the
+      expert count must divide ``tensor_parallel_size``; no effect on a dense model).
     - ``disable_custom_all_reduce``: with "mp" on the CPU, the forward pass's all-reduces
       and logits gather go through a shared-memory segment of the host's ranks instead
       of gloo's loopback TCP (docs/tensor_parallel.md); True sends them through
@@ -142,6 +146,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     distributed_executor_backend: str = "mp"
     disable_custom_all_reduce: bool = False
+    enable_expert_parallel: bool = False
     logits_processors: tuple[Any, ...] = ()
     quantization: Optional[str] = None
     speculative_config: Optional[SpeculativeConfig] = None

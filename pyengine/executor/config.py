@@ -42,6 +42,9 @@ class ExecutorConfig:
     - ``speculative_config``: speculative decoding's settings (a ``SpeculativeConfig`` or
       its dict); the executor loads a draft model for method "draft_model", an EAGLE-3
       head for "eagle3" (docs/speculative_decoding.md).
+    - ``enable_expert_parallel``: under tensor parallelism, each rank holds whole routed
+      experts (an even share of them) instead of a slice of every expert
+      (docs/tensor_parallel.md); no effect on a dense model or at size 1.
     """
 
     dtype: str = "auto"
@@ -60,6 +63,7 @@ class ExecutorConfig:
     logits_processors: tuple[Any, ...] = ()
     quantization: Optional[str] = None
     speculative_config: Optional[Any] = None
+    enable_expert_parallel: bool = False
 
     def __post_init__(self) -> None:
         from pyengine.speculative_config import SpeculativeConfig
@@ -87,6 +91,7 @@ EXECUTOR_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("attention_backend", lambda v: v in ("auto", "sdpa", "flash_attn"), "must be 'auto', 'sdpa' or 'flash_attn'"),
     ("load_format", lambda v: v in ("auto", "safetensors", "dummy"), "must be 'auto', 'safetensors' or 'dummy'"),
     ("max_logprobs", lambda v: v >= 0, "must be >= 0"),
+    ("enable_expert_parallel", lambda v: isinstance(v, bool), "must be True or False"),
     ("quantization", lambda v: v is None or v in ("int8", "int4", "fp8"),
      "must be None, 'int8' or 'int4' (weight-only, CPU; 'fp8' is not supported on CPU yet)"),
 )

@@ -44,11 +44,12 @@ def build_model(config: DecoderConfig, parallel: ParallelContext | None = None) 
     return model_class(config, parallel)
 
 
-def check_tensor_parallel(config: DecoderConfig, world_size: int) -> None:
+def check_tensor_parallel(config: DecoderConfig, world_size: int, expert_parallel: bool = False) -> None:
     """Raises ``InvalidConfigError`` naming the size that ``world_size`` ranks cannot split
-    (attention heads, KV heads, intermediate size), by building the model's rank-0 shard on
-    the meta device: no memory, no process, the same rules the layers apply."""
+    (attention heads, KV heads, intermediate size; the routed experts with
+    ``expert_parallel``), by building the model's rank-0 shard on the meta device: no
+    memory, no process, the same rules the layers apply."""
     import torch
 
     with torch.device("meta"):
-        build_model(config, ParallelContext(rank=0, world_size=world_size))
+        build_model(config, ParallelContext(rank=0, world_size=world_size, expert_parallel=expert_parallel))

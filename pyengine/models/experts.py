@@ -19,6 +19,15 @@ their routing weights by one batched product (deterministic: no atomic scatter-a
 Tensor parallelism: each rank holds a slice of every expert's intermediate features
 (gate/up rows, down columns, like the dense MLP), so the output here is this rank's
 partial sum; the caller all-reduces it once with the rest of the block.
+
+Expert parallelism (``ParallelContext.expert_parallel``): each rank holds
+``num_experts / N`` whole experts instead. Every rank routes every token alike (the
+router is replicated), keeps the (token, expert) pairs whose expert it holds and runs
+only those; the other pairs are zero rows here, so the output is again this rank's
+partial sum, and the block's one all-reduce combines the ranks' experts. That
+all-reduce of ``[tokens, hidden]`` is the simple correct form at this scale: every rank
+sees every token, no all-to-all dispatch moves tokens to their experts' ranks (which
+pays off only when the tokens per step and the ranks are many).
 """
 
 from __future__ import annotations
@@ -31,40 +40,48 @@ import torch.nn.functional as F
 from pyengine.models import cpu_linear
 from pyengine.models.expert_matmuls import FloatExpertMatmuls, QuantizedExpertMatmuls, run_experts
 from pyengine.models.layers import WeightTarget
-from pyengine.models.parallel import ParallelContext
+from pyengine.models.parallel import ParallelContext, Shard
 from pyengine.models.quantization.packed import PackedWeight, QuantizationError
 from pyengine.models.router import Routing
 
 
 class GroupedExperts(torch.nn.Module):
-    """``num_experts`` gated MLPs of ``intermediate_size`` features (this rank's slice).
+    """``num_experts`` gated MLPs of ``intermediate_size`` features (this rank's slice),
+    or under expert parallelism this rank's share of the experts, whole.
 
     Parameters keep the checkpoint's layout, stacked: ``gate_up`` is ``[E * 2I, H]``
     (expert e's gate rows, then its up rows) and ``down`` ``[E * H, I]``, so each
     per-expert checkpoint tensor fills a block of rows, and each expert's weight is a
-    contiguous ``[out, in]`` block, the layout the native kernels read.
+    contiguous ``[out, in]`` block, the layout the native kernels read. ``E`` is
+    ``num_experts`` here, the experts this rank holds (``held``: which of them).
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, parallel: ParallelContext) -> None:
         super().__init__()
-        self.num_experts = num_experts
+        #: The routed experts this rank holds (all of them unless expert-parallel).
+        self.held = parallel.experts(num_experts)
+        self.num_experts = self.held.size
         self.hidden_size = hidden_size
-        self.part = parallel.split(intermediate_size, "moe_intermediate_size")
+        if parallel.expert_parallel:
+            self.part = Shard(intermediate_size, 0, intermediate_size)
+        else:
+            self.part = parallel.split(intermediate_size, "moe_intermediate_size")
         local = self.part.size
-        self.gate_up = torch.nn.Parameter(torch.empty(num_experts * 2 * local, hidden_size))
-        self.down = torch.nn.Parameter(torch.empty(num_experts * hidden_size, local))
+        self.gate_up = torch.nn.Parameter(torch.empty(self.num_experts * 2 * local, hidden_size))
+        self.down = torch.nn.Parameter(torch.empty(self.num_experts * hidden_size, local))
         #: The packed experts once quantized (``set_packed_weights``); the float ones are released.
         self.quantized: Optional[QuantizedExpertMatmuls] = None
 
     def forward(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
         """This rank's partial output [T, H] for ``x`` [T, H] routed by ``routing``."""
         tokens, top_k = routing.expert_ids.shape
-        if tokens == 0:
+        pairs, expert_ids = self._held_pairs(routing.expert_ids.reshape(-1))
+        if expert_ids.numel() == 0:  # no token, or none routed to this rank's experts
             return torch.zeros_like(x)
-        flat = routing.expert_ids.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        rows = x.index_select(0, order // top_k)  # [T * k, H], grouped by expert
-        counts = torch.bincount(flat, minlength=self.num_experts)
+        order = torch.argsort(expert_ids, stable=True)
+        slots = order if pairs is None else pairs.index_select(0, order)  # each sorted row's (token, slot)
+        rows = x.index_select(0, slots // top_k)  # [P, H], grouped by expert
+        counts = torch.bincount(expert_ids, minlength=self.num_experts)
         local = self.part.size
         gate_up = self.gate_up.view(self.num_experts, 2 * local, self.hidden_size)
         down = self.down.view(self.num_experts, self.hidden_size, local)
@@ -77,9 +94,22 @@ class GroupedExperts(torch.nn.Module):
             out = torch._grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=offsets)
         else:
             out = run_experts(rows, counts, FloatExpertMatmuls(gate_up, down), local, self.hidden_size)
-        unsorted = torch.empty_like(out).index_copy_(0, order, out).view(tokens, top_k, self.hidden_size)
+        if pairs is None:
+            unsorted = torch.empty_like(out).index_copy_(0, order, out)
+        else:  # the pairs of other ranks' experts stay zero rows
+            unsorted = out.new_zeros(tokens * top_k, self.hidden_size).index_copy_(0, slots, out)
         weights = routing.weights.to(x.dtype).unsqueeze(1)  # [T, 1, k]
-        return torch.bmm(weights, unsorted).squeeze(1)
+        return torch.bmm(weights, unsorted.view(tokens, top_k, self.hidden_size)).squeeze(1)
+
+    def _held_pairs(self, flat: torch.Tensor) -> tuple[Optional[torch.Tensor], torch.Tensor]:
+        """(positions in ``flat`` of the pairs whose expert this rank holds, or None for
+        all of them; those pairs' expert ids counted from this rank's first expert)."""
+        held = self.held
+        if held.size == held.full:
+            return None, flat
+        mine = (flat >= held.start) & (flat < held.start + held.size)
+        pairs = mine.nonzero().squeeze(1)
+        return pairs, flat.index_select(0, pairs) - held.start
 
     def set_packed_weights(self, gate_up: PackedWeight, down: PackedWeight) -> None:
         """Multiply by packed experts from now on: ``gate_up`` [E * 2I, H] and ``down``
@@ -103,9 +133,16 @@ class GroupedExperts(torch.nn.Module):
         gate_name, up_name, down_name = names
         part, local, hidden = self.part, self.part.size, self.hidden_size
         targets = {}
-        for expert in range(self.num_experts):
+        for expert in range(self.held.full):
             base = f"{prefix}.{expert}"
-            rows = expert * 2 * local
+            index = expert - self.held.start
+            if not 0 <= index < self.held.size:  # another rank's expert: named, not read
+                none = Shard(part.full, 0, 0)
+                targets[f"{base}.{gate_name}.weight"] = WeightTarget(self.gate_up, (part.full, hidden), 0, 0, none)
+                targets[f"{base}.{up_name}.weight"] = WeightTarget(self.gate_up, (part.full, hidden), 0, 0, none)
+                targets[f"{base}.{down_name}.weight"] = WeightTarget(self.down, (hidden, part.full), 1, 0, none)
+                continue
+            rows = index * 2 * local
             targets[f"{base}.{gate_name}.weight"] = WeightTarget(
                 self.gate_up, (part.full, hidden), shard_dim=0, row_offset=rows, shard=part
             )
@@ -113,7 +150,7 @@ class GroupedExperts(torch.nn.Module):
                 self.gate_up, (part.full, hidden), shard_dim=0, row_offset=rows + local, shard=part
             )
             targets[f"{base}.{down_name}.weight"] = WeightTarget(
-                self.down, (hidden, part.full), shard_dim=1, row_offset=expert * hidden, shard=part
+                self.down, (hidden, part.full), shard_dim=1, row_offset=index * hidden, shard=part
             )
         return targets
 

@@ -11,6 +11,10 @@ owns the matching slice of the input features and one all-reduce sums the partia
 outputs), the embedding and the LM head are vocabulary-parallel (each rank owns a slice of
 the vocabulary rows). KV heads split across ranks like the query heads; a model with fewer
 KV heads than ranks keeps each KV head on ``world_size / num_kv_heads`` ranks (replicated).
+
+A mixture-of-experts layer's routed experts split one of two ways: by default each rank
+holds a slice of every expert (like the dense MLP); with ``expert_parallel`` each rank
+holds ``num_experts / world_size`` whole experts (:meth:`ParallelContext.experts`).
 """
 
 from __future__ import annotations
@@ -60,13 +64,15 @@ class ParallelContext:
     process group of ``torch.distributed``). ``local``: the shared-memory collectives of
     ranks on one host (``executor.tensor_parallel.host_collectives.HostCollectives``),
     used for the tensors it ``accepts``; None: every collective goes through
-    ``torch.distributed``."""
+    ``torch.distributed``. ``expert_parallel``: routed experts are split whole across
+    the ranks instead of sliced (``enable_expert_parallel``)."""
 
     rank: int = 0
     world_size: int = 1
     group: Optional[Any] = None
     count: CollectiveCount = field(default_factory=CollectiveCount, compare=False)
     local: Optional[Any] = field(default=None, compare=False)
+    expert_parallel: bool = False
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -98,6 +104,20 @@ class ParallelContext:
                 f"{self.world_size} when it is smaller"
             )
         return Shard(num_kv_heads, self.rank // (self.world_size // num_kv_heads), 1)
+
+    def experts(self, num_experts: int) -> Shard:
+        """The routed experts this rank holds whole: all of them unless ``expert_parallel``,
+        then an even share, consecutive (rank r: experts ``[r E/N, (r+1) E/N)``)."""
+        if not self.expert_parallel:
+            return Shard(num_experts, 0, num_experts)
+        if num_experts % self.world_size != 0:
+            raise InvalidConfigError(
+                f"enable_expert_parallel: the {num_experts} routed experts do not split evenly over "
+                f"tensor_parallel_size={self.world_size} ranks (each rank holds whole experts); choose a size "
+                f"that divides {num_experts}, or leave enable_expert_parallel off to slice every expert"
+            )
+        local = num_experts // self.world_size
+        return Shard(num_experts, self.rank * local, local)
 
     def vocab(self, vocab_size: int) -> Shard:
         """This rank's vocabulary rows: ``ceil(vocab / world)`` per rank, the last rank's

@@ -22,7 +22,7 @@ from pyengine.testing.waits import free_port
 
 
 def run_ranks(checkpoint: Path, out: Path, world_size: int, prompts: list[list[int]], steps: int,
-              timeout: float = 120.0, quantization: str = "none") -> list[str]:
+              timeout: float = 120.0, quantization: str = "none", expert_parallel: bool = False) -> list[str]:
     """Runs the ranks to completion; returns each rank's stderr. Raises on a failed rank."""
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -30,7 +30,8 @@ def run_ranks(checkpoint: Path, out: Path, world_size: int, prompts: list[list[i
     procs = [
         subprocess.Popen(
             python_module_command("pyengine.testing.tp_ranks", str(checkpoint), str(out), str(rank),
-                                  str(world_size), str(port), prompt_arg, str(steps), quantization),
+                                  str(world_size), str(port), prompt_arg, str(steps), quantization,
+                                  str(int(expert_parallel))),
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
         for rank in range(world_size)
@@ -53,7 +54,7 @@ def run_ranks(checkpoint: Path, out: Path, world_size: int, prompts: list[list[i
 
 
 def generate_on_rank(checkpoint: str, out: str, rank: int, world_size: int, port: int, prompts: list[list[int]],
-              steps: int, quantization: str = "none") -> None:
+              steps: int, quantization: str = "none", expert_parallel: bool = False) -> None:
     import torch
 
     from pyengine.executor.config import ExecutorConfig
@@ -69,8 +70,10 @@ def generate_on_rank(checkpoint: str, out: str, rank: int, world_size: int, port
         store = join_group(Rendezvous("127.0.0.1", port, rank, world_size, rank, "gloo", timeout_s=60.0))
     try:
         config = ExecutorConfig(max_num_seqs=8, max_model_len=256, num_kv_blocks=64,
-                                quantization=None if quantization == "none" else quantization)
-        runner = ModelRunner.from_pretrained(checkpoint, config, ParallelContext(rank, world_size))
+                                quantization=None if quantization == "none" else quantization,
+                                enable_expert_parallel=expert_parallel)
+        parallel = ParallelContext(rank, world_size, expert_parallel=expert_parallel)
+        runner = ModelRunner.from_pretrained(checkpoint, config, parallel)
         planner = HandPlanner(block_size=runner.block_size, num_blocks=runner.num_kv_blocks, max_rows=8,
                               scatter_blocks=True)
         for prompt in prompts:
@@ -90,11 +93,13 @@ def generate_on_rank(checkpoint: str, out: str, rank: int, world_size: int, port
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    for name in ("checkpoint", "out", "rank", "world_size", "port", "prompts", "steps", "quantization"):
+    for name in ("checkpoint", "out", "rank", "world_size", "port", "prompts", "steps", "quantization",
+                 "expert_parallel"):
         parser.add_argument(name)
     args = parser.parse_args()
     generate_on_rank(args.checkpoint, args.out, int(args.rank), int(args.world_size), int(args.port),
-              [[int(t) for t in p.split(",")] for p in args.prompts.split(";")], int(args.steps), args.quantization)
+              [[int(t) for t in p.split(",")] for p in args.prompts.split(";")], int(args.steps), args.quantization,
+              args.expert_parallel == "1")
     # The rank's work is saved and its group left; skip the interpreter's teardown of
     # torch, where gloo threads that outlived destroy_process_group() can abort the process
     # (the worker's entry point does the same; see worker.py).

@@ -56,7 +56,7 @@ def join_external(path: Union[str, Path], config: ExecutorConfig, world_size: in
         raise InvalidConfigError(
             f"tensor_parallel_size ({world_size}) must equal WORLD_SIZE ({rendezvous.world_size})"
         )
-    check_tensor_parallel(read_model_config(path), world_size)
+    check_tensor_parallel(read_model_config(path), world_size, config.enable_expert_parallel)
     device = rendezvous.device(config.device)
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
@@ -67,7 +67,7 @@ def join_external(path: Union[str, Path], config: ExecutorConfig, world_size: in
     rank = rendezvous.rank
     try:
         group = plan_group()
-        parallel = ParallelContext(rank, world_size)
+        parallel = ParallelContext(rank, world_size, expert_parallel=config.enable_expert_parallel)
         error = ""
         try:
             loaded = load_model(path, dtype=config.dtype, device=device, load_format=config.load_format,

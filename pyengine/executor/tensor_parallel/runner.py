@@ -411,7 +411,7 @@ def start(
     the workers' load and step, for fault-injection tests only.
     """
     model_config = read_model_config(path)
-    check_tensor_parallel(model_config, world_size)
+    check_tensor_parallel(model_config, world_size, config.enable_expert_parallel)
     check_devices(config.device, world_size)
     config = resolve_block_size(config)  # decided once, here: the workers get rank 0's
     max_model_len = config.max_model_len or model_config.max_position_embeddings
@@ -433,7 +433,7 @@ def start(
         _expect(workers, "hello", deadline)
         torch.set_num_threads(threads)  # this process is rank 0: one share of the cores, like each worker
         _join_or_report(workers, rendezvous, store, rendezvous.device(config.device))
-        parallel = ParallelContext(0, world_size, local=local)
+        parallel = ParallelContext(0, world_size, local=local, expert_parallel=config.enable_expert_parallel)
         try:
             loaded = load_model(path, dtype=config.dtype, device=rendezvous.device(config.device),
                                 load_format=config.load_format, parallel=parallel, seed=config.seed,

@@ -162,7 +162,7 @@ def main(spec: dict[str, Any]) -> int:
     except Exception as error:  # noqa: BLE001 - reported to rank 0, which stops start-up
         _send(reply, stage="error", error=f"joining the process group: {type(error).__name__}: {error}")
         return 1
-    parallel = ParallelContext(rank, world_size, local=local)
+    parallel = ParallelContext(rank, world_size, local=local, expert_parallel=config.enable_expert_parallel)
     clean_exit = False
     try:
         try:
