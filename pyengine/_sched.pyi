@@ -71,6 +71,7 @@ class SchedulerConfig:
         prompt_lookup_max: int = 3,
         spec_min_acceptance: float = 0.1,
         kv_groups: Sequence[tuple[Optional[int], int]] = ...,
+        group_tables: bool = False,
     ) -> Self: ...
     @property
     def num_blocks(self) -> int:
@@ -124,6 +125,17 @@ class SchedulerConfig:
     def shared_window(self) -> Optional[int]:
         """With every group windowed, the widest window: blocks behind it are freed while a
         sequence runs. None (a full group, or no groups): every block is kept."""
+    @property
+    def group_tables(self) -> bool:
+        """Whether a hybrid model's groups get block tables of their own (the executor
+        asks for it when its cache is laid out per table)."""
+    @property
+    def table_layout(self) -> Optional[tuple[int, list[Optional[int]], list[int]]]:
+        """With ``group_tables`` and a hybrid model (a full and a windowed group, split
+        into at most 8 tables of equal layer counts): ``(layers_per_table, windows,
+        groups)``, each table's window (None: full; full tables first) and the index of
+        the group its layers come from (group ``g``'s layers, in order, fill its tables
+        ``layers_per_table`` at a time). None: one table shared by every layer."""
 
 @final
 class Request:
@@ -264,6 +276,14 @@ class StepPlan:
     def propose_indices(self) -> npt.NDArray[np.int32]:
         """[Q] indices into the S sampled sequences (sample order) whose next step's drafts
         the executor proposes (method "executor"; empty otherwise): those that may draft."""
+    @property
+    def block_table_groups(self) -> npt.NDArray[np.int32]:
+        """[B] with per-group tables (``SchedulerConfig.table_layout``): the table each
+        block-table write is for; empty with one shared table."""
+    @property
+    def group_slot_mapping(self) -> npt.NDArray[np.int64]:
+        """[T * (G - 1)] with G per-group tables: each token's KV slot in tables 1..G-1,
+        token by token (``slot_mapping`` is table 0's); empty with one table."""
     @property
     def num_seqs(self) -> int: ...
     @property

@@ -47,6 +47,8 @@ class StepPlanLike(Protocol):
     num_draft_tokens: np.ndarray
     draft_token_ids: np.ndarray
     propose_indices: Optional[np.ndarray]
+    block_table_groups: np.ndarray
+    group_slot_mapping: np.ndarray
 
 
 @dataclass
@@ -83,6 +85,10 @@ class HandBuiltPlan:
     #: [Q] sampled sequences (indices in sample order) the executor's draft model proposes
     #: for; None (hand-built plans only): every sampled sequence.
     propose_indices: Optional[np.ndarray] = None
+    #: [B] the table of each block-table write, and [T * (G - 1)] each token's slots in
+    #: tables 1.. (a hybrid model's per-group tables); empty with one table.
+    block_table_groups: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    group_slot_mapping: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 def last_sample_per_row(plan: StepPlanLike, sampled: np.ndarray,

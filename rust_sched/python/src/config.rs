@@ -41,6 +41,7 @@ impl PySchedulerConfig {
         prompt_lookup_max = 3,
         spec_min_acceptance = 0.1,
         kv_groups = Vec::new(),
+        group_tables = false,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -61,6 +62,7 @@ impl PySchedulerConfig {
         prompt_lookup_max: i64,
         spec_min_acceptance: f64,
         kv_groups: Vec<(Option<i64>, i64)>,
+        group_tables: bool,
     ) -> PyResult<Self> {
         let mut groups = Vec::with_capacity(kv_groups.len());
         for (window, num_layers) in kv_groups {
@@ -92,6 +94,7 @@ impl PySchedulerConfig {
             prompt_lookup_max: count(py, "prompt_lookup_max", prompt_lookup_max, 1)?,
             spec_min_acceptance,
             kv_groups: groups,
+            group_tables,
         };
         inner.validate().map_err(|e| e.into_py_err(py))?;
         Ok(PySchedulerConfig { inner })
@@ -170,6 +173,17 @@ impl PySchedulerConfig {
     fn shared_window(&self) -> Option<usize> {
         self.inner.shared_window()
     }
+    /// Whether a hybrid model's groups get block tables of their own.
+    #[getter]
+    fn group_tables(&self) -> bool {
+        self.inner.group_tables
+    }
+    /// The per-group tables the scheduler keeps (`kv_groups::table_layout`): (layers per
+    /// table, each table's window, each table's group index); None with one shared table.
+    #[getter]
+    fn table_layout(&self) -> Option<(usize, Vec<Option<usize>>, Vec<usize>)> {
+        self.inner.table_layout().map(|l| (l.layers_per_table, l.windows, l.groups))
+    }
 
     fn __repr__(&self) -> String {
         let c = &self.inner;
@@ -177,7 +191,7 @@ impl PySchedulerConfig {
             "SchedulerConfig(num_blocks={}, block_size={}, max_num_seqs={}, max_num_batched_tokens={}, \
              max_model_len={}, long_prefill_token_threshold={}, enable_prefix_caching={}, \
              enable_kv_events={}, policy={:?}, pipeline_depth={}, num_speculative_tokens={}, speculative_method={:?}, \
-             prompt_lookup_min={}, prompt_lookup_max={}, spec_min_acceptance={}, kv_groups={})",
+             prompt_lookup_min={}, prompt_lookup_max={}, spec_min_acceptance={}, kv_groups={}, group_tables={})",
             c.num_blocks,
             c.block_size,
             c.max_num_seqs,
@@ -193,7 +207,8 @@ impl PySchedulerConfig {
             c.prompt_lookup_min,
             c.prompt_lookup_max,
             c.spec_min_acceptance,
-            kv_groups_repr(&c.kv_groups)
+            kv_groups_repr(&c.kv_groups),
+            if c.group_tables { "True" } else { "False" }
         )
     }
 }

@@ -32,6 +32,19 @@ impl BlockHash {
         BlockHash(hasher.digest128())
     }
 
+    /// The identity of the same block in a hybrid model's block table `table`
+    /// (`kv_groups::TableLayout`): table 0 keeps the chain's hash; another table's block
+    /// holds other layers' KV for the same tokens, so it is cached under its own key.
+    pub fn for_table(self, table: usize) -> BlockHash {
+        if table == 0 {
+            return self;
+        }
+        let mut hasher = Xxh3::new();
+        hasher.update(&[2u8, table as u8]);
+        hasher.update(&self.0.to_le_bytes());
+        BlockHash(hasher.digest128())
+    }
+
     /// The hash KV-cache events publish: the low 64 bits of the 128-bit digest (msgpack,
     /// and the routers that read vLLM's events, take 64-bit integers). Reproducible across
     /// processes and runs: XXH3 with its default seed, over the bytes `chain` documents.

@@ -83,6 +83,9 @@ pub struct BlockPool {
     enable_caching: bool,
     ref_counts: Vec<u32>,
     hashes: Vec<Option<BlockHash>>,
+    /// Cached blocks of a hybrid model's extra tables: KV-cache events do not publish them
+    /// (a router knows one identity per block of tokens, table 0's).
+    quiet: Vec<bool>,
     cached: BlockHashMap,
     fresh: Vec<BlockId>,
     evictable: LruList,
@@ -104,6 +107,7 @@ impl BlockPool {
             enable_caching,
             ref_counts: vec![0; num_blocks],
             hashes: vec![None; num_blocks],
+            quiet: vec![false; num_blocks],
             // Sized once: registering blocks never rehashes on the hot path.
             cached: if enable_caching {
                 BlockHashMap::with_capacity_and_hasher(num_blocks, Default::default())
@@ -147,10 +151,16 @@ impl BlockPool {
         Some(std::mem::replace(log, next))
     }
 
-    /// Published hashes ([`BlockHash::published`]) of every block in the prefix cache now,
-    /// sorted: what a subscriber that replayed every event must hold.
+    /// Published hashes ([`BlockHash::published`]) of every block in the prefix cache now
+    /// but the quiet ones (`register_quiet`), sorted: what a subscriber that replayed every
+    /// event must hold.
     pub fn cached_hashes(&self) -> Vec<u64> {
-        let mut out: Vec<u64> = self.cached.keys().map(|h| h.published()).collect();
+        let mut out: Vec<u64> = self
+            .cached
+            .iter()
+            .filter(|&(_, &b)| !self.quiet[b as usize])
+            .map(|(h, _)| h.published())
+            .collect();
         out.sort_unstable();
         out
     }
@@ -308,9 +318,10 @@ impl BlockPool {
 
     /// Drops `hash`'s prefix-map entry if it is `block`'s.
     fn uncache(&mut self, hash: BlockHash, block: BlockId) {
+        let quiet = std::mem::take(&mut self.quiet[block as usize]);
         if self.cached.get(&hash) == Some(&block) {
             self.cached.remove(&hash);
-            if let Some(log) = &mut self.events {
+            if let (Some(log), false) = (&mut self.events, quiet) {
                 log.removed(hash);
             }
         }
@@ -355,6 +366,33 @@ impl BlockPool {
             if let Some(log) = &mut self.events {
                 log.stored(hash, parent, tokens);
             }
+        }
+    }
+
+    /// Like [`register`](Self::register) for a block of a hybrid model's extra table
+    /// (`hash` from [`BlockHash::for_table`]): findable, never published as an event.
+    pub fn register_quiet(&mut self, block: BlockId, hash: BlockHash) {
+        if !self.enable_caching || self.hashes[block as usize].is_some() {
+            return;
+        }
+        if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(hash) {
+            e.insert(block);
+            self.hashes[block as usize] = Some(hash);
+            self.quiet[block as usize] = true;
+        }
+    }
+
+    /// Whether `hash` is cached now (a hybrid model's prefix lookup checks each table).
+    pub fn is_cached(&self, hash: &BlockHash) -> bool {
+        self.enable_caching && self.cached.contains_key(hash)
+    }
+
+    /// The block cached under `hash`, if any.
+    pub fn cached_block(&self, hash: &BlockHash) -> Option<BlockId> {
+        if self.enable_caching {
+            self.cached.get(hash).copied()
+        } else {
+            None
         }
     }
 

@@ -71,6 +71,10 @@ pub struct SchedulerConfig {
     /// sees the whole context. When every group is windowed, blocks behind the widest
     /// window are freed while a sequence runs.
     pub kv_groups: Vec<KvGroup>,
+    /// Give a hybrid model's groups block tables of their own (`kv_groups::table_layout`),
+    /// so that its windowed layers free their blocks; the executor sets it when its cache
+    /// is laid out per table. Off, or for a model that is not hybrid: one shared table.
+    pub group_tables: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -92,6 +96,7 @@ impl Default for SchedulerConfig {
             prompt_lookup_max: 3,
             spec_min_acceptance: 0.1,
             kv_groups: Vec::new(),
+            group_tables: false,
         }
     }
 }
@@ -174,6 +179,20 @@ impl SchedulerConfig {
     /// The window behind which blocks are freed while a sequence runs (`kv_groups.rs`).
     pub fn shared_window(&self) -> Option<usize> {
         kv_groups::shared_window(&self.kv_groups)
+    }
+
+    /// The per-group tables the scheduler keeps, when it keeps more than one.
+    pub fn table_layout(&self) -> Option<kv_groups::TableLayout> {
+        if self.group_tables {
+            kv_groups::table_layout(&self.kv_groups)
+        } else {
+            None
+        }
+    }
+
+    /// Block tables per sequence: 1 unless a hybrid model has per-group tables.
+    pub fn num_tables(&self) -> usize {
+        self.table_layout().map_or(1, |l| l.num_tables())
     }
 
     /// Blocks needed to hold `tokens` tokens.

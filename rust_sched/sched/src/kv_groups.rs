@@ -8,7 +8,17 @@
 //! the earliest query a step computes is read by no layer again, so it goes back to the
 //! pool while the sequence runs (its table entry becomes [`NULL_BLOCK`]). When any group
 //! attends to the whole context (a hybrid model such as Gemma 2/3, or Qwen2 with
-//! `max_window_layers`), that group needs every block and nothing is freed early.
+//! `max_window_layers`), that group needs every block: with one shared table nothing is
+//! freed early.
+//!
+//! **Per-group tables** (hybrid models, when the executor asks for them with
+//! `SchedulerConfig::group_tables`): the layers are split into *tables* of equal layer
+//! counts ([`table_layout`]), each with its own block table per sequence, all drawing
+//! from one pool and one id space. A block id then holds the KV of one table's layers
+//! (cache tensor `j` serves layer `j` of whichever table owns the block), so a block a
+//! windowed table frees serves a full table next. A full table allocates as the shared
+//! table does; a windowed table frees the blocks behind its window while the sequence
+//! runs (`scheduler/tables.rs`).
 //!
 //! [`SchedulerConfig`]: crate::config::SchedulerConfig
 //! [`NULL_BLOCK`]: crate::block_pool::NULL_BLOCK
@@ -61,6 +71,66 @@ pub fn shared_window(groups: &[KvGroup]) -> Option<usize> {
     groups.iter().map(|g| g.window).try_fold(0, |widest, w| w.map(|w| widest.max(w)))
 }
 
+/// Most tables a hybrid model is split into; beyond it (layer counts whose greatest
+/// common divisor is small, such as 27 windowed layers and 1 full) the model keeps one
+/// shared table: each table's block holds fewer layers, and per-table work grows.
+pub const MAX_KV_TABLES: usize = 8;
+
+/// How a hybrid model's layers map onto per-group block tables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableLayout {
+    /// Layers per table (the greatest common divisor of the groups' layer counts): the
+    /// layers one block id holds the KV of.
+    pub layers_per_table: usize,
+    /// Window of each table (None: full attention). Full tables come first, in group
+    /// order, then the windowed ones in group order; group `g` contributes
+    /// `num_layers / layers_per_table` consecutive tables, its layers in order, chunked.
+    pub windows: Vec<Option<usize>>,
+    /// The group each table's layers come from (an index into the groups given).
+    pub groups: Vec<usize>,
+}
+
+impl TableLayout {
+    pub fn num_tables(&self) -> usize {
+        self.windows.len()
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// The per-group tables of a hybrid model: Some when at least one group is full and one
+/// windowed, and the split gives at most [`MAX_KV_TABLES`] tables; None otherwise (one
+/// shared table, freed behind [`shared_window`] when every group is windowed).
+pub fn table_layout(groups: &[KvGroup]) -> Option<TableLayout> {
+    let any_full = groups.iter().any(|g| g.window.is_none());
+    let any_windowed = groups.iter().any(|g| g.window.is_some());
+    if !(any_full && any_windowed) {
+        return None;
+    }
+    let per = groups.iter().fold(0, |acc, g| gcd(acc, g.num_layers));
+    let total: usize = groups.iter().map(|g| g.num_layers / per).sum();
+    if per == 0 || total > MAX_KV_TABLES {
+        return None;
+    }
+    let mut windows = Vec::with_capacity(total);
+    let mut owners = Vec::with_capacity(total);
+    for full_first in [true, false] {
+        for (i, g) in groups.iter().enumerate() {
+            if g.window.is_none() == full_first {
+                windows.extend(std::iter::repeat_n(g.window, g.num_layers / per));
+                owners.extend(std::iter::repeat_n(i, g.num_layers / per));
+            }
+        }
+    }
+    Some(TableLayout { layers_per_table: per, windows, groups: owners })
+}
+
 /// Leading blocks no layer reads for a query at `pos` under `window`: they hold only
 /// positions `<= pos - window`.
 #[inline]
@@ -88,6 +158,25 @@ mod tests {
         assert_eq!(blocks_behind(7, 4, 2), 2);
         assert_eq!(blocks_behind(2, 4, 2), 0);
         assert_eq!(blocks_behind(9, 1, 2), 4); // only itself: blocks 0..4 hold 0..=7
+    }
+
+    #[test]
+    fn hybrid_models_split_into_equal_tables_full_ones_first() {
+        // Gemma 2: alternating; Gemma 3: 5 local to 1 global.
+        let gemma2 = table_layout(&[KvGroup::windowed(4096, 13), KvGroup::full(13)]).unwrap();
+        assert_eq!((gemma2.layers_per_table, gemma2.windows.clone()), (13, vec![None, Some(4096)]));
+        assert_eq!(gemma2.groups, vec![1, 0]);
+        let gemma3 = table_layout(&[KvGroup::windowed(512, 30), KvGroup::full(6)]).unwrap();
+        assert_eq!(gemma3.layers_per_table, 6);
+        assert_eq!(gemma3.windows, [vec![None], vec![Some(512); 5]].concat());
+        // Qwen2 with max_window_layers 21 of 28: 3 full tables of 7 and one windowed.
+        let qwen = table_layout(&[KvGroup::full(21), KvGroup::windowed(4096, 7)]).unwrap();
+        assert_eq!(qwen.windows, vec![None, None, None, Some(4096)]);
+        // Too many tables, a model with no full group, or none windowed: one shared table.
+        assert_eq!(table_layout(&[KvGroup::windowed(8, 27), KvGroup::full(1)]), None);
+        assert_eq!(table_layout(&[KvGroup::windowed(8, 2), KvGroup::windowed(16, 2)]), None);
+        assert_eq!(table_layout(&[KvGroup::full(4)]), None);
+        assert_eq!(table_layout(&[]), None);
     }
 
     #[test]

@@ -30,6 +30,9 @@ pub struct StepPlan {
     pub positions: Vec<i64>,
     /// `[T]` KV slot of each token: `block_id * block_size + position % block_size`.
     pub slot_mapping: Vec<i64>,
+    /// `[T * (G - 1)]` with `G` per-group tables: each token's KV slot in tables 1.. (token
+    /// by token, `G - 1` per token; `slot_mapping` is table 0's); empty with one table.
+    pub group_slot_mapping: Vec<i64>,
     /// `[E]` indices into the `T` tokens whose logits are sampled: one per entry (a
     /// sampled sequence with `d` drafts has `1 + d` consecutive entries, in position
     /// order; without drafts `E = S`).
@@ -52,6 +55,9 @@ pub struct StepPlan {
     pub block_table_rows: Vec<i32>,
     pub block_table_cols: Vec<i32>,
     pub block_table_ids: Vec<i32>,
+    /// `[B]` with per-group tables (a hybrid model, `kv_groups::TableLayout`): the table
+    /// each write is for; empty with one shared table.
+    pub block_table_groups: Vec<i32>,
     /// `[K]` rows of sequences that enter (or re-enter, after preemption) the batch.
     pub new_rows: Vec<i32>,
     /// `[K]` their sequence ids.

@@ -108,10 +108,14 @@ impl RequestSpec {
                 config.max_model_len
             )));
         }
-        let blocks = config.blocks_for(total);
+        // Each table of a hybrid model may hold the whole length at once (a windowed one
+        // only until its window passes, but admission does not count on that).
+        let tables = config.num_tables();
+        let blocks = config.blocks_for(total) * tables;
         if blocks > config.num_blocks {
+            let per = if tables > 1 { format!(" ({tables} block tables)") } else { String::new() };
             return Err(err(format!(
-                "needs {blocks} KV blocks of {} tokens but the pool has only {}",
+                "needs {blocks} KV blocks of {} tokens{per} but the pool has only {}",
                 config.block_size, config.num_blocks
             )));
         }
@@ -189,6 +193,9 @@ pub struct Sequence {
     /// Leading entries of `blocks` handed back because every layer's window has passed
     /// them: each is [`NULL_BLOCK`](crate::block_pool::NULL_BLOCK) (`kv_groups.rs`).
     pub num_window_freed: u32,
+    /// A hybrid model's other block tables (`scheduler/tables.rs`), table `t + 1` at
+    /// index `t`; empty with one shared table.
+    pub extra: Vec<GroupTable>,
     /// Sample index within its request (0..n).
     pub sample_index: u32,
     pub request_id: Arc<str>,
@@ -217,6 +224,14 @@ pub struct Sequence {
     /// Drafts the executor proposed with the latest result (method "executor"), for the
     /// next step; replaced by every result.
     pub next_drafts: Vec<u32>,
+}
+
+/// One of a hybrid model's extra block tables for one sequence: as long as the first
+/// table (`blocks`); its leading `freed` entries are null, handed back behind its window.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupTable {
+    pub blocks: Vec<BlockId>,
+    pub freed: u32,
 }
 
 /// `Sequence::row` of a sequence that holds no row.
@@ -290,6 +305,7 @@ impl Sequence {
             blocks: Vec::new(),
             num_shared_blocks: 0,
             num_window_freed: 0,
+            extra: Vec::new(),
             sample_index,
             request_id,
             hashes: Vec::new(),

@@ -17,8 +17,12 @@
 //! leading blocks each scheduled row no longer reads (those behind the window of its first
 //! query); they must be gone from the pool's owners, table writes skip them, and each row
 //! re-reads only the positions its window reaches, so a block freed too early shows up as
-//! a content mismatch. Some cases are hybrid (a full group beside a windowed one): nothing
-//! is freed early then.
+//! a content mismatch. Some cases are hybrid (a full group beside a windowed one): with
+//! one shared table nothing is freed early then; with per-group tables (`group_tables`)
+//! the model keeps every table of every row (writes routed by `block_table_groups`, slots
+//! checked against `group_slot_mapping`), applies the same rule to each table by its own
+//! window, and tags each table's KV content with the table, so a block of one table read
+//! as another's (a prefix hit under the wrong table's key) is a content mismatch too.
 //!
 //! `PROPTEST_CASES=N` changes the case count of both properties (defaults: 512 and 256).
 
@@ -26,7 +30,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use proptest::prelude::*;
 use proptest::sample::Index;
-use pyengine_sched::kv_groups::blocks_behind;
+use pyengine_sched::kv_groups::{blocks_behind, table_layout};
 use pyengine_sched::sim::{fake_token, FakeExecutor};
 use pyengine_sched::{
     Attachment, FinishReason, KvGroup, Policy, RequestSpec, SchedError, Scheduler, SchedulerConfig, StepPlan,
@@ -104,24 +108,27 @@ fn config_strategy() -> impl Strategy<Value = SchedulerConfig> {
         any::<bool>(),
         any::<bool>(),
         1usize..=2,
-        kv_groups_strategy(),
+        (kv_groups_strategy(), any::<bool>()),
     )
-        .prop_map(|(bs, pool_tokens, seqs, extra, mml, thr, caching, prio, depth, kv_groups)| {
-            SchedulerConfig {
-                num_blocks: pool_tokens.div_ceil(bs),
-                block_size: bs,
-                max_num_seqs: seqs,
-                max_num_batched_tokens: seqs + extra,
-                max_model_len: mml,
-                long_prefill_token_threshold: thr,
-                enable_prefix_caching: caching,
-                enable_kv_events: false,
-                policy: if prio { Policy::Priority } else { Policy::Fcfs },
-                pipeline_depth: depth,
-                kv_groups,
-                ..SchedulerConfig::default()
-            }
-        })
+        .prop_map(
+            |(bs, pool_tokens, seqs, extra, mml, thr, caching, prio, depth, (kv_groups, tables))| {
+                SchedulerConfig {
+                    num_blocks: pool_tokens.div_ceil(bs),
+                    block_size: bs,
+                    max_num_seqs: seqs,
+                    max_num_batched_tokens: seqs + extra,
+                    max_model_len: mml,
+                    long_prefill_token_threshold: thr,
+                    enable_prefix_caching: caching,
+                    enable_kv_events: false,
+                    policy: if prio { Policy::Priority } else { Policy::Fcfs },
+                    pipeline_depth: depth,
+                    kv_groups,
+                    group_tables: tables,
+                    ..SchedulerConfig::default()
+                }
+            },
+        )
 }
 
 /// No groups (full attention), every group windowed (blocks freed behind the widest
@@ -136,6 +143,9 @@ fn kv_groups_strategy() -> impl Strategy<Value = Vec<KvGroup>> {
                 g
             }),
         1 => (1usize..48).prop_map(|w| vec![KvGroup::windowed(w, 3), KvGroup::full(1)]),
+        // Gemma 2 (alternating) and Qwen2-like (more full layers than windowed ones).
+        2 => (1usize..48).prop_map(|w| vec![KvGroup::windowed(w, 1), KvGroup::full(1)]),
+        1 => (1usize..48).prop_map(|w| vec![KvGroup::full(2), KvGroup::windowed(w, 1)]),
     ]
 }
 
@@ -237,7 +247,8 @@ struct SeqModel {
     finished: Option<FinishReason>,
     /// Row as the executor sees it (until a plan lists it in `freed_rows`).
     row: Option<i32>,
-    blocks: Vec<i32>,
+    /// Its block tables (one per table of the layout; entries of freed blocks are nulls).
+    blocks: Vec<Vec<i32>>,
     hold: Hold,
     /// In-flight plans that schedule this sequence.
     inflight: usize,
@@ -255,7 +266,8 @@ struct ReqModel {
 #[derive(Debug)]
 struct RowModel {
     seq: u64,
-    table: Vec<i32>,
+    /// One block table per table of the layout (`Model::windows`).
+    table: Vec<Vec<i32>>,
     /// Tokens the executor knows for this row: announced ones, then its samples.
     tokens: Vec<u32>,
     /// `prefix[q]` identifies tokens[..=q]: the content KV position q must hold.
@@ -289,6 +301,9 @@ struct InflightModel {
 
 struct Model {
     cfg: SchedulerConfig,
+    /// The window of each block table: the layout's with per-group tables, else the one
+    /// shared table's (the shared window, or None).
+    windows: Vec<Option<usize>>,
     sched: Scheduler,
     fake: FakeExecutor,
     sampler: Sampler,
@@ -313,6 +328,7 @@ fn expected_valid(spec: &RequestSpec, cfg: &SchedulerConfig) -> bool {
     if len == 0 || spec.n == 0 || spec.n > cfg.max_num_seqs {
         return false;
     }
+    let tables = cfg.table_layout().map_or(1, |l| l.num_tables());
     let total = if spec.pooling {
         if spec.n != 1 || len > cfg.max_num_batched_tokens {
             return false;
@@ -324,7 +340,7 @@ fn expected_valid(spec: &RequestSpec, cfg: &SchedulerConfig) -> bool {
         }
         len + spec.max_tokens
     };
-    total <= cfg.max_model_len && total.div_ceil(cfg.block_size) <= cfg.num_blocks
+    total <= cfg.max_model_len && total.div_ceil(cfg.block_size) * tables <= cfg.num_blocks
 }
 
 /// The stop rule, written out again: what accepting `token` as output number `count` does.
@@ -348,7 +364,9 @@ fn expected_stop(
 
 impl Model {
     fn new(cfg: SchedulerConfig, stems: Vec<Vec<u32>>, sampler: Sampler) -> Self {
+        let windows = if cfg.group_tables { table_layout(&cfg.kv_groups).map(|l| l.windows) } else { None };
         Model {
+            windows: windows.unwrap_or_else(|| vec![cfg.shared_window()]),
             sched: Scheduler::new(cfg.clone()).expect("generated configs are valid"),
             cfg,
             fake: FakeExecutor::new(SAMPLE_VOCAB),
@@ -603,42 +621,62 @@ impl Model {
             seq.hold = Hold::Holding;
             seq.blocks.clear();
             seq.announced += 1;
-            let mut row =
-                RowModel { seq: id, table: Vec::new(), tokens: Vec::new(), prefix: Vec::new(), computed: 0 };
+            let mut row = RowModel {
+                seq: id,
+                table: vec![Vec::new(); self.windows.len()],
+                tokens: Vec::new(),
+                prefix: Vec::new(),
+                computed: 0,
+            };
             for t in known {
                 row.push_token(t);
             }
             self.rows.insert(r, row);
         }
 
-        // Under a shared window each scheduled row handed back the blocks behind its first
-        // query's window before this plan's blocks were taken (which may reuse them): the
-        // model drops them from what the sequence holds.
-        if let Some(w) = cfg.shared_window() {
-            for i in 0..r_count {
-                let r = plan.rows[i];
-                let start = (plan.seq_lens[i] - plan.num_scheduled_tokens[i]) as usize;
-                let row = self.rows.get_mut(&r).unwrap_or_else(|| panic!("scheduled free row {r}"));
-                let behind = blocks_behind(start, w, bs).min(row.table.len());
-                row.table[..behind].fill(NULL_ENTRY);
-                self.seqs.get_mut(&row.seq).unwrap().blocks = row.table.clone();
+        // Each scheduled row handed back the blocks behind its first query's window, in
+        // every windowed table, before this plan's blocks were taken (which may reuse
+        // them): the model drops them from what the sequence holds.
+        let windows = self.windows.clone();
+        let num_tables = windows.len();
+        for i in 0..r_count {
+            let r = plan.rows[i];
+            let start = (plan.seq_lens[i] - plan.num_scheduled_tokens[i]) as usize;
+            let row = self.rows.get_mut(&r).unwrap_or_else(|| panic!("scheduled free row {r}"));
+            for (table, w) in row.table.iter_mut().zip(&windows) {
+                if let Some(w) = *w {
+                    let behind = blocks_behind(start, w, bs).min(table.len());
+                    table[..behind].fill(NULL_ENTRY);
+                }
             }
+            self.seqs.get_mut(&row.seq).unwrap().blocks = row.table.clone();
         }
 
-        // -- block-table writes: appended in column order
+        // -- block-table writes: appended in column order, each to its table
+        if num_tables > 1 {
+            assert_eq!(plan.block_table_groups.len(), b_count, "a table for every write");
+            assert_eq!(plan.group_slot_mapping.len(), t_count * (num_tables - 1));
+        } else {
+            assert!(plan.block_table_groups.is_empty() && plan.group_slot_mapping.is_empty());
+        }
+        let mut plan_blocks = HashSet::new();
         for i in 0..b_count {
             let (r, c, b) = (plan.block_table_rows[i], plan.block_table_cols[i], plan.block_table_ids[i]);
+            let t = plan.block_table_groups.get(i).map_or(0, |&t| t as usize);
+            assert!(t < num_tables, "write to table {t} of {num_tables}");
             assert!(b >= 0 && (b as usize) < cfg.num_blocks, "block {b} out of range");
             let row = self.rows.get_mut(&r).unwrap_or_else(|| panic!("table write to free row {r}"));
-            if c as usize > row.table.len() {
+            let table = &mut row.table[t];
+            if c as usize > table.len() {
                 // Only a new row's entries behind its window are skipped (checked below).
-                assert!(self.cfg.shared_window().is_some(), "row {r}: table writes must append");
+                assert!(windows[t].is_some(), "row {r} table {t}: table writes must append");
                 assert!(new_rows.contains(&r), "row {r}: a running row's table write skips columns");
-                row.table.resize(c as usize, NULL_ENTRY);
+                table.resize(c as usize, NULL_ENTRY);
             }
-            assert_eq!(c as usize, row.table.len(), "row {r}: table writes must append");
-            assert!(!row.table.contains(&b), "row {r} holds block {b} twice");
-            row.table.push(b);
+            assert_eq!(c as usize, table.len(), "row {r} table {t}: table writes must append");
+            assert!(plan_blocks.insert((r, b)), "row {r} is given block {b} twice");
+            assert!(row.table.iter().all(|table| !table.contains(&b)), "row {r} holds block {b} twice");
+            row.table[t].push(b);
             self.seqs.get_mut(&row.seq).unwrap().blocks = row.table.clone();
         }
 
@@ -649,8 +687,8 @@ impl Model {
             assert!(p >= 0 && (p as usize) < r_count);
             assert!(pool_rows.insert(p as usize));
         }
-        let window = cfg.shared_window();
         let mut starts = Vec::with_capacity(r_count);
+        let mut extra_slots = Vec::new();
         for i in 0..r_count {
             let r = plan.rows[i];
             let n = plan.num_scheduled_tokens[i] as usize;
@@ -669,7 +707,10 @@ impl Model {
                 assert_eq!(start, row.computed, "row {r}: positions must continue");
             }
             row.computed = end;
-            assert!(row.table.len() * bs >= end, "row {r}: {end} tokens in {} blocks", row.table.len());
+            for table in &row.table {
+                assert!(table.len() * bs >= end, "row {r}: {end} tokens in {} blocks", table.len());
+                assert_eq!(table.len(), row.table[0].len(), "row {r}: tables of unequal lengths");
+            }
             let first = plan.query_start_loc[i] as usize;
             for j in 0..n {
                 let t = first + j;
@@ -689,10 +730,21 @@ impl Model {
                     assert!(pos < row.tokens.len(), "row {r}: token at {pos} is not known");
                     assert_eq!(id, i64::from(row.tokens[pos]), "row {r}: wrong token at {pos}");
                 }
-                let slot = i64::from(row.table[pos / bs]) * bs as i64 + (pos % bs) as i64;
-                assert_eq!(plan.slot_mapping[t], slot, "row {r} position {pos}: slot");
-                assert!(slots.insert(slot), "slot {slot} written twice in one plan");
-                self.kv.insert(slot, row.prefix[pos]);
+                for (k, table) in row.table.iter().enumerate() {
+                    assert_ne!(table[pos / bs], NULL_ENTRY, "row {r} table {k}: writes a freed block");
+                    let slot = i64::from(table[pos / bs]) * bs as i64 + (pos % bs) as i64;
+                    let planned = if k == 0 {
+                        plan.slot_mapping[t]
+                    } else {
+                        plan.group_slot_mapping[t * (num_tables - 1) + k - 1]
+                    };
+                    assert_eq!(planned, slot, "row {r} table {k} position {pos}: slot");
+                    assert!(slots.insert(slot), "slot {slot} written twice in one plan");
+                    self.kv.insert(slot, table_content(k, row.prefix[pos]));
+                    if k > 0 {
+                        extra_slots.push(slot);
+                    }
+                }
             }
             let seq = &self.seqs[&row.seq];
             let spec = &self.reqs[seq.request].spec;
@@ -703,21 +755,27 @@ impl Model {
                 assert!(!spec.pooling, "pooling sequence scheduled but not pooled");
             }
         }
-        // Every scheduled row reads its whole context after the step's writes (under a
-        // shared window, what its first query's window reaches onwards).
+        // Every scheduled row reads its whole context after the step's writes, in every
+        // table (a windowed one: what its first query's window reaches onwards).
         for (i, &start) in starts.iter().enumerate() {
             let r = plan.rows[i];
             let row = &self.rows[&r];
-            let lo = window.map_or(0, |w| (start + 1).saturating_sub(w));
-            for q in lo..plan.seq_lens[i] as usize {
-                assert_ne!(row.table[q / bs], NULL_ENTRY, "row {r}: position {q} in its window is freed");
-                let slot = i64::from(row.table[q / bs]) * bs as i64 + (q % bs) as i64;
-                assert_eq!(
-                    self.kv.get(&slot),
-                    Some(&row.prefix[q]),
-                    "KV of sequence {} at position {q} (slot {slot}) is not its own",
-                    row.seq
-                );
+            for (k, (table, w)) in row.table.iter().zip(&windows).enumerate() {
+                let lo = w.map_or(0, |w| (start + 1).saturating_sub(w));
+                for q in lo..plan.seq_lens[i] as usize {
+                    assert_ne!(
+                        table[q / bs],
+                        NULL_ENTRY,
+                        "row {r} table {k}: position {q} in its window is freed"
+                    );
+                    let slot = i64::from(table[q / bs]) * bs as i64 + (q % bs) as i64;
+                    assert_eq!(
+                        self.kv.get(&slot),
+                        Some(&table_content(k, row.prefix[q])),
+                        "KV of sequence {} table {k} at position {q} (slot {slot}) is not its own",
+                        row.seq
+                    );
+                }
             }
         }
 
@@ -730,7 +788,7 @@ impl Model {
             sampled_seqs: Vec::new(),
             pooled: Vec::new(),
             tokens: Vec::new(),
-            slots: plan.slot_mapping.clone(),
+            slots: [plan.slot_mapping.clone(), extra_slots].concat(),
         };
         for (k, (&idx, &r)) in plan.logits_indices.iter().zip(&plan.sample_rows).enumerate() {
             let i = plan.rows.iter().position(|&x| x == r).expect("sampled row is scheduled");
@@ -928,7 +986,6 @@ impl Model {
         assert!(usage.evictable <= usage.free);
         let mut lo = vec![0u32; self.cfg.num_blocks];
         let mut hi = vec![0u32; self.cfg.num_blocks];
-        let window = self.cfg.shared_window();
         for seq in self.seqs.values() {
             if seq.hold == Hold::None {
                 continue;
@@ -936,14 +993,16 @@ impl Model {
             // Behind the window of its next query, a block may already be handed back
             // (planning visited the row) even if no plan shows it yet.
             let computed = seq.row.and_then(|r| self.rows.get(&r)).map_or(0, |row| row.computed);
-            let maybe_freed = window.map_or(0, |w| blocks_behind(computed, w, self.cfg.block_size));
-            for (j, &b) in seq.blocks.iter().enumerate() {
-                if b == NULL_ENTRY {
-                    continue;
-                }
-                hi[b as usize] += 1;
-                if seq.hold == Hold::Holding && j >= maybe_freed {
-                    lo[b as usize] += 1;
+            for (table, w) in seq.blocks.iter().zip(&self.windows) {
+                let maybe_freed = w.map_or(0, |w| blocks_behind(computed, w, self.cfg.block_size));
+                for (j, &b) in table.iter().enumerate() {
+                    if b == NULL_ENTRY {
+                        continue;
+                    }
+                    hi[b as usize] += 1;
+                    if seq.hold == Hold::Holding && j >= maybe_freed {
+                        lo[b as usize] += 1;
+                    }
                 }
             }
         }
@@ -1046,7 +1105,8 @@ fn reference_streams(m: &Model) -> BTreeMap<u64, (Vec<u32>, Option<FinishReason>
         .reqs
         .iter()
         .map(|r| r.spec.n * (r.spec.prompt.len() + r.spec.max_tokens).div_ceil(m.cfg.block_size))
-        .sum();
+        .sum::<usize>()
+        * m.windows.len();
     let cfg = SchedulerConfig { num_blocks: num_blocks.max(1), ..cfg };
     let mut r = Model::new(cfg, m.stems.clone(), Sampler::Fake);
     for (i, req) in m.reqs.iter().enumerate() {
@@ -1056,6 +1116,16 @@ fn reference_streams(m: &Model) -> BTreeMap<u64, (Vec<u32>, Option<FinishReason>
     r.drain();
     assert_eq!(r.sched.counters().preemptions, 0);
     r.streams()
+}
+
+/// What KV position `q` holds in block table `table`, for content `prefix`: tagged with
+/// the table, since a block holds one table's layers.
+fn table_content(table: usize, prefix: u64) -> u64 {
+    if table == 0 {
+        prefix
+    } else {
+        prefix ^ (table as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93)
+    }
 }
 
 /// `PROPTEST_CASES` overrides the default case count of each property.

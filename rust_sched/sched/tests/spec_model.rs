@@ -2,14 +2,16 @@
 //! (preemption), random acceptance, aborts and failed steps. After every step the
 //! scheduler's invariants hold; once everything ended the pool is full again; every block
 //! the prefix cache holds has the content of committed tokens only; and with a greedy
-//! verifier (`MarkovExecutor`) the outputs equal a run without speculation.
+//! verifier (`MarkovExecutor`) the outputs equal a run without speculation. Some cases are
+//! a hybrid model with per-group tables (a windowed table beside the full one), whose
+//! rewinds give back every table's blocks for rejected drafts.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use proptest::prelude::*;
 use pyengine_sched::block_hash::{extend_block_hashes, BlockHash};
 use pyengine_sched::sim::{MarkovExecutor, VerifiedStep};
-use pyengine_sched::{RequestSpec, Scheduler, SchedulerConfig, SpecMethod, SpecResult, StepPlan};
+use pyengine_sched::{KvGroup, RequestSpec, Scheduler, SchedulerConfig, SpecMethod, SpecResult, StepPlan};
 
 const VOCAB: u32 = 9;
 
@@ -22,6 +24,8 @@ struct Case {
     method: SpecMethod,
     budget: usize,
     prompts: Vec<(Vec<u32>, usize)>,
+    /// A hybrid model's window (a windowed layer beside a full one, per-group tables).
+    hybrid: Option<usize>,
     /// Per step: a random number for the acceptance double, whether to abort, to fail.
     noise: Vec<(u32, bool, bool)>,
 }
@@ -36,10 +40,14 @@ fn case() -> impl Strategy<Value = Case> {
         8usize..24,
         prop::collection::vec((prop::collection::vec(0u32..VOCAB, 1..10), 1usize..14), 1..7),
         prop::collection::vec((any::<u32>(), prop::bool::weighted(0.03), prop::bool::weighted(0.02)), 400),
+        prop::option::weighted(0.3, 1usize..12),
     )
-        .prop_map(|(block_size, num_blocks, depth, k, method, budget, prompts, noise)| Case {
+        .prop_map(|(block_size, num_blocks, depth, k, method, budget, prompts, noise, hybrid)| Case {
             block_size,
-            num_blocks: num_blocks.max((9 + 14usize).div_ceil(block_size)),
+            // Room for the longest request in every table.
+            num_blocks: num_blocks
+                .max((9 + 14usize).div_ceil(block_size) * if hybrid.is_some() { 2 } else { 1 }),
+            hybrid,
             depth,
             k,
             method,
@@ -60,6 +68,8 @@ fn config(c: &Case, speculate: bool) -> SchedulerConfig {
         num_speculative_tokens: if speculate { c.k } else { 0 },
         speculative_method: if speculate { c.method } else { SpecMethod::None },
         spec_min_acceptance: 0.0,
+        kv_groups: c.hybrid.map_or_else(Vec::new, |w| vec![KvGroup::windowed(w, 1), KvGroup::full(1)]),
+        group_tables: true,
         ..SchedulerConfig::default()
     }
 }
@@ -145,6 +155,7 @@ fn committed_hashes(
     prompts: &HashMap<u64, Vec<u32>>,
     outputs: &HashMap<u64, Vec<u32>>,
     bs: usize,
+    tables: usize,
 ) -> HashSet<BlockHash> {
     let mut all = HashSet::new();
     for (seq, prompt) in prompts {
@@ -152,7 +163,8 @@ fn committed_hashes(
         tokens.extend(outputs.get(seq).into_iter().flatten());
         let mut hashes = Vec::new();
         extend_block_hashes(&mut hashes, &tokens, bs, None);
-        all.extend(hashes);
+        // A hybrid model's other table caches the same tokens under its own key.
+        all.extend(hashes.iter().flat_map(|h| (0..tables).map(|t| h.for_table(t))));
     }
     all
 }
@@ -168,7 +180,8 @@ proptest! {
         let usage = s.pool().usage();
         prop_assert_eq!(usage.used, 0);
         prop_assert_eq!(usage.free, c.num_blocks);
-        let committed = committed_hashes(&prompts, &outputs, c.block_size);
+        let tables = if c.hybrid.is_some() { 2 } else { 1 };
+        let committed = committed_hashes(&prompts, &outputs, c.block_size, tables);
         for b in 0..c.num_blocks as u32 {
             if let Some(h) = s.pool().hash_of(b) {
                 prop_assert!(committed.contains(&h), "block {} cached with content nobody committed", b);
@@ -201,6 +214,7 @@ fn a_tiny_pool_case_drafts_preempts_and_still_leaks_nothing() {
         method: SpecMethod::Ngram,
         budget: 12,
         prompts: (0..6).map(|i| ((0..9).map(|t| (t * 2 + i) % 4).collect(), 13)).collect(),
+        hybrid: None,
         noise: (0..400u32).map(|i| (i.wrapping_mul(2_654_435_761), i % 41 == 7, i % 97 == 50)).collect(),
     };
     let mut s = Scheduler::new(config(&c, true)).unwrap();

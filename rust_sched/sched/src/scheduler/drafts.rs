@@ -133,6 +133,10 @@ impl Scheduler {
             let extra = seq.blocks.split_off(keep);
             seq.tail_block = *seq.blocks.last().expect("a running sequence holds a block");
             self.pool.release(&extra);
+            for table in &mut seq.extra {
+                let extra = table.blocks.split_off(keep);
+                self.pool.release(&extra);
+            }
         }
     }
 }

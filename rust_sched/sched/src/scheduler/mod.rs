@@ -18,6 +18,7 @@ mod drafts;
 mod masks;
 mod queues;
 mod schedule;
+mod tables;
 mod update;
 mod window;
 
@@ -56,8 +57,9 @@ struct InflightStep {
     written: Vec<BlockId>,
     /// Blocks that became full and known in this plan, to make findable in the prefix
     /// cache (in batches: see `flush_registrations`), with the sequence and block index
-    /// they hold (read for KV-cache events).
-    to_register: Vec<(BlockId, BlockHash, SeqIndex, u32)>,
+    /// they hold (read for KV-cache events) and the table (0 but for a hybrid model's
+    /// extra tables, whose hash is `for_table`'s and which publish no event).
+    to_register: Vec<(BlockId, BlockHash, SeqIndex, u32, u8)>,
     /// Leading entries of `to_register` already handed to the block pool.
     num_flushed: usize,
     /// First samples whose prompt completes in this step (their siblings may start).
@@ -202,6 +204,9 @@ pub struct Scheduler {
     /// Blocks behind this window are freed while a sequence runs: every KV group is
     /// windowed (`kv_groups.rs`, `window.rs`); None keeps every block.
     window: Option<usize>,
+    /// Windows of a hybrid model's extra block tables (table `t + 1` at index `t`,
+    /// `tables.rs`); empty with one shared table.
+    extra_windows: Vec<Option<usize>>,
 }
 
 impl Scheduler {
@@ -235,6 +240,10 @@ impl Scheduler {
             }),
             draft_buf: Vec::with_capacity(MAX_SPECULATIVE_TOKENS),
             window: config.shared_window(),
+            extra_windows: config.table_layout().map_or_else(Vec::new, |l| {
+                debug_assert_eq!(l.windows[0], None, "table 0 is a full table");
+                l.windows[1..].to_vec()
+            }),
             config,
         })
     }
@@ -443,6 +452,48 @@ impl Scheduler {
                 }
                 owners[b as usize] += 1;
             }
+            if seq.extra.len() != if seq.blocks.is_empty() { 0 } else { self.extra_windows.len() } {
+                return Err(format!("sequence {} has {} extra tables", seq.id, seq.extra.len()));
+            }
+            for (t, (table, &w)) in seq.extra.iter().zip(&self.extra_windows).enumerate() {
+                let freed = table.freed as usize;
+                if table.blocks.len() != seq.blocks.len() {
+                    return Err(format!("sequence {}: table {} is not as long as table 0", seq.id, t + 1));
+                }
+                if table.blocks[..freed].iter().any(|&b| b != NULL_BLOCK) {
+                    return Err(format!(
+                        "sequence {}: table {}'s freed entries are not all null",
+                        seq.id,
+                        t + 1
+                    ));
+                }
+                let behind = w.map_or(0, |w| {
+                    crate::kv_groups::blocks_behind(seq.computed(), w, self.config.block_size)
+                });
+                if (seq.state == SeqState::Running && freed > behind) || (w.is_none() && freed > 0) {
+                    return Err(format!("sequence {}: table {} freed a block it still reads", seq.id, t + 1));
+                }
+                for &b in &table.blocks[freed..] {
+                    if b == NULL_BLOCK {
+                        return Err(format!(
+                            "sequence {}: table {} holds a null inside its window",
+                            seq.id,
+                            t + 1
+                        ));
+                    }
+                    owners[b as usize] += 1;
+                }
+                for (i, &b) in table.blocks.iter().enumerate().take(seq.num_registered as usize).skip(freed) {
+                    if let Some(h) = self.pool.hash_of(b) {
+                        if seq.hashes.get(i).map(|h| h.for_table(t + 1)) != Some(h) {
+                            return Err(format!(
+                                "block {b} of table {} cached with a hash not its own",
+                                t + 1
+                            ));
+                        }
+                    }
+                }
+            }
             if seq.state != SeqState::Running && seq.state != SeqState::Finished && !seq.blocks.is_empty() {
                 return Err(format!("sequence {} holds blocks while {:?}", seq.id, seq.state));
             }
@@ -598,7 +649,8 @@ impl Scheduler {
         if !seq.kv_failed {
             self.register_rest(seq_index);
         }
-        let seq = self.seqs[seq_index as usize].take().unwrap();
+        let mut seq = self.seqs[seq_index as usize].take().unwrap();
+        tables::release_tables(&mut self.pool, &mut seq);
         self.pool.release(&seq.blocks[seq.num_window_freed as usize..]);
         self.index_of_seq.remove(&seq.id);
         self.free_indices.push(seq_index);
@@ -616,18 +668,8 @@ impl Scheduler {
         if !pool.caching_enabled() || seq.pooling {
             return;
         }
-        let full = (seq.computed().min(seq.num_tokens()) / bs).min(seq.blocks.len());
-        if full <= seq.num_registered as usize {
-            return;
-        }
-        seq.update_hashes(bs);
-        for i in seq.num_registered as usize..full {
-            if seq.blocks[i] != NULL_BLOCK {
-                let (tokens, parent) = seq.hashed_block(i, bs);
-                pool.register(seq.blocks[i], seq.hashes[i], parent, tokens);
-            }
-        }
-        seq.num_registered = full as u32;
+        let full = seq.computed().min(seq.num_tokens()) / bs;
+        tables::register_tables(pool, seq, full, bs);
     }
 
     /// Preempts the running sequence at `index` by recompute: its blocks go back at once
@@ -642,6 +684,7 @@ impl Scheduler {
         self.register_rest(seq_index);
         let seq = self.seqs[seq_index as usize].as_mut().unwrap();
         seq.state = SeqState::Waiting;
+        tables::release_tables(&mut self.pool, seq);
         let blocks = std::mem::take(&mut seq.blocks);
         let freed = std::mem::take(&mut seq.num_window_freed) as usize;
         seq.num_computed = 0;
@@ -665,3 +708,6 @@ mod spec_tests;
 
 #[cfg(test)]
 mod window_tests;
+
+#[cfg(test)]
+mod tables_tests;

@@ -7,6 +7,7 @@ use crate::plan::{StepPlan, PLACEHOLDER_TOKEN};
 use crate::request::{SeqIndex, SeqState};
 use crate::spec::SpecMethod;
 
+use super::tables::{push_write, TableHit};
 use super::{InflightStep, Scheduler};
 
 impl Scheduler {
@@ -68,7 +69,11 @@ impl Scheduler {
         // The sequence is read only for a KV-cache event: with events off the loop stays
         // a run of independent map inserts.
         let recording = self.pool.records_events();
-        for &(block, hash, seq_index, i) in &step.to_register[step.num_flushed..] {
+        for &(block, hash, seq_index, i, table) in &step.to_register[step.num_flushed..] {
+            if table > 0 {
+                self.pool.register_quiet(block, hash);
+                continue;
+            }
             let (tokens, parent) = if recording {
                 let seq = self.seqs[seq_index as usize].as_ref();
                 seq.map_or((&[][..], None), |seq| seq.hashed_block(i as usize, bs))
@@ -105,6 +110,7 @@ impl Scheduler {
     fn schedule_running(&mut self, budget: &mut usize, plan: &mut StepPlan, step: &mut InflightStep) -> bool {
         let mut preempted = false;
         let speculates = self.config.speculates();
+        let tables = self.num_tables();
         // Blocks the running sequences after the current one may need for their own
         // tokens this step: drafts never take them (counted when drafts are first
         // considered, then each sequence's share leaves the count as it is reached).
@@ -126,6 +132,7 @@ impl Scheduler {
             }
             // Blocks behind every layer's window go back before any are asked for.
             self.drop_behind_window(seq_index);
+            self.drop_behind_tables(seq_index);
             // A running sequence holds exactly blocks_for(num_computed) blocks, so the block
             // table itself (a cache line of its own) is not read here.
             let computed = self.seq(seq_index).unwrap().computed();
@@ -140,17 +147,19 @@ impl Scheduler {
                 let reserved = *later_need.get_or_insert_with(|| {
                     (i + 1..self.running.len()).map(|j| self.own_block_need(self.running.get(j).1)).sum()
                 });
-                let usable = held + self.pool.num_free().saturating_sub(reserved);
+                let usable = held + self.pool.num_free().saturating_sub(reserved) / tables;
                 let room = (usable * self.config.block_size).saturating_sub(computed + 1);
                 d = self.propose(seq_index, spare.min(room));
             }
             let need = self.config.blocks_for(computed + n + d) - held;
+            // Every table grows by as many blocks.
+            let need_all = need * tables;
             // Make room by preempting lower-ranked sequences (always the last of the list).
-            while self.pool.num_free() < need && self.running.len() > i + 1 {
+            while self.pool.num_free() < need_all && self.running.len() > i + 1 {
                 self.preempt_at(self.running.len() - 1);
                 preempted = true;
             }
-            if self.pool.num_free() < need {
+            if self.pool.num_free() < need_all {
                 // Nothing ranked below is left: wait for blocks that in-flight steps hold.
                 i += 1;
                 continue;
@@ -176,11 +185,13 @@ impl Scheduler {
         let n =
             self.cap_chunk(seq.tokens_wanted(&self.config), self.config.max_num_batched_tokens, seq.pooling);
         let computed = seq.computed();
-        self.config.blocks_for(computed + n) - self.config.blocks_for(computed)
+        (self.config.blocks_for(computed + n) - self.config.blocks_for(computed)) * self.num_tables()
     }
 
     fn schedule_waiting(&mut self, budget: &mut usize, plan: &mut StepPlan, step: &mut InflightStep) {
         let mut hit: Vec<BlockId> = Vec::new();
+        let mut extra_hits = vec![TableHit::default(); self.extra_windows.len()];
+        let tables = self.num_tables();
         while *budget > 0 && self.running.len() < self.config.max_num_seqs {
             let Some((rank, seq_index)) = self.waiting.first() else {
                 break;
@@ -197,7 +208,7 @@ impl Scheduler {
             // Never reuse the whole prompt: at least one token is computed for its logits.
             let max_hit_blocks = (known - 1) / bs;
             // A windowed hit skips the blocks behind its window: held as null entries.
-            let skipped = self.find_reusable_prefix(seq_index, max_hit_blocks, &mut hit);
+            let skipped = self.find_reusable_prefix(seq_index, max_hit_blocks, &mut hit, &mut extra_hits);
             let hit_blocks = skipped + hit.len();
             let cached = hit_blocks * bs;
             let wanted = known - cached;
@@ -207,8 +218,10 @@ impl Scheduler {
                 break; // a pooling prompt that does not fit this step's budget
             }
             let need = self.config.blocks_for(cached + n) - hit_blocks;
-            let free_after_hits = self.pool.num_free() - self.pool.count_evictable(&hit);
-            if need > free_after_hits {
+            let evictable_hits = self.pool.count_evictable(&hit)
+                + extra_hits.iter().map(|h| self.pool.count_evictable(&h.blocks)).sum::<usize>();
+            let free_after_hits = self.pool.num_free() - evictable_hits;
+            if need * tables > free_after_hits {
                 break;
             }
             let used_cache = self.pool.caching_enabled() && !seq.pooling && seq.fork_source.is_none();
@@ -216,6 +229,9 @@ impl Scheduler {
                 self.pool.record_lookup(known, cached);
             }
             self.pool.acquire(&hit);
+            for h in &extra_hits {
+                self.pool.acquire(&h.blocks);
+            }
             self.waiting.remove(&rank);
             let row = self.rows.take().expect("a free row exists while running < max_num_seqs");
             let max_model_len = self.config.max_model_len;
@@ -241,6 +257,7 @@ impl Scheduler {
                 let most = (seq.prompt_len() + seq.max_tokens as usize).min(max_model_len);
                 seq.reserve_tokens(most);
             }
+            self.install_tables(seq_index, &extra_hits);
             self.running.insert(rank, seq_index);
             self.announce_new(seq_index, plan);
             self.grow_blocks(seq_index, need, plan);
@@ -251,14 +268,20 @@ impl Scheduler {
 
     /// Fills `hit` with blocks the waiting sequence at `seq_index` can reuse: its first
     /// sibling's prompt blocks when it was forked, else the longest cached prefix. Returns
-    /// how many leading blocks the hit skips, behind a sliding window (`window.rs`).
+    /// how many leading blocks the hit skips, behind a sliding window (`window.rs`). With
+    /// per-group tables, `hit` is table 0's and `extra_hits` the others' (`tables.rs`).
     fn find_reusable_prefix(
         &mut self,
         seq_index: SeqIndex,
         max_blocks: usize,
         hit: &mut Vec<BlockId>,
+        extra_hits: &mut [TableHit],
     ) -> usize {
         hit.clear();
+        for h in extra_hits.iter_mut() {
+            h.skipped = 0;
+            h.blocks.clear();
+        }
         let caching = self.pool.caching_enabled();
         let seq = self.seqs[seq_index as usize].as_mut().unwrap();
         if seq.pooling {
@@ -276,7 +299,9 @@ impl Scheduler {
                         .min(parent.blocks.len());
                     // Shared only if the parent still holds what the window reaches.
                     let skip = self.hit_skips(shared);
-                    if parent.num_window_freed as usize <= skip {
+                    if parent.num_window_freed as usize <= skip
+                        && self.tables_fork_share(parent, shared, extra_hits)
+                    {
                         hit.extend_from_slice(&parent.blocks[skip..shared]);
                         return skip;
                     }
@@ -287,6 +312,10 @@ impl Scheduler {
             return 0;
         }
         let limit = max_blocks.min(seq.hashes.len());
+        if !self.extra_windows.is_empty() {
+            self.tables_cached_prefix(&seq.hashes[..limit], hit, extra_hits);
+            return 0;
+        }
         self.cached_prefix(&seq.hashes[..limit], hit)
     }
 
@@ -301,10 +330,17 @@ impl Scheduler {
         self.pool.allocate(need, &mut seq.blocks);
         seq.tail_block = *seq.blocks.last().unwrap();
         let row = seq.row().expect("running sequence has a row") as i32;
-        for (col, &b) in seq.blocks.iter().enumerate().skip(start) {
-            plan.block_table_rows.push(row);
-            plan.block_table_cols.push(col as i32);
-            plan.block_table_ids.push(b as i32);
+        if seq.extra.is_empty() {
+            for (col, &b) in seq.blocks.iter().enumerate().skip(start) {
+                plan.block_table_rows.push(row);
+                plan.block_table_cols.push(col as i32);
+                plan.block_table_ids.push(b as i32);
+            }
+        } else {
+            for (col, &b) in seq.blocks.iter().enumerate().skip(start) {
+                push_write(plan, 0, row, col, b);
+            }
+            self.grow_tables(seq_index, need, plan);
         }
     }
 
@@ -323,10 +359,21 @@ impl Scheduler {
         plan.new_token_ids.extend(seq.known_tokens().iter().map(|&t| i64::from(t)));
         plan.new_token_offsets.push(plan.new_token_ids.len() as i64);
         // Entries behind the window are never read: the executor's table is not written there.
-        for (col, &b) in seq.blocks.iter().enumerate().skip(seq.num_window_freed as usize) {
-            plan.block_table_rows.push(row);
-            plan.block_table_cols.push(col as i32);
-            plan.block_table_ids.push(b as i32);
+        if seq.extra.is_empty() {
+            for (col, &b) in seq.blocks.iter().enumerate().skip(seq.num_window_freed as usize) {
+                plan.block_table_rows.push(row);
+                plan.block_table_cols.push(col as i32);
+                plan.block_table_ids.push(b as i32);
+            }
+            return;
+        }
+        for (col, &b) in seq.blocks.iter().enumerate() {
+            push_write(plan, 0, row, col, b);
+        }
+        for (t, table) in seq.extra.iter().enumerate() {
+            for (col, &b) in table.blocks.iter().enumerate().skip(table.freed as usize) {
+                push_write(plan, t + 1, row, col, b);
+            }
         }
     }
 
@@ -350,6 +397,7 @@ impl Scheduler {
         let num_blocks = end.div_ceil(bs); // grown to cover `end` before emit
         for b in start / bs..=(end - 1) / bs {
             step.written.push(seq.block_at(b * bs, bs, num_blocks));
+            step.written.extend(seq.extra.iter().map(|t| t.blocks[b]));
         }
         let d = drafts.len();
         for pos in start..end {
@@ -364,6 +412,10 @@ impl Scheduler {
             plan.positions.push(pos as i64);
             let block = i64::from(seq.block_at(pos, bs, num_blocks));
             plan.slot_mapping.push(block * bs as i64 + (pos % bs) as i64);
+            for table in &seq.extra {
+                let block = i64::from(table.blocks[pos / bs]);
+                plan.group_slot_mapping.push(block * bs as i64 + (pos % bs) as i64);
+            }
         }
         let row = seq.row().expect("scheduled sequence has a row") as i32;
         let index = plan.rows.len() as i32;
@@ -431,7 +483,20 @@ impl Scheduler {
                         seq.hashes[i],
                         seq_index,
                         i as u32,
+                        0,
                     ));
+                    for (t, table) in seq.extra.iter().enumerate() {
+                        if table.blocks[i] != NULL_BLOCK {
+                            let hash = seq.hashes[i].for_table(t + 1);
+                            step.to_register.push((
+                                table.blocks[i],
+                                hash,
+                                seq_index,
+                                i as u32,
+                                (t + 1) as u8,
+                            ));
+                        }
+                    }
                 }
             }
             seq.num_registered = full as u32;

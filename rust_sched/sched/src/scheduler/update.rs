@@ -268,7 +268,9 @@ impl Scheduler {
             .filter(|&seq_index| {
                 self.seq(seq_index).is_some_and(|s| {
                     s.state != SeqState::Finished
-                        && s.blocks[..s.num_shared_blocks as usize].iter().any(|b| unwritten.contains(b))
+                        && std::iter::once(&s.blocks)
+                            .chain(s.extra.iter().map(|t| &t.blocks))
+                            .any(|b| b[..s.num_shared_blocks as usize].iter().any(|b| unwritten.contains(b)))
                 })
             })
             .collect();
