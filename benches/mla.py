@@ -14,13 +14,25 @@ intermediate 1024, vocabulary 4096), random weights, float32, CPU. Measured in o
   cache, but each step expands every context row into per-head K and V (``kv_b_proj``)
   and attends over those, the straightforward alternative. Steps alternate between the
   two so both see the same machine.
+- prefill tokens/s (``--prefill`` tokens, one prompt in one step, ``--prefill-repeats``
+  alternating runs, medians): "prefill_expanded" is what pyengine runs (a prompt chunk
+  whose expansion costs less, ``mla_sdpa.expands``, is decompressed into per-head K and
+  V and attended with ``qk_head_dim``-wide dot products), "prefill_absorbed" the absorbed
+  form for every chunk (``MlaSdpaBackend(expand_prefill=False)``, what ran before); the
+  two prefills' greedy tokens are compared.
 
 Usage: python benches/mla.py [--json] [--steps N] [--batch N] [--context N] [--threads N]
+                             [--prefill N] [--prefill-repeats N]
 
 One run (1 thread, batch 8, context 512, 6 steps; 2 cores shared with other jobs, load
 average 15, so the times are loose): latent 2304 B against expanded 20480 B per token and
 layer (8.89x; 14563 against 1638 blocks of 16 tokens per GiB); decode 253 ms absorbed
 against 6389 ms expanded per step (25x), the same 64 of 64 greedy tokens.
+
+Prefill, 2026-12-02 (1 thread, same shared machine): ``--prefill 1024`` at load 18:
+652 tokens/s expanded against 267 absorbed (2.44x); ``--prefill 2048`` at load 9-14:
+393 against 195 (2.01x); the same first token each time. (``--steps 2 --batch 2
+--context 128 --prefill-repeats 3``.)
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pyengine.executor.attention.mla_sdpa import MlaSdpaBackend
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.kv_cache import KVCacheShape, blocks_for_budget
 from pyengine.executor.model_runner import ModelRunner
@@ -130,6 +143,42 @@ class Decoder:
         return elapsed
 
 
+def prefill_figures(folder: Path, length: int, repeats: int) -> dict:
+    """Prefill tokens/s of one ``length``-token prompt in one step, expanded and absorbed
+    chunks alternating on one runner (each run the prompt anew, finished after its step)."""
+    blocks = -(-(length + 16) // BLOCK_SIZE)
+    runner = ModelRunner.from_pretrained(
+        folder, ExecutorConfig(dtype="float32", max_num_seqs=1, max_model_len=length + 16, block_size=BLOCK_SIZE,
+                               num_kv_blocks=blocks, max_num_batched_tokens=length)
+    )
+    prompt = np.random.default_rng(5).integers(0, VOCAB, size=length).tolist()
+    backends = {"expanded": MlaSdpaBackend(expand_prefill=True), "absorbed": MlaSdpaBackend(expand_prefill=False)}
+    seconds: dict[str, list[float]] = {name: [] for name in backends}
+    tokens: dict[str, int] = {}
+    planner = HandPlanner(block_size=BLOCK_SIZE, num_blocks=blocks, max_rows=1)
+    for index in range(repeats + 1):  # the first round warms up
+        for name, backend in backends.items():
+            runner.attention_backend = backend
+            seq = planner.add(prompt, SamplingParams(temperature=0.0))
+            plan = planner.next_plan(max_chunk=length)
+            start = time.perf_counter()
+            out = runner.execute(plan)
+            elapsed = time.perf_counter() - start
+            planner.record(plan, out.sampled_token_ids)
+            tokens[name] = planner.output_tokens(seq)[0]
+            planner.finish(seq)
+            if index:
+                seconds[name].append(elapsed)
+    rate = {name: length / statistics.median(times) for name, times in seconds.items()}
+    return {
+        "prefill_tokens": length,
+        "prefill_tokens_per_s_expanded": round(rate["expanded"], 1),
+        "prefill_tokens_per_s_absorbed": round(rate["absorbed"], 1),
+        "prefill_expanded_over_absorbed": round(rate["expanded"] / rate["absorbed"], 2),
+        "prefill_same_token": tokens["expanded"] == tokens["absorbed"],
+    }
+
+
 def kv_figures(runner: ModelRunner) -> dict:
     config, shape = runner.loaded.config, runner.kv_shape
     mla = config.mla
@@ -159,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--prefill", type=int, default=1024, help="prompt tokens of the prefill figures (0: skip)")
+    parser.add_argument("--prefill-repeats", type=int, default=3)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -175,6 +226,8 @@ def main(argv: list[str] | None = None) -> None:
                 times["absorbed"].append(a)
                 times["expanded"].append(e)
         kv = kv_figures(absorbed.runner)
+        del absorbed, expanded
+        prefill = prefill_figures(folder, args.prefill, args.prefill_repeats) if args.prefill else {}
     absorbed_ms = statistics.median(times["absorbed"]) * 1e3
     expanded_ms = statistics.median(times["expanded"]) * 1e3
     result = {
@@ -188,6 +241,7 @@ def main(argv: list[str] | None = None) -> None:
         "decode_expanded_over_absorbed": round(expanded_ms / absorbed_ms, 2),
         # The two forms are the same function: their greedy tokens agree (bar float ties).
         "decode_tokens_agree": f"{agree}/{total}",
+        **prefill,
         "note": "shared, noisy machine: medians of alternating steps",
     }
     if args.json:
@@ -200,6 +254,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"decode, batch {args.batch}, context {args.context} ({args.threads} threads): absorbed "
           f"{absorbed_ms:.2f} ms/step, expanded {expanded_ms:.2f} ms/step ({result['decode_expanded_over_absorbed']}x); "
           f"greedy tokens agree {result['decode_tokens_agree']}")
+    if prefill:
+        print(f"prefill, one prompt of {args.prefill} tokens: expanded {prefill['prefill_tokens_per_s_expanded']} "
+              f"tokens/s, absorbed {prefill['prefill_tokens_per_s_absorbed']} tokens/s "
+              f"({prefill['prefill_expanded_over_absorbed']}x); same first token: {prefill['prefill_same_token']}")
 
 
 if __name__ == "__main__":

@@ -113,3 +113,57 @@ def test_the_published_v3_config_parses():
 def test_unsupported_deepseek_fields_are_refused_naming_them(changes, field):
     with pytest.raises(UnsupportedModelError, match=field):
         parse_decoder_config({**V3_PUBLISHED, **changes})
+
+
+NOPE, VALUE = 8, 8
+
+
+def _queries(tokens: int, seed: int = 1):
+    from pyengine.models.mla import LatentQueries
+
+    rng = torch.Generator().manual_seed(seed)
+    return LatentQueries(torch.randn(tokens, HEADS, NOPE, generator=rng), torch.randn(tokens, HEADS, ROPE, generator=rng),
+                         torch.randn(HEADS, NOPE, RANK, generator=rng) * 0.3,
+                         torch.randn(HEADS, VALUE, RANK, generator=rng) * 0.3)
+
+
+def _naive_expanded(queries, contexts, scheduled, scale):
+    """Every head's keys [W_UK c, k_rope] and values W_UV c, attended token by token."""
+    out, start = [], 0
+    for context, new in zip(contexts, scheduled):
+        for i in range(new):
+            visible = context[: len(context) - new + i + 1]
+            token = start + i
+            heads = []
+            for h in range(HEADS):
+                keys = torch.cat([visible[:, :RANK] @ queries.w_uk[h].T, visible[:, RANK:]], dim=-1)
+                query = torch.cat([queries.nope[token, h], queries.rope[token, h]])
+                probs = torch.softmax(keys @ query * scale, dim=-1)
+                heads.append(probs @ (visible[:, :RANK] @ queries.w_uv[h].T))
+            out.append(torch.stack(heads))
+        start += new
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_attend_mla_expands_long_prompt_chunks_and_absorbs_the_rest_alike(native):
+    """Decodes, a short chunk after a long context (absorbed) and fresh prompts (expanded:
+    ``expands``) in one step give the naive per-head attention, as does the absorbed form
+    for everything."""
+    from pyengine.executor.attention.mla_sdpa import expands
+
+    seq_lens, scheduled = [9, 14, 6, 5, 12], [1, 4, 6, 1, 12]
+    cache, layout, _, latent, contexts = _step(seq_lens, scheduled)
+    queries = _queries(int(sum(scheduled)))
+    expected = _naive_expanded(queries, contexts, scheduled, 0.3)
+    step = MlaStepAttention(cache, layout, native=native)
+    torch.testing.assert_close(step.attend_mla(0, queries, latent, 0.3), expected, atol=1e-5, rtol=1e-5)
+    forms = [expands(chunk, queries) for chunk in step.chunks]
+    assert forms == [False, True, True]  # the 4 tokens after 10 cached rows stay absorbed
+    absorbed_only = MlaStepAttention(cache, layout, native=native, expand_prefill=False)
+    torch.testing.assert_close(absorbed_only.attend_mla(0, queries, latent, 0.3), expected, atol=1e-5, rtol=1e-5)
+    prompts_only = _step([7, 5], [7, 5], seed=3)  # every token in an expanded chunk
+    cache, layout, _, latent, contexts = prompts_only
+    queries = _queries(12, seed=4)
+    out = MlaStepAttention(cache, layout, native=native).attend_mla(0, queries, latent, 0.3)
+    torch.testing.assert_close(out, _naive_expanded(queries, contexts, [7, 5], 0.3), atol=1e-5, rtol=1e-5)

@@ -3,11 +3,21 @@
 Each token's keys and values come from one ``kv_lora_rank`` latent ``c`` (normed output
 of ``kv_a_proj_with_mqa``) plus a ``qk_rope_head_dim`` rotary key ``k_r`` that every head
 shares; head h's key is ``[W_UK_h c, k_r]`` and its value ``W_UV_h c`` (``kv_b_proj``
-holds ``W_UK_h`` and ``W_UV_h`` row after row). The cache stores ``[c, k_r]`` only. The
-up-projections are absorbed (``q_h . W_UK_h c = (W_UK_h^T q_h) . c``): the layer turns
-its queries into latent space, the attention op attends over the cached rows as they are
-(``LatentAttentionOp``), and ``W_UV_h`` maps each head's weighted latent to its value
-space before ``o_proj``.
+holds ``W_UK_h`` and ``W_UV_h`` row after row). The cache stores ``[c, k_r]`` only.
+
+The layer hands the attention op its queries per head (:class:`LatentQueries`, with the
+head's up-projections), and the op picks one of two equal forms per sequence
+(``LatentAttentionOp.attend_mla``):
+
+- absorbed (``q_h . W_UK_h c = (W_UK_h^T q_h) . c``): queries into latent space,
+  attention over the cached rows as they are, ``W_UV_h`` mapping each head's weighted
+  latent to its value space after; nothing is expanded per context row. What decodes
+  and short chunks take: one query row against a long context.
+- expanded: the context rows decompressed into each head's keys ``[W_UK_h c, k_r]`` and
+  values ``W_UV_h c``, then ordinary attention; what a long prefill chunk takes, where
+  the context is about as long as the chunk and the absorbed form's wider dot products
+  (``kv_lora_rank + qk_rope_head_dim`` against ``qk_head_dim``) cost more than the
+  expansion (``mla_sdpa.expands``).
 
 Rotary: DeepSeek's weights rotate interleaved pairs ``(x0, x1), (x2, x3), ...``
 (transformers' V2 always, V3 under ``rope_interleave``); the rotated halves are written
@@ -21,6 +31,7 @@ column, ``o_proj`` by row, one all-reduce); the low-rank projections ``q_a_proj`
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Protocol
 
 import torch
@@ -31,11 +42,47 @@ from pyengine.models.parallel import ParallelContext, Shard
 from pyengine.models.rope import apply_rotary
 
 
+@dataclass(frozen=True)
+class LatentQueries:
+    """One step's queries of this rank's heads, with what turns them into either form:
+    ``nope`` [T, heads, qk_nope], ``rope`` [T, heads, qk_rope] (rotated), ``w_uk``
+    [heads, qk_nope, rank] and ``w_uv`` [heads, v, rank] (views of ``kv_b_proj``)."""
+
+    nope: torch.Tensor
+    rope: torch.Tensor
+    w_uk: torch.Tensor
+    w_uv: torch.Tensor
+
+    def absorbed(self, tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """[t, heads, rank + qk_rope]: the queries of ``tokens`` (None: all) in latent space."""
+        nope, rope = (self.nope, self.rope) if tokens is None else (self.nope[tokens], self.rope[tokens])
+        # [heads, t, nope] x [heads, nope, rank] -> [t, heads, rank]
+        return torch.cat([torch.bmm(nope.transpose(0, 1), self.w_uk).transpose(0, 1), rope], dim=-1)
+
+    def values(self, weighted: torch.Tensor) -> torch.Tensor:
+        """[t, heads, v] from the attention-weighted latents [t, heads, rank]."""
+        return torch.bmm(weighted.transpose(0, 1), self.w_uv.transpose(1, 2)).transpose(0, 1)
+
+    def expanded(self, start: int, end: int) -> torch.Tensor:
+        """[heads, end - start, qk_head_dim]: tokens ``start:end``'s queries per head."""
+        return torch.cat([self.nope[start:end], self.rope[start:end]], dim=-1).transpose(0, 1)
+
+    def keys_values(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Context rows [L, rank + qk_rope] expanded: keys [heads, L, qk_head_dim] (the
+        rotary key shared by every head) and values [heads, L, v]."""
+        heads, nope_dim, rank = self.w_uk.shape
+        latent, k_rope = rows[:, :rank], rows[:, rank:]
+        k_nope = torch.matmul(latent, self.w_uk.transpose(1, 2))  # [heads, L, nope]
+        v = torch.matmul(latent, self.w_uv.transpose(1, 2))  # [heads, L, v]
+        return torch.cat([k_nope, k_rope.unsqueeze(0).expand(heads, -1, -1)], dim=-1), v
+
+
 class LatentAttentionOp(Protocol):
     """What a latent attention layer calls: write this step's latent rows, attend over them."""
 
-    def attend_latent(self, layer_index: int, q: torch.Tensor, latent: torch.Tensor, scale: float) -> torch.Tensor:
-        """q [T, heads, latent_dim], latent [T, latent_dim] -> [T, heads, kv_lora_rank]."""
+    def attend_mla(self, layer_index: int, queries: LatentQueries, latent: torch.Tensor, scale: float) -> torch.Tensor:
+        """``latent`` [T, rank + qk_rope] (this step's rows, written to the cache) ->
+        [T, heads, v]: each head's attention output in its value space."""
         ...
 
 
@@ -106,13 +153,9 @@ class LatentAttention(torch.nn.Module):
         latent = self.kv_a_layernorm(latent.contiguous())
         k_rope = self._rotate(k_rope.unsqueeze(1), cos, sin).squeeze(1)
         w_uk, w_uv = self._up_projections()
-        # Queries into latent space: [heads, T, nope] x [heads, nope, rank] -> [T, heads, rank].
-        q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)
-        query = torch.cat([q_latent, self._rotate(q_rope, cos, sin)], dim=-1)
+        queries = LatentQueries(q_nope, self._rotate(q_rope, cos, sin), w_uk, w_uv)
         rows = torch.cat([latent, k_rope], dim=-1)
-        attended = attention.attend_latent(self.layer_index, query, rows, mla.softmax_scale)
-        # Weighted latents to values: [heads, T, rank] x [heads, rank, v] -> [T, heads * v].
-        values = torch.bmm(attended.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)
+        values = attention.attend_mla(self.layer_index, queries, rows, mla.softmax_scale)
         return self.o_proj(values.reshape(tokens, self.num_heads * mla.v_head_dim))
 
     def _up_projections(self) -> tuple[torch.Tensor, torch.Tensor]:

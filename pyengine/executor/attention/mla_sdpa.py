@@ -1,18 +1,25 @@
-"""Multi-head latent attention over the latent cache (DeepSeek-V2 / V3), absorbed form.
+"""Multi-head latent attention over the latent cache (DeepSeek-V2 / V3).
 
-The model folds each head's key up-projection into its query (``W_UK``) before calling
-``attend_latent``, and its value up-projection into the output after (``W_UV``), as
-DeepSeek and vLLM do at decode: attention then runs over the cached latent rows directly,
-one key "head" shared by every query head (MQA), the key being the whole row
-(``kv_lora_rank + qk_rope_head_dim``) and the value its first ``kv_lora_rank`` values.
-Nothing is expanded per token, at decode or at prefill.
+The model hands ``attend_mla`` its queries per head with the up-projections
+(``models.mla.LatentQueries``); each sequence of the step is attended in one of two
+forms, the same function:
 
-- single-query rows (decodes, 1-token chunks): in float32 on CPU the native kernel
-  ``_kernels.paged_decode_attention`` (``rust_sched/kernels``) reads each row in place,
-  given the same cache as keys and as values (the output's rotary columns are dropped);
-  elsewhere the rows' blocks are gathered and attended in one SDPA call, the heads
-  folded into the query length.
-- multi-token chunks: one SDPA call each over the chunk's context, causal.
+- absorbed: each head's key up-projection folded into its query (``W_UK``), attention
+  over the cached latent rows directly, one key "head" shared by every query head (MQA),
+  the key being the whole row (``kv_lora_rank + qk_rope_head_dim``) and the value its
+  first ``kv_lora_rank`` values; the value up-projection (``W_UV``) after. Nothing is
+  expanded per context row. Single-query rows (decodes, 1-token chunks): in float32 on
+  CPU the native kernel ``_kernels.paged_decode_attention`` (``rust_sched/kernels``)
+  reads each row in place, given the same cache as keys and as values (the output's
+  rotary columns are dropped); elsewhere the rows' blocks are gathered and attended in
+  one SDPA call. Multi-token chunks: one SDPA call each over the chunk's context, causal.
+- expanded, for a prompt chunk where it costs less (:func:`expands`: a long prefill,
+  whose context is about as long as the chunk): the chunk's context rows are
+  decompressed into per-head keys and values (``kv_b_proj``) and attended by one SDPA
+  call of ``qk_head_dim``-wide dot products instead of ``kv_lora_rank +
+  qk_rope_head_dim``-wide ones, as DeepSeek's and vLLM's prefill do.
+
+``attend_latent`` is the absorbed form alone, for callers that absorbed their queries.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import torch.nn.functional as F
 from pyengine import _kernels
 from pyengine.executor.attention.metadata import PrefillChunk, StepAttentionLayout, prefill_chunks
 from pyengine.executor.latent_kv_cache import LatentKVCache
+from pyengine.models.mla import LatentQueries
 
 
 @dataclass
@@ -41,19 +49,34 @@ class _DecodeRows:
 
 
 class MlaSdpaBackend:
-    """Latent attention with the native decode kernel (CPU float32) and SDPA."""
+    """Latent attention with the native decode kernel (CPU float32) and SDPA.
+    ``expand_prefill`` False attends every chunk in the absorbed form (benches compare)."""
 
     name = "mla_sdpa"
 
+    def __init__(self, expand_prefill: bool = True) -> None:
+        self.expand_prefill = expand_prefill
+
     def bind(self, cache: LatentKVCache, layout: StepAttentionLayout) -> "MlaStepAttention":
-        return MlaStepAttention(cache, layout)
+        return MlaStepAttention(cache, layout, expand_prefill=self.expand_prefill)
+
+
+@dataclass(frozen=True)
+class _Forms:
+    """Which of a step's chunks are expanded, and the tokens left to the absorbed form."""
+
+    expanded: list[PrefillChunk]
+    absorbed: list[PrefillChunk]
+    absorbed_tokens: Optional[torch.Tensor]  # int64; None when every token is in an expanded chunk
 
 
 class MlaStepAttention:
     """One step's latent attention: writes the rows to the cache, then attends."""
 
-    def __init__(self, cache: LatentKVCache, layout: StepAttentionLayout, native: Optional[bool] = None) -> None:
-        """``native``: decode rows through the native kernel (default: float32 on CPU)."""
+    def __init__(self, cache: LatentKVCache, layout: StepAttentionLayout, native: Optional[bool] = None,
+                 expand_prefill: bool = True) -> None:
+        """``native``: decode rows through the native kernel (default: float32 on CPU);
+        ``expand_prefill``: chunks in the expanded form where it costs less."""
         self.cache = cache
         self.slot_mapping = layout.slot_mapping
         self.block_size = layout.block_size
@@ -61,24 +84,88 @@ class MlaStepAttention:
             native = layout.slot_mapping.device.type == "cpu" and cache.latents.dtype == torch.float32
         self.decodes = _decode_rows(layout, native)
         self.chunks = prefill_chunks(layout)
+        self.num_tokens = layout.num_tokens
+        self.expand_prefill = expand_prefill
+        self._forms: Optional[_Forms] = None  # decided at the first layer (the sizes are the model's)
+
+    def attend_mla(self, layer_index: int, queries: LatentQueries, latent: torch.Tensor, scale: float) -> torch.Tensor:
+        """``latent`` [T, latent_dim] (this step's rows) -> [T, heads, v]: each chunk in the
+        form that costs less, the rest (decodes, short chunks) absorbed."""
+        forms = self._forms_for(queries)
+        if not forms.expanded:
+            return queries.values(self.attend_latent(layer_index, queries.absorbed(), latent, scale))
+        blocks = self._write(layer_index, latent)
+        heads, v_dim = queries.w_uv.shape[0], queries.w_uv.shape[1]
+        out = latent.new_empty(self.num_tokens, heads, v_dim)
+        for chunk in forms.expanded:
+            out[chunk.token_start : chunk.token_end] = self._attend_expanded(chunk, queries, latent, blocks, scale)
+        tokens = forms.absorbed_tokens
+        if tokens is not None:
+            q = latent.new_zeros(self.num_tokens, heads, latent.shape[1])
+            q[tokens] = queries.absorbed(tokens)
+            weighted = q.new_empty(self.num_tokens, heads, self.cache.shape.value_dim)
+            self._attend_absorbed(weighted, q, latent, blocks, scale, forms.absorbed)
+            out[tokens] = queries.values(weighted[tokens])
+        return out
 
     def attend_latent(
         self, layer_index: int, q: torch.Tensor, latent: torch.Tensor, scale: float
     ) -> torch.Tensor:
         """q ``[T, heads, latent_dim]`` (absorbed), latent ``[T, latent_dim]`` (this step's
         rows) -> ``[T, heads, value_dim]``, the attention-weighted latents."""
-        self.cache.layer_slots(layer_index).index_copy_(0, self.slot_mapping, latent)
-        blocks = self.cache.layer_blocks(layer_index)
-        value_dim = self.cache.shape.value_dim
+        blocks = self._write(layer_index, latent)
         decodes = self.decodes
         if decodes is not None and decodes.token_indices is None:
             return self._attend_decodes(decodes, q, blocks, scale)
-        out = q.new_empty(q.shape[:2] + (value_dim,))
-        if decodes is not None:
-            out[decodes.token_indices] = self._attend_decodes(decodes, q[decodes.token_indices], blocks, scale)
-        for chunk in self.chunks:
-            out[chunk.token_start : chunk.token_end] = self._attend_chunk(chunk, q, latent, blocks, scale)
+        out = q.new_empty(q.shape[:2] + (self.cache.shape.value_dim,))
+        self._attend_absorbed(out, q, latent, blocks, scale, self.chunks)
         return out
+
+    def _write(self, layer_index: int, latent: torch.Tensor) -> torch.Tensor:
+        self.cache.layer_slots(layer_index).index_copy_(0, self.slot_mapping, latent)
+        return self.cache.layer_blocks(layer_index)
+
+    def _attend_absorbed(self, out: torch.Tensor, q: torch.Tensor, latent: torch.Tensor, blocks: torch.Tensor,
+                         scale: float, chunks: list[PrefillChunk]) -> None:
+        """The decodes' and ``chunks``' rows of ``out``, from the absorbed queries ``q``."""
+        decodes = self.decodes
+        if decodes is not None:
+            if decodes.token_indices is None:
+                out[:] = self._attend_decodes(decodes, q, blocks, scale)
+            else:
+                out[decodes.token_indices] = self._attend_decodes(decodes, q[decodes.token_indices], blocks, scale)
+        for chunk in chunks:
+            out[chunk.token_start : chunk.token_end] = self._attend_chunk(chunk, q, latent, blocks, scale)
+
+    def _forms_for(self, queries: LatentQueries) -> _Forms:
+        if self._forms is None:
+            expanded = [c for c in self.chunks if self.expand_prefill and expands(c, queries)]
+            absorbed = [c for c in self.chunks if c not in expanded]
+            tokens = None
+            if self.decodes is not None or absorbed:
+                keep = torch.ones(self.num_tokens, dtype=torch.bool)
+                for chunk in expanded:
+                    keep[chunk.token_start : chunk.token_end] = False
+                tokens = keep.nonzero().squeeze(1).to(self.slot_mapping.device)
+            self._forms = _Forms(expanded, absorbed, tokens)
+        return self._forms
+
+    def _attend_expanded(
+        self, chunk: PrefillChunk, queries: LatentQueries, latent: torch.Tensor, blocks: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """[chunk tokens, heads, v]: the chunk's context rows expanded into per-head keys
+        and values, attended causally."""
+        start, end = chunk.token_start, chunk.token_end
+        if chunk.block_ids is None:
+            rows, mask, causal = latent[start:end], None, True
+        else:
+            rows = blocks.index_select(0, chunk.block_ids).flatten(0, 1)[: chunk.seq_len]
+            mask, causal = _chunk_causal_mask(end - start, chunk.seq_len, latent.device), False
+        keys, values = queries.keys_values(rows)
+        out = F.scaled_dot_product_attention(
+            queries.expanded(start, end)[None], keys[None], values[None], attn_mask=mask, is_causal=causal, scale=scale
+        )
+        return out[0].transpose(0, 1)
 
     def _attend_decodes(self, rows: _DecodeRows, q: torch.Tensor, blocks: torch.Tensor, scale: float) -> torch.Tensor:
         value_dim = self.cache.shape.value_dim
@@ -115,6 +202,24 @@ class MlaStepAttention:
             query, keys, keys[..., :value_dim], attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True
         )
         return out[0].transpose(0, 1)
+
+
+def expands(chunk: PrefillChunk, queries: LatentQueries) -> bool:
+    """Whether the expanded form costs fewer multiply-adds per head for ``chunk`` (``t``
+    queries over ``n`` context rows) than the absorbed one:
+
+    - absorbed: ``t nope r`` (queries into latent space) + ``t n (2 r + rope)`` (scores over
+      the whole row, latents weighted) + ``t r v`` (values);
+    - expanded: ``n (nope + v) r`` (keys and values of the context) + ``t n (nope + rope + v)``.
+
+    With DeepSeek's sizes (nope 128, rope 64, v 128, r 512) a fresh prompt of any length
+    expands, and a chunk after ``n`` cached rows expands from about 170 tokens on."""
+    heads, nope, rank = queries.w_uk.shape
+    v, rope = queries.w_uv.shape[1], queries.rope.shape[-1]
+    t, n = chunk.token_end - chunk.token_start, chunk.seq_len
+    absorbed = t * nope * rank + t * n * (2 * rank + rope) + t * rank * v
+    expanded = n * (nope + v) * rank + t * n * (nope + rope + v)
+    return expanded < absorbed
 
 
 def _chunk_causal_mask(query_len: int, seq_len: int, device: torch.device) -> torch.Tensor:
