@@ -13,6 +13,7 @@ import pytest
 from pyengine import LLM, EngineDeadError, EngineError, SamplingParams
 from pyengine.engine.thread_names import os_thread_names
 from pyengine.testing.faults import FaultySink, install_faulty_runner
+from pyengine.testing.waits import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +154,7 @@ def test_shutdown_joins_all_threads_with_requests_in_flight():
 
     caller = threading.Thread(target=run)
     caller.start()
-    time.sleep(0.5)
+    assert wait_until(lambda: engine.stats().num_running == 8, 60), "the requests did not start"
     started = time.time()
     engine.shutdown(timeout=10)
     caller.join(timeout=10)

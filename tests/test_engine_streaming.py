@@ -95,12 +95,14 @@ def test_abort_mid_stream_frees_blocks(real_engine):
         return seen
 
     async def cancel_task():
+        streaming = asyncio.Event()
+
         async def consume():
             async for _ in engine.generate(list(range(3, 70)), params, "cancelled"):
-                pass
+                streaming.set()
 
         task = asyncio.ensure_future(consume())
-        await asyncio.sleep(0.3)
+        await asyncio.wait_for(streaming.wait(), 60)  # cancelled mid-stream, however loaded the machine
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -22,7 +21,8 @@ import pytest
 
 from pyengine.server.cli import parse
 from pyengine.testing.checkpoints import make_tiny_checkpoint
-from pyengine.testing.waits import free_port
+from pyengine.testing.serve_process import ServeProcess
+from pyengine.testing.waits import wait_until
 
 N_STREAMS = 6
 
@@ -84,26 +84,24 @@ def serve(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen[str], int]:
     ckpt = tmp_path / "ckpt"
     if not ckpt.exists():
         make_tiny_checkpoint(ckpt)
-    port = free_port()
-    code = "import sys; from pyengine.cli.main import main; sys.exit(main())"
-    cmd = [sys.executable, "-c", code, "serve", str(ckpt), "--port", str(port), "--max-num-seqs", "16",
-           "--max-model-len", "4096", "--stats-interval", "0", *flags]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # Run outside the source tree so the installed package (native module included) is the one served.
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + 60
-    while True:
-        if proc.poll() is not None:
-            raise AssertionError(proc.communicate()[1])
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc, port
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError("server did not come up: " + proc.communicate(timeout=10)[1])
-        time.sleep(0.1)
+    # The installed package (native module included) is the one served, not a source checkout.
+    server = ServeProcess([str(ckpt), "--max-num-seqs", "16", "--max-model-len", "4096", "--stats-interval", "0",
+                           *flags], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        server.wait_up()
+    except BaseException:
+        server.kill()
+        raise
+    return server.proc, server.port
+
+
+def draining(port: int) -> bool:
+    """Whether the server has begun its drain: /health is refused (503) or the listener closed."""
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code != 200
+    except httpx.TransportError:
+        return True
 
 
 def refused_during_drain(port: int) -> bool:
@@ -144,7 +142,8 @@ def stop(tmp_path: Path, sig: int, max_tokens: list[int], *flags: str, again: bo
         streams = start_streams(port, max_tokens)
         sent = time.monotonic()
         proc.send_signal(sig)
-        time.sleep(0.3)
+        # The signal is handled on the server's event loop: wait for the drain, not a fixed time.
+        assert wait_until(lambda: draining(port), 30, interval=0.02), "the signal did not start the drain"
         refused = refused_during_drain(port)
         if again:
             proc.send_signal(sig)

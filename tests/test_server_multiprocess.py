@@ -35,10 +35,11 @@ def checkpoint(tmp_path_factory):
 class Server(ServeProcess):
     """``pyengine serve`` in a child process whose temporary files go to ``tmp``."""
 
-    def __init__(self, model: str, tmp: Path, *extra: str) -> None:
+    def __init__(self, model: str, tmp: Path, *extra: str, drain_timeout: float = 2.0) -> None:
         self.tmp = tmp
         super().__init__([model, "--num-kv-blocks", "512", "--max-num-seqs", "64", "--stats-interval", "0",
-                          "--log-level", "warning", "--no-log-requests", "--drain-timeout", "2", *extra],
+                          "--log-level", "warning", "--no-log-requests", "--drain-timeout", str(drain_timeout),
+                          *extra],
                          env={**os.environ, "TMPDIR": str(tmp)}, stderr=subprocess.PIPE, text=True)
 
     def close(self) -> None:
@@ -125,8 +126,10 @@ def test_a_killed_front_end_takes_its_core_with_it(checkpoint, tmp_path):
 def test_sigterm_drains_then_stops_the_core(checkpoint, tmp_path):
     """SIGTERM, as systemd sends it, to the front end and its core alike, once a stream
     is running: the stream still gets every token (the core leaves the drain to its front
-    end), then the command exits 0 and the core is gone."""
-    server = Server(str(checkpoint), tmp_path)
+    end), then the command exits 0 and the core is gone. The drain's bound is a hang guard
+    here, not what the test measures: with the other tests' 2 s, the 199 tokens after the
+    signal had to come within 2 s, which a loaded machine does not promise."""
+    server = Server(str(checkpoint), tmp_path, drain_timeout=120.0)
     try:
         server.wait_up()
         (core,) = server.core_pids()
