@@ -51,13 +51,14 @@ def moe_checkpoint(folder: Path, experts: int, top_k: int) -> Path:
 
 
 def decode_rate(folder: Path, batch: int, prompt_len: int, output_len: int,
-                quantization: str | None = None) -> float:
-    """Output tokens per second for one batch of ``batch`` requests."""
+                quantization: str | None = None, **engine) -> float:
+    """Output tokens per second for one batch of ``batch`` requests (``engine``: more
+    engine arguments, e.g. ``tensor_parallel_size``)."""
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, VOCAB_SIZE, prompt_len).tolist() for _ in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     with LLM(str(folder), dtype="float32", max_num_seqs=batch, max_model_len=prompt_len + output_len + 16,
-             quantization=quantization) as llm:
+             quantization=quantization, **engine) as llm:
         llm.generate(prompts[:batch], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)  # warm-up
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)

@@ -34,3 +34,15 @@ def test_moe_layer_bench_reports_each_variant_against_the_dense_mlp(capsys):
     assert result["min_over_dense"]["dense_mlp"] == 1.0
     ratio = result["min_us"]["moe_block"] / result["min_us"]["dense_mlp"]
     assert abs(result["min_over_dense"]["moe_block"] - ratio) <= 0.01
+
+
+def test_moe_expert_parallel_bench_reports_both_forms_and_their_ratio(capsys):
+    """benches/moe_expert_parallel.py: TP=2 sliced against expert-parallel, tiny workload."""
+    import moe_expert_parallel
+
+    moe_expert_parallel.main(["--batch", "2", "--prompt-len", "4", "--output-len", "3", "--repeats", "1", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert result["workload"]["tensor_parallel_size"] == 2
+    assert result["sliced_tokens_per_s"] > 0 and result["expert_parallel_tokens_per_s"] > 0
+    expected = result["expert_parallel_tokens_per_s"] / result["sliced_tokens_per_s"]
+    assert abs(result["expert_parallel_over_sliced"] - expected) <= 0.05 * expected + 0.001

@@ -6,7 +6,8 @@ Checkpoint names as published: ``mlp.gate.weight`` (and V3's
 ``mlp.gate.e_score_correction_bias``), ``mlp.experts.{e}.gate_proj/up_proj/down_proj``,
 ``mlp.shared_experts.gate_proj/up_proj/down_proj``. Under tensor parallelism the router
 is replicated, every expert and the shared experts keep a slice of their intermediate
-features on each rank, and one all-reduce sums the block.
+features on each rank (with expert parallelism each rank holds whole routed experts of
+its own instead, ``experts.py``), and one all-reduce sums the block.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ optional gated shared expert. ``build_mlp`` picks, per decoder layer, this block
 dense ``GatedMLP`` (``mlp_only_layers`` / ``decoder_sparse_step``).
 
 Under tensor parallelism the router is replicated (every rank routes alike), each rank
-holds a slice of every expert's and of the shared expert's intermediate features, and
-the block's partial outputs are summed by one all-reduce per layer.
+holds a slice of every expert's and of the shared expert's intermediate features (with
+expert parallelism: whole routed experts of its own, see ``experts.py``), and the
+block's partial outputs are summed by one all-reduce per layer.
 """
 
 from __future__ import annotations
