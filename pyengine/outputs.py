@@ -151,6 +151,10 @@ class EmbeddingRequestOutput:
     metrics: Optional[RequestMetrics] = None
 
 
+# What one request's stream yields: a generation's outputs or an embedding's.
+AnyOutput = Union[RequestOutput, EmbeddingRequestOutput]
+
+
 @dataclass
 class EngineStats:
     """A snapshot of the engine: enough to tell which thread is the bottleneck.

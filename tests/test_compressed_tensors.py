@@ -19,19 +19,22 @@ import json
 import numpy as np
 import pytest
 import torch
-import transformers
 from safetensors.torch import load_file, save_file
 
 pytest.importorskip("compressed_tensors")
 
-from pyengine import LLM, SamplingParams  # noqa: E402
 from pyengine.executor.config import ExecutorConfig  # noqa: E402
 from pyengine.executor.model_runner import ModelRunner  # noqa: E402
 from pyengine.models.loader import load_model  # noqa: E402
 from pyengine.models.quantization.packed import QuantizationError  # noqa: E402
 from pyengine.testing.checkpoints import make_tiny_checkpoint  # noqa: E402
 from pyengine.testing.compressed_checkpoint import write_compressed  # noqa: E402
-from pyengine.testing.hand_plan import HandPlanner  # noqa: E402
+from pyengine.testing.hand_plan import prefill_alone  # noqa: E402
+from pyengine.testing.quantized_parity import (  # noqa: E402
+    greedy_tokens,
+    reference_greedy_tokens,
+    reference_logits,
+)
 from pyengine.testing.tp_ranks import generate_on_rank, run_ranks  # noqa: E402
 
 SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=64)
@@ -89,26 +92,13 @@ def test_prefill_logits_match_the_dequantized_reference(compressed):
         assert (layer.self_attn.qkv_proj.quantized is None) == any("k_proj" in i for i in ignore)
         assert (runner.model.quantized_head is None) == ("lm_head" in ignore)
     prompt = list(range(3, 60))
-    planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=8)
-    planner.add(prompt)
-    ours = runner.model.compute_logits(runner.execute(planner.next_plan(), return_hidden=True).hidden_states)
-    reference = transformers.AutoModelForCausalLM.from_pretrained(reference_folder, dtype=torch.float32).eval()
-    with torch.no_grad():
-        theirs = reference(torch.tensor([prompt])).logits[0]
-    torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=RTOL)
+    _, ours = prefill_alone(runner, prompt)
+    torch.testing.assert_close(ours, reference_logits(reference_folder, prompt), atol=ATOL, rtol=RTOL)
 
 
 def test_greedy_tokens_equal_the_dequantized_reference(compressed):
     path, reference_folder, _ = compressed
-    reference = transformers.AutoModelForCausalLM.from_pretrained(reference_folder, dtype=torch.float32).eval()
-    reference.generation_config.eos_token_id = None
-    with torch.no_grad():
-        theirs = [reference.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False)[0, len(p):].tolist()
-                  for p in PROMPTS]
-    with LLM(model=str(path), max_model_len=256) as llm:
-        ours = [o.outputs[0].token_ids for o in llm.generate(
-            PROMPTS, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), use_tqdm=False)]
-    assert ours == theirs
+    assert greedy_tokens(path, PROMPTS, 10) == reference_greedy_tokens(reference_folder, PROMPTS, 10)
 
 
 @pytest.mark.parametrize("scheme", ["w4a16-group-sym", "w8a16-channel-sym"])
@@ -119,22 +109,11 @@ def test_symmetric_weight_only_folders_match_transformers_running_the_folder_its
     folder = _float_folder(tmp_path, "qwen3")
     write_compressed(folder, tmp_path / "quantized", scheme)
     path = tmp_path / "quantized"
-    theirs_model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    theirs_model.generation_config.eos_token_id = None
     prompt = list(range(3, 40))
     runner = ModelRunner.from_pretrained(path, ExecutorConfig(max_num_seqs=4, max_model_len=128, num_kv_blocks=32))
-    planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=4)
-    planner.add(prompt)
-    ours = runner.model.compute_logits(runner.execute(planner.next_plan(), return_hidden=True).hidden_states)
-    with torch.no_grad():
-        theirs = theirs_model(torch.tensor([prompt])).logits[0]
-        tokens = [theirs_model.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False)[0, len(p):].tolist()
-                  for p in PROMPTS]
-    torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=RTOL)
-    with LLM(model=str(path), max_model_len=128) as llm:
-        generated = [o.outputs[0].token_ids for o in llm.generate(
-            PROMPTS, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), use_tqdm=False)]
-    assert generated == tokens
+    _, ours = prefill_alone(runner, prompt)
+    torch.testing.assert_close(ours, reference_logits(path, prompt), atol=ATOL, rtol=RTOL)
+    assert greedy_tokens(path, PROMPTS, 10, max_model_len=128) == reference_greedy_tokens(path, PROMPTS, 10)
 
 
 def test_w4a16_tensor_parallel_two_ranks_give_the_logits_of_one(tmp_path):
@@ -217,21 +196,13 @@ def test_deepseek_fp8_block_checkpoint_matches_its_dequantized_weights(tmp_path,
     config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                      "weight_block_size": [128, 128]}
     (target / "config.json").write_text(json.dumps(config))
-    ref_model = transformers.AutoModelForCausalLM.from_pretrained(
-        _reference_folder(folder, reference, tmp_path / "ref"), dtype=torch.float32).eval()
-    ref_model.generation_config.eos_token_id = None
+    reference_path = _reference_folder(folder, reference, tmp_path / "ref")
     prompt = PROMPTS[0]
     runner = ModelRunner.from_pretrained(target, ExecutorConfig(max_num_seqs=4, max_model_len=128, num_kv_blocks=32))
-    planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=4)
-    planner.add(prompt)
-    logits = runner.model.compute_logits(runner.execute(planner.next_plan(), return_hidden=True).hidden_states)
-    with torch.no_grad():
-        torch.testing.assert_close(logits, ref_model(torch.tensor([prompt])).logits[0], atol=ATOL, rtol=RTOL)
-        theirs = ref_model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0, len(prompt):]
-    with LLM(model=str(target), max_model_len=128) as llm:
-        ours = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
-                            use_tqdm=False)[0].outputs[0].token_ids
-    assert ours == theirs.tolist()
+    _, logits = prefill_alone(runner, prompt)
+    torch.testing.assert_close(logits, reference_logits(reference_path, prompt), atol=ATOL, rtol=RTOL)
+    assert (greedy_tokens(target, [prompt], 8, max_model_len=128)
+            == reference_greedy_tokens(reference_path, [prompt], 8))
 
 
 def test_a_quantized_layer_missing_its_packed_tensor_is_named(tmp_path):

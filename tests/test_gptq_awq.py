@@ -10,17 +10,16 @@ import json
 
 import pytest
 import torch
-import transformers
 from safetensors.torch import save_file
 
-from pyengine import LLM, SamplingParams
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
 from pyengine.models.loader import load_model
 from pyengine.models.quantization.packed import QuantizationError
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.gptq_checkpoint import write_quantized
-from pyengine.testing.hand_plan import HandPlanner
+from pyengine.testing.hand_plan import prefill_alone
+from pyengine.testing.quantized_parity import greedy_tokens, reference_greedy_tokens, reference_logits
 
 SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=64)
 ATOL, RTOL = 1e-4, 1e-4
@@ -59,26 +58,13 @@ def test_prefill_logits_match_the_dequantized_reference(quantized):
     # act-order: q/k/v (and gate/up) each have their own permutation, so they load as float
     assert (layer.self_attn.qkv_proj.quantized is None) == case["desc_act"]
     prompt = list(range(3, 60))
-    planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=8)
-    planner.add(prompt)
-    ours = runner.model.compute_logits(runner.execute(planner.next_plan(), return_hidden=True).hidden_states)
-    reference = transformers.AutoModelForCausalLM.from_pretrained(reference_folder, dtype=torch.float32).eval()
-    with torch.no_grad():
-        theirs = reference(torch.tensor([prompt])).logits[0]
-    torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=RTOL)
+    _, ours = prefill_alone(runner, prompt)
+    torch.testing.assert_close(ours, reference_logits(reference_folder, prompt), atol=ATOL, rtol=RTOL)
 
 
 def test_greedy_tokens_equal_the_dequantized_reference(quantized):
     path, reference_folder, _ = quantized
-    reference = transformers.AutoModelForCausalLM.from_pretrained(reference_folder, dtype=torch.float32).eval()
-    reference.generation_config.eos_token_id = None
-    with torch.no_grad():
-        theirs = [reference.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False)[0, len(p):].tolist()
-                  for p in PROMPTS]
-    with LLM(model=str(path), max_model_len=256) as llm:
-        ours = [o.outputs[0].token_ids for o in llm.generate(
-            PROMPTS, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), use_tqdm=False)]
-    assert ours == theirs
+    assert greedy_tokens(path, PROMPTS, 10) == reference_greedy_tokens(reference_folder, PROMPTS, 10)
 
 
 @pytest.mark.parametrize("settings, message", [

@@ -10,6 +10,7 @@ import numpy as np
 
 from pyengine.logprob_arrays import LogprobArrays, LogprobBuffer, Piece
 from pyengine.outputs import (
+    AnyOutput,
     EmbeddingOutput,
     EmbeddingRequestOutput,
     OutputKind,
@@ -19,8 +20,6 @@ from pyengine.outputs import (
 )
 from pyengine.sample_totals import SampleTotals
 from pyengine.sampling_params import PoolingParams, SamplingParams
-
-AnyOutput = Union[RequestOutput, EmbeddingRequestOutput]
 
 
 class OutputSink(Protocol):

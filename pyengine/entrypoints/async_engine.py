@@ -19,11 +19,18 @@ from typing import Any, Optional, Union
 
 from pyengine.config import EngineConfig
 from pyengine.engine.core import EngineCore
-from pyengine.engine.request_state import AnyOutput, OutputKind
 from pyengine.entrypoints.engine_client import EngineClient, normalize_off_loop, until_finished
 from pyengine.errors import InvalidConfigError
 from pyengine.inputs.prompts import PromptType
-from pyengine.outputs import EmbeddingRequestOutput, EngineHealth, EngineStats, RequestOutput, ThreadStack
+from pyengine.outputs import (
+    AnyOutput,
+    EmbeddingRequestOutput,
+    EngineHealth,
+    EngineStats,
+    OutputKind,
+    RequestOutput,
+    ThreadStack,
+)
 from pyengine.sampling_params import PoolingParams, SamplingParams
 from pyengine.text.encode import encode_ids
 

@@ -42,9 +42,10 @@ from pyengine.multiprocess.link_options import LinkOptions
 from pyengine.multiprocess.queries import QUERY_TIMEOUT_S, CoreQueries
 from pyengine.multiprocess.request_prep import RequestPreparer
 from pyengine.multiprocess.stats_merge import merge_stats
-from pyengine.multiprocess.streams import AnyOutput, RequestStream, deliver
+from pyengine.multiprocess.streams import RequestStream, deliver
 from pyengine.multiprocess.transport import FrontEndLink, UnreadableMessage
 from pyengine.outputs import (
+    AnyOutput,
     EmbeddingRequestOutput,
     EngineHealth,
     EngineStats,

@@ -34,13 +34,12 @@ import numpy as np
 import zmq
 
 from pyengine.config import EngineConfig
-from pyengine.engine.request_state import AnyOutput
 from pyengine.errors import EngineDeadError, EngineError
 from pyengine.inputs.request_checks import BuiltRequest
 from pyengine.multiprocess import wire
 from pyengine.multiprocess.watchdog import FrontEndWatch, remove_ipc_dir
 from pyengine.multiprocess.wire_logprobs import logprobs_to_wire
-from pyengine.outputs import EmbeddingRequestOutput
+from pyengine.outputs import AnyOutput, EmbeddingRequestOutput
 from pyengine.processes.startup_heap import freeze_startup_heap
 from pyengine.sampling_params import PoolingParams, SamplingParams
 

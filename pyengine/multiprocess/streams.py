@@ -12,6 +12,7 @@ from pyengine.multiprocess import wire
 from pyengine.multiprocess.front_text import FrontEndText
 from pyengine.multiprocess.wire_logprobs import logprobs_from_wire
 from pyengine.outputs import (
+    AnyOutput,
     CompletionOutput,
     EmbeddingOutput,
     EmbeddingRequestOutput,
@@ -21,8 +22,6 @@ from pyengine.outputs import (
     with_logprob_arrays,
 )
 from pyengine.sample_totals import SampleTotals
-
-AnyOutput = Union[RequestOutput, EmbeddingRequestOutput]
 
 
 def wire_kind(kind: OutputKind) -> str:

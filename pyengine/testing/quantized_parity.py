@@ -1,11 +1,13 @@
-"""The two checks every model quantized at load (``quantization="int8"`` / ``"int4"``)
-passes against Hugging Face transformers running its dequantized weights: prefill logits
-within float32 rounding, and greedy tokens equal. Dense and mixture-of-experts tests call
-the same functions, so the two families are held to one definition of "matches"."""
+"""The checks a quantized model passes against Hugging Face transformers running the float
+weights its values stand for: prefill logits within float32 rounding, and greedy tokens
+equal. Models quantized at load (``quantization="int8"`` / ``"int4"``, dense and
+mixture-of-experts) and quantized checkpoints (GPTQ, AWQ, compressed-tensors) are held
+to the same definition of "matches" through these functions."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
@@ -24,36 +26,49 @@ def quantized_runner(path: Path, method: str) -> ModelRunner:
                                                             quantization=method))
 
 
+def reference_logits(folder: Path, prompt: list[int]) -> torch.Tensor:
+    """transformers' float32 logits at every position of ``prompt`` for the checkpoint in ``folder``."""
+    reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return reference(torch.tensor([prompt])).logits[0]
+
+
+def reference_greedy_tokens(folder: Path, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """transformers' greedy ``generate`` (float32, EOS ignored) of each prompt: the new tokens."""
+    reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    reference.generation_config.eos_token_id = None
+    with torch.no_grad():
+        return [reference.generate(torch.tensor([p]), max_new_tokens=max_tokens, do_sample=False)[0, len(p):].tolist()
+                for p in prompts]
+
+
+def greedy_tokens(model: Path, prompts: list[list[int]], max_tokens: int, *, max_model_len: int = 256,
+                  **llm_options: Any) -> list[list[int]]:
+    """``LLM(model, max_model_len=..., **llm_options)``'s greedy tokens (EOS ignored) for each prompt."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    with LLM(str(model), max_model_len=max_model_len, **llm_options) as llm:
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
 def assert_prefill_matches_dequantized(runner: ModelRunner, checkpoint: Path, workdir: Path, *,
                                        atol: float, rtol: float) -> None:
-    """The quantized ``runner``'s prefill logits equal transformers' on the dequantized weights
-    (within ``atol`` / ``rtol``), and differ from the float checkpoint's by more than ten
-    times ``atol`` (the quantized model is a different model, so the check can fail)."""
+    """The ``runner`` quantized at load gives, on a 70-token prefill, transformers' logits on
+    its dequantized weights (within ``atol`` / ``rtol``), and differs from the float
+    checkpoint's by more than ten times ``atol`` (the quantized model is a different model,
+    so the check can fail)."""
     reference_path = write_dequantized_checkpoint(runner.model, checkpoint, workdir / "dequantized")
-    reference = transformers.AutoModelForCausalLM.from_pretrained(reference_path, dtype=torch.float32).eval()
     prompt = list(range(3, 73))
     _, ours = prefill_alone(runner, prompt)
-    with torch.no_grad():
-        theirs = reference(torch.tensor([prompt])).logits[0]
-        original = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)(
-            torch.tensor([prompt])).logits[0]
-    torch.testing.assert_close(ours, theirs, atol=atol, rtol=rtol)
-    assert float((ours - original).abs().max()) > 10 * atol
+    torch.testing.assert_close(ours, reference_logits(reference_path, prompt), atol=atol, rtol=rtol)
+    assert float((ours - reference_logits(checkpoint, prompt)).abs().max()) > 10 * atol
 
 
 def assert_greedy_matches_dequantized(checkpoint: Path, method: str, workdir: Path,
                                       prompts: list[list[int]], max_tokens: int = 12) -> None:
-    """``LLM`` quantized with ``method`` generates, greedily and ignoring EOS, the tokens that
-    transformers' ``generate`` gives on the dequantized weights."""
+    """``LLM`` quantized at load with ``method`` generates, greedily, the tokens transformers
+    gives on the dequantized weights."""
     runner = quantized_runner(checkpoint, method)
     reference_path = write_dequantized_checkpoint(runner.model, checkpoint, workdir / "dequantized")
     del runner
-    reference = transformers.AutoModelForCausalLM.from_pretrained(reference_path, dtype=torch.float32).eval()
-    reference.generation_config.eos_token_id = None
-    with torch.no_grad():
-        theirs = [reference.generate(torch.tensor([p]), max_new_tokens=max_tokens, do_sample=False)[0, len(p):].tolist()
-                  for p in prompts]
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    with LLM(str(checkpoint), quantization=method, max_model_len=256) as llm:
-        ours = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    assert ours == theirs
+    theirs = reference_greedy_tokens(reference_path, prompts, max_tokens)
+    assert greedy_tokens(checkpoint, prompts, max_tokens, quantization=method) == theirs
