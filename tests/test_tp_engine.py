@@ -21,7 +21,8 @@ from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.faults import POISON_TOKEN, FaultySink
 
 # Greedy parity variants: GQA split, a single KV head (replicated), q/k/v bias with tied
-# embeddings, q/k norm with an explicit head_dim; Gemma's windows, soft-caps and norms.
+# embeddings, q/k norm with an explicit head_dim; Gemma's windows, soft-caps and norms;
+# Phi-3's fused tensors cut per part (tests/test_tp_phi3.py: its long factors).
 VARIANTS = {
     "llama": ("llama", {}),
     "mistral_one_kv_head": ("mistral", {}),
@@ -29,6 +30,7 @@ VARIANTS = {
     "qwen3": ("qwen3", {}),
     "gemma2_window_softcap": ("gemma2", {}),
     "gemma3_local_rope": ("gemma3", {}),
+    "phi3_fused": ("phi3", {}),
 }
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=256)
 NEAR_TIE = 1e-3

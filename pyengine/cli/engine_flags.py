@@ -23,6 +23,8 @@ _HELP = {
     "generation_config": "'auto' (default): the checkpoint's generation_config.json sampling defaults for "
                          "requests that leave them unset; 'vllm': ignore them; or a folder with another one",
     "tensor_parallel_size": "split the model over N ranks (N-1 worker processes on this host)",
+    "enable_expert_parallel": "with tensor parallelism, give each rank whole MoE experts (num_experts / N of "
+                              "them) instead of a slice of every expert",
     "dtype": "auto, float32 (float), bfloat16, float16 (half)",
     "quantization": "quantize a float checkpoint's linear weights at load: int8 (per channel) or int4 "
                     "(group 128), weight-only, CPU",
