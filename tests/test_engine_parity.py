@@ -45,9 +45,10 @@ def reference(checkpoint, prompts):
     return outs
 
 
-def generate(checkpoint, prompts, **engine_args):
+def generate(checkpoint, prompts, max_tokens=MAX_TOKENS, **engine_args):
+    """Greedy tokens of each prompt from an ``LLM`` with ``engine_args``, and its stats after."""
     with LLM(str(checkpoint), **engine_args) as llm:
-        outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS), use_tqdm=False)
+        outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
         stats = llm.stats()
     return [o.outputs[0].token_ids for o in outs], stats
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_engine_parity import assert_same, generate
 
 from pyengine import LLM, SamplingParams
 from pyengine.testing.checkpoints import make_tiny_checkpoint
@@ -48,18 +49,6 @@ def reference(checkpoint, prompts):
         ]
 
 
-def generate(checkpoint, prompts, **engine_args):
-    with LLM(str(checkpoint), **engine_args) as llm:
-        outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS), use_tqdm=False)
-        stats = llm.stats()
-    return [o.outputs[0].token_ids for o in outs], stats
-
-
-def assert_same(got, reference):
-    bad = [i for i, (a, b) in enumerate(zip(got, reference)) if a != b]
-    assert not bad, f"{len(bad)} prompts differ, first {bad[0]}: {got[bad[0]]} vs {reference[bad[0]]}"
-
-
 def test_prefix_hits_inside_and_beyond_the_window_match(checkpoint, prompts, reference):
     with LLM(str(checkpoint), block_size=16) as llm:
         params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
@@ -71,13 +60,13 @@ def test_prefix_hits_inside_and_beyond_the_window_match(checkpoint, prompts, ref
 
 
 def test_chunked_prefill_across_the_window_edge_matches(checkpoint, prompts, reference):
-    got, stats = generate(checkpoint, prompts, max_num_batched_tokens=16, max_num_seqs=8,
+    got, stats = generate(checkpoint, prompts, MAX_TOKENS, max_num_batched_tokens=16, max_num_seqs=8,
                           long_prefill_token_threshold=8, block_size=16)
     assert stats.scheduler["prefill_tokens_scheduled"] > 0
     assert_same(got, reference)
 
 
 def test_preemption_past_the_window_matches(checkpoint, prompts, reference):
-    got, stats = generate(checkpoint, prompts, num_kv_blocks=12, max_num_seqs=16, block_size=16)
+    got, stats = generate(checkpoint, prompts, MAX_TOKENS, num_kv_blocks=12, max_num_seqs=16, block_size=16)
     assert stats.preemptions > 0
     assert_same(got, reference)

@@ -14,6 +14,7 @@ from pyengine import (
     SamplingParams,
     StructuredOutputsParams,
 )
+from pyengine.logits_processors.index_state import update_entries
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.faults import FaultySink
 
@@ -24,28 +25,13 @@ class MaskAllLogitsProcessor(LogitsProcessor):
     """Sets every logit of the requests with extra_args={"mask_all": True} to -inf."""
 
     def __init__(self, config, device, is_pin_memory):
-        self.masked: set[int] = set()
+        self.masked: dict[int, bool] = {}  # batch index -> True, for the requests that asked
 
     def is_argmax_invariant(self):
         return False
 
     def update_state(self, batch_update):
-        if batch_update is None:
-            return
-        for index in batch_update.removed:
-            self.masked.discard(index)
-        for index, params, _, _ in batch_update.added:
-            self.masked.discard(index)
-            if (params.extra_args or {}).get("mask_all"):
-                self.masked.add(index)
-        for a, b, _ in batch_update.moved:
-            at_a, at_b = a in self.masked, b in self.masked
-            self.masked.discard(a)
-            self.masked.discard(b)
-            if at_a:
-                self.masked.add(b)
-            if at_b:
-                self.masked.add(a)
+        update_entries(self.masked, batch_update, lambda params, *_: (params.extra_args or {}).get("mask_all") or None)
 
     def apply(self, logits):
         for index in self.masked:

@@ -25,6 +25,7 @@ from pyengine import (
     SamplingParams,
 )
 from pyengine.logits_processors.bad_words_tokens import bad_words_token_ids
+from pyengine.logits_processors.index_state import update_entries
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.faults import FaultySink
 
@@ -47,25 +48,13 @@ class ExplodingLogitsProcessor(LogitsProcessor):
     """Raises in ``apply`` while a request with extra_args={"explode": True} is in the batch."""
 
     def __init__(self, config, device, is_pin_memory):
-        self.armed: set[int] = set()
+        self.armed: dict[int, bool] = {}  # batch index -> True, for the requests that asked
 
     def is_argmax_invariant(self):
         return False
 
     def update_state(self, batch_update):
-        if batch_update is None:
-            return
-        for index in batch_update.removed:
-            self.armed.discard(index)
-        for index, params, _, _ in batch_update.added:
-            (self.armed.add if (params.extra_args or {}).get("explode") else self.armed.discard)(index)
-        for a, b, direction in batch_update.moved:
-            at_a, at_b = a in self.armed, b in self.armed
-            self.armed -= {a, b}
-            if at_a:
-                self.armed.add(b)
-            if at_b and direction.name == "SWAP":
-                self.armed.add(a)
+        update_entries(self.armed, batch_update, lambda params, *_: (params.extra_args or {}).get("explode") or None)
 
     def apply(self, logits):
         if any(i < logits.shape[0] for i in self.armed):
