@@ -22,7 +22,8 @@ from pyengine.testing.faults import POISON_TOKEN, FaultySink
 
 # Greedy parity variants: GQA split, a single KV head (replicated), q/k/v bias with tied
 # embeddings, q/k norm with an explicit head_dim; Gemma's windows, soft-caps and norms;
-# Phi-3's fused tensors cut per part (tests/test_tp_phi3.py: its long factors).
+# Phi-3's fused tensors cut per part (tests/test_tp_phi3.py: its long factors); a window
+# on every layer (blocks behind it freed by the scheduler) shorter than the prompts.
 VARIANTS = {
     "llama": ("llama", {}),
     "mistral_one_kv_head": ("mistral", {}),
@@ -31,6 +32,7 @@ VARIANTS = {
     "gemma2_window_softcap": ("gemma2", {}),
     "gemma3_local_rope": ("gemma3", {}),
     "phi3_fused": ("phi3", {}),
+    "mistral_window": ("mistral_window", {}),
 }
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=256)
 NEAR_TIE = 1e-3
