@@ -230,11 +230,12 @@ class EngineConfig:
 
     def scheduler_config(
         self, num_blocks: int, block_size: int, max_model_len: int,
-        kv_groups: Sequence[tuple[Optional[int], int]] = (),
+        kv_groups: Sequence[tuple[Optional[int], int]] = (), group_tables: bool = False,
     ) -> SchedulerConfig:
         """The scheduler's settings, once the runner has decided the KV cache (its blocks and
         their size) and the model's length is known; ``kv_groups`` are the runner's layers by
-        attention need (none given: full attention, every block kept)."""
+        attention need (none given: full attention, every block kept); ``group_tables``: the
+        runner's cache is laid out for a hybrid model's per-group block tables."""
         return SchedulerConfig(
             num_blocks,
             block_size=block_size,
@@ -247,6 +248,7 @@ class EngineConfig:
             policy=self.scheduling_policy,
             pipeline_depth=self.pipeline_depth,
             kv_groups=list(kv_groups),
+            group_tables=group_tables,
             **_speculative_fields(self.speculative_config),
         )
 

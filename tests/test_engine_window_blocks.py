@@ -1,7 +1,7 @@
 """Sliding windows as block accounting: a model whose every layer is windowed holds a
 bounded number of KV blocks however long its context grows (the scheduler frees the
 blocks behind the window), and still generates exactly transformers' greedy tokens; a
-hybrid model (one full-attention layer) keeps every block. The pool's usage is read
+hybrid model whose layers do not split into few enough equal tables keeps every block. The pool's usage is read
 through the engine's stats."""
 
 from __future__ import annotations
@@ -48,8 +48,11 @@ def test_a_windowed_model_holds_bounded_blocks_at_long_context(tmp_path, arch, d
     assert stats["kv_blocks_used"] == 0
 
 
-def test_a_hybrid_model_keeps_every_block(tmp_path):
-    path = make_tiny_checkpoint(tmp_path, "qwen2_window", seed=3)  # layer 0 full, layer 1 windowed
+def test_a_hybrid_model_with_too_many_tables_keeps_every_block(tmp_path):
+    # 8 full layers and 1 windowed: 9 tables of one layer would be more than the 8 the
+    # split allows, so the model keeps one shared table (per-group tables, which free the
+    # windowed layers' blocks, are tested in test_engine_hybrid_tables.py).
+    path = make_tiny_checkpoint(tmp_path, "qwen2_window", seed=3, num_hidden_layers=9, max_window_layers=8)
     prompt = np.random.default_rng(0).integers(3, 500, PROMPT).tolist()
     tokens, stats = _run(path, prompt)
     assert tokens == _greedy_reference(path, prompt)

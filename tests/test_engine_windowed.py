@@ -3,8 +3,9 @@ under the scheduler's regimes: prompts and generations longer than the window, p
 hits that end inside and beyond the window, chunked prefill across the window's edge, and
 preemption (recomputation) past it. Mistral's window covers every layer, so the scheduler
 frees its blocks behind the window as it runs (a prefix hit then resumes from the cached
-window only); Gemma 2 is hybrid and keeps every block (``test_engine_window_blocks.py``
-checks the counts)."""
+window only); Gemma 2 is hybrid: per-group block tables, its windowed layers' table
+freeing behind the window while the full layer's keeps every block
+(``test_engine_hybrid_tables.py`` checks the counts)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from pyengine import LLM, SamplingParams
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 
 MAX_TOKENS = 30  # past the 20-token window from every prompt
+# Block tables per sequence: Gemma 2's 3 layers (sliding, full, sliding) are 3 tables of
+# one layer, each block holding one layer's KV.
+TABLES = {"mistral_window": 1, "gemma2": 3}
 
 
 @pytest.fixture(scope="module", params=["mistral_window", "gemma2"])
@@ -66,7 +70,8 @@ def test_chunked_prefill_across_the_window_edge_matches(checkpoint, prompts, ref
     assert_same(got, reference)
 
 
-def test_preemption_past_the_window_matches(checkpoint, prompts, reference):
-    got, stats = generate(checkpoint, prompts, MAX_TOKENS, num_kv_blocks=12, max_num_seqs=16, block_size=16)
+def test_preemption_past_the_window_matches(checkpoint, prompts, reference, request):
+    tables = TABLES[request.node.callspec.params["checkpoint"]]
+    got, stats = generate(checkpoint, prompts, MAX_TOKENS, num_kv_blocks=12 * tables, max_num_seqs=16, block_size=16)
     assert stats.preemptions > 0
     assert_same(got, reference)

@@ -71,7 +71,8 @@ def test_prefill_logits_match_transformers(checkpoint):
 def _run_generation(runner, prompts, *, steps, chunk, scatter, depth, seed=0):
     """Greedy generation through hand plans; returns (tokens per seq, logits per seq)."""
     planner = HandPlanner(
-        block_size=16, num_blocks=runner.num_kv_blocks, max_rows=8, scatter_blocks=scatter, seed=seed
+        block_size=16, num_blocks=runner.num_kv_blocks, max_rows=8, scatter_blocks=scatter, seed=seed,
+        tables=runner.num_kv_tables,
     )
     seq_ids = [planner.add(prompt, SamplingParams(temperature=0.0)) for prompt in prompts]
     logits = {seq_id: [] for seq_id in seq_ids}

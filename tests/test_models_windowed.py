@@ -10,6 +10,7 @@ import torch
 import transformers
 
 from pyengine.executor.attention.sdpa import SdpaBackend
+from pyengine.executor.attention.tables import TableAttentionBackend
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
 from pyengine.models.config import parse_decoder_config
@@ -37,7 +38,8 @@ def _reference(path):
 
 
 def _greedy(runner, prompt, new_tokens, chunk=None) -> list[int]:
-    planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=4, scatter_blocks=True)
+    planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=4, scatter_blocks=True,
+                          tables=runner.num_kv_tables)
     seq = planner.add(prompt, SamplingParams(temperature=0.0))
     while len(planner.output_tokens(seq)) < new_tokens:
         plan = planner.next_plan(max_chunk=chunk)
@@ -69,7 +71,11 @@ def test_decode_far_past_the_window_matches_generate(tmp_path, arch, native_deco
     path = make_tiny_checkpoint(tmp_path, arch, vocab_size=VOCAB)
     prompt = _prompt(2, 100)
     runner = _runner(path)
-    runner.attention_backend = SdpaBackend(native_decode=native_decode)
+    backend = SdpaBackend(native_decode=native_decode)
+    if isinstance(runner.attention_backend, TableAttentionBackend):  # a hybrid model's per-group tables
+        runner.attention_backend.inner = backend
+    else:
+        runner.attention_backend = backend
     ours = _greedy(runner, prompt, 60, chunk=16)
     with torch.no_grad():
         theirs = _reference(path).generate(torch.tensor([prompt]), max_new_tokens=60, do_sample=False)

@@ -114,14 +114,19 @@ class EngineCore:
             self.block_size: int = self.runner.block_size
             # What one request can hold: max_model_len, or the whole KV pool when that is
             # smaller (the scheduler refuses a request needing more blocks than the pool has).
-            self.max_request_tokens = min(self.max_model_len, self.runner.num_kv_blocks * self.block_size)
+            # (A hybrid model's per-group tables each hold the whole length: a share each.)
+            tables = getattr(self.runner, "num_kv_tables", 1)
+            self.max_request_tokens = min(self.max_model_len, self.runner.num_kv_blocks // tables * self.block_size)
             # The vocabulary goes to Rust once, for structured outputs (docs/structured_outputs.md).
             self.constraints = ConstraintCompiler.for_engine(self.decode_table, self.eos_token_ids, self.vocab_size)
             # The layers by attention need: with every one windowed, the scheduler frees blocks
             # behind the window (a stand-in runner that does not say keeps every block).
             kv_groups = getattr(self.runner, "kv_groups", ())
+            group_tables = getattr(self.runner, "group_tables", False)
             self.sched = SchedulerThread(
-                config.scheduler_config(self.runner.num_kv_blocks, self.block_size, self.max_model_len, kv_groups)
+                config.scheduler_config(
+                    self.runner.num_kv_blocks, self.block_size, self.max_model_len, kv_groups, group_tables
+                )
             )
             self.requests = RequestTable()
             self.executor = ExecutorLoop(self.runner, self.sched, lambda: len(self.requests) > 0)

@@ -5,11 +5,17 @@ Layout (what both attention backends want): keys and values are each
 ``block_id * block_size + position % block_size`` (``slot_mapping`` in the plan), so a
 layer's cache viewed as ``[num_blocks * block_size, num_kv_heads, head_dim]`` is indexed
 by slot directly.
+
+A hybrid model with per-group block tables (``kv_tables.py``) holds ``layers_per_table``
+layers per block instead of every layer: ``num_layers`` is then that count, and
+``layer_index_map`` says which cache tensor each model layer uses (layer ``j`` of each
+table shares tensor ``j``; the block ids keep the tables apart).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -46,9 +52,14 @@ def blocks_for_budget(shape: KVCacheShape, budget_bytes: int, most_useful: int) 
 class PagedKVCache:
     """Key and value tensors for every layer, zero-initialised (masked reads stay finite)."""
 
-    def __init__(self, shape: KVCacheShape, num_blocks: int, device: torch.device) -> None:
+    def __init__(
+        self, shape: KVCacheShape, num_blocks: int, device: torch.device,
+        layer_index_map: Optional[tuple[int, ...]] = None,
+    ) -> None:
         self.shape = shape
         self.num_blocks = num_blocks
+        # Model layer -> cache tensor (None: the same index).
+        self.layer_index_map = layer_index_map
         dims = (shape.num_layers, num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
         self.keys = torch.zeros(dims, dtype=shape.dtype, device=device)
         self.values = torch.zeros(dims, dtype=shape.dtype, device=device)
@@ -61,9 +72,15 @@ class PagedKVCache:
     def num_bytes(self) -> int:
         return self.num_blocks * self.shape.bytes_per_block
 
+    def layer_position(self, layer_index: int) -> int:
+        """The cache tensor (first dimension of ``keys`` / ``values``) a model layer uses."""
+        index_map = self.layer_index_map
+        return layer_index if index_map is None else index_map[layer_index]
+
     def layer_blocks(self, layer_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of one layer, ``[num_blocks, block_size, kv_heads, head_dim]``."""
-        return self.keys[layer_index], self.values[layer_index]
+        position = self.layer_position(layer_index)
+        return self.keys[position], self.values[position]
 
     def layer_slots(self, layer_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of one layer viewed by slot, ``[num_slots, kv_heads, head_dim]``."""

@@ -24,16 +24,18 @@ from pyengine.executor.attention.selector import (
     select_attention_backend,
     select_latent_attention_backend,
 )
+from pyengine.executor.attention.tables import TableAttentionBackend
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.draft_proposer import DraftProposer
 from pyengine.executor.eagle3_proposer import Eagle3Proposer
 from pyengine.executor.grammar_mask import GrammarMaskApplier
 from pyengine.executor.kv_cache import KVCacheShape, PagedKVCache
+from pyengine.executor.kv_tables import KVTables, plan_kv_tables
 from pyengine.executor.latent_kv_cache import LatentKVCache, LatentKVCacheShape
 from pyengine.executor.logits_pipeline import LogitsPipeline
 from pyengine.executor.masked_rows import fail_fully_masked
 from pyengine.executor.memory_profile import decide_num_blocks
-from pyengine.executor.persistent_batch import PersistentBatch
+from pyengine.executor.persistent_batch import PersistentBatch, PlanStateError
 from pyengine.executor.plan import StepPlanLike
 from pyengine.executor.pooling import pool_hidden_states
 from pyengine.executor.prompt_logprobs import (
@@ -73,8 +75,10 @@ class ModelRunner:
         self.max_model_len = _max_model_len(config, model_config.max_position_embeddings)
         self.block_size = config.block_size
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
-        self.attention_backend: AttentionBackendChoice
+        self.attention_backend: Union[AttentionBackendChoice, TableAttentionBackend]
         self.kv_shape: Union[KVCacheShape, LatentKVCacheShape]
+        # A hybrid model's per-group block tables (None: one table shared by every layer).
+        self.kv_tables = _hybrid_tables(config, model_config, self.model.parallel.world_size)
         if model_config.mla is not None:  # DeepSeek: one latent row per token, its own attention
             self.attention_backend = select_latent_attention_backend(config.attention_backend)
             self.kv_shape = LatentKVCacheShape(
@@ -85,9 +89,11 @@ class ModelRunner:
                 dtype=loaded.dtype,
             )
         else:
-            self.attention_backend = select_attention_backend(config.attention_backend, self.device, loaded.dtype)
+            backend = select_attention_backend(config.attention_backend, self.device, loaded.dtype)
+            tables = self.kv_tables
+            self.attention_backend = backend if tables is None else TableAttentionBackend(backend, tables.table_of_layer)
             self.kv_shape = KVCacheShape(
-                num_layers=model_config.num_hidden_layers,
+                num_layers=model_config.num_hidden_layers if tables is None else tables.layers_per_table,
                 num_kv_heads=self.model.num_kv_heads,
                 head_dim=model_config.head_dim,
                 block_size=self.block_size,
@@ -97,11 +103,11 @@ class ModelRunner:
             config,
             self.kv_shape,
             self.device,
-            config.max_num_seqs * self.max_blocks_per_seq,
+            config.max_num_seqs * self.max_blocks_per_seq * self.num_kv_tables,
             self._profile_forward,
         )
         num_blocks = self.model.parallel.min_over_ranks(num_blocks)  # every rank must hold them
-        self.kv_cache = new_kv_cache(self.kv_shape, num_blocks, self.device)
+        self.kv_cache = new_kv_cache(self.kv_shape, num_blocks, self.device, self._layer_index_map)
         logger.info(
             "KV cache: %d blocks of %d tokens (%.1f MiB), attention backend %s",
             num_blocks,
@@ -120,6 +126,7 @@ class ModelRunner:
             model_config.vocab_size,
             self.device,
             pipeline,
+            self.num_kv_tables,
         )
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(self.batch.sampling, self.generator)
@@ -158,6 +165,20 @@ class ModelRunner:
         if self.proposer is not None:
             groups += self.proposer.kv_groups
         return groups
+
+    @property
+    def group_tables(self) -> bool:
+        """Whether the cache is laid out for per-group block tables (a hybrid model): the
+        scheduler is asked to keep them (``SchedulerConfig(group_tables=...)``)."""
+        return self.kv_tables is not None
+
+    @property
+    def num_kv_tables(self) -> int:
+        return 1 if self.kv_tables is None else self.kv_tables.num_tables
+
+    @property
+    def _layer_index_map(self) -> Optional[tuple[int, ...]]:
+        return None if self.kv_tables is None else self.kv_tables.cache_index_of_layer
 
     @property
     def num_kv_blocks(self) -> int:
@@ -354,6 +375,27 @@ class ModelRunner:
 
     def _layout(self, plan: StepPlanLike, rows: torch.Tensor) -> StepAttentionLayout:
         width = -(-int(plan.seq_lens.max()) // self.block_size)
+        group_layouts: tuple[StepAttentionLayout, ...] = ()
+        if self.kv_tables is not None:
+            extra = self.kv_tables.num_tables - 1
+            if len(plan.group_slot_mapping) != extra * len(plan.slot_mapping):
+                raise PlanStateError(
+                    f"plan {plan.step_id}: the cache has {extra + 1} per-group block tables but the plan's "
+                    f"group_slot_mapping has {len(plan.group_slot_mapping)} slots for {len(plan.slot_mapping)} "
+                    "tokens (a hand-built plan needs HandPlanner(tables=runner.num_kv_tables))"
+                )
+            slots = _to_device(plan.group_slot_mapping, torch.int64, self.device).view(-1, extra)
+            group_layouts = tuple(
+                StepAttentionLayout(
+                    query_start_loc=plan.query_start_loc,
+                    seq_lens=plan.seq_lens,
+                    num_scheduled_tokens=plan.num_scheduled_tokens,
+                    slot_mapping=slots[:, t].contiguous(),
+                    block_tables=self.batch.group_block_tables[t].index_select(0, rows)[:, :width],
+                    block_size=self.block_size,
+                )
+                for t in range(extra)
+            )
         return StepAttentionLayout(
             query_start_loc=plan.query_start_loc,
             seq_lens=plan.seq_lens,
@@ -361,6 +403,7 @@ class ModelRunner:
             slot_mapping=_to_device(plan.slot_mapping, torch.int64, self.device),
             block_tables=self.batch.block_table.index_select(0, rows)[:, :width],
             block_size=self.block_size,
+            group_layouts=group_layouts,
         )
 
     def _pool(self, plan: StepPlanLike, hidden: torch.Tensor) -> torch.Tensor:
@@ -375,7 +418,7 @@ class ModelRunner:
         """Run the largest step (one prefill of max_num_batched_tokens) on a scratch cache."""
         tokens = min(self.config.max_num_batched_tokens, self.max_model_len)
         blocks = -(-tokens // self.block_size)
-        scratch = new_kv_cache(self.kv_shape, blocks, self.device)
+        scratch = new_kv_cache(self.kv_shape, blocks, self.device, self._layer_index_map)
         layout = StepAttentionLayout(
             query_start_loc=np.array([0, tokens], dtype=np.int64),
             seq_lens=np.array([tokens], dtype=np.int64),
@@ -399,12 +442,25 @@ class ModelRunner:
 
 
 def new_kv_cache(
-    shape: Union[KVCacheShape, LatentKVCacheShape], num_blocks: int, device: torch.device
+    shape: Union[KVCacheShape, LatentKVCacheShape], num_blocks: int, device: torch.device,
+    layer_index_map: Optional[tuple[int, ...]] = None,
 ) -> Union[PagedKVCache, LatentKVCache]:
-    """The cache a shape describes: K/V per head, or one latent row per token (MLA)."""
+    """The cache a shape describes: K/V per head, or one latent row per token (MLA);
+    ``layer_index_map``: per-group tables' layer -> cache tensor (``kv_tables.py``)."""
     if isinstance(shape, LatentKVCacheShape):
         return LatentKVCache(shape, num_blocks, device)
-    return PagedKVCache(shape, num_blocks, device)
+    return PagedKVCache(shape, num_blocks, device, layer_index_map)
+
+
+def _hybrid_tables(config: ExecutorConfig, model_config: DecoderConfig, world_size: int) -> Optional[KVTables]:
+    """Per-group block tables for a hybrid model (``kv_tables.py``), or None: not hybrid,
+    too many tables, or a case that keeps one shared table (a draft model reading the same
+    tables, an EAGLE-3 head mirroring them; tensor parallelism; latent attention)."""
+    spec = config.speculative_config
+    proposer = spec is not None and spec.method in ("draft_model", "eagle3")
+    if model_config.mla is not None or world_size != 1 or proposer:
+        return None
+    return plan_kv_tables(model_config.layer_windows, model_config.num_hidden_layers)
 
 
 def _max_model_len(config: ExecutorConfig, max_positions: int) -> int:

@@ -40,11 +40,16 @@ class PersistentBatch:
         vocab_size: int,
         device: torch.device,
         logits_pipeline: Optional[LogitsPipeline] = None,
+        num_tables: int = 1,
     ) -> None:
         self.max_rows = max_rows
         self.vocab_size = vocab_size
         self.device = device
         self.block_table = torch.zeros(max_rows, max_blocks_per_seq, dtype=torch.int32, device=device)
+        # A hybrid model's per-group tables 1.. (``kv_tables.py``); table 0 is ``block_table``.
+        self.group_block_tables = torch.zeros(
+            num_tables - 1, max_rows, max_blocks_per_seq, dtype=torch.int32, device=device
+        )
         self.last_sampled = torch.zeros(max_rows, dtype=torch.int64, device=device)
         self.sampling = SamplingTable(max_rows, device)
         # The logits processors' per-request state (None on tensor-parallel ranks > 0).
@@ -69,7 +74,22 @@ class PersistentBatch:
             rows = torch.from_numpy(plan.block_table_rows.astype(np.int64)).to(self.device)
             cols = torch.from_numpy(plan.block_table_cols.astype(np.int64)).to(self.device)
             ids = torch.from_numpy(plan.block_table_ids.astype(np.int32)).to(self.device)
-            self.block_table[rows, cols] = ids
+            groups = getattr(plan, "block_table_groups", None)
+            if groups is None or not len(groups):
+                self.block_table[rows, cols] = ids
+            else:
+                self._write_group_tables(groups, rows, cols, ids)
+
+    def _write_group_tables(
+        self, groups: np.ndarray, rows: torch.Tensor, cols: torch.Tensor, ids: torch.Tensor
+    ) -> None:
+        """Block-table writes of a plan with per-group tables: each to its table."""
+        first = torch.from_numpy(groups == 0).to(self.device)
+        self.block_table[rows[first], cols[first]] = ids[first]
+        if len(self.group_block_tables):
+            rest = ~first
+            tables = torch.from_numpy(groups.astype(np.int64) - 1).to(self.device)[rest]
+            self.group_block_tables[tables, rows[rest], cols[rest]] = ids[rest]
 
     def _install_new_rows(self, plan: StepPlanLike) -> None:
         rows = plan.new_rows.astype(np.int64)

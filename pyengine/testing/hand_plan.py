@@ -16,6 +16,10 @@ Typical loop (pipeline depth 1)::
 At depth 2, call ``next_plan`` again before ``record``: decodes of sequences that sampled
 in the previous plan then carry the placeholder ``-1``.
 
+A hybrid model's runner with per-group block tables (``runner.num_kv_tables > 1``) needs
+``HandPlanner(tables=runner.num_kv_tables)``: every table gets its own blocks (kept, none
+freed behind a window) and the plan its ``block_table_groups`` and ``group_slot_mapping``.
+
 Speculative decoding (docs/speculative_decoding.md): ``next_plan(drafts={seq_id: [...]})``
 schedules a decoding sequence's last token and its drafts (one logits entry each) and
 ``record(plan, sampled, num_accepted)`` keeps the accepted ones (depth 1 only).
@@ -36,7 +40,8 @@ def prefill_alone(runner: Any, prompt: list[int]) -> tuple[Any, Any]:
     """``prompt`` prefilled alone in one plan through ``runner`` (a
     :class:`~pyengine.executor.model_runner.ModelRunner`): (its step output, the logits at
     every prompt position)."""
-    planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=8)
+    planner = HandPlanner(block_size=16, num_blocks=runner.num_kv_blocks, max_rows=8,
+                          tables=getattr(runner, "num_kv_tables", 1))
     planner.add(prompt)
     out = runner.execute(planner.next_plan(), return_hidden=True)
     return out, runner.model.compute_logits(out.hidden_states)
@@ -56,6 +61,7 @@ class _Sequence:
     row: int = -1
     num_computed: int = 0
     blocks: list[int] = field(default_factory=list)
+    extra_blocks: list[list[int]] = field(default_factory=list)  # tables 1.. (per-group tables)
     announced: bool = False  # sent in new_* already
     sampled_in_last_plan: bool = False
     drafted: int = 0  # drafts scheduled in the last plan, not recorded yet
@@ -73,8 +79,10 @@ class HandPlanner:
         scatter_blocks: bool = True,
         use_placeholders: bool = True,
         seed: int = 0,
+        tables: int = 1,
     ) -> None:
         self.block_size = block_size
+        self.tables = tables
         self.max_rows = max_rows
         self.use_placeholders = use_placeholders
         blocks = np.arange(num_blocks)
@@ -98,7 +106,8 @@ class HandPlanner:
         self._next_seq_id += 1
         self.params[seq_id] = params
         self._sequences[seq_id] = _Sequence(
-            seq_id, list(prompt), len(prompt), isinstance(params, PoolingParams), params
+            seq_id, list(prompt), len(prompt), isinstance(params, PoolingParams), params,
+            extra_blocks=[[] for _ in range(self.tables - 1)],
         )
         return seq_id
 
@@ -110,7 +119,8 @@ class HandPlanner:
         if seq.row >= 0:
             self._freed_rows.append(seq.row)
             self._free_rows.append(seq.row)
-        self._free_blocks.extend(reversed(seq.blocks))
+        for table in (seq.blocks, *seq.extra_blocks):
+            self._free_blocks.extend(reversed(table))
 
     def preempt(self, seq_id: int) -> None:
         """Preempt by recompute: free the row and blocks; the sequence re-enters later with
@@ -123,9 +133,11 @@ class HandPlanner:
         if seq.row >= 0:
             self._freed_rows.append(seq.row)
             self._free_rows.append(seq.row)
-        self._free_blocks.extend(reversed(seq.blocks))
+        for table in (seq.blocks, *seq.extra_blocks):
+            self._free_blocks.extend(reversed(table))
         seq.tokens = [t for t in seq.tokens if t is not None]
         seq.row, seq.num_computed, seq.blocks = -1, 0, []
+        seq.extra_blocks = [[] for _ in seq.extra_blocks]
         seq.announced, seq.sampled_in_last_plan = False, False
 
     def tokens(self, seq_id: int) -> list[int]:
@@ -174,7 +186,7 @@ class HandPlanner:
         """Schedule live sequences in arrival order: decodes 1 token (plus its ``drafts``,
         by seq id), prefills up to ``max_chunk``, at most ``max_tokens`` tokens in all
         (the rest wait)."""
-        builder = _PlanBuilder(self.block_size)
+        builder = _PlanBuilder(self.block_size, self.tables)
         builder.drafts = drafts
         budget = max_tokens if max_tokens is not None else 1 << 62
         for seq in sorted(self._sequences.values(), key=lambda s: s.seq_id):
@@ -232,16 +244,19 @@ class HandPlanner:
 
     def _grow(self, seq: _Sequence, length: int) -> list[int]:
         needed = -(-length // self.block_size) - len(seq.blocks)
-        if needed > len(self._free_blocks):
+        if needed * self.tables > len(self._free_blocks):
             raise HandPlanError("out of KV blocks")
         first_new = len(seq.blocks)
-        seq.blocks.extend(self._free_blocks.pop() for _ in range(needed))
+        for table in (seq.blocks, *seq.extra_blocks):
+            table.extend(self._free_blocks.pop() for _ in range(needed))
         return list(range(first_new, len(seq.blocks)))
 
 
 class _PlanBuilder:
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, tables: int = 1) -> None:
         self.block_size = block_size
+        self.tables = tables
+        self.group_slots: list[int] = []
         self.rows: list[int] = []
         self.counts: list[int] = []
         self.seq_lens: list[int] = []
@@ -278,7 +293,12 @@ class _PlanBuilder:
             self.slots.append(
                 seq.blocks[position // self.block_size] * self.block_size + position % self.block_size
             )
-        self.table_writes.extend((seq.row, col, seq.blocks[col]) for col in new_blocks)
+            self.group_slots.extend(
+                table[position // self.block_size] * self.block_size + position % self.block_size
+                for table in seq.extra_blocks
+            )
+        for t, table in enumerate((seq.blocks, *seq.extra_blocks)):
+            self.table_writes.extend((seq.row, col, table[col], t) for col in new_blocks)
         if samples:
             last = len(self.input_ids) - 1
             self.logits_indices.extend(range(last - num_drafts, last + 1))
@@ -293,14 +313,18 @@ class _PlanBuilder:
     def build(self, step_id: int, freed_rows: list[int]) -> HandBuiltPlan:
         i32, i64 = np.int32, np.int64
         lengths = [len(t) for t in self.new_tokens]
-        writes = np.array(self.table_writes, dtype=i32).reshape(-1, 3)
+        writes = np.array(self.table_writes, dtype=i32).reshape(-1, 4)
         speculative: dict[str, Any] = {}
         if self.drafts is not None:
             has = any(self.num_draft_tokens)
             speculative = dict(num_draft_tokens=np.array(self.num_draft_tokens if has else [], dtype=i32),
                                draft_token_ids=np.array(self.draft_token_ids, dtype=i64))
+        tables: dict[str, Any] = {}
+        if self.tables > 1:
+            tables = dict(block_table_groups=writes[:, 3].copy(), group_slot_mapping=np.array(self.group_slots, dtype=i64))
         return HandBuiltPlan(
             **speculative,
+            **tables,
             step_id=step_id,
             rows=np.array(self.rows, dtype=i32),
             num_scheduled_tokens=np.array(self.counts, dtype=i32),

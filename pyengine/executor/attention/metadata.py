@@ -18,7 +18,8 @@ class StepAttentionLayout:
 
     ``block_tables`` holds the block table of each scheduled sequence (``[R, width]``,
     int32 on the device, width = blocks needed by the longest one); ``slot_mapping`` is
-    where each token's K/V goes.
+    where each token's K/V goes. With per-group tables these are table 0's, and
+    ``group_layouts`` holds the others'.
     """
 
     query_start_loc: np.ndarray  # int [R+1]
@@ -27,6 +28,9 @@ class StepAttentionLayout:
     slot_mapping: torch.Tensor  # int64 [T]
     block_tables: torch.Tensor  # int32 [R, width]
     block_size: int
+    # A hybrid model's other per-group tables (``executor/kv_tables.py``): the same step
+    # through table 1, 2, ... (their slot mappings and block tables); empty with one table.
+    group_layouts: tuple["StepAttentionLayout", ...] = ()
 
     @property
     def num_tokens(self) -> int:

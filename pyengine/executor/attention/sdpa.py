@@ -288,7 +288,8 @@ class NativeDecodeAttention:
         rows = qkv.shape[0]
         q_width, kv_width = num_heads * self.head_dim, self.kv_width
         fused = qkv.numpy()
-        keys, values = self.keys[layer_index], self.values[layer_index]
+        position = self.step.cache.layer_position(layer_index)
+        keys, values = self.keys[position], self.values[position]
         keys.reshape(-1, kv_width)[self.slots] = fused[:, q_width : q_width + kv_width]
         values.reshape(-1, kv_width)[self.slots] = fused[:, q_width + kv_width :]
         query = np.ascontiguousarray(fused[:, :q_width]).reshape(rows, num_heads, self.head_dim)
