@@ -29,7 +29,11 @@ identical to decoding without speculation.
 ``--engine`` measures the whole engine instead (``LLM.generate`` with and without
 ``speculative_config``, the scheduler proposing "ngram" / "suffix" drafts off the GIL),
 each pair of engines alive together and their runs alternated; step time, mean accepted
-length and proposer time come from ``llm.stats()``.
+length and proposer time come from ``llm.stats()``. ``--methods eagle3`` adds an EAGLE-3
+head (the executor proposing): a random one written for the bench model in the published
+layout (``pyengine.testing.eagle3_checkpoint``, a quarter of the vocabulary through
+``d2t``), whose drafts are almost never right: what it measures is what the adaptive
+back-off makes of a proposer that costs a head forward per draft and is always wrong.
 
 Usage: python benches/spec_decode.py [--json] [--engine] [--shape bench|copy|qwen3-0.6b-8l]
        [--tokens N] [--k K] [--batches 1,16]
@@ -180,8 +184,28 @@ def runner_factory(folder: Path, batch: int, load_format: str = "auto"):
         num_kv_blocks=batch * 1024 // BLOCK_SIZE, attention_backend="sdpa", load_format=load_format))
 
 
+def eagle3_head(folder: Path, scratch: Path) -> tuple[Path, dict]:
+    """A random EAGLE-3 head for the target ``folder`` and what it is: vLLM's default aux
+    layers where they are distinct, else the first, middle and last layers."""
+    from pyengine.models.eagle3_config import default_aux_layers
+    from pyengine.testing.eagle3_checkpoint import write_eagle3_head
+
+    raw = json.loads((folder / "config.json").read_text())
+    layers = raw["num_hidden_layers"]
+    aux = default_aux_layers(layers)
+    if len(set(aux)) < 3 or min(aux) < 0:
+        aux = (0, layers // 2, layers - 1)
+    if len(set(aux)) < 3:
+        raise SystemExit(f"spec_decode: an EAGLE-3 head needs a target of 3 layers or more, this one has {layers}")
+    draft_vocab = raw["vocab_size"] // 4
+    head = write_eagle3_head(scratch / "eagle3-head", folder, seed=0, draft_vocab_size=draft_vocab,
+                             aux_layer_ids=aux)
+    return head, {"eagle3_head": f"random weights (seed 0), aux layers {list(aux)}, draft vocabulary {draft_vocab} "
+                                 f"of {raw['vocab_size']} through d2t"}
+
+
 def engine_pair(folder: Path, method: str, prompt_sets: list[list[list[int]]], tokens: int, k: int,
-                lookup: tuple[int, int], load_format: str = "auto") -> dict:
+                lookup: tuple[int, int], load_format: str = "auto", head: Optional[Path] = None) -> dict:
     """Plain and speculative ``LLM`` engines, runs alternated, each run on its own prompt
     set (the first warms up): suffix decoding's cross-request tree must not have seen
     a run's outputs before it."""
@@ -190,6 +214,8 @@ def engine_pair(folder: Path, method: str, prompt_sets: list[list[list[int]]], t
     spec: dict = {"method": method, "num_speculative_tokens": k}
     if method == "ngram":
         spec.update(prompt_lookup_min=lookup[0], prompt_lookup_max=lookup[1])
+    elif method == "eagle3":
+        spec["model"] = str(head)
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     common = dict(max_num_seqs=max(16, len(prompt_sets[0])), max_model_len=1024, dtype="float32",
                   load_format=load_format)
@@ -224,7 +250,11 @@ def engine_pair(folder: Path, method: str, prompt_sets: list[list[list[int]]], t
 
 
 def main_engine(args, folder: Path, batches: list[int], lookup: tuple[int, int], load_format: str,
-                extra: dict) -> int:
+                extra: dict, scratch: Path) -> int:
+    head = None
+    if "eagle3" in args.methods.split(","):
+        head, described = eagle3_head(folder, scratch)
+        extra = {**extra, **described}
     results = []
     for workload in args.engine_workloads.split(","):
         for batch in batches:
@@ -232,7 +262,7 @@ def main_engine(args, folder: Path, batches: list[int], lookup: tuple[int, int],
                     for r in range(args.repeats + 1)]
             for method in args.methods.split(","):
                 row = {"workload": workload, "batch": batch, "method": method, "k": args.k,
-                       **engine_pair(folder, method, sets, args.tokens, args.k, lookup, load_format)}
+                       **engine_pair(folder, method, sets, args.tokens, args.k, lookup, load_format, head)}
                 results.append(row)
                 if not args.json:
                     print(" ".join(f"{key}={value}" for key, value in row.items()), flush=True)
@@ -260,7 +290,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                              "repeat); qwen3-0.6b-8l: Qwen3-0.6B's shapes with 8 layers, dummy weights "
                              "(memory-bound decode)")
     parser.add_argument("--engine-workloads", default="repeat,random", help="--engine: workloads")
-    parser.add_argument("--methods", default="ngram,suffix", help="--engine: methods")
+    parser.add_argument("--methods", default="ngram,suffix", help="--engine: methods (ngram, suffix, eagle3)")
     parser.add_argument("--workloads", default="repeat:ngram,random:ngram,random:oracle",
                         help="executor level: workload:method pairs")
     args = parser.parse_args(argv)
@@ -283,7 +313,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         from pyengine.errors import InvalidConfigError
 
         try:
-            return main_engine(args, folder, batches, (low, high), load_format, extra)
+            return main_engine(args, folder, batches, (low, high), load_format, extra, scratch)
         except InvalidConfigError as error:  # a build whose scheduler plans no drafts
             print(f"spec_decode --engine: {error}", file=sys.stderr)
             return 2

@@ -285,6 +285,10 @@ class StepPlan:
         """[T * (G - 1)] with G per-group tables: each token's KV slot in tables 1..G-1,
         token by token (``slot_mapping`` is table 0's); empty with one table."""
     @property
+    def may_draft_indices(self) -> npt.NDArray[np.int32]:
+        """[V] indices into ``rows`` of the sequences that may still draft (method
+        "executor"; empty otherwise): not turned off, constrained, pooling or no_spec."""
+    @property
     def num_seqs(self) -> int: ...
     @property
     def num_tokens(self) -> int: ...

@@ -356,3 +356,39 @@ def test_decode_steps_capture_the_same_states_through_the_native_path(target, he
     assert drafts_a == drafts_b
     for a, b in zip(states_a, states_b):
         assert torch.equal(a, b)
+
+
+def test_a_step_whose_sequences_never_draft_again_captures_nothing(target, head, monkeypatch):
+    """``may_draft_indices`` (the scheduler's: the sequences not turned off, constrained,
+    pooling or no_spec): with none of the step's rows in it the target runs its plain
+    forward and the head mirrors nothing; a row outside it is not mirrored."""
+    from pyengine.models.decoder import DecoderForCausalLM
+
+    runner = _runner(target, eagle(head))
+    captures = []
+    original = DecoderForCausalLM.forward_capturing
+
+    def counted(model, *args, **kwargs):
+        captures.append(bool(args[4:] and args[4]) or bool(kwargs.get("aux_layers")))
+        return original(model, *args, **kwargs)
+
+    monkeypatch.setattr(DecoderForCausalLM, "forward_capturing", counted)
+    planner = HandPlanner(num_blocks=runner.num_kv_blocks, max_rows=8)
+    for p in PROMPTS[:2]:
+        planner.add(p, GREEDY)
+    plan = planner.next_plan()
+    plan.may_draft_indices = np.array([1], dtype=np.int32)  # the first sequence never drafts again
+    plan.propose_indices = np.array([1], dtype=np.int32)
+    before = runner.proposer.kv_cache.keys.clone()
+    out = runner.execute(plan)
+    assert out.next_drafts[0].tolist() == [0, K]
+    assert captures[-1], "the second row may draft: the states were captured"
+    first_blocks = runner.batch.block_table[plan.rows[0], :1].long()
+    assert torch.equal(runner.proposer.kv_cache.keys[:, first_blocks], before[:, first_blocks])
+    planner.record(plan, out.sampled_token_ids)
+    plan = planner.next_plan()
+    plan.may_draft_indices = np.zeros(0, dtype=np.int32)
+    plan.propose_indices = np.zeros(0, dtype=np.int32)
+    out = runner.execute(plan)
+    assert out.next_drafts[0].tolist() == [0, 0]
+    assert not captures[-1], "no row drafts again: the plain forward"

@@ -6,16 +6,19 @@ auxiliary layers' states, captured in the target's forward, through ``fc``), for
 proposal steps the head's previous output. It keeps a one-layer paged KV cache indexed by
 the target's block tables, like the draft model's:
 
-1. **Mirror.** After each step's verdict, the head runs over the step's tokens shifted by
-   one: the pair (token at ``p + 1``, target state at ``p``) at position ``p``, for every
-   ``p`` whose next token is now known and committed. The state of a row's last committed
+1. **Mirror.** After each step's verdict, the head writes the K/V of the step's tokens
+   shifted by one (``Eagle3Head.write_kv``: nothing reads those positions' outputs): the
+   pair (token at ``p + 1``, target state at ``p``) at position ``p``, for every ``p``
+   whose next token is now known and committed. The state of a row's last committed
    position is kept (the *carry*, per persistent-batch row) until the next step brings the
    token after it; so the first pair of a step is (its first token, the carry). A drafted
    sequence's positions after its last accepted token are not mirrored (only accepted
    tokens' states are valid); the next step starts there. A chunk with no carry (a new
    sequence, a prefix-cache hit, a resumed preemption) skips its first pair: that
    position's head KV is the one the cache block holds, which for a shared block was
-   written for another continuation. That only changes drafts, never outputs.
+   written for another continuation. That only changes drafts, never outputs. Only the
+   sequences that may still draft are mirrored (the plan's ``may_draft_indices``); a step
+   with none of them captures no target state at all.
 2. **Propose.** For each sampled sequence the plan names in ``propose_indices``: the token
    just emitted with the carry at the position before it, then k greedy steps, each on the
    previous one's draft and pre-norm output, into scratch blocks (``proposals``). Draft ids
@@ -32,7 +35,6 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from pyengine.executor.attention.metadata import StepAttentionLayout
 from pyengine.executor.attention.selector import select_attention_backend
 from pyengine.executor.kv_cache import KVCacheShape, PagedKVCache
 from pyengine.executor.proposals import (
@@ -84,27 +86,42 @@ class Eagle3Proposer:
         """The head's one full-attention layer, which reads the target's block tables."""
         return [(None, 1)]
 
+    @staticmethod
+    def needs_aux(plan: Any) -> bool:
+        """Whether the step has a sequence that may still draft (``may_draft_indices``; a
+        hand-built plan without the field: every row): only then does the target capture
+        its auxiliary hidden states and the head mirror anything."""
+        may_draft = getattr(plan, "may_draft_indices", None)
+        return may_draft is None or len(may_draft) > 0
+
     def after_step(self, step: StepTokens, output: Any, batch: Any) -> Optional[Drafts]:
-        """Mirrors the step's committed tokens into the head's cache, then proposes the next
-        step's drafts (``batch``: the runner's persistent batch: block tables, seq ids)."""
-        assert step.aux_hidden is not None  # the runner captures them when EAGLE-3 is on
+        """Mirrors the step's committed tokens into the head's cache (for the sequences that
+        may still draft), then proposes the next step's drafts (``batch``: the runner's
+        persistent batch: block tables, seq ids)."""
         plan = step.plan
-        features = self.head.combine(step.aux_hidden)
         starts = proposal_starts(plan, output) if len(plan.logits_indices) else None
+        if step.aux_hidden is None:  # no sequence of the step drafts again (needs_aux)
+            return None if starts is None else (np.zeros(len(starts.rows), dtype=np.int32),
+                                                np.zeros(0, dtype=np.int64))
+        features = self.head.combine(step.aux_hidden)
         last_valid = np.asarray(plan.query_start_loc, dtype=np.int64)[1:] - 1
         if starts is not None:  # a sampled sequence's last committed token: its last accepted entry
             tokens = np.asarray(plan.logits_indices, dtype=np.int64)[starts.last_entries]
             owners = np.searchsorted(plan.query_start_loc, tokens, side="right") - 1
             last_valid[owners] = tokens
-        self._mirror(step, features, last_valid, batch)
-        self._keep_carry(plan, features, last_valid, batch)
+        may_draft = getattr(plan, "may_draft_indices", None)
+        kept_rows = (np.arange(len(plan.rows)) if may_draft is None else np.asarray(may_draft, dtype=np.int64))
+        self._mirror(step, features, last_valid, kept_rows, batch)
+        self._keep_carry(plan, features, last_valid, kept_rows, batch)
         if starts is None:
             return None
         return propose_named(starts, self.device, lambda rows, last, positions: self.propose(
             rows, last, positions, batch.block_table))
 
-    def _mirror(self, step: StepTokens, features: torch.Tensor, last_valid: np.ndarray, batch: Any) -> None:
-        """The pairs (token at p + 1, state at p) whose token is committed, into the cache."""
+    def _mirror(self, step: StepTokens, features: torch.Tensor, last_valid: np.ndarray, kept_rows: np.ndarray,
+                batch: Any) -> None:
+        """The pairs (token at p + 1, state at p) whose token is committed, into the cache,
+        for the plan's rows ``kept_rows`` (indices into ``plan.rows``)."""
         plan = step.plan
         qs = np.asarray(plan.query_start_loc, dtype=np.int64)
         rows = np.asarray(plan.rows, dtype=np.int64)
@@ -115,7 +132,9 @@ class Eagle3Proposer:
         first = t == qs[owner]
         carry_ok = ((self.carry_seq[rows] == batch.seq_ids[rows]) & (self.carry_position[rows] == positions[qs[:-1]] - 1)
                     & (positions[qs[:-1]] > 0))
-        keep = (t <= last_valid[owner]) & (~first | carry_ok[owner])
+        mirrored = np.zeros(len(rows), dtype=bool)
+        mirrored[kept_rows] = True
+        keep = mirrored[owner] & (t <= last_valid[owner]) & (~first | carry_ok[owner])
         if not keep.any():
             return
         kept = t[keep]
@@ -128,30 +147,23 @@ class Eagle3Proposer:
             hidden[torch.from_numpy(from_carry).to(device)] = self.carry[
                 torch.from_numpy(rows[kept_owner[from_carry]]).to(device)]
         head_positions = positions[kept] - 1
-        per_row = np.bincount(kept_owner, minlength=len(rows))
-        present = np.flatnonzero(per_row)
-        seq_lens = positions[last_valid[present]]  # the head's last position + 1
         bs = self.block_size
-        width = -(-int(seq_lens.max()) // bs)
-        tables = batch.block_table.index_select(0, torch.from_numpy(rows[present]).to(device))[:, :width]
-        local = np.searchsorted(present, kept_owner)  # each pair's row within ``tables``
-        blocks = tables[torch.from_numpy(local).to(device), torch.from_numpy(head_positions // bs).to(device)]
+        table_rows = torch.from_numpy(rows[kept_owner]).to(device)
+        blocks = batch.block_table[table_rows, torch.from_numpy(head_positions // bs).to(device)].to(torch.int64)
         pos_t = torch.from_numpy(head_positions).to(device)
-        layout = StepAttentionLayout(
-            query_start_loc=np.concatenate([[0], np.cumsum(per_row[present])]).astype(np.int64),
-            seq_lens=seq_lens, num_scheduled_tokens=per_row[present].astype(np.int64),
-            slot_mapping=blocks.to(torch.int64) * bs + pos_t % bs, block_tables=tables, block_size=bs)
         embeds = self.embed(step.input_ids.index_select(0, torch.from_numpy(kept).to(device)))
-        self.head(embeds, hidden, pos_t, self.backend.bind(self.kv_cache, layout))
+        keys, values = self.kv_cache.layer_slots(0)
+        self.head.write_kv(embeds, hidden, pos_t, keys, values, blocks * bs + pos_t % bs)
 
-    def _keep_carry(self, plan: Any, features: torch.Tensor, last_valid: np.ndarray, batch: Any) -> None:
-        """Each scheduled row's state at its last committed position, for the next step."""
-        rows = np.asarray(plan.rows, dtype=np.int64)
+    def _keep_carry(self, plan: Any, features: torch.Tensor, last_valid: np.ndarray, kept_rows: np.ndarray,
+                    batch: Any) -> None:
+        """Each kept row's state at its last committed position, for the next step."""
+        rows = np.asarray(plan.rows, dtype=np.int64)[kept_rows]
+        last = last_valid[kept_rows]
         device = self.device
-        self.carry[torch.from_numpy(rows).to(device)] = features.index_select(
-            0, torch.from_numpy(last_valid).to(device))
+        self.carry[torch.from_numpy(rows).to(device)] = features.index_select(0, torch.from_numpy(last).to(device))
         self.carry_seq[rows] = batch.seq_ids[rows]
-        self.carry_position[rows] = np.asarray(plan.positions, dtype=np.int64)[last_valid]
+        self.carry_position[rows] = np.asarray(plan.positions, dtype=np.int64)[last]
 
     def propose(self, rows: np.ndarray, last_tokens: torch.Tensor, positions: np.ndarray,
                 block_table: torch.Tensor) -> Drafts:

@@ -208,7 +208,7 @@ class ModelRunner:
         layout = self._layout(plan, rows)
         logits_indices_t = _to_device(plan.logits_indices, torch.int64, device)
         aux = None
-        if self.aux_layers:  # EAGLE-3: the target's auxiliary hidden states, from the same forward
+        if self.aux_layers and Eagle3Proposer.needs_aux(plan):  # EAGLE-3: the target's states, same forward
             hidden, logits, aux = self._forward_capturing(input_ids, positions, layout, logits_indices_t)
         else:
             hidden, logits = self._forward(input_ids, positions, layout, logits_indices_t)

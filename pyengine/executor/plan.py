@@ -49,6 +49,7 @@ class StepPlanLike(Protocol):
     propose_indices: Optional[np.ndarray]
     block_table_groups: np.ndarray
     group_slot_mapping: np.ndarray
+    may_draft_indices: Optional[np.ndarray]
 
 
 @dataclass
@@ -89,6 +90,9 @@ class HandBuiltPlan:
     #: tables 1.. (a hybrid model's per-group tables); empty with one table.
     block_table_groups: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     group_slot_mapping: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    #: [V] indices into ``rows`` of the sequences that may still draft (an EAGLE-3 head
+    #: keeps only their KV); None (hand-built plans only): every row.
+    may_draft_indices: Optional[np.ndarray] = None
 
 
 def last_sample_per_row(plan: StepPlanLike, sampled: np.ndarray,

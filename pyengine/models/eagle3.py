@@ -98,6 +98,17 @@ class Eagle3Head(torch.nn.Module):
         out = self.norm.add_and_norm(self.mlp(normed), residual)
         return out, residual
 
+    def write_kv(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                 keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
+        """Only the K/V ``forward`` would write for these tokens, into ``keys`` / ``values``
+        (the cache's slots view) at ``slots``: the head's cache entries of committed
+        positions, whose outputs nobody reads."""
+        assert self.rotary is not None
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        _, k, v = self.self_attn.project(x, *self.rotary.cos_sin(positions, x.dtype))
+        keys.index_copy_(0, slots, k)
+        values.index_copy_(0, slots, v)
+
     def draft_tokens(self, out: torch.Tensor) -> torch.Tensor:
         """Each row's greedy draft, as a target token id [N] (int64)."""
         logits = F.linear(out, self.lm_head.weight)

@@ -402,6 +402,16 @@ class DecoderAttention(torch.nn.Module):
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: AttentionOp
     ) -> torch.Tensor:
         tokens = hidden.shape[0]
+        q, k, v = self.project(hidden, cos, sin)
+        out = attention.attend(self.layer_index, q, k, v, self.spec)
+        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
+
+    def project(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, heads, head_dim] and k, v [T, kv_heads, head_dim], q/k normed and rotated:
+        what the layer attends with (an EAGLE-3 head also writes k, v alone)."""
+        tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
         native = self._native_qk_norm_rope(qkv, cos, sin)
         q, k, v = qkv.split(self._split, dim=-1)
@@ -414,8 +424,7 @@ class DecoderAttention(torch.nn.Module):
                 k = self.k_norm(k)
             q = apply_rotary(q, cos, sin)
             k = apply_rotary(k, cos, sin)
-        out = attention.attend(self.layer_index, q, k, v, self.spec)
-        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
+        return q, k, v
 
     def _native_qk_norm_rope(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
         """q/k norm and rotary on ``qkv`` in place by the native kernel (one pass, see

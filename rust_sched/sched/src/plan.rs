@@ -49,6 +49,11 @@ pub struct StepPlan {
     /// the executor proposes (method "executor" only, else empty): those that may draft
     /// and have room for one. The executor's proposer runs for these alone.
     pub propose_indices: Vec<i32>,
+    /// `[V]` indices into `rows` of the sequences that may still draft (method "executor"
+    /// only, else empty): not turned off by the adaptive rule, constrained, pooling or
+    /// `no_spec`. The others never draft again: a proposer with a cache of its own (an
+    /// EAGLE-3 head) need not keep theirs.
+    pub may_draft_indices: Vec<i32>,
     /// `[P]` indices into `rows` of pooling sequences whose whole prompt is in this step.
     pub pool_indices: Vec<i32>,
     /// `[B]` block-table writes: `block_table[rows[i], cols[i]] = ids[i]`.

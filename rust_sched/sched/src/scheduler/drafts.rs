@@ -19,10 +19,15 @@ impl Scheduler {
     }
 
     /// Whether the executor should propose drafts for the sequence's next step, once the
-    /// sample just planned is in (`StepPlan::propose_indices`): it may draft and has room
-    /// for one.
+    /// sample just planned is in (`StepPlan::propose_indices`): it may draft, has room for
+    /// one, and is not backing off (its next step would decode plainly and drop them: a
+    /// draft model's or EAGLE-3 head's forwards spent for nothing). With the adaptive rule
+    /// off (`spec_min_acceptance` 0) at depth 1 the back-off is not counted down, so the
+    /// executor proposes every step, as the scheduler then looks every step.
     pub(super) fn wants_executor_drafts(&self, seq_index: SeqIndex) -> bool {
-        self.may_speculate(seq_index) && self.draft_room(seq_index) > 0
+        let backing_off = self.config.spec_min_acceptance > 0.0
+            && self.seq(seq_index).expect("live sequence").spec.retry_in > 0;
+        !backing_off && self.may_speculate(seq_index) && self.draft_room(seq_index) > 0
     }
 
     /// Room for drafts left by the sequence's limits (max_tokens, max_model_len) once its

@@ -507,6 +507,9 @@ impl Scheduler {
                 plan.propose_indices.push(k as i32);
             }
         }
+        if self.config.speculative_method == SpecMethod::Executor && self.may_speculate(seq_index) {
+            plan.may_draft_indices.push(index);
+        }
     }
 
     /// The first sample's prompt is scheduled: its parked siblings may now be admitted and

@@ -549,6 +549,30 @@ fn a_no_spec_request_is_never_proposed_for_and_keeps_the_overlap() {
 }
 
 #[test]
+fn a_sequence_backing_off_is_not_proposed_for() {
+    let adaptive = SchedulerConfig { spec_min_acceptance: 0.1, ..config(64, 2, SpecMethod::Executor) };
+    let mut s = Scheduler::new(adaptive).unwrap();
+    s.add_request(request("a", vec![1, 2, 3], 40)).unwrap();
+    let p0 = s.schedule().unwrap();
+    assert_eq!(p0.propose_indices, vec![0]);
+    let drafts = SpecResult { num_accepted: None, next_drafts: Some((&[2], &[7, 8])) };
+    s.apply_spec_result(p0.step_id, &[6], drafts).unwrap();
+    let p1 = s.schedule().unwrap();
+    assert_eq!(p1.num_draft_tokens, vec![2]);
+    accept(&mut s, p1.step_id, &[5], &[0]).unwrap(); // nothing kept: 4 plain steps
+    let mut proposed = Vec::new();
+    for _ in 0..6 {
+        let p = s.schedule().unwrap();
+        assert!(p.num_draft_tokens.is_empty());
+        proposed.push(!p.propose_indices.is_empty());
+        s.apply_result(p.step_id, &[9]).unwrap();
+    }
+    // The last plain step asks for drafts; none came (an empty proposal): 8 more.
+    assert_eq!(proposed, [false, false, false, true, false, false]);
+    assert_eq!(s.snapshot().spec.empty_proposals, 1);
+}
+
+#[test]
 fn the_plan_names_the_sequences_the_executor_proposes_for() {
     let mut s = Scheduler::new(config(32, 2, SpecMethod::Executor)).unwrap();
     s.add_request(request("free", vec![1, 2, 3], 20)).unwrap();
@@ -565,8 +589,11 @@ fn the_plan_names_the_sequences_the_executor_proposes_for() {
     let p0 = s.schedule().unwrap();
     assert_eq!(p0.num_samples(), 4, "the pooling prompt is not sampled");
     assert_eq!(p0.propose_indices, vec![0], "only the first may draft in its next step");
+    // "short" has no room next step but may still draft as far as the adaptive rule goes.
+    assert_eq!(p0.may_draft_indices, vec![0, 2], "not no_spec, constrained or pooling");
     // Off for other methods.
     let mut n = Scheduler::new(config(32, 2, SpecMethod::Ngram)).unwrap();
     n.add_request(request("free", vec![1, 2, 3], 20)).unwrap();
-    assert!(n.schedule().unwrap().propose_indices.is_empty());
+    let plan = n.schedule().unwrap();
+    assert!(plan.propose_indices.is_empty() && plan.may_draft_indices.is_empty());
 }
