@@ -30,6 +30,7 @@ from pyengine.server.health import diagnose
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.live_server import LiveServer
 from pyengine.testing.synthetic_runner import SleepRunner
+from pyengine.testing.waits import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +60,8 @@ def test_async_engine_is_an_engine_client_of_plain_data(synthetic):
     assert len(out.outputs[0].token_ids) == 5
     # The executor counts a step after handing its result over, so the last count may
     # land just after the output was delivered: wait for it, briefly.
-    deadline = time.monotonic() + 5
-    while (after := engine.health()).steps < before.steps + 5 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: engine.health().steps >= before.steps + 5, 5, interval=0.01)
+    after = engine.health()
     assert after.steps >= before.steps + 5 and after.dead_reason is None
     for value in (after, engine.thread_stacks(), engine.stats()):
         pickle.dumps(value)  # crosses a process boundary as it is

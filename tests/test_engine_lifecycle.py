@@ -166,9 +166,8 @@ def test_shutdown_joins_all_threads_with_requests_in_flight():
     # do not tell.)
     import os
 
-    deadline = time.time() + 2  # the OS reaps a thread a moment after Python's join
-    while any(os.path.exists(f"/proc/self/task/{tid}") for tid in tids) and time.time() < deadline:
-        time.sleep(0.01)
+    # the OS reaps a thread a moment after Python's join
+    wait_until(lambda: not any(os.path.exists(f"/proc/self/task/{tid}") for tid in tids), 2, interval=0.01)
     assert not any(os.path.exists(f"/proc/self/task/{tid}") for tid in tids)
     assert not engine.engine_core.sched.is_alive
     with pytest.raises(EngineDeadError):

@@ -13,6 +13,7 @@ import torch
 from pyengine import LLM, AsyncEngine, EngineConfig, PoolingParams, SamplingParams
 from pyengine.engine.core import EngineCore
 from pyengine.testing.synthetic_runner import ScriptedRunner
+from pyengine.testing.waits import wait_until
 
 TEXT = "你好，世界！🙂👍🏽 café — ok."
 
@@ -60,10 +61,7 @@ def test_stop_string_across_tokens_truncates_and_finishes(scripted, include):
     final = outs[-1].outputs[0]
     assert final.finish_reason == "stop" and final.stop_reason == "世界"
     assert len(final.token_ids) <= 3  # the delta of the last step only
-    deadline = time.time() + 5
-    while core.stats().kv_usage > 0 and time.time() < deadline:
-        time.sleep(0.01)
-    assert core.stats().kv_usage == 0
+    assert wait_until(lambda: core.stats().kv_usage == 0, 5, interval=0.01)
 
 
 def test_llm_generate_applies_stop_strings_and_special_tokens(scripted):
@@ -119,9 +117,7 @@ def test_abort_mid_stream_frees_blocks(real_engine):
     asyncio.run(cancel_task())
     last = asyncio.run(explicit_abort())
     assert last.finished and last.outputs[0].finish_reason == "abort"
-    deadline = time.time() + 5
-    while (real_engine.stats().kv_usage > 0 or real_engine.num_unfinished()) and time.time() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: real_engine.stats().kv_usage == 0 and not real_engine.num_unfinished(), 5, interval=0.01)
     stats = real_engine.stats()
     assert stats.kv_usage == 0 and real_engine.num_unfinished() == 0, stats
 

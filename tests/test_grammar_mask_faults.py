@@ -5,13 +5,12 @@ constrained requests again once the masks come."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from pyengine import LLM, EngineError, SamplingParams, StructuredOutputsParams
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.faults import FaultySink, install_faulty_runner
+from pyengine.testing.waits import wait_until
 
 PROMPTS = [[5 + i, 6, 7, 8 + i] for i in range(6)]
 CHOICE = StructuredOutputsParams(regex="[ab]{3,40}")
@@ -73,8 +72,6 @@ def test_a_failed_mask_fails_only_the_constrained_requests(llm):
 
 def assert_idle(core):
     """Every KV block back in the pool and nothing running (the failed requests released theirs)."""
-    deadline = time.monotonic() + 5
-    while core.stats().kv_usage > 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: core.stats().kv_usage == 0, 5, interval=0.01)
     stats = core.stats()
     assert stats.kv_usage == 0 and stats.num_running == 0 and stats.num_waiting == 0

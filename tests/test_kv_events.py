@@ -30,15 +30,14 @@ from pyengine.testing.kv_subscriber import (
     SeenEventBatch,
     Subscriber,
 )
+from pyengine.testing.waits import wait_until
 
 WAIT_S = 30.0
 
 
 def wait_published(pub: KvEventPublisher, n: int) -> None:
     """Until the publisher thread has sent ``n`` batches (bounded)."""
-    deadline = time.monotonic() + WAIT_S
-    while pub.published < n and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: pub.published >= n, WAIT_S, interval=0.01)
     assert pub.published >= n, f"{pub.published} of {n} batches sent within {WAIT_S}s"
 
 

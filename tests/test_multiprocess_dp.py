@@ -24,6 +24,7 @@ from pyengine.multiprocess.link_options import LinkOptions
 from pyengine.server import ServerArgs
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.live_server import LiveServer
+from pyengine.testing.waits import wait_until
 
 CPUS = sorted(os.sched_getaffinity(0))[:2]
 pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="data parallelism over CPUs needs two of them")
@@ -108,7 +109,7 @@ def test_two_cores_share_the_work_and_answer_as_one(checkpoint):
 
             dead, untouched = asyncio.run(killed_one())
             assert dead == 2 and untouched == 2  # the least-loaded balance put two on each core
-            assert _wait(lambda: httpx.get(f"{server.url}/health", timeout=30).status_code == 503, 5)
+            assert wait_until(lambda: httpx.get(f"{server.url}/health", timeout=30).status_code == 503, 5, interval=0.1)
             body = httpx.get(f"{server.url}/health", timeout=30).json()
             assert [e["alive"] for e in body["engines"]] == [True, False] and "SIGKILL" in body["reason"]
             assert [e["engine"] for e in body["engines"]] == [0, 1]
@@ -124,12 +125,3 @@ def test_two_cores_share_the_work_and_answer_as_one(checkpoint):
         engine.shutdown()
     assert all(not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
                for pid in pids)
-
-
-def _wait(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()

@@ -11,6 +11,7 @@ import pytest
 
 from pyengine import EngineDeadError, Request, Scheduler, SchedulerConfig, SchedulerThread
 from pyengine.devtools.fake_executor import FakeExecutor, drive
+from pyengine.testing.waits import wait_until
 
 
 def workload(n: int = 300, seed: int = 0, shared_prefix: int = 0, eos: bool = False) -> list[Request]:
@@ -133,7 +134,7 @@ def test_gil_is_released_while_a_4096_request_step_is_planned():
     counting = threading.Thread(target=count)
     counting.start()
     try:
-        time.sleep(0.02)
+        assert wait_until(lambda: ticks, 10, interval=0.001), "the counting thread did not start"
         started = time.perf_counter()
         plan = sched.schedule()  # plans 4096 prompts (2M tokens) with the GIL released
         ended = time.perf_counter()

@@ -18,6 +18,7 @@ from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.faults import install_faulty_runner
 from pyengine.testing.live_server import LiveServer
 from pyengine.testing.synthetic_runner import SleepRunner
+from pyengine.testing.waits import wait_until
 
 MODEL = "tiny-err"
 
@@ -196,9 +197,7 @@ def test_disconnect_of_a_non_streaming_request_aborts_it(served):
                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
         sock.sendall(request)
-        deadline = time.monotonic() + 5
-        while engine.stats().num_running == 0 and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_until(lambda: engine.stats().num_running > 0, 5, interval=0.005)
     wait_idle(engine)
     assert _generated(engine) - before < 250
 
@@ -297,9 +296,7 @@ def _errors_500(server) -> float:
 def test_a_dead_engine_is_503_and_unhealthy(synthetic):
     server, engine = synthetic
     engine.engine_core.sched._inject_panic()
-    deadline = time.monotonic() + 5
-    while engine.is_alive and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: not engine.is_alive, 5, interval=0.01)
     assert_error(post(server, "/v1/completions", {"prompt": [1, 2], "max_tokens": 3}), 503, None)
     health = httpx.get(f"{server.url}/health", timeout=10)
     assert health.status_code == 503 and health.json()["status"] == "dead"

@@ -19,6 +19,7 @@ from pyengine.errors import EngineDeadError, InvalidConfigError, ModelLoadError
 from pyengine.executor.tensor_parallel.runner import start
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.faults import POISON_TOKEN, FaultySink
+from pyengine.testing.waits import wait_until
 
 # Greedy parity variants: GQA split, a single KV head (replicated), q/k/v bias with tied
 # embeddings, q/k norm with an explicit head_dim; Gemma's windows, soft-caps and norms;
@@ -215,9 +216,7 @@ def test_a_worker_that_dies_makes_the_engine_dead_naming_its_rank(qwen3):
     core = _engine(qwen3)
     try:
         running = _submit(core, "long", [5, 6, 7], max_tokens=200)
-        deadline = time.monotonic() + 30
-        while not running.outputs and time.monotonic() < deadline:  # it is streaming: in flight
-            time.sleep(0.01)
+        wait_until(lambda: running.outputs, 30, interval=0.01)  # it is streaming: in flight
         assert running.outputs and not running.done.is_set()
         worker = core.runner.workers[0]
         os.kill(worker.process.pid, 9)
@@ -225,9 +224,7 @@ def test_a_worker_that_dies_makes_the_engine_dead_naming_its_rank(qwen3):
         last = running.outputs[-1]
         assert len(last.outputs[0].token_ids) < 200, "the request finished before the worker died"
         assert "rank 1" in str(running.error or getattr(last, "error", None)), last
-        deadline = time.monotonic() + 10
-        while core.is_alive and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: not core.is_alive, 10)
         assert not core.is_alive
         assert "rank 1" in core.dead_reason()
         with pytest.raises(EngineDeadError, match="rank 1"):

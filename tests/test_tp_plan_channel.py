@@ -7,7 +7,6 @@ among them is obeyed."""
 from __future__ import annotations
 
 import os
-import time
 from multiprocessing import resource_tracker
 
 import numpy as np
@@ -26,6 +25,7 @@ from pyengine.executor.tensor_parallel.plan_channel import (
 )
 from pyengine.sampling_params import SamplingParams
 from pyengine.testing.hand_plan import HandPlanner
+from pyengine.testing.waits import wait_until
 
 
 @pytest.fixture
@@ -127,9 +127,7 @@ def test_a_sleeping_worker_is_woken_through_its_pipe(channel):
     thread = threading.Thread(target=lambda: got.append(receiver.receive()))
     thread.start()
     try:
-        deadline = time.monotonic() + 10
-        while not sender.segment.asleep[0] and time.monotonic() < deadline:  # polled, then went to sleep
-            time.sleep(0.005)
+        wait_until(lambda: sender.segment.asleep[0], 10, interval=0.005)  # polled, then went to sleep
         assert sender.segment.asleep[0] == 1
         sender.publish(plan, np.where(plan.input_ids < 0, 11, plan.input_ids))
         thread.join(10)

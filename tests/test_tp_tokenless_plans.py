@@ -8,7 +8,6 @@ give the logits of size 1."""
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from pyengine.executor.tensor_parallel.runner import TokenlessPlanError, start
 from pyengine.sampling_params import SamplingParams
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.hand_plan import HandPlanner
+from pyengine.testing.waits import wait_until
 
 CONFIG = ExecutorConfig(max_num_seqs=8, max_model_len=256, num_kv_blocks=64, max_num_batched_tokens=256)
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13], [21, 22, 23, 24]]
@@ -37,6 +37,7 @@ def drive(runner, with_block_writes: bool = False) -> tuple[list[np.ndarray], li
                           scatter_blocks=True)
     seqs = [planner.add(prompt, SamplingParams(temperature=0.0)) for prompt in PROMPTS]
     logits, errors = [], []
+    channel = getattr(runner, "channel", None)  # rank 0's plan channel (tensor parallel only)
 
     def step() -> None:
         plan = planner.next_plan(max_chunk=16)
@@ -56,7 +57,8 @@ def drive(runner, with_block_writes: bool = False) -> tuple[list[np.ndarray], li
                 tokenless, block_table_rows=np.array([7]), block_table_cols=np.array([0]),
                 block_table_ids=np.array([1]),
             )
-        time.sleep(0.05)  # the worker has stopped polling and sleeps on its step pipe
+        if channel is not None:  # the worker has stopped polling and sleeps on its step pipe
+            assert wait_until(lambda: channel.segment.asleep[0] == 1, 30, interval=0.005)
         try:
             out = runner.execute(tokenless)
             assert len(out.sampled_token_ids) == 0
