@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_models_parity import _prompts, _reference, _run_generation, _runner
+from test_models_parity import (
+    _prompts,
+    _reference,
+    _run_generation,
+    _runner,
+    assert_prefill_matches_transformers,
+)
 
 from pyengine.testing.checkpoints import make_tiny_checkpoint
-from pyengine.testing.hand_plan import prefill_alone
 
 VARIANTS = {
     # norm_topk_prob on, a dense layer among the sparse ones (mlp_only_layers)
@@ -30,13 +35,7 @@ def checkpoint(request, tmp_path_factory):
 
 
 def test_prefill_logits_match_transformers(checkpoint):
-    runner, reference = _runner(checkpoint), _reference(checkpoint)
-    prompt = _prompts(1, (70,))[0]
-    out, ours = prefill_alone(runner, prompt)
-    with torch.no_grad():
-        theirs = reference(torch.tensor([prompt])).logits[0]
-    torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=1e-5)
-    assert out.sampled_token_ids.tolist() == [int(theirs[-1].argmax())]
+    assert_prefill_matches_transformers(checkpoint)
 
 
 @pytest.mark.parametrize("depth", [1, 2])

@@ -275,12 +275,14 @@ time.sleep(120)
 """
 
 
-def test_a_killed_front_end_takes_its_core_with_it(checkpoint):
-    front = subprocess.Popen([sys.executable, "-c", FRONT_END, str(checkpoint)], stdout=subprocess.PIPE, text=True)
+def _assert_killing_the_front_end_ends_its_core(front: subprocess.Popen) -> None:
+    """Reads the line ``front`` prints once its core runs (the core's pid and ipc folder;
+    bounded: the front end times out its own start-up), then SIGKILLs the front end: the
+    core exits within 5 s and its ipc files are gone within 2 s. Both processes are reaped
+    or killed whatever happens."""
     core_pid = None
     try:
-        line = front.stdout.readline()  # bounded: the front end times out its own start-up
-        started = json.loads(line)
+        started = json.loads(front.stdout.readline())
         core_pid, ipc_dir = started["pid"], started["ipc_dir"]
         assert pid_alive(core_pid) and Path(ipc_dir).exists()
         front.kill()
@@ -293,6 +295,11 @@ def test_a_killed_front_end_takes_its_core_with_it(checkpoint):
             front.wait(10)
         if core_pid is not None and pid_alive(core_pid):
             os.kill(core_pid, signal.SIGKILL)
+
+
+def test_a_killed_front_end_takes_its_core_with_it(checkpoint):
+    _assert_killing_the_front_end_ends_its_core(
+        subprocess.Popen([sys.executable, "-c", FRONT_END, str(checkpoint)], stdout=subprocess.PIPE, text=True))
 
 
 FRONT_END_STREAMING = """
@@ -319,22 +326,9 @@ asyncio.run(main())
 
 
 def test_a_front_end_killed_with_streams_in_flight_takes_its_core_with_it(checkpoint):
-    front = subprocess.Popen([sys.executable, "-c", FRONT_END_STREAMING, str(checkpoint)], stdout=subprocess.PIPE,
-                             text=True)
-    core_pid = None
-    try:
-        started = json.loads(front.stdout.readline())  # bounded: the front end times out its own start-up
-        core_pid, ipc_dir = started["pid"], started["ipc_dir"]
-        front.kill()
-        front.wait(10)
-        assert wait_until(lambda: not pid_alive(core_pid), 5.0), "the core outlived its front end"
-        assert wait_until(lambda: not Path(ipc_dir).exists(), 2.0), "the ipc files were left behind"
-    finally:
-        if front.poll() is None:
-            front.kill()
-            front.wait(10)
-        if core_pid is not None and pid_alive(core_pid):
-            os.kill(core_pid, signal.SIGKILL)
+    _assert_killing_the_front_end_ends_its_core(
+        subprocess.Popen([sys.executable, "-c", FRONT_END_STREAMING, str(checkpoint)], stdout=subprocess.PIPE,
+                         text=True))
 
 
 FRONT_END_LOADING = """
