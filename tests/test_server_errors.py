@@ -5,11 +5,11 @@ chat template and a dead engine get clear errors. Loopback only, bounded loops."
 from __future__ import annotations
 
 import socket
-import time
 
 import httpx
 import openai
 import pytest
+from test_server_api import wait_idle
 
 from pyengine import AsyncEngine, EngineConfig
 from pyengine.engine.core import EngineCore
@@ -43,16 +43,6 @@ def assert_error(resp: httpx.Response, status: int, param):
     assert error["param"] == param, error
     assert error["message"]
     return error
-
-
-def wait_idle(engine: AsyncEngine, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        s = engine.stats()
-        if s.kv_usage == 0 and s.num_running == 0 and s.num_waiting == 0 and s.queue_depths["requests"] == 0:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"engine not idle: {engine.stats()}")
 
 
 @pytest.mark.parametrize("body, param", [
