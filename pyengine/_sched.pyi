@@ -277,6 +277,10 @@ class StepPlan:
         """[Q] indices into the S sampled sequences (sample order) whose next step's drafts
         the executor proposes (method "executor"; empty otherwise): those that may draft."""
     @property
+    def propose_counts(self) -> npt.NDArray[np.int32]:
+        """[Q] at most this many drafts for each of ``propose_indices``' sequences: what the
+        scheduler can take in their next step (room, and what the adaptive rule finds useful)."""
+    @property
     def block_table_groups(self) -> npt.NDArray[np.int32]:
         """[B] with per-group tables (``SchedulerConfig.table_layout``): the table each
         block-table write is for; empty with one shared table."""

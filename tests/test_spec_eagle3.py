@@ -392,3 +392,21 @@ def test_a_step_whose_sequences_never_draft_again_captures_nothing(target, head,
     out = runner.execute(plan)
     assert out.next_drafts[0].tolist() == [0, 0]
     assert not captures[-1], "no row drafts again: the plain forward"
+
+
+def test_the_proposer_stops_at_the_counts_the_plan_asks_for(target, head):
+    """``propose_counts`` (the scheduler's: what it can take next step) caps each named
+    sequence's drafts: fewer head forwards, the same first drafts."""
+    outputs = []
+    for counts in (None, np.array([1, 3], dtype=np.int32)):
+        runner = _runner(target, eagle(head))
+        planner = HandPlanner(num_blocks=runner.num_kv_blocks, max_rows=8)
+        for p in PROMPTS[:2]:
+            planner.add(p, GREEDY)
+        plan = planner.next_plan()
+        plan.propose_indices = np.array([0, 1], dtype=np.int32)
+        plan.propose_counts = counts
+        outputs.append(runner.execute(plan).next_drafts)
+    (all_counts, all_tokens), (counts, tokens) = outputs
+    assert all_counts.tolist() == [K, K] and counts.tolist() == [1, 3]
+    assert tokens.tolist() == [all_tokens[0]] + all_tokens[K:].tolist()

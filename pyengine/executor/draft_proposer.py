@@ -88,15 +88,15 @@ class DraftProposer:
         if not len(plan.logits_indices):
             return None
         starts = proposal_starts(plan, output)
-        return propose_named(starts, self.device, lambda rows, last, positions: self.propose(
-            rows, last, positions, block_table))
+        return propose_named(starts, self.device, lambda rows, last, positions, caps: self.propose(
+            rows, last, positions, block_table, caps))
 
     def propose(self, rows: np.ndarray, last_tokens: torch.Tensor, positions: np.ndarray,
-                block_table: torch.Tensor) -> Drafts:
-        """k drafts for each row (fewer near max_model_len): ``last_tokens`` [S] the tokens
-        just emitted, at ``positions`` [S]; returns (counts int32 [S], tokens int64)."""
+                block_table: torch.Tensor, caps: Optional[np.ndarray] = None) -> Drafts:
+        """k drafts for each row (fewer near max_model_len, at most ``caps``): ``last_tokens``
+        [S] the tokens just emitted, at ``positions`` [S]; returns (counts int32 [S], tokens int64)."""
         positions = positions.astype(np.int64)
-        counts = draft_counts(positions, self.k, self.max_model_len)
+        counts = draft_counts(positions, self.k, self.max_model_len, caps)
         steps = int(counts.max()) if len(rows) else 0
         if steps == 0:
             return counts, np.zeros(0, dtype=np.int64)

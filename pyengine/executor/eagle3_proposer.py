@@ -115,8 +115,8 @@ class Eagle3Proposer:
         self._keep_carry(plan, features, last_valid, kept_rows, batch)
         if starts is None:
             return None
-        return propose_named(starts, self.device, lambda rows, last, positions: self.propose(
-            rows, last, positions, batch.block_table))
+        return propose_named(starts, self.device, lambda rows, last, positions, caps: self.propose(
+            rows, last, positions, batch.block_table, caps))
 
     def _mirror(self, step: StepTokens, features: torch.Tensor, last_valid: np.ndarray, kept_rows: np.ndarray,
                 batch: Any) -> None:
@@ -166,12 +166,12 @@ class Eagle3Proposer:
         self.carry_position[rows] = np.asarray(plan.positions, dtype=np.int64)[last]
 
     def propose(self, rows: np.ndarray, last_tokens: torch.Tensor, positions: np.ndarray,
-                block_table: torch.Tensor) -> Drafts:
-        """k drafts for each row (fewer near max_model_len): ``last_tokens`` [S] the tokens
+                block_table: torch.Tensor, caps: Optional[np.ndarray] = None) -> Drafts:
+        """k drafts for each row (fewer near max_model_len, at most ``caps``): ``last_tokens`` [S] the tokens
         just emitted, at ``positions`` [S]; the head's first step sits one position before
         (its state there is the row's carry). Returns (counts int32 [S], tokens int64)."""
         positions = positions.astype(np.int64)
-        counts = draft_counts(positions, self.k, self.max_model_len)
+        counts = draft_counts(positions, self.k, self.max_model_len, caps)
         steps = int(counts.max()) if len(rows) else 0
         if steps == 0:
             return counts, np.zeros(0, dtype=np.int64)

@@ -47,6 +47,7 @@ class StepPlanLike(Protocol):
     num_draft_tokens: np.ndarray
     draft_token_ids: np.ndarray
     propose_indices: Optional[np.ndarray]
+    propose_counts: Optional[np.ndarray]
     block_table_groups: np.ndarray
     group_slot_mapping: np.ndarray
     may_draft_indices: Optional[np.ndarray]
@@ -86,6 +87,8 @@ class HandBuiltPlan:
     #: [Q] sampled sequences (indices in sample order) the executor's draft model proposes
     #: for; None (hand-built plans only): every sampled sequence.
     propose_indices: Optional[np.ndarray] = None
+    #: [Q] at most this many drafts for each of them; None (hand-built plans only): k.
+    propose_counts: Optional[np.ndarray] = None
     #: [B] the table of each block-table write, and [T * (G - 1)] each token's slots in
     #: tables 1.. (a hybrid model's per-group tables); empty with one table.
     block_table_groups: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))

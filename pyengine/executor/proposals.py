@@ -2,9 +2,10 @@
 proposal starts, and the scratch blocks its proposal forwards write into.
 
 - :func:`proposal_starts`: after a step, each sampled sequence's row, the token it just
-  emitted (with drafts: its last one) and that token's position, and which of them the
-  plan names in ``propose_indices`` (the scheduler's: those that may draft and have room
-  for one; a hand-built plan without the field means every sampled sequence).
+  emitted (with drafts: its last one) and that token's position, which of them the plan
+  names in ``propose_indices`` (the scheduler's: those that may draft and have room for
+  one; a hand-built plan without the field means every sampled sequence) and how many
+  drafts each can use (``propose_counts``: k without it).
 - :class:`ScratchBlocks`: the proposal positions' blocks may not be allocated yet (the
   scheduler reserves them when it plans the next step), so a proposer's cache has a few
   blocks per row past the pool. Before the proposal forwards, each row's block holding
@@ -24,7 +25,8 @@ from pyengine.executor.attention.metadata import StepAttentionLayout
 from pyengine.executor.kv_cache import PagedKVCache
 
 Drafts = tuple[np.ndarray, np.ndarray]  # (counts int32 [S], tokens int64 [sum])
-ProposeFn = Callable[[np.ndarray, torch.Tensor, np.ndarray], Drafts]
+# (rows, last tokens, their positions, at most this many drafts per row or None: k)
+ProposeFn = Callable[[np.ndarray, torch.Tensor, np.ndarray, Optional[np.ndarray]], Drafts]
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class ProposalStarts:
     next_positions: np.ndarray  # int64 [S]: that token's position
     last_entries: np.ndarray  # int64 [S]: the entry (logits row) it was drawn at
     wanted: Optional[np.ndarray]  # int64 [Q] ascending sample indices to propose for; None: all
+    caps: Optional[np.ndarray]  # int64 [Q] at most this many drafts for each of them; None: k
 
 
 def proposal_starts(plan: Any, output: Any) -> ProposalStarts:
@@ -62,21 +65,25 @@ def proposal_starts(plan: Any, output: Any) -> ProposalStarts:
         last = output.sampled_token_ids
     next_positions = np.asarray(plan.positions)[np.asarray(plan.logits_indices)[last_entry]] + 1
     wanted = getattr(plan, "propose_indices", None)
+    caps = getattr(plan, "propose_counts", None)
+    if wanted is None or caps is None or len(caps) != len(wanted):
+        caps = None  # a hand-built plan: k for every named sequence
     return ProposalStarts(rows.astype(np.int64), np.asarray(last, dtype=np.int64), next_positions.astype(np.int64),
-                          last_entry.astype(np.int64), None if wanted is None else np.asarray(wanted, dtype=np.int64))
+                          last_entry.astype(np.int64), None if wanted is None else np.asarray(wanted, dtype=np.int64),
+                          None if caps is None else np.asarray(caps, dtype=np.int64))
 
 
 def propose_named(starts: ProposalStarts, device: torch.device, propose: ProposeFn) -> Drafts:
-    """``propose(rows, last_tokens, next_positions)`` for the sequences ``starts`` names,
-    as counts for every sampled sequence (0 for the others) and their tokens in order."""
+    """``propose(rows, last_tokens, next_positions, caps)`` for the sequences ``starts``
+    names, as counts for every sampled sequence (0 for the others) and their tokens in order."""
     if starts.wanted is None:
-        return propose(starts.rows, torch.from_numpy(starts.last_tokens).to(device), starts.next_positions)
+        return propose(starts.rows, torch.from_numpy(starts.last_tokens).to(device), starts.next_positions, None)
     wanted = starts.wanted
     counts = np.zeros(len(starts.rows), dtype=np.int32)
     if not len(wanted):
         return counts, np.zeros(0, dtype=np.int64)
     some, tokens = propose(starts.rows[wanted], torch.from_numpy(starts.last_tokens[wanted]).to(device),
-                           starts.next_positions[wanted])
+                           starts.next_positions[wanted], starts.caps)
     counts[wanted] = some  # ascending indices: the tokens are in sample order already
     return counts, tokens
 
@@ -130,9 +137,14 @@ class ScratchBlocks:
         return pos_t, layout
 
 
-def draft_counts(next_positions: np.ndarray, k: int, max_model_len: int) -> np.ndarray:
-    """Drafts that fit each sequence: k, fewer near ``max_model_len`` (int32 [S])."""
-    return np.clip(max_model_len - 1 - next_positions.astype(np.int64), 0, k).astype(np.int32)
+def draft_counts(next_positions: np.ndarray, k: int, max_model_len: int,
+                 caps: Optional[np.ndarray] = None) -> np.ndarray:
+    """Drafts to propose for each sequence (int32 [S]): k, fewer near ``max_model_len``,
+    at most ``caps`` (the plan's ``propose_counts``) when given."""
+    counts = np.clip(max_model_len - 1 - next_positions.astype(np.int64), 0, k)
+    if caps is not None:
+        counts = np.minimum(counts, caps)
+    return counts.astype(np.int32)
 
 
 def kept_drafts(proposed: list[torch.Tensor], counts: np.ndarray) -> np.ndarray:

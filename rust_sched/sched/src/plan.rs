@@ -49,6 +49,10 @@ pub struct StepPlan {
     /// the executor proposes (method "executor" only, else empty): those that may draft
     /// and have room for one. The executor's proposer runs for these alone.
     pub propose_indices: Vec<i32>,
+    /// `[Q]` at most this many drafts for each of those sequences: what the scheduler can
+    /// take in its next step (its room and, with the adaptive rule, the drafts it keeps
+    /// lately, one more when this step carries drafts of its own).
+    pub propose_counts: Vec<i32>,
     /// `[V]` indices into `rows` of the sequences that may still draft (method "executor"
     /// only, else empty): not turned off by the adaptive rule, constrained, pooling or
     /// `no_spec`. The others never draft again: a proposer with a cache of its own (an

@@ -30,6 +30,25 @@ impl Scheduler {
         !backing_off && self.may_speculate(seq_index) && self.draft_room(seq_index) > 0
     }
 
+    /// How many drafts the executor should propose for the sequence's next step (0: none,
+    /// it is left out of `propose_indices`): its room and, with the adaptive rule, what it
+    /// keeps lately (`SpecRecord::useful_drafts`), one more when this step carries drafts
+    /// (if it keeps them all, the next step proposes one more: the rule grows by one a
+    /// step at most, as a step proposes no more than it finds useful).
+    pub(super) fn executor_drafts_wanted(&self, seq_index: SeqIndex, drafted_now: usize) -> usize {
+        if !self.wants_executor_drafts(seq_index) {
+            return 0;
+        }
+        let room = self.draft_room(seq_index);
+        if self.config.spec_min_acceptance <= 0.0 {
+            return room;
+        }
+        let k = self.config.num_speculative_tokens;
+        let useful = self.seq(seq_index).expect("live sequence").spec.useful_drafts(k);
+        let useful = if drafted_now > 0 { (useful + 1).min(k) } else { useful };
+        useful.min(room)
+    }
+
     /// Room for drafts left by the sequence's limits (max_tokens, max_model_len) once its
     /// pending samples are in: each verified step also adds one token of its own.
     fn draft_room(&self, seq_index: SeqIndex) -> usize {

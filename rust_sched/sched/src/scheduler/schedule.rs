@@ -502,9 +502,12 @@ impl Scheduler {
             seq.num_registered = full as u32;
         }
         if let Some(k) = sampled_at {
-            if self.config.speculative_method == SpecMethod::Executor && self.wants_executor_drafts(seq_index)
-            {
-                plan.propose_indices.push(k as i32);
+            if self.config.speculative_method == SpecMethod::Executor {
+                let wanted = self.executor_drafts_wanted(seq_index, d);
+                if wanted > 0 {
+                    plan.propose_indices.push(k as i32);
+                    plan.propose_counts.push(wanted as i32);
+                }
             }
         }
         if self.config.speculative_method == SpecMethod::Executor && self.may_speculate(seq_index) {

@@ -555,6 +555,7 @@ fn a_sequence_backing_off_is_not_proposed_for() {
     s.add_request(request("a", vec![1, 2, 3], 40)).unwrap();
     let p0 = s.schedule().unwrap();
     assert_eq!(p0.propose_indices, vec![0]);
+    assert_eq!(p0.propose_counts, vec![2], "nothing verified yet: k");
     let drafts = SpecResult { num_accepted: None, next_drafts: Some((&[2], &[7, 8])) };
     s.apply_spec_result(p0.step_id, &[6], drafts).unwrap();
     let p1 = s.schedule().unwrap();
@@ -565,6 +566,9 @@ fn a_sequence_backing_off_is_not_proposed_for() {
         let p = s.schedule().unwrap();
         assert!(p.num_draft_tokens.is_empty());
         proposed.push(!p.propose_indices.is_empty());
+        if !p.propose_indices.is_empty() {
+            assert_eq!(p.propose_counts, vec![1], "kept none lately: one draft is what it would take");
+        }
         s.apply_result(p.step_id, &[9]).unwrap();
     }
     // The last plain step asks for drafts; none came (an empty proposal): 8 more.
@@ -589,6 +593,7 @@ fn the_plan_names_the_sequences_the_executor_proposes_for() {
     let p0 = s.schedule().unwrap();
     assert_eq!(p0.num_samples(), 4, "the pooling prompt is not sampled");
     assert_eq!(p0.propose_indices, vec![0], "only the first may draft in its next step");
+    assert_eq!(p0.propose_counts, vec![2], "the adaptive rule off: its room, k");
     // "short" has no room next step but may still draft as far as the adaptive rule goes.
     assert_eq!(p0.may_draft_indices, vec![0, 2], "not no_spec, constrained or pooling");
     // Off for other methods.
