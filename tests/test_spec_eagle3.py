@@ -186,6 +186,28 @@ def test_a_head_with_its_own_embedding_and_the_full_vocabulary_loads(target, tmp
     assert runner.kv_groups == [(None, 4), (None, 1)]
 
 
+def test_a_head_shipped_like_the_authors_loads(target, tmp_path):
+    """``yuhuili/EAGLE3-LLaMA3.1-Instruct-8B`` ships pytorch_model.bin and a config with
+    Llama 3's rope scaling, float16, token ids and transformers' bookkeeping: all read or
+    ignored as they should be; the drafts still follow the head (its weights in float32)."""
+    folder = write_eagle3_head(
+        tmp_path / "authors", target, seed=4, draft_vocab_size=256, aux_layer_ids=AUX, bin_file=True,
+        torch_dtype="float16", bos_token_id=1, eos_token_id=2, pad_token_id=0, transformers_version="4.28.1",
+        model_type="llama", pretraining_tp=1, rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                            "original_max_position_embeddings": 64})
+    assert not (folder / "model.safetensors").exists()
+    runner = _runner(target, eagle(folder))
+    head = runner.proposer.head
+    assert head.config.layer.rope.rope_type == "llama3" and head.config.draft_vocab_size == 256
+    assert int(head.draft_to_target.max()) < VOCAB and len(set(head.draft_to_target.tolist())) == 256
+    planner = HandPlanner(num_blocks=runner.num_kv_blocks, max_rows=8)
+    planner.add(PROMPTS[1], GREEDY)
+    plan = planner.next_plan()
+    counts, tokens = runner.execute(plan).next_drafts
+    assert counts.tolist() == [K] and set(tokens.tolist()) <= set(head.draft_to_target.tolist())
+
+
 def test_the_default_aux_layers_are_vllms(tmp_path):
     target = make_tiny_checkpoint(tmp_path / "t8", "llama", num_hidden_layers=8)
     folder = write_eagle3_head(tmp_path / "h8", target)

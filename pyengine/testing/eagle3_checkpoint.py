@@ -23,6 +23,7 @@ def write_eagle3_head(
     aux_layer_ids: Optional[Sequence[int]] = None,
     own_embedding: bool = False,
     std: float = 0.1,
+    bin_file: bool = False,
     **overrides: Any,
 ) -> Path:
     """A random head for the target checkpoint folder ``target`` into ``path``.
@@ -30,7 +31,9 @@ def write_eagle3_head(
     ``draft_vocab_size`` below the target's writes a ``d2t`` mapping the draft ids onto a
     random subset of the target's vocabulary (sorted, as the authors' maps are);
     ``aux_layer_ids`` goes to ``eagle_aux_hidden_state_layer_ids`` (None: left out, the
-    default layers apply); ``overrides`` replace config fields (e.g. to write a bad head).
+    default layers apply); ``bin_file`` writes ``pytorch_model.bin`` (torch.save) as the
+    authors' own heads ship, instead of safetensors; ``overrides`` replace config fields
+    (e.g. to write a bad head).
     """
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
@@ -95,7 +98,11 @@ def write_eagle3_head(
         t2d = torch.zeros(vocab, dtype=torch.bool)
         t2d[chosen] = True
         tensors["t2d"] = t2d
+    tensors = {name: t.contiguous() for name, t in tensors.items()}
+    if bin_file:
+        torch.save(tensors, folder / "pytorch_model.bin")
+        return folder
     from safetensors.torch import save_file
 
-    save_file({name: t.contiguous() for name, t in tensors.items()}, str(folder / "model.safetensors"))
+    save_file(tensors, str(folder / "model.safetensors"))
     return folder
