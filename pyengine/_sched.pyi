@@ -132,7 +132,7 @@ class SchedulerConfig:
     @property
     def table_layout(self) -> Optional[tuple[int, list[Optional[int]], list[int]]]:
         """With ``group_tables`` and a hybrid model (a full and a windowed group, split
-        into at most 8 tables of equal layer counts): ``(layers_per_table, windows,
+        into at most 8 tables of at most ``layers_per_table`` layers): ``(layers_per_table, windows,
         groups)``, each table's window (None: full; full tables first) and the index of
         the group its layers come from (group ``g``'s layers, in order, fill its tables
         ``layers_per_table`` at a time). None: one table shared by every layer."""

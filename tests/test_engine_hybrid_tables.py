@@ -26,6 +26,11 @@ CASES = {
     "gemma2": ("gemma2", {}, 3),  # sliding, full, sliding: 3 tables of 1 layer
     "gemma3": ("gemma3", dict(num_hidden_layers=6, sliding_window_pattern=6), 6),  # 5 local : 1 global
     "qwen2": ("qwen2_window", {}, 2),  # layer 0 full, layer 1 windowed (max_window_layers)
+    # 3 full and 7 sliding layers: equal tables would be 10 of one layer, so 4 tables of
+    # 3, the last sliding one holding one layer (its blocks have room for 3).
+    "gemma3-padded": ("gemma3", dict(num_hidden_layers=10, layer_types=(["sliding_attention"] * 2
+                                                                        + ["full_attention"]) * 3
+                                                                       + ["sliding_attention"]), 4),
 }
 
 
@@ -140,6 +145,14 @@ def test_the_executor_and_the_scheduler_agree_on_the_tables():
     qwen = plan_kv_tables(tuple(None if i < 21 else 4096 for i in range(28)), 28)
     assert qwen is not None and qwen.windows == (None, None, None, 4096)
     assert qwen.table_of_layer == tuple(min(i // 7, 3) for i in range(28))
+    # Gemma 3 4B (34 layers, every sixth full): 5 full, 29 sliding; equal tables would be
+    # 34 of one layer, so 7 tables of 5, the last sliding one holding 4.
+    gemma3 = plan_kv_tables(tuple(None if (i + 1) % 6 == 0 else 1024 for i in range(34)), 34)
+    assert gemma3 is not None and gemma3.layers_per_table == 5
+    assert gemma3.windows == (None,) + (1024,) * 6
+    sliding = [i for i in range(34) if (i + 1) % 6 != 0]
+    assert [gemma3.table_of_layer[i] for i in sliding] == [1 + k // 5 for k in range(29)]
+    assert [gemma3.cache_index_of_layer[i] for i in sliding] == [k % 5 for k in range(29)]
     # One windowed layer in 28: too many tables, one shared table; no window: none.
     assert plan_kv_tables(tuple(4096 if i == 27 else None for i in range(28)), 28) is None
     assert plan_kv_tables((), 4) is None

@@ -3,7 +3,7 @@ uses (``docs/executor.md``, KV sizing).
 
 A hybrid model (Gemma 2/3, Qwen2 with ``max_window_layers``) mixes full-attention layers
 with sliding-window ones. With per-group tables the scheduler splits the layers into
-tables of equal layer counts (``SchedulerConfig.table_layout``, the one place the rule
+tables of at most ``layers_per_table`` layers (``SchedulerConfig.table_layout``, the one place the rule
 lives) and keeps one block table per table and sequence, all drawing from one pool. The
 cache then holds ``layers_per_table`` layers per block: cache tensor ``j`` is used by
 layer ``j`` of whichever table owns the block, so a block a windowed table freed serves

@@ -12,8 +12,8 @@
 //! freed early.
 //!
 //! **Per-group tables** (hybrid models, when the executor asks for them with
-//! `SchedulerConfig::group_tables`): the layers are split into *tables* of equal layer
-//! counts ([`table_layout`]), each with its own block table per sequence, all drawing
+//! `SchedulerConfig::group_tables`): the layers are split into *tables* of (at most)
+//! `layers_per_table` layers ([`table_layout`]), each with its own block table per sequence, all drawing
 //! from one pool and one id space. A block id then holds the KV of one table's layers
 //! (cache tensor `j` serves layer `j` of whichever table owns the block), so a block a
 //! windowed table frees serves a full table next. A full table allocates as the shared
@@ -71,20 +71,24 @@ pub fn shared_window(groups: &[KvGroup]) -> Option<usize> {
     groups.iter().map(|g| g.window).try_fold(0, |widest, w| w.map(|w| widest.max(w)))
 }
 
-/// Most tables a hybrid model is split into; beyond it (layer counts whose greatest
-/// common divisor is small, such as 27 windowed layers and 1 full) the model keeps one
-/// shared table: each table's block holds fewer layers, and per-table work grows.
+/// Most tables a hybrid model is split into; beyond it (27 windowed layers and 1 full:
+/// 28 tables of one layer) the model keeps one shared table: per-table work grows with
+/// the tables.
 pub const MAX_KV_TABLES: usize = 8;
 
 /// How a hybrid model's layers map onto per-group block tables.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableLayout {
-    /// Layers per table (the greatest common divisor of the groups' layer counts): the
-    /// layers one block id holds the KV of.
+    /// Layers per table: the layers one block id holds the KV of. The greatest common
+    /// divisor of the groups' layer counts when that gives at most [`MAX_KV_TABLES`]
+    /// tables (every table full); else the smallest group's count, a larger group's last
+    /// table then holding fewer layers (its blocks keep room for the layers it lacks:
+    /// Gemma 3 1B's 4 full and 22 sliding layers are 7 tables of 4, the last with 2).
     pub layers_per_table: usize,
     /// Window of each table (None: full attention). Full tables come first, in group
     /// order, then the windowed ones in group order; group `g` contributes
-    /// `num_layers / layers_per_table` consecutive tables, its layers in order, chunked.
+    /// `ceil(num_layers / layers_per_table)` consecutive tables, its layers in order,
+    /// chunked.
     pub windows: Vec<Option<usize>>,
     /// The group each table's layers come from (an index into the groups given).
     pub groups: Vec<usize>,
@@ -113,18 +117,21 @@ pub fn table_layout(groups: &[KvGroup]) -> Option<TableLayout> {
     if !(any_full && any_windowed) {
         return None;
     }
-    let per = groups.iter().fold(0, |acc, g| gcd(acc, g.num_layers));
-    let total: usize = groups.iter().map(|g| g.num_layers / per).sum();
-    if per == 0 || total > MAX_KV_TABLES {
+    let tables_for = |per: usize| groups.iter().map(|g| g.num_layers.div_ceil(per)).sum::<usize>();
+    let exact = groups.iter().fold(0, |acc, g| gcd(acc, g.num_layers));
+    let smallest = groups.iter().map(|g| g.num_layers).min().unwrap_or(0);
+    let per = if exact > 0 && tables_for(exact) <= MAX_KV_TABLES { exact } else { smallest };
+    if per == 0 || tables_for(per) > MAX_KV_TABLES {
         return None;
     }
+    let total = tables_for(per);
     let mut windows = Vec::with_capacity(total);
     let mut owners = Vec::with_capacity(total);
     for full_first in [true, false] {
         for (i, g) in groups.iter().enumerate() {
             if g.window.is_none() == full_first {
-                windows.extend(std::iter::repeat_n(g.window, g.num_layers / per));
-                owners.extend(std::iter::repeat_n(i, g.num_layers / per));
+                windows.extend(std::iter::repeat_n(g.window, g.num_layers.div_ceil(per)));
+                owners.extend(std::iter::repeat_n(i, g.num_layers.div_ceil(per)));
             }
         }
     }
@@ -172,6 +179,13 @@ mod tests {
         // Qwen2 with max_window_layers 21 of 28: 3 full tables of 7 and one windowed.
         let qwen = table_layout(&[KvGroup::full(21), KvGroup::windowed(4096, 7)]).unwrap();
         assert_eq!(qwen.windows, vec![None, None, None, Some(4096)]);
+        // Gemma 3 1B (4 full, 22 sliding): equal tables would be 13 of 2 layers; 7 of 4
+        // instead, the last sliding one with 2. Gemma 3 27B (10 full, 52 sliding): 7 of 10.
+        let gemma3_1b = table_layout(&[KvGroup::windowed(512, 22), KvGroup::full(4)]).unwrap();
+        assert_eq!(gemma3_1b.layers_per_table, 4);
+        assert_eq!(gemma3_1b.windows, [vec![None], vec![Some(512); 6]].concat());
+        let gemma3_27b = table_layout(&[KvGroup::windowed(1024, 52), KvGroup::full(10)]).unwrap();
+        assert_eq!((gemma3_27b.layers_per_table, gemma3_27b.num_tables()), (10, 7));
         // Too many tables, a model with no full group, or none windowed: one shared table.
         assert_eq!(table_layout(&[KvGroup::windowed(8, 27), KvGroup::full(1)]), None);
         assert_eq!(table_layout(&[KvGroup::windowed(8, 2), KvGroup::windowed(16, 2)]), None);
