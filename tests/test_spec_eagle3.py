@@ -382,8 +382,9 @@ def test_decode_steps_capture_the_same_states_through_the_native_path(target, he
 
 def test_a_step_whose_sequences_never_draft_again_captures_nothing(target, head, monkeypatch):
     """``may_draft_indices`` (the scheduler's: the sequences not turned off, constrained,
-    pooling or no_spec): with none of the step's rows in it the target runs its plain
-    forward and the head mirrors nothing; a row outside it is not mirrored."""
+    pooling or no_spec): a row outside it has its prompt mirrored (a prefix-cache hit may
+    reuse it) but not its outputs; with no row in it past its prompt, the target runs its
+    plain forward and the head mirrors nothing."""
     from pyengine.models.decoder import DecoderForCausalLM
 
     runner = _runner(target, eagle(head))
@@ -398,23 +399,25 @@ def test_a_step_whose_sequences_never_draft_again_captures_nothing(target, head,
     planner = HandPlanner(num_blocks=runner.num_kv_blocks, max_rows=8)
     for p in PROMPTS[:2]:
         planner.add(p, GREEDY)
-    plan = planner.next_plan()
-    plan.may_draft_indices = np.array([1], dtype=np.int32)  # the first sequence never drafts again
-    plan.propose_indices = np.array([1], dtype=np.int32)
-    before = runner.proposer.kv_cache.keys.clone()
-    out = runner.execute(plan)
-    assert out.next_drafts[0].tolist() == [0, K]
-    assert captures[-1], "the second row may draft: the states were captured"
-    first_blocks = runner.batch.block_table[plan.rows[0], :1].long()
-    assert torch.equal(runner.proposer.kv_cache.keys[:, first_blocks], before[:, first_blocks])
-    planner.record(plan, out.sampled_token_ids)
-    plan = planner.next_plan()
-    plan.may_draft_indices = np.zeros(0, dtype=np.int32)
-    plan.propose_indices = np.zeros(0, dtype=np.int32)
-    out = runner.execute(plan)
-    assert out.next_drafts[0].tolist() == [0, 0]
-    assert not captures[-1], "no row drafts again: the plain forward"
-
+    cache = runner.proposer.kv_cache
+    written = []
+    for step in range(4):
+        plan = planner.next_plan()
+        plan.may_draft_indices = np.array([1] if step < 3 else [], dtype=np.int32)  # row 0 never drafts
+        plan.propose_indices = plan.may_draft_indices
+        before = cache.keys.clone()
+        out = runner.execute(plan)
+        planner.record(plan, out.sampled_token_ids)
+        row0 = int(plan.rows[0])
+        position = int(plan.positions[plan.query_start_loc[0]]) - 1  # row 0's first pair's head position
+        block = int(runner.batch.block_table[row0, position // 16])
+        slot = position % 16
+        written.append(not torch.equal(cache.keys[0, block, slot], before[0, block, slot]))
+        assert out.next_drafts[0].tolist() == ([0, K] if step < 3 else [0, 0])
+    # step 0: the prompts (row 0's first pair is skipped: no carry at position 0); step 1:
+    # row 0's last prompt position; step 2: an output position, not mirrored; step 3: nothing
+    assert written[1:] == [True, False, False]
+    assert captures[-4:] == [True, True, True, False]
 
 def test_the_proposer_stops_at_the_counts_the_plan_asks_for(target, head):
     """``propose_counts`` (the scheduler's: what it can take next step) caps each named

@@ -16,9 +16,10 @@ the target's block tables, like the draft model's:
    tokens' states are valid); the next step starts there. A chunk with no carry (a new
    sequence, a prefix-cache hit, a resumed preemption) skips its first pair: that
    position's head KV is the one the cache block holds, which for a shared block was
-   written for another continuation. That only changes drafts, never outputs. Only the
-   sequences that may still draft are mirrored (the plan's ``may_draft_indices``); a step
-   with none of them captures no target state at all.
+   written for another continuation. That only changes drafts, never outputs. A sequence
+   that never drafts again (not in the plan's ``may_draft_indices``) has only its prompt
+   mirrored (a prefix-cache hit may hand those blocks to one that drafts); a step with
+   nothing to mirror captures no target state at all.
 2. **Propose.** For each sampled sequence the plan names in ``propose_indices``: the token
    just emitted with the carry at the position before it, then k greedy steps, each on the
    previous one's draft and pre-norm output, into scratch blocks (``proposals``). Draft ids
@@ -71,6 +72,7 @@ class Eagle3Proposer:
         self.carry = torch.zeros(max_rows, layer.hidden_size, dtype=target.dtype, device=self.device)
         self.carry_seq = np.full(max_rows, -1, dtype=np.int64)
         self.carry_position = np.full(max_rows, -1, dtype=np.int64)
+        self.prompt_len = np.zeros(max_rows, dtype=np.int64)  # each row's sequence's prompt
 
     @classmethod
     def load(cls, spec: Any, target: LoadedModel, config: Any, num_blocks: int, block_size: int,
@@ -86,13 +88,20 @@ class Eagle3Proposer:
         """The head's one full-attention layer, which reads the target's block tables."""
         return [(None, 1)]
 
-    @staticmethod
-    def needs_aux(plan: Any) -> bool:
-        """Whether the step has a sequence that may still draft (``may_draft_indices``; a
-        hand-built plan without the field: every row): only then does the target capture
-        its auxiliary hidden states and the head mirror anything."""
+    def begin_step(self, plan: Any) -> bool:
+        """Notes the plan's new rows' prompt lengths; returns whether the target must
+        capture its auxiliary hidden states this step: some sequence may still draft
+        (``may_draft_indices``; a hand-built plan without the field: every row), or some
+        row's pairs fall in its prompt (mirrored for every sequence: a prefix-cache hit may
+        reuse those blocks for one that drafts)."""
+        if len(plan.new_rows):
+            self.prompt_len[np.asarray(plan.new_rows, dtype=np.int64)] = np.asarray(plan.new_num_prompt_tokens)
         may_draft = getattr(plan, "may_draft_indices", None)
-        return may_draft is None or len(may_draft) > 0
+        if may_draft is None or len(may_draft) > 0:
+            return True
+        rows = np.asarray(plan.rows, dtype=np.int64)
+        firsts = np.asarray(plan.positions, dtype=np.int64)[np.asarray(plan.query_start_loc, dtype=np.int64)[:-1]]
+        return bool((firsts - 1 < self.prompt_len[rows]).any())
 
     def after_step(self, step: StepTokens, output: Any, batch: Any) -> Optional[Drafts]:
         """Mirrors the step's committed tokens into the head's cache (for the sequences that
@@ -100,7 +109,7 @@ class Eagle3Proposer:
         persistent batch: block tables, seq ids)."""
         plan = step.plan
         starts = proposal_starts(plan, output) if len(plan.logits_indices) else None
-        if step.aux_hidden is None:  # no sequence of the step drafts again (needs_aux)
+        if step.aux_hidden is None:  # nothing to mirror, no sequence drafts again (begin_step)
             return None if starts is None else (np.zeros(len(starts.rows), dtype=np.int32),
                                                 np.zeros(0, dtype=np.int64))
         features = self.head.combine(step.aux_hidden)
@@ -110,18 +119,22 @@ class Eagle3Proposer:
             owners = np.searchsorted(plan.query_start_loc, tokens, side="right") - 1
             last_valid[owners] = tokens
         may_draft = getattr(plan, "may_draft_indices", None)
-        kept_rows = (np.arange(len(plan.rows)) if may_draft is None else np.asarray(may_draft, dtype=np.int64))
-        self._mirror(step, features, last_valid, kept_rows, batch)
-        self._keep_carry(plan, features, last_valid, kept_rows, batch)
+        drafts_again = np.ones(len(plan.rows), dtype=bool)
+        if may_draft is not None:
+            drafts_again[:] = False
+            drafts_again[np.asarray(may_draft, dtype=np.int64)] = True
+        self._mirror(step, features, last_valid, drafts_again, batch)
+        self._keep_carry(plan, features, last_valid, batch)
         if starts is None:
             return None
         return propose_named(starts, self.device, lambda rows, last, positions, caps: self.propose(
             rows, last, positions, batch.block_table, caps))
 
-    def _mirror(self, step: StepTokens, features: torch.Tensor, last_valid: np.ndarray, kept_rows: np.ndarray,
+    def _mirror(self, step: StepTokens, features: torch.Tensor, last_valid: np.ndarray, drafts_again: np.ndarray,
                 batch: Any) -> None:
-        """The pairs (token at p + 1, state at p) whose token is committed, into the cache,
-        for the plan's rows ``kept_rows`` (indices into ``plan.rows``)."""
+        """The pairs (token at p + 1, state at p) whose token is committed, into the cache:
+        every pair of the rows that may draft again (``drafts_again`` [R]), the prompt's of
+        the others."""
         plan = step.plan
         qs = np.asarray(plan.query_start_loc, dtype=np.int64)
         rows = np.asarray(plan.rows, dtype=np.int64)
@@ -132,9 +145,8 @@ class Eagle3Proposer:
         first = t == qs[owner]
         carry_ok = ((self.carry_seq[rows] == batch.seq_ids[rows]) & (self.carry_position[rows] == positions[qs[:-1]] - 1)
                     & (positions[qs[:-1]] > 0))
-        mirrored = np.zeros(len(rows), dtype=bool)
-        mirrored[kept_rows] = True
-        keep = mirrored[owner] & (t <= last_valid[owner]) & (~first | carry_ok[owner])
+        wanted = drafts_again[owner] | (positions - 1 < self.prompt_len[rows][owner])
+        keep = wanted & (t <= last_valid[owner]) & (~first | carry_ok[owner])
         if not keep.any():
             return
         kept = t[keep]
@@ -155,11 +167,10 @@ class Eagle3Proposer:
         keys, values = self.kv_cache.layer_slots(0)
         self.head.write_kv(embeds, hidden, pos_t, keys, values, blocks * bs + pos_t % bs)
 
-    def _keep_carry(self, plan: Any, features: torch.Tensor, last_valid: np.ndarray, kept_rows: np.ndarray,
-                    batch: Any) -> None:
-        """Each kept row's state at its last committed position, for the next step."""
-        rows = np.asarray(plan.rows, dtype=np.int64)[kept_rows]
-        last = last_valid[kept_rows]
+    def _keep_carry(self, plan: Any, features: torch.Tensor, last_valid: np.ndarray, batch: Any) -> None:
+        """Each scheduled row's state at its last committed position, for the next step."""
+        rows = np.asarray(plan.rows, dtype=np.int64)
+        last = last_valid
         device = self.device
         self.carry[torch.from_numpy(rows).to(device)] = features.index_select(0, torch.from_numpy(last).to(device))
         self.carry_seq[rows] = batch.seq_ids[rows]

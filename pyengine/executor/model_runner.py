@@ -135,12 +135,13 @@ class ModelRunner:
         # speculative_config's draft model or EAGLE-3 head; the target layers EAGLE-3 reads
         self.proposer: Optional[Union[DraftProposer, Eagle3Proposer]] = None
         self.aux_layers: tuple[int, ...] = ()
+        self.eagle3: Optional[Eagle3Proposer] = None
         spec = config.speculative_config
         if spec is not None and spec.method == "draft_model":
             self.proposer = DraftProposer.load(spec, loaded, config, num_blocks, self.block_size, self.max_model_len)
         elif spec is not None and spec.method == "eagle3":
-            self.proposer = Eagle3Proposer.load(spec, loaded, config, num_blocks, self.block_size, self.max_model_len)
-            self.aux_layers = self.proposer.aux_layers
+            self.eagle3 = Eagle3Proposer.load(spec, loaded, config, num_blocks, self.block_size, self.max_model_len)
+            self.proposer, self.aux_layers = self.eagle3, self.eagle3.aux_layers
         self.grammar_masks = GrammarMaskApplier(self.device)
 
     @classmethod
@@ -208,7 +209,7 @@ class ModelRunner:
         layout = self._layout(plan, rows)
         logits_indices_t = _to_device(plan.logits_indices, torch.int64, device)
         aux = None
-        if self.aux_layers and Eagle3Proposer.needs_aux(plan):  # EAGLE-3: the target's states, same forward
+        if self.eagle3 is not None and self.eagle3.begin_step(plan):  # the target's states, same forward
             hidden, logits, aux = self._forward_capturing(input_ids, positions, layout, logits_indices_t)
         else:
             hidden, logits = self._forward(input_ids, positions, layout, logits_indices_t)
