@@ -67,6 +67,9 @@ pub(crate) struct Problem<'a> {
     pub x_sums: &'a [f32],
     pub rows: usize,
     pub out: OutPtr,
+    /// int4 with `x` in [`planes`] order (the AVX-512 loops of `gemv_planes`); otherwise
+    /// int4 `x` is in [`deinterleave`] order.
+    pub int4_planes: bool,
 }
 
 /// The output [rows, n]: parts write disjoint column ranges of it.
@@ -87,25 +90,46 @@ pub fn gemv(
     num_threads: usize,
 ) -> Result<(), KernelError> {
     check(&weight, x, rows, out)?;
+    let int4 = matches!(weight.data, WeightData::Int4(_));
+    let group = weight.group_size;
+    let int4_planes = int4 && group % PLANE_COLUMNS == 0 && planes_cpu() && planes_fit(x);
+    run(weight, x, rows, out, num_threads, int4_planes);
+    Ok(())
+}
+
+/// [`gemv`] after its checks, with int4's `x` order chosen (`Problem::int4_planes`; the
+/// tests choose each one the CPU can run).
+pub(crate) fn run(
+    weight: Weight<'_>,
+    x: &[f32],
+    rows: usize,
+    out: &mut [f32],
+    num_threads: usize,
+    int4_planes: bool,
+) {
     let (n, k, group) = (weight.out_features, weight.in_features, weight.group_size);
     let groups = k / group;
     let x_sums: Vec<f32> = match weight.biases {
         Some(_) => x.chunks_exact(group).map(|part| part.iter().sum()).collect(),
         None => Vec::new(),
     };
+    let avx2 = avx2_available();
+    let int4 = matches!(weight.data, WeightData::Int4(_));
     let reordered;
-    let x = if matches!(weight.data, WeightData::Int4(_)) {
+    let x = if int4_planes {
+        reordered = planes(x);
+        &reordered[..]
+    } else if int4 {
         reordered = deinterleave(x);
         &reordered[..]
     } else {
         x
     };
     debug_assert!(x_sums.is_empty() || x_sums.len() == rows * groups);
-    let problem = Problem { weight, x, x_sums: &x_sums, rows, out: OutPtr(out.as_mut_ptr()) };
+    let problem = Problem { weight, x, x_sums: &x_sums, rows, out: OutPtr(out.as_mut_ptr()), int4_planes };
     let bytes = weight_bytes(&weight);
     let parts = num_threads.clamp(1, (bytes / BYTES_PER_THREAD).max(1)).min(n.div_ceil(ROW_BLOCK));
     let blocks = n.div_ceil(ROW_BLOCK);
-    let avx2 = avx2_available();
     for_each_part(parts, &|part| {
         let first = blocks * part / parts * ROW_BLOCK;
         let last = (blocks * (part + 1) / parts * ROW_BLOCK).min(n);
@@ -120,13 +144,31 @@ pub fn gemv(
             portable_rows(&problem, first, last);
         }
     });
-    Ok(())
 }
 
 fn avx2_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether the CPU runs the int4 plane loops (`gemv_planes`): AVX-512F, and an AMD CPU.
+/// They feed subnormal floats to the FMAs; AMD's take them at full speed (measured on a
+/// Zen 5), while Intel's have been known to take a microcode assist on subnormal inputs,
+/// which would cost far more than the loops save; not measured there, so not taken.
+fn planes_cpu() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: CPUID leaf 0 exists on every x86-64 CPU (newer compilers call it safe).
+        #[allow(unused_unsafe)]
+        let vendor = unsafe { std::arch::x86_64::__cpuid(0) };
+        let amd = (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6E65, 0x444D_4163);
+        amd && avx2_available() && std::arch::is_x86_feature_detected!("avx512f")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -153,6 +195,60 @@ fn deinterleave(x: &[f32]) -> Vec<f32> {
         }
     }
     out
+}
+
+/// Columns of one int4 plane block: 64 bytes, read as 16 little-endian 32-bit words.
+pub(crate) const PLANE_COLUMNS: usize = 128;
+
+/// `x` for the int4 plane loops (`gemv_planes`), on groups that are a multiple of
+/// [`PLANE_COLUMNS`]. In each block (64 bytes), 32-bit word `i` holds columns `8i + p`
+/// for nibble `p = 0..8` at bits `4p..4p + 4`. The loops take nibble `p` of all the
+/// block's words at once with one mask (nibbles 5..8 after shifting the words
+/// down by 20 bits) and use the masked word itself as a float: a subnormal,
+/// `q * 2^(4p' - 149)` (`p' = p`, or `p - 5` for the shifted ones), no conversion. So
+/// position `16p + i` of a block here holds its column `8i + p` times `2^(100 - 4p')`, a
+/// power of two:
+/// every product is `x * q * 2^-49`, exactly (down to `|x|` of about `2^-77`, below
+/// which the products are subnormal and keep fewer bits), and the loops multiply the
+/// group's scale by `2^49`. Only taken where [`planes_fit`] holds.
+pub(crate) fn planes(x: &[f32]) -> Vec<f32> {
+    let (columns, words) = (PLANE_COLUMNS, PLANE_COLUMNS / 8);
+    let mut out = vec![0f32; x.len()];
+    for (src, dst) in x.chunks_exact(columns).zip(out.chunks_exact_mut(columns)) {
+        for p in 0..8 {
+            let shift = 4 * if p < 5 { p } else { p - 5 };
+            let factor = (100.0 - shift as f32).exp2();
+            for i in 0..words {
+                dst[words * p + i] = src[8 * i + p] * factor;
+            }
+        }
+    }
+    out
+}
+
+/// Whether the plane loops give this call's products exactly: every `|x|` below `2^27`
+/// (scaled by up to `2^100` it stays finite; larger, infinite or NaN `x` take the other
+/// loops, whose NaN and infinity behaviour is plain float arithmetic), and subnormal
+/// inputs not read as zero (MXCSR's DAZ bit clear; flush-to-zero of results is harmless,
+/// as the products are normal where they matter).
+pub(crate) fn planes_fit(x: &[f32]) -> bool {
+    x.iter().all(|v| v.abs() < PLANE_X_LIMIT) && !denormals_are_zero()
+}
+
+const PLANE_X_LIMIT: f32 = 134_217_728.0; // 2^27
+
+fn denormals_are_zero() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[allow(deprecated)] // _mm_getcsr: reading MXCSR has no other stable form
+        // SAFETY: SSE is part of x86_64.
+        let csr = unsafe { std::arch::x86_64::_mm_getcsr() };
+        csr & (1 << 6) != 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        true
+    }
 }
 
 fn check(weight: &Weight<'_>, x: &[f32], rows: usize, out: &mut [f32]) -> Result<(), KernelError> {
@@ -380,10 +476,71 @@ mod tests {
                     x_sums: &sums,
                     rows,
                     out: OutPtr(plain.as_mut_ptr()),
+                    int4_planes: false,
                 };
                 portable_rows(&problem, 0, n);
                 close(&plain, &want);
             }
+        }
+    }
+
+    /// The int4 `x` orders this CPU's loops can run (false: deinterleaved; true: planes).
+    fn int4_layouts() -> Vec<bool> {
+        if planes_cpu() {
+            vec![false, true]
+        } else {
+            vec![false]
+        }
+    }
+
+    #[test]
+    fn int4_plane_loops_match_the_dequantized_product() {
+        // Every row count the loops specialise (1..=4, and a tail past 4), groups of one
+        // and two 128-column blocks, an out_features that is no multiple of the row block.
+        for (rows, n, k, group) in [(1, 37, 512, 128), (2, 19, 256, 256), (3, 9, 256, 128), (6, 21, 512, 256)]
+        {
+            let case = formats(n, k, group).pop().expect("int4 is the last format");
+            let (dense, weight) = case;
+            // Magnitudes from 2^-60 to 2^20: the scaled copies stay normal and finite.
+            let x: Vec<f32> = numbers(rows as u64 + 11, rows * k)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v * ((i % 9) as f32 * 10.0 - 60.0).exp2())
+                .collect();
+            let want = reference(&dense, &x, rows, n, k);
+            for layout in int4_layouts() {
+                let mut got = vec![f32::NAN; rows * n];
+                run(weight(), &x, rows, &mut got, 2, layout);
+                close(&got, &want);
+            }
+        }
+    }
+
+    #[test]
+    fn int4_x_too_large_for_the_planes_takes_the_other_loops() {
+        let (n, k, group) = (16, 128, 128);
+        let (dense, weight) = formats(n, k, group).pop().expect("int4 is the last format");
+        let mut x = numbers(21, k);
+        assert!(planes_fit(&x) || denormals_are_zero());
+        x[3] = 3.0e8; // past 2^27: scaled by 2^100 it would overflow
+        assert!(!planes_fit(&x));
+        let mut got = vec![f32::NAN; n];
+        gemv(weight(), &x, 1, &mut got, 1).unwrap();
+        close(&got, &reference(&dense, &x, 1, n, k));
+        x[3] = f32::INFINITY;
+        assert!(!planes_fit(&x));
+    }
+
+    #[test]
+    fn planes_put_each_nibble_column_in_its_plane() {
+        let x: Vec<f32> = (0..2 * PLANE_COLUMNS).map(|c| c as f32).collect();
+        let (columns, words) = (PLANE_COLUMNS, PLANE_COLUMNS / 8);
+        for (position, &value) in planes(&x).iter().enumerate() {
+            let (block, within) = (position / columns, position % columns);
+            let (p, i) = (within / words, within % words);
+            let shift = 4 * if p < 5 { p } else { p - 5 };
+            let column = block * columns + 8 * i + p;
+            assert_eq!(value, column as f32 * (100.0 - shift as f32).exp2(), "position {position}");
         }
     }
 

@@ -5,6 +5,8 @@
 //! - int8: 8 bytes sign-extended to 8 int32 lanes and converted, twice.
 //! - int4: 8 bytes zero-extended to 8 lanes; the low nibbles are the chunk's 8 even
 //!   columns, the high nibbles its 8 odd ones (the order `gemv` put `x` in).
+//! - int4 on AMD CPUs with AVX-512, groups a multiple of 128: the plane loops of
+//!   [`crate::gemv_planes`] instead.
 //!
 //! Each weight row's bytes are prefetched [`PREFETCH_BYTES`] ahead as the row starts.
 //! A group's products accumulate unscaled; the group's scale multiplies the sum once. With
@@ -14,10 +16,13 @@
 use std::arch::x86_64::*;
 
 use super::gemv::{Problem, WeightData, CHUNK, ROW_BLOCK};
+use super::gemv_planes;
 
 const F32: u8 = 0;
 const INT8: u8 = 1;
 const INT4: u8 = 2;
+/// int4 in plane blocks (`gemv::planes`, the loops of `gemv_planes`).
+const INT4_PLANES: u8 = 3;
 
 /// Weight rows `[first, last)` for every row of `x`.
 ///
@@ -28,6 +33,7 @@ pub(crate) unsafe fn rows(problem: &Problem<'_>, first: usize, last: usize) {
     match problem.weight.data {
         WeightData::F32(_) => unsafe { blocks::<F32>(problem, first, last) },
         WeightData::Int8(_) => unsafe { blocks::<INT8>(problem, first, last) },
+        WeightData::Int4(_) if problem.int4_planes => unsafe { blocks::<INT4_PLANES>(problem, first, last) },
         WeightData::Int4(_) => unsafe { blocks::<INT4>(problem, first, last) },
     }
 }
@@ -85,6 +91,11 @@ unsafe fn blocks<const FMT: u8>(problem: &Problem<'_>, first: usize, last: usize
                 // SAFETY: as this function's (n < out_features, r0 + R <= rows).
                 unsafe {
                     match left {
+                        // `gemv` chose the planes only where the CPU has AVX-512F.
+                        1 if FMT == INT4_PLANES => gemv_planes::row::<1, 8>(problem, n, r0),
+                        2 if FMT == INT4_PLANES => gemv_planes::row::<2, 4>(problem, n, r0),
+                        3 if FMT == INT4_PLANES => gemv_planes::row::<3, 2>(problem, n, r0),
+                        _ if FMT == INT4_PLANES => gemv_planes::row::<4, 2>(problem, n, r0),
                         1 => one_row::<1, FMT>(problem, n, r0),
                         2 => one_row::<2, FMT>(problem, n, r0),
                         3 => one_row::<3, FMT>(problem, n, r0),
