@@ -11,6 +11,7 @@
 //! row only: the blocks before the window are neither read nor scored, so a decode step
 //! costs the same at any context length beyond the window.
 
+use std::ops::Range;
 use std::sync::Mutex;
 
 use super::parallel::for_each_part;
@@ -76,23 +77,37 @@ pub fn paged_decode_attention(
 ) -> Result<(), KernelError> {
     check(queries, kv, out.len())?;
     let rows = queries.seq_lens.len();
-    let row_len = queries.heads * kv.head_dim;
+    let group_len = queries.heads / kv.kv_heads * kv.head_dim;
     let attended: Vec<i32> =
         (0..rows).map(|r| queries.seq_lens[r] - queries.first_position(r) as i32).collect();
     let work: usize = attended.iter().map(|&l| l as usize).sum::<usize>() * queries.heads;
-    let threads = threads.clamp(1, rows.max(1)).min(work / MIN_WORK_PER_THREAD + 1);
-    let bounds = balanced_bounds(&attended, threads);
-    let mut pieces = Vec::with_capacity(threads);
+    let threads = threads.max(1).min(work / MIN_WORK_PER_THREAD + 1);
+    // Fewer rows than threads (batch 1): each row's KV heads split into that many ranges.
+    let splits = if rows < threads { threads.div_ceil(rows).min(kv.kv_heads) } else { 1 };
+    let bounds = balanced_bounds(&attended, threads.min(rows.max(1)));
+    let mut pieces = Vec::with_capacity(threads.max(rows * splits));
     let mut rest = out;
     for pair in bounds.windows(2) {
-        let (piece, tail) = rest.split_at_mut((pair[1] - pair[0]) * row_len);
-        pieces.push(Mutex::new(Some((pair[0]..pair[1], piece))));
-        rest = tail;
+        let rows = pair[0]..pair[1];
+        if splits == 1 {
+            let (piece, tail) = rest.split_at_mut(rows.len() * kv.kv_heads * group_len);
+            pieces.push(Mutex::new(Some((rows, 0..kv.kv_heads, piece))));
+            rest = tail;
+            continue;
+        }
+        for row in rows {
+            for s in 0..splits {
+                let heads = kv.kv_heads * s / splits..kv.kv_heads * (s + 1) / splits;
+                let (piece, tail) = rest.split_at_mut(heads.len() * group_len);
+                pieces.push(Mutex::new(Some((row..row + 1, heads, piece))));
+                rest = tail;
+            }
+        }
     }
     for_each_part(pieces.len(), &|part| {
         let taken = pieces[part].lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some((rows, piece)) = taken {
-            attend_rows(queries, kv, rows, piece);
+        if let Some((rows, kv_heads, piece)) = taken {
+            attend_rows(queries, kv, rows, kv_heads, piece);
         }
     });
     Ok(())
@@ -163,17 +178,25 @@ fn balanced_bounds(seq_lens: &[i32], parts: usize) -> Vec<usize> {
     bounds
 }
 
-fn attend_rows(q: &DecodeQueries<'_>, kv: &PagedKv<'_>, rows: std::ops::Range<usize>, out: &mut [f32]) {
+/// Rows `rows`, KV heads `kv_heads` (and their query heads) of every row: `out` holds those
+/// heads' outputs of those rows, row after row (one row when the heads are a part).
+fn attend_rows(
+    q: &DecodeQueries<'_>,
+    kv: &PagedKv<'_>,
+    rows: Range<usize>,
+    kv_heads: Range<usize>,
+    out: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     if kv.head_dim % 8 == 0
         && std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("fma")
     {
         // SAFETY: the CPU supports the features the function is compiled for.
-        unsafe { attend_rows_avx2(q, kv, rows, out) };
+        unsafe { attend_rows_avx2(q, kv, rows, kv_heads, out) };
         return;
     }
-    attend_rows_with::<Portable>(q, kv, rows, out);
+    attend_rows_with::<Portable>(q, kv, rows, kv_heads, out);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -181,21 +204,26 @@ fn attend_rows(q: &DecodeQueries<'_>, kv: &PagedKv<'_>, rows: std::ops::Range<us
 unsafe fn attend_rows_avx2(
     q: &DecodeQueries<'_>,
     kv: &PagedKv<'_>,
-    rows: std::ops::Range<usize>,
+    rows: Range<usize>,
+    kv_heads: Range<usize>,
     out: &mut [f32],
 ) {
-    attend_rows_with::<Avx2>(q, kv, rows, out);
+    attend_rows_with::<Avx2>(q, kv, rows, kv_heads, out);
 }
 
 #[inline(always)]
 fn attend_rows_with<S: Ops>(
     q: &DecodeQueries<'_>,
     kv: &PagedKv<'_>,
-    rows: std::ops::Range<usize>,
+    rows: Range<usize>,
+    kv_heads: Range<usize>,
     out: &mut [f32],
 ) {
-    let (heads, d, bs) = (q.heads, kv.head_dim, kv.block_size);
-    let group = heads / kv.kv_heads;
+    let (d, bs) = (kv.head_dim, kv.block_size);
+    let group = q.heads / kv.kv_heads;
+    // The query heads of `kv_heads`; `h` below counts from the first of them.
+    let (first_head, heads) = (kv_heads.start * group, kv_heads.len() * group);
+    let first_kv = kv_heads.start;
     let slot_len = kv.kv_heads * d;
     let longest = rows.clone().map(|r| q.seq_lens[r] as usize - q.first_position(r)).max().unwrap_or(0);
     let mut scores = vec![0f32; heads * longest];
@@ -204,14 +232,14 @@ fn attend_rows_with<S: Ops>(
         let (first, end) = (q.first_position(row), q.seq_lens[row] as usize);
         let len = end - first;
         let table = &q.block_tables[row * q.table_width..][..end.div_ceil(bs)];
-        let query = &q.query[row * heads * d..][..heads * d];
+        let query = &q.query[(row * q.heads + first_head) * d..][..heads * d];
         // Scores, head-major: scores[h * len + t] for position first + t.
         let scores = &mut scores[..heads * len];
         for (t, (slot, ahead)) in slots(table, bs, first, end).enumerate() {
             S::prefetch(&kv.keys[ahead * slot_len..][..slot_len]);
             let keys = &kv.keys[slot * slot_len..][..slot_len];
             for (h, qh) in query.chunks_exact(d).enumerate() {
-                let k = &keys[(h / group) * d..][..d];
+                let k = &keys[(first_kv + h / group) * d..][..d];
                 scores[h * len + t] = S::dot(qh, k) * q.scale;
             }
         }
@@ -228,7 +256,7 @@ fn attend_rows_with<S: Ops>(
             S::prefetch(&kv.values[ahead * slot_len..][..slot_len]);
             let values = &kv.values[slot * slot_len..][..slot_len];
             for (h, acc) in out_row.chunks_exact_mut(d).enumerate() {
-                S::axpy(acc, scores[h * len + t], &values[(h / group) * d..][..d]);
+                S::axpy(acc, scores[h * len + t], &values[(first_kv + h / group) * d..][..d]);
             }
         }
         for (acc, &inverse) in out_row.chunks_exact_mut(d).zip(inverse_sums.iter()) {
@@ -331,7 +359,7 @@ mod tests {
         window: usize,
         softcap: f32,
     ) {
-        let (block_size, num_blocks, width) = (4, 64, 12);
+        let (block_size, num_blocks, width) = (4, 64, 40);
         let block_len = block_size * kv_heads * head_dim;
         let keys = pseudo_random(num_blocks * block_len, 1);
         let values = pseudo_random(num_blocks * block_len, 2);
@@ -388,6 +416,15 @@ mod tests {
         assert_eq!(balanced_bounds(&[10, 10, 10, 10], 2), vec![0, 2, 4]);
         assert_eq!(balanced_bounds(&[100, 1, 1], 3), vec![0, 1, 2, 3]);
         assert_eq!(balanced_bounds(&[5], 4), vec![0, 1]);
+    }
+
+    #[test]
+    fn threads_split_a_rows_kv_heads_when_rows_are_fewer() {
+        // One row on two threads, an uneven split of 3 KV heads, two rows on four.
+        case(16, 4, 32, &[160], 2);
+        case(12, 3, 16, &[160], 2);
+        case(16, 8, 16, &[150, 140], 4);
+        case_with(16, 4, 32, &[157], 2, 100, 0.0);
     }
 
     #[test]
