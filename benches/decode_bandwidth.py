@@ -33,9 +33,9 @@ import numpy as np
 import torch
 from bench_model import QWEN3_06B_SHAPED, qwen3_06b_shaped_folder
 
+from pyengine import _kernels
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
-from pyengine.models import gemv
 from pyengine.models.layers import ColumnParallelLinear, RowParallelLinear
 from pyengine.sampling_params import SamplingParams
 from pyengine.testing.hand_plan import HandPlanner
@@ -85,25 +85,27 @@ def weight_bytes_per_token(model: torch.nn.Module) -> int:
 
 
 class KernelClock:
-    """Time spent inside the native products while installed (wraps gemv's two entry points)."""
+    """Time spent inside the native products while installed (wraps the two kernels,
+    ``_kernels.gemv_f32`` and ``_kernels.gemv_quantized``, which ``pyengine.models.gemv``
+    and the decode path call through the module)."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
         self._saved: dict[str, Callable[..., torch.Tensor]] = {}
 
     def __enter__(self) -> "KernelClock":
-        for name in ("float_linear", "packed_linear"):
-            original = getattr(gemv, name)
+        for name in ("gemv_f32", "gemv_quantized"):
+            original = getattr(_kernels, name)
             self._saved[name] = original
-            setattr(gemv, name, self._wrap(original))
+            setattr(_kernels, name, self._wrap(original))
         return self
 
     def __exit__(self, *exc: object) -> None:
         for name, original in self._saved.items():
-            setattr(gemv, name, original)
+            setattr(_kernels, name, original)
 
-    def _wrap(self, original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-        def timed(*args: Any, **kwargs: Any) -> torch.Tensor:
+    def _wrap(self, original: Callable[..., None]) -> Callable[..., None]:
+        def timed(*args: Any, **kwargs: Any) -> None:
             start = time.perf_counter()
             try:
                 return original(*args, **kwargs)

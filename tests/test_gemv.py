@@ -51,6 +51,36 @@ def test_int8_groups_with_biases_and_a_permutation():
            packed.dequantize())
 
 
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_prepared_products_equal_the_functions_bit_for_bit(rows):
+    gen = torch.Generator().manual_seed(rows)
+    dense, bias = torch.randn(40, 256, generator=gen), torch.randn(40, generator=gen)
+    x = torch.randn(rows, 256, generator=gen)
+    threads = torch.get_num_threads()
+    assert torch.equal(gemv.PreparedProduct(dense, bias)(x, threads), gemv.float_linear(x, dense, bias))
+    for method in ("int8", "int4"):
+        packed = quantize_weight(dense, method)
+        assert torch.equal(gemv.PreparedProduct(packed)(x, threads), gemv.packed_linear(x, packed))
+    permuted = PackedWeight(bits=8, group_size=32, in_features=256, out_features=40,
+                            qweight=torch.randint(-128, 128, (40, 256), generator=gen, dtype=torch.int8),
+                            scales=torch.rand(40, 8, generator=gen), input_perm=torch.randperm(256, generator=gen))
+    assert torch.equal(gemv.PreparedProduct(permuted, bias)(x, threads), gemv.packed_linear(x, permuted, bias))
+
+
+@pytest.mark.parametrize("magnitude", [1e-20, 1.0, 1e7, 1e9])
+def test_int4_at_any_activation_magnitude(magnitude):
+    # Past 2^27 (1.3e8) the AVX-512 plane loops, where they run, hand over to the others;
+    # tiny activations keep their relative precision (no absolute slack here).
+    gen = torch.Generator().manual_seed(5)
+    packed = quantize_weight(torch.randn(24, 256, generator=gen), "int4")
+    x = torch.randn(3, 256, generator=gen) * magnitude
+    x[1, 7] = 3.0 * magnitude
+    got = gemv.packed_linear(x, packed)
+    assert torch.isfinite(got).all()
+    want, scale = reference_matmul(x, packed), x.abs() @ packed.dequantize().abs().T
+    assert bool(((got - want).abs() <= 2e-6 * scale).all()), float(((got - want).abs() / scale).max())
+
+
 def test_what_the_native_path_takes():
     assert not gemv.applies(torch.randn(gemv.MAX_ROWS + 1, 64))  # prefill: the GEMM paths
     assert not gemv.applies(torch.randn(1, 24))  # not a multiple of 16

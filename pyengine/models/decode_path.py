@@ -48,15 +48,15 @@ AnyLinear = ColumnParallelLinear | RowParallelLinear
 
 
 class _Linear:
-    """One linear as the decode-sized kernels multiply by it (its ``quantized`` product or
-    its ``gemv_weight``), looked up once."""
+    """One linear as the decode-sized kernels multiply by it (its ``quantized`` product's
+    packed weight or its ``gemv_weight``), the kernel's arrays looked up once."""
 
-    __slots__ = ("quantized", "weight", "bias")
+    __slots__ = ("product",)
 
     def __init__(self, linear: AnyLinear) -> None:
-        self.quantized = linear.quantized
-        self.weight = linear.gemv_weight
-        self.bias = getattr(linear, "bias", None)
+        weight = linear.quantized.weight if linear.quantized is not None else linear.gemv_weight
+        assert weight is not None  # fits() checked it
+        self.product = gemv.PreparedProduct(weight, getattr(linear, "bias", None))
 
     @staticmethod
     def fits(linear: AnyLinear) -> bool:
@@ -68,11 +68,8 @@ class _Linear:
             return linear.quantized.native and linear.quantized.weight.in_features % gemv.CHUNK == 0
         return linear.gemv_weight is not None and linear.gemv_weight.shape[1] % gemv.CHUNK == 0
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.quantized is not None:
-            return self.quantized(x, self.bias)
-        assert self.weight is not None  # fits() checked it
-        return gemv.float_linear(x, self.weight, self.bias)
+    def __call__(self, x: torch.Tensor, threads: int) -> torch.Tensor:
+        return self.product(x, threads)
 
 
 class _Norm:
@@ -147,19 +144,19 @@ class _LayerProgram:
             residual, normed = hidden, self.input_norm(hidden, None, threads)
         else:
             normed = self.input_norm(hidden, residual, threads)
-        qkv = self.qkv(normed)
+        qkv = self.qkv(normed, threads)
         _kernels.qk_norm_rope(
             qkv.numpy(), cos, sin, self.num_heads, self.num_kv_heads, self.q_norm, self.k_norm, self.qk_eps, threads
         )
         attended = attention.attend_fused(self.layer_index, qkv, self.num_heads, self.spec)
-        normed = self.post_norm(self.parallel.all_reduce(self.o(attended)), residual, threads)
+        normed = self.post_norm(self.parallel.all_reduce(self.o(attended, threads)), residual, threads)
         if not self.dense_mlp:
             return self.mlp(normed), residual
-        gate_up = self.gate_up(normed)
+        gate_up = self.gate_up(normed, threads)
         inter = gate_up.shape[1] // 2
         gate, up = gate_up[:, :inter], gate_up[:, inter:]
         activated = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
-        return self.parallel.all_reduce(self.down(activated.mul_(up))), residual
+        return self.parallel.all_reduce(self.down(activated.mul_(up), threads)), residual
 
 
 class NativeDecodePath:
