@@ -67,9 +67,10 @@ pub(crate) struct Problem<'a> {
     pub x_sums: &'a [f32],
     pub rows: usize,
     pub out: OutPtr,
-    /// int4 with `x` in [`planes`] order (the AVX-512 loops of `gemv_planes`); otherwise
-    /// int4 `x` is in [`deinterleave`] order.
-    pub int4_planes: bool,
+    /// The AVX-512 loops: for int4 the plane loops of `gemv_planes`, `x` in [`planes`]
+    /// order (otherwise int4 `x` is in [`deinterleave`] order); for int8 those of
+    /// `gemv_int8_avx512`.
+    pub avx512: bool,
 }
 
 /// The output [rows, n]: parts write disjoint column ranges of it.
@@ -90,22 +91,25 @@ pub fn gemv(
     num_threads: usize,
 ) -> Result<(), KernelError> {
     check(&weight, x, rows, out)?;
-    let int4 = matches!(weight.data, WeightData::Int4(_));
     let group = weight.group_size;
-    let int4_planes = int4 && group % PLANE_COLUMNS == 0 && planes_cpu() && planes_fit(x);
-    run(weight, x, rows, out, num_threads, int4_planes);
+    let avx512 = match weight.data {
+        WeightData::Int4(_) => group % PLANE_COLUMNS == 0 && planes_cpu() && planes_fit(x),
+        WeightData::Int8(_) => avx512_cpu(),
+        WeightData::F32(_) => false,
+    };
+    run(weight, x, rows, out, num_threads, avx512);
     Ok(())
 }
 
-/// [`gemv`] after its checks, with int4's `x` order chosen (`Problem::int4_planes`; the
-/// tests choose each one the CPU can run).
+/// [`gemv`] after its checks, with the loops chosen (`Problem::avx512`; the tests choose
+/// each one the CPU can run).
 pub(crate) fn run(
     weight: Weight<'_>,
     x: &[f32],
     rows: usize,
     out: &mut [f32],
     num_threads: usize,
-    int4_planes: bool,
+    avx512: bool,
 ) {
     let (n, k, group) = (weight.out_features, weight.in_features, weight.group_size);
     let groups = k / group;
@@ -116,7 +120,7 @@ pub(crate) fn run(
     let avx2 = avx2_available();
     let int4 = matches!(weight.data, WeightData::Int4(_));
     let reordered;
-    let x = if int4_planes {
+    let x = if int4 && avx512 {
         reordered = planes(x);
         &reordered[..]
     } else if int4 {
@@ -126,7 +130,7 @@ pub(crate) fn run(
         x
     };
     debug_assert!(x_sums.is_empty() || x_sums.len() == rows * groups);
-    let problem = Problem { weight, x, x_sums: &x_sums, rows, out: OutPtr(out.as_mut_ptr()), int4_planes };
+    let problem = Problem { weight, x, x_sums: &x_sums, rows, out: OutPtr(out.as_mut_ptr()), avx512 };
     let bytes = weight_bytes(&weight);
     let parts = num_threads.clamp(1, (bytes / BYTES_PER_THREAD).max(1)).min(n.div_ceil(ROW_BLOCK));
     let blocks = n.div_ceil(ROW_BLOCK);
@@ -157,6 +161,18 @@ fn avx2_available() -> bool {
     }
 }
 
+/// Whether the CPU has AVX-512F (and AVX2 + FMA, which the loops around the AVX-512 ones use).
+fn avx512_cpu() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        avx2_available() && std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Whether the CPU runs the int4 plane loops (`gemv_planes`): AVX-512F, and an AMD CPU.
 /// They feed subnormal floats to the FMAs; AMD's take them at full speed (measured on a
 /// Zen 5), while Intel's have been known to take a microcode assist on subnormal inputs,
@@ -168,7 +184,7 @@ fn planes_cpu() -> bool {
         #[allow(unused_unsafe)]
         let vendor = unsafe { std::arch::x86_64::__cpuid(0) };
         let amd = (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6E65, 0x444D_4163);
-        amd && avx2_available() && std::arch::is_x86_feature_detected!("avx512f")
+        amd && avx512_cpu()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -476,7 +492,7 @@ mod tests {
                     x_sums: &sums,
                     rows,
                     out: OutPtr(plain.as_mut_ptr()),
-                    int4_planes: false,
+                    avx512: false,
                 };
                 portable_rows(&problem, 0, n);
                 close(&plain, &want);
@@ -484,12 +500,29 @@ mod tests {
         }
     }
 
-    /// The int4 `x` orders this CPU's loops can run (false: deinterleaved; true: planes).
-    fn int4_layouts() -> Vec<bool> {
-        if planes_cpu() {
+    /// The loops this CPU can run for a format (false: AVX2 or portable; true: AVX-512).
+    fn loops(int4: bool) -> Vec<bool> {
+        if (int4 && planes_cpu()) || (!int4 && avx512_cpu()) {
             vec![false, true]
         } else {
             vec![false]
+        }
+    }
+
+    #[test]
+    fn int8_loops_match_the_dequantized_product() {
+        // Per-channel groups and groups of 32 (Q8_0), with and without biases, every row
+        // count the loops specialise and a tail past 4.
+        for (rows, n, k, group) in [(1, 37, 512, 512), (2, 19, 256, 32), (3, 9, 96, 32), (6, 21, 512, 128)] {
+            for (dense, weight) in formats(n, k, group).into_iter().skip(1).take(2) {
+                let x = numbers(rows as u64 + 5, rows * k);
+                let want = reference(&dense, &x, rows, n, k);
+                for avx512 in loops(false) {
+                    let mut got = vec![f32::NAN; rows * n];
+                    run(weight(), &x, rows, &mut got, 2, avx512);
+                    close(&got, &want);
+                }
+            }
         }
     }
 
@@ -508,9 +541,9 @@ mod tests {
                 .map(|(i, v)| v * ((i % 9) as f32 * 10.0 - 60.0).exp2())
                 .collect();
             let want = reference(&dense, &x, rows, n, k);
-            for layout in int4_layouts() {
+            for avx512 in loops(true) {
                 let mut got = vec![f32::NAN; rows * n];
-                run(weight(), &x, rows, &mut got, 2, layout);
+                run(weight(), &x, rows, &mut got, 2, avx512);
                 close(&got, &want);
             }
         }

@@ -6,7 +6,7 @@
 //! - int4: 8 bytes zero-extended to 8 lanes; the low nibbles are the chunk's 8 even
 //!   columns, the high nibbles its 8 odd ones (the order `gemv` put `x` in).
 //! - int4 on AMD CPUs with AVX-512, groups a multiple of 128: the plane loops of
-//!   [`crate::gemv_planes`] instead.
+//!   [`crate::gemv_planes`] instead; int8 on CPUs with AVX-512: [`crate::gemv_int8_avx512`].
 //!
 //! Each weight row's bytes are prefetched [`PREFETCH_BYTES`] ahead as the row starts.
 //! A group's products accumulate unscaled; the group's scale multiplies the sum once. With
@@ -16,6 +16,7 @@
 use std::arch::x86_64::*;
 
 use super::gemv::{Problem, WeightData, CHUNK, ROW_BLOCK};
+use super::gemv_int8_avx512;
 use super::gemv_planes;
 
 const F32: u8 = 0;
@@ -23,6 +24,8 @@ const INT8: u8 = 1;
 const INT4: u8 = 2;
 /// int4 in plane blocks (`gemv::planes`, the loops of `gemv_planes`).
 const INT4_PLANES: u8 = 3;
+/// int8 by the loops of `gemv_int8_avx512`.
+const INT8_AVX512: u8 = 4;
 
 /// Weight rows `[first, last)` for every row of `x`.
 ///
@@ -32,8 +35,9 @@ const INT4_PLANES: u8 = 3;
 pub(crate) unsafe fn rows(problem: &Problem<'_>, first: usize, last: usize) {
     match problem.weight.data {
         WeightData::F32(_) => unsafe { blocks::<F32>(problem, first, last) },
+        WeightData::Int8(_) if problem.avx512 => unsafe { blocks::<INT8_AVX512>(problem, first, last) },
         WeightData::Int8(_) => unsafe { blocks::<INT8>(problem, first, last) },
-        WeightData::Int4(_) if problem.int4_planes => unsafe { blocks::<INT4_PLANES>(problem, first, last) },
+        WeightData::Int4(_) if problem.avx512 => unsafe { blocks::<INT4_PLANES>(problem, first, last) },
         WeightData::Int4(_) => unsafe { blocks::<INT4>(problem, first, last) },
     }
 }
@@ -91,7 +95,11 @@ unsafe fn blocks<const FMT: u8>(problem: &Problem<'_>, first: usize, last: usize
                 // SAFETY: as this function's (n < out_features, r0 + R <= rows).
                 unsafe {
                     match left {
-                        // `gemv` chose the planes only where the CPU has AVX-512F.
+                        // `gemv` chose these two only where the CPU has AVX-512F.
+                        1 if FMT == INT8_AVX512 => gemv_int8_avx512::row::<1, 4>(problem, n, r0),
+                        2 if FMT == INT8_AVX512 => gemv_int8_avx512::row::<2, 2>(problem, n, r0),
+                        3 if FMT == INT8_AVX512 => gemv_int8_avx512::row::<3, 2>(problem, n, r0),
+                        _ if FMT == INT8_AVX512 => gemv_int8_avx512::row::<4, 1>(problem, n, r0),
                         1 if FMT == INT4_PLANES => gemv_planes::row::<1, 8>(problem, n, r0),
                         2 if FMT == INT4_PLANES => gemv_planes::row::<2, 4>(problem, n, r0),
                         3 if FMT == INT4_PLANES => gemv_planes::row::<3, 2>(problem, n, r0),

@@ -12,8 +12,8 @@
 //! the shared-memory all-reduce and gather of tensor-parallel ranks on one host;
 //! [`sequence_word`] the plan segment's sequence number, advanced and polled across processes.
 //! [`gemv`] multiplies a few rows by a float32, int8 or int4 weight read once (decode steps
-//! at the memory-bandwidth limit; the AVX2 loops in `gemv_avx2`, int4's AVX-512 loops in
-//! `gemv_planes`).
+//! at the memory-bandwidth limit; the AVX2 loops in `gemv_avx2`, int4's and int8's AVX-512
+//! loops in `gemv_planes` and `gemv_int8_avx512`).
 
 // The crate's MSRV went from the workspace's 1.85 to 1.89 for the AVX-512 intrinsics;
 // `x % n == 0` stays as written rather than `is_multiple_of` (stable since 1.87).
@@ -22,6 +22,8 @@
 pub mod gemv;
 #[cfg(target_arch = "x86_64")]
 mod gemv_avx2;
+#[cfg(target_arch = "x86_64")]
+mod gemv_int8_avx512;
 #[cfg(target_arch = "x86_64")]
 mod gemv_planes;
 pub mod host_group;
