@@ -11,6 +11,9 @@ In one run:
   bandwidth. Bar: >= 0.85 of the read bandwidth for float32 and int8.
 - the step's overhead: its time minus the time spent inside its matmul kernels (each
   native product timed as it runs in those same steps);
+- the step's process CPU time per thread (``step_cpu_ms``, median): on a shared machine,
+  about what the step takes while its threads hold their cores (with one thread; with
+  more, OpenMP's spinning waits count too);
 - the same step through the modules (the model's native decode path off,
   ``pyengine.models.decode_path``), alternating with the timed steps on the same
   sequences: ``modules_step_ms`` and ``decode_path_speedup``.
@@ -115,11 +118,12 @@ class KernelClock:
 
 
 def decode_steps(runner: ModelRunner, batch: int, steps: int, clock: Optional[KernelClock] = None,
-                 modules: Optional[list[float]] = None) -> list[float]:
+                 modules: Optional[list[float]] = None, cpu: Optional[list[float]] = None) -> list[float]:
     """``batch`` sequences prefilled with 32 tokens, then ``steps`` timed decode steps
     (after 3 untimed); with ``clock``, the kernel time of the timed steps goes into it.
     With ``modules``, each timed step is followed by one with the model's native decode
-    path off (``pyengine.models.decode_path``: the modules run), whose time goes there."""
+    path off (``pyengine.models.decode_path``: the modules run), whose time goes there.
+    With ``cpu``, each timed step's process CPU time goes there."""
     vocab = QWEN3_06B_SHAPED["vocab_size"]
     planner = HandPlanner(block_size=BLOCK_SIZE, num_blocks=runner.num_kv_blocks, max_rows=batch, seed=1)
     rng = np.random.default_rng(0)
@@ -131,9 +135,11 @@ def decode_steps(runner: ModelRunner, batch: int, steps: int, clock: Optional[Ke
         timed = index >= 4  # the prefill and 3 warm-up steps are not timed
         if timed and clock is not None:
             with clock:
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 out = runner.execute(plan)
                 times.append(time.perf_counter() - start)
+                if cpu is not None:
+                    cpu.append(time.process_time() - start_cpu)
         else:
             start = time.perf_counter()
             out = runner.execute(plan)
@@ -155,7 +161,8 @@ def bench_method(folder: Path, method: str, steps: int, bandwidth: float) -> dic
     runner = make_runner(folder, method, 1)
     clock = KernelClock()
     modules: list[float] = []
-    times = decode_steps(runner, 1, steps, clock, modules)
+    cpu: list[float] = []
+    times = decode_steps(runner, 1, steps, clock, modules, cpu)
     step = statistics.median(times)
     read = weight_bytes_per_token(runner.model)
     kernel = clock.seconds / len(times)
@@ -168,6 +175,7 @@ def bench_method(folder: Path, method: str, steps: int, bandwidth: float) -> dic
         "kernel_ms": round(kernel * 1e3, 3),
         "kernel_gb_s": round(read / kernel / 1e9, 2) if kernel > 0 else None,
         "overhead_ms": round((sum(times) / len(times) - kernel) * 1e3, 3),
+        "step_cpu_ms": round(statistics.median(cpu) / torch.get_num_threads() * 1e3, 3),
         "modules_step_ms": round(statistics.median(modules) * 1e3, 3),
         "decode_path_speedup": round(statistics.median(modules) / step, 3),
     }
