@@ -68,8 +68,10 @@ class ReferenceHead:
         c, w = self.config, self.w
         heads, kv, dim = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
         n = embeds.shape[0]
-        x = torch.cat([self._norm(embeds, "midlayer.input_layernorm.weight"),
-                       self._norm(hidden, "midlayer.hidden_norm.weight")], dim=-1)
+        normed_hidden = self._norm(hidden, "midlayer.hidden_norm.weight")
+        x = torch.cat([self._norm(embeds, "midlayer.input_layernorm.weight"), normed_hidden], dim=-1)
+        if c.get("norm_before_residual"):
+            hidden = normed_hidden  # the residual is the normed state
         q = (x @ w["midlayer.self_attn.q_proj.weight"].T).view(n, heads, dim)
         k = (x @ w["midlayer.self_attn.k_proj.weight"].T).view(n, kv, dim)
         v = (x @ w["midlayer.self_attn.v_proj.weight"].T).view(n, kv, dim)
@@ -126,11 +128,16 @@ def _plain_outputs(target, tokens: int) -> list[list[int]]:
     return [planner.output_tokens(i) for i in ids]
 
 
-def test_drafts_are_the_heads_after_kept_and_rejected_drafts(target, head):
+@pytest.mark.parametrize("residual", ["after hidden_norm", "before hidden_norm"])
+def test_drafts_are_the_heads_after_kept_and_rejected_drafts(target, head, residual, tmp_path):
     """Each step verifies the plain run's next tokens with one corrupted at a random depth
     (so 0 to k are kept), prompts prefill in chunks of 7, one sequence is preempted and
     recomputed: after every step the proposer's drafts equal the reference head's on the
-    sequence's committed tokens; and the outputs equal the plain run's."""
+    sequence's committed tokens; and the outputs equal the plain run's. Both residual
+    conventions (``norm_before_residual``)."""
+    if residual == "before hidden_norm":
+        head = write_eagle3_head(tmp_path / "nbr", target, seed=6, draft_vocab_size=300, aux_layer_ids=AUX,
+                                 norm_before_residual=True)
     plain = _plain_outputs(target, MAX_TOKENS + K + 1)
     reference = ReferenceHead(target, head)
     runner = _runner(target, eagle(head))

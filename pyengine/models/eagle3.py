@@ -114,11 +114,8 @@ class Eagle3Head(torch.nn.Module):
         logits = F.linear(out, self.lm_head.weight)
         return self.draft_to_target[logits.argmax(dim=-1)]
 
-    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Every tensor the checkpoint must hold, by its published name."""
-        return {name: tuple(target.checkpoint_shape) for name, target in self._targets().items()}
-
     def _targets(self) -> dict[str, WeightTarget]:
+        """Every tensor the checkpoint must hold (``d2t`` aside), by its published name."""
         targets = {
             **self.input_layernorm.weight_targets("midlayer.input_layernorm.weight"),
             **self.hidden_norm.weight_targets("midlayer.hidden_norm.weight"),
