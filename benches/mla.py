@@ -20,9 +20,13 @@ intermediate 1024, vocabulary 4096), random weights, float32, CPU. Measured in o
   V and attended with ``qk_head_dim``-wide dot products), "prefill_absorbed" the absorbed
   form for every chunk (``MlaSdpaBackend(expand_prefill=False)``, what ran before); the
   two prefills' greedy tokens are compared.
+- a chunk after cached context (``--prefill`` tokens after ``--chunk-context``, the
+  context prefilled untimed before each run): expanded in slices of 1024 rows (what
+  pyengine runs, ``mla_expanded``), expanded whole (every context row at once, what ran
+  before the slices) and absorbed.
 
 Usage: python benches/mla.py [--json] [--steps N] [--batch N] [--context N] [--threads N]
-                             [--prefill N] [--prefill-repeats N]
+                             [--prefill N] [--prefill-repeats N] [--chunk-context N]
 
 One run (1 thread, batch 8, context 512, 6 steps; 2 cores shared with other jobs, load
 average 15, so the times are loose): latent 2304 B against expanded 20480 B per token and
@@ -33,6 +37,11 @@ Prefill, 2026-12-02 (1 thread, same shared machine): ``--prefill 1024`` at load 
 652 tokens/s expanded against 267 absorbed (2.44x); ``--prefill 2048`` at load 9-14:
 393 against 195 (2.01x); the same first token each time. (``--steps 2 --batch 2
 --context 128 --prefill-repeats 3``.)
+
+Chunk after context, 2026-12-02 (same flags, ``--prefill 1024``, default ``--chunk-context
+2048``, load 10-12): 270 tokens/s in slices against 197 expanded whole (1.37x) and 94
+absorbed (2.88x), the same first token; the fresh 1024-token prefill in the same run 635
+against 346 (1.83x).
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pyengine.executor.attention.mla_expanded import DEFAULT_EXPAND_SLICE_ROWS
 from pyengine.executor.attention.mla_sdpa import MlaSdpaBackend
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.kv_cache import KVCacheShape, blocks_for_budget
@@ -179,6 +189,51 @@ def prefill_figures(folder: Path, length: int, repeats: int) -> dict:
     }
 
 
+def chunk_figures(folder: Path, length: int, context: int, repeats: int) -> dict:
+    """Tokens/s of a ``length``-token chunk after ``context`` cached tokens (one step;
+    the context prefilled untimed before each run): expanded in slices of
+    ``DEFAULT_EXPAND_SLICE_ROWS`` rows (what pyengine runs), expanded whole (every context row
+    at once, what ran before the slices), and absorbed; runs alternate, medians."""
+    total = context + length
+    blocks = -(-(total + 16) // BLOCK_SIZE)
+    runner = ModelRunner.from_pretrained(
+        folder, ExecutorConfig(dtype="float32", max_num_seqs=1, max_model_len=total + 16, block_size=BLOCK_SIZE,
+                               num_kv_blocks=blocks, max_num_batched_tokens=max(length, context))
+    )
+    prompt = np.random.default_rng(6).integers(0, VOCAB, size=total).tolist()
+    backends = {"sliced": MlaSdpaBackend(), "whole": MlaSdpaBackend(expand_slice=total),
+                "absorbed": MlaSdpaBackend(expand_prefill=False)}
+    seconds: dict[str, list[float]] = {name: [] for name in backends}
+    tokens: dict[str, int] = {}
+    planner = HandPlanner(block_size=BLOCK_SIZE, num_blocks=blocks, max_rows=1)
+    for index in range(repeats + 1):  # the first round warms up
+        for name, backend in backends.items():
+            runner.attention_backend = backend
+            seq = planner.add(prompt, SamplingParams(temperature=0.0))
+            plan = planner.next_plan(max_chunk=context)
+            planner.record(plan, runner.execute(plan).sampled_token_ids)
+            plan = planner.next_plan(max_chunk=length)
+            start = time.perf_counter()
+            out = runner.execute(plan)
+            elapsed = time.perf_counter() - start
+            planner.record(plan, out.sampled_token_ids)
+            tokens[name] = planner.output_tokens(seq)[0]
+            planner.finish(seq)
+            if index:
+                seconds[name].append(elapsed)
+    rate = {name: length / statistics.median(times) for name, times in seconds.items()}
+    return {
+        "chunk_tokens": length,
+        "chunk_context": context,
+        "chunk_rows_expanded_at_once_sliced": min(DEFAULT_EXPAND_SLICE_ROWS, total),
+        "chunk_rows_expanded_at_once_whole": total,
+        **{f"chunk_tokens_per_s_{name}": round(value, 1) for name, value in rate.items()},
+        "chunk_sliced_over_whole": round(rate["sliced"] / rate["whole"], 2),
+        "chunk_sliced_over_absorbed": round(rate["sliced"] / rate["absorbed"], 2),
+        "chunk_same_token": tokens["sliced"] == tokens["whole"] == tokens["absorbed"],
+    }
+
+
 def kv_figures(runner: ModelRunner) -> dict:
     config, shape = runner.loaded.config, runner.kv_shape
     mla = config.mla
@@ -210,6 +265,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--prefill", type=int, default=1024, help="prompt tokens of the prefill figures (0: skip)")
     parser.add_argument("--prefill-repeats", type=int, default=3)
+    parser.add_argument("--chunk-context", type=int, default=2048,
+                        help="cached tokens before a --prefill-token chunk, for the chunk figures (0: skip)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -228,6 +285,9 @@ def main(argv: list[str] | None = None) -> None:
         kv = kv_figures(absorbed.runner)
         del absorbed, expanded
         prefill = prefill_figures(folder, args.prefill, args.prefill_repeats) if args.prefill else {}
+        chunk = {}
+        if args.prefill and args.chunk_context:
+            chunk = chunk_figures(folder, args.prefill, args.chunk_context, args.prefill_repeats)
     absorbed_ms = statistics.median(times["absorbed"]) * 1e3
     expanded_ms = statistics.median(times["expanded"]) * 1e3
     result = {
@@ -242,6 +302,7 @@ def main(argv: list[str] | None = None) -> None:
         # The two forms are the same function: their greedy tokens agree (bar float ties).
         "decode_tokens_agree": f"{agree}/{total}",
         **prefill,
+        **chunk,
         "note": "shared, noisy machine: medians of alternating steps",
     }
     if args.json:
@@ -258,6 +319,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"prefill, one prompt of {args.prefill} tokens: expanded {prefill['prefill_tokens_per_s_expanded']} "
               f"tokens/s, absorbed {prefill['prefill_tokens_per_s_absorbed']} tokens/s "
               f"({prefill['prefill_expanded_over_absorbed']}x); same first token: {prefill['prefill_same_token']}")
+    if chunk:
+        print(f"chunk of {args.prefill} tokens after {args.chunk_context} cached: tokens/s sliced "
+              f"{chunk['chunk_tokens_per_s_sliced']} ({chunk['chunk_rows_expanded_at_once_sliced']} rows expanded at "
+              f"once), whole {chunk['chunk_tokens_per_s_whole']} ({chunk['chunk_rows_expanded_at_once_whole']} rows), "
+              f"absorbed {chunk['chunk_tokens_per_s_absorbed']}; sliced/whole {chunk['chunk_sliced_over_whole']}x, "
+              f"sliced/absorbed {chunk['chunk_sliced_over_absorbed']}x; same first token: {chunk['chunk_same_token']}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Latent attention over the paged latent cache against a naive computation: decode rows
 through the native kernel and through the SDPA gather (CUDA's and non-float32 CPU's
-path), chunks with and without earlier context, in one step; and the DeepSeek config
-fields as the published checkpoints write them."""
+path), chunks with and without earlier context, in one step; the expanded form after
+cached context, whole and a slice of the context at a time (log-sum-exp merge), and the
+memory profile's worst case for it; and the DeepSeek config fields as the published
+checkpoints write them."""
 
 from __future__ import annotations
 
@@ -167,3 +169,77 @@ def test_attend_mla_expands_long_prompt_chunks_and_absorbs_the_rest_alike(native
     queries = _queries(12, seed=4)
     out = MlaStepAttention(cache, layout, native=native).attend_mla(0, queries, latent, 0.3)
     torch.testing.assert_close(out, _naive_expanded(queries, contexts, [7, 5], 0.3), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("slice_rows", [1024, 4, 5, 3])
+def test_expanded_chunks_after_cached_context_in_slices_match_the_naive_attention(native, slice_rows):
+    """A chunk after cached context that expands, whole (1024) and with its context in
+    slices of a block (4), not of a block (5: slices start inside blocks) and smaller than a
+    block (3); next to a fresh prompt (sliced too), decodes and a short absorbed chunk."""
+    from pyengine.executor.attention.mla_sdpa import expands
+
+    seq_lens, scheduled = [9, 30, 14, 13, 27], [1, 20, 4, 13, 1]  # 20 tokens after 10 cached rows
+    cache, layout, _, latent, contexts = _step(seq_lens, scheduled, seed=5)
+    queries = _queries(int(sum(scheduled)), seed=6)
+    step = MlaStepAttention(cache, layout, native=native, expand_slice=slice_rows)
+    out = step.attend_mla(0, queries, latent, 0.3)
+    assert [expands(chunk, queries) for chunk in step.chunks] == [True, False, True]
+    assert step.chunks[0].block_ids is not None  # the expanded chunk reads its context from the cache
+    torch.testing.assert_close(out, _naive_expanded(queries, contexts, scheduled, 0.3), atol=1e-5, rtol=1e-5)
+
+
+def test_a_long_context_is_expanded_a_slice_at_a_time():
+    """The expansion never holds more than a slice of rows, whatever the context."""
+    from pyengine.models.mla import LatentQueries
+
+    seq_lens, scheduled = [41], [17]
+    cache, layout, _, latent, contexts = _step(seq_lens, scheduled, seed=7)
+    queries = _queries(17, seed=8)
+    expanded_rows = []
+
+    class Counting(LatentQueries):
+        def keys_values(self, rows):
+            expanded_rows.append(rows.shape[0])
+            return super().keys_values(rows)
+
+    counting = Counting(queries.nope, queries.rope, queries.w_uk, queries.w_uv)
+    out = MlaStepAttention(cache, layout, expand_slice=8).attend_mla(0, counting, latent, 0.3)
+    torch.testing.assert_close(out, _naive_expanded(queries, contexts, scheduled, 0.3), atol=1e-5, rtol=1e-5)
+    assert expanded_rows == [8, 8, 8, 8, 8, 1]
+
+
+def test_the_memory_profile_s_worst_case_context_and_slice_size_checks():
+    from pyengine.errors import InvalidConfigError
+    from pyengine.executor.attention.mla_sdpa import MlaSdpaBackend
+
+    backend = MlaSdpaBackend(expand_slice=64)
+    assert backend.worst_case_context(256, 4096) == 64  # one full slice before the chunk
+    assert backend.worst_case_context(256, 300) == 44  # as far as max_model_len lets it
+    assert backend.worst_case_context(256, 256) == 0  # no context ever before a full chunk
+    with pytest.raises(InvalidConfigError, match="expand_slice"):
+        MlaSdpaBackend(expand_slice=0)
+
+
+def test_the_memory_profile_runs_a_full_chunk_after_a_slice_of_context(tmp_path):
+    """Besides a fresh prompt of max_num_batched_tokens, the profile runs that chunk after
+    a full slice of cached rows: the most an expanded chunk holds at once."""
+    from pyengine.executor.attention.mla_sdpa import MlaSdpaBackend
+    from pyengine.executor.config import ExecutorConfig
+    from pyengine.executor.model_runner import ModelRunner
+    from pyengine.testing.checkpoints import make_tiny_checkpoint
+
+    folder = make_tiny_checkpoint(tmp_path / "mla", "deepseek_v2")
+    runner = ModelRunner.from_pretrained(folder, ExecutorConfig(
+        dtype="float32", max_num_seqs=2, max_model_len=128, block_size=4, num_kv_blocks=64, max_num_batched_tokens=32,
+    ))
+    steps = []
+
+    class Recording(MlaSdpaBackend):
+        def bind(self, cache, layout):
+            steps.append((layout.seq_lens.tolist(), layout.num_scheduled_tokens.tolist()))
+            return super().bind(cache, layout)
+
+    runner.attention_backend = Recording(expand_slice=16)
+    runner._profile_forward()
+    assert steps == [([48], [32]), ([32], [32])]

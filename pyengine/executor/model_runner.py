@@ -18,6 +18,7 @@ import torch
 
 from pyengine.errors import InvalidConfigError
 from pyengine.executor.attention.metadata import StepAttentionLayout
+from pyengine.executor.attention.mla_sdpa import MlaSdpaBackend
 from pyengine.executor.attention.selector import (
     AttentionBackendChoice,
     resolve_block_size,
@@ -416,21 +417,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _profile_forward(self) -> None:
-        """Run the largest step (one prefill of max_num_batched_tokens) on a scratch cache."""
+        """Run the largest step (one prefill of max_num_batched_tokens) on a scratch cache;
+        for latent attention also that chunk after the cached context that makes its
+        expanded attention's temporaries the largest (``worst_case_context``)."""
         tokens = min(self.config.max_num_batched_tokens, self.max_model_len)
-        blocks = -(-tokens // self.block_size)
-        scratch = new_kv_cache(self.kv_shape, blocks, self.device, self._layer_index_map)
-        layout = StepAttentionLayout(
-            query_start_loc=np.array([0, tokens], dtype=np.int64),
-            seq_lens=np.array([tokens], dtype=np.int64),
-            num_scheduled_tokens=np.array([tokens], dtype=np.int64),
-            slot_mapping=torch.arange(tokens, device=self.device),
-            block_tables=torch.arange(blocks, dtype=torch.int32, device=self.device)[None, :],
-            block_size=self.block_size,
-        )
-        input_ids = torch.zeros(tokens, dtype=torch.int64, device=self.device)
-        positions = torch.arange(tokens, device=self.device)
-        hidden = self.model(input_ids, positions, self.attention_backend.bind(scratch, layout))
+        backend = self.attention_backend
+        if isinstance(backend, MlaSdpaBackend):
+            context = backend.worst_case_context(tokens, self.max_model_len)
+            if context:
+                self._profile_step(tokens, context)  # its scratch cache and output dropped at once
+        scratch, hidden = self._profile_step(tokens, 0)
         sampled_rows = min(self.config.max_num_seqs, tokens)
         logits = self.model.compute_logits(hidden[:sampled_rows])
         torch.softmax(logits, dim=-1).sort(dim=-1)
@@ -440,6 +436,24 @@ class ModelRunner:
         del prompt
         (logprobs > logprobs[:, :1]).sum(dim=-1)
         del scratch, hidden, logits, logprobs
+
+    def _profile_step(self, tokens: int, context: int) -> tuple[Union[PagedKVCache, LatentKVCache], torch.Tensor]:
+        """One sequence's chunk of ``tokens`` after ``context`` cached rows (zeros) on a
+        scratch cache: the cache and the hidden states."""
+        seq_len = context + tokens
+        blocks = -(-seq_len // self.block_size)
+        scratch = new_kv_cache(self.kv_shape, blocks, self.device, self._layer_index_map)
+        layout = StepAttentionLayout(
+            query_start_loc=np.array([0, tokens], dtype=np.int64),
+            seq_lens=np.array([seq_len], dtype=np.int64),
+            num_scheduled_tokens=np.array([tokens], dtype=np.int64),
+            slot_mapping=torch.arange(context, seq_len, device=self.device),
+            block_tables=torch.arange(blocks, dtype=torch.int32, device=self.device)[None, :],
+            block_size=self.block_size,
+        )
+        input_ids = torch.zeros(tokens, dtype=torch.int64, device=self.device)
+        positions = torch.arange(context, seq_len, device=self.device)
+        return scratch, self.model(input_ids, positions, self.attention_backend.bind(scratch, layout))
 
 
 def new_kv_cache(

@@ -15,9 +15,11 @@ forms, the same function:
   one SDPA call. Multi-token chunks: one SDPA call each over the chunk's context, causal.
 - expanded, for a prompt chunk where it costs less (:func:`expands`: a long prefill,
   whose context is about as long as the chunk): the chunk's context rows are
-  decompressed into per-head keys and values (``kv_b_proj``) and attended by one SDPA
-  call of ``qk_head_dim``-wide dot products instead of ``kv_lora_rank +
-  qk_rope_head_dim``-wide ones, as DeepSeek's and vLLM's prefill do.
+  decompressed into per-head keys and values (``kv_b_proj``) and attended with
+  ``qk_head_dim``-wide dot products instead of ``kv_lora_rank + qk_rope_head_dim``-wide
+  ones, as DeepSeek's and vLLM's prefill do; at most ``expand_slice`` rows at once, the
+  slices' partial attentions merged by their log-sum-exps (``mla_expanded``), so a chunk
+  after a long cached context holds no more than after one slice of it.
 
 ``attend_latent`` is the absorbed form alone, for callers that absorbed their queries.
 """
@@ -32,7 +34,9 @@ import torch
 import torch.nn.functional as F
 
 from pyengine import _kernels
+from pyengine.errors import InvalidConfigError
 from pyengine.executor.attention.metadata import PrefillChunk, StepAttentionLayout, prefill_chunks
+from pyengine.executor.attention.mla_expanded import DEFAULT_EXPAND_SLICE_ROWS, attend_expanded, visible_keys
 from pyengine.executor.latent_kv_cache import LatentKVCache
 from pyengine.models.mla import LatentQueries
 
@@ -50,15 +54,25 @@ class _DecodeRows:
 
 class MlaSdpaBackend:
     """Latent attention with the native decode kernel (CPU float32) and SDPA.
-    ``expand_prefill`` False attends every chunk in the absorbed form (benches compare)."""
+    ``expand_prefill`` False attends every chunk in the absorbed form (benches compare);
+    ``expand_slice``: context rows an expanded chunk decompresses at once (``mla_expanded``)."""
 
     name = "mla_sdpa"
 
-    def __init__(self, expand_prefill: bool = True) -> None:
+    def __init__(self, expand_prefill: bool = True, expand_slice: int = DEFAULT_EXPAND_SLICE_ROWS) -> None:
+        if expand_slice < 1:
+            raise InvalidConfigError(f"expand_slice must be at least 1 row, got {expand_slice}")
         self.expand_prefill = expand_prefill
+        self.expand_slice = expand_slice
 
     def bind(self, cache: LatentKVCache, layout: StepAttentionLayout) -> "MlaStepAttention":
-        return MlaStepAttention(cache, layout, expand_prefill=self.expand_prefill)
+        return MlaStepAttention(cache, layout, expand_prefill=self.expand_prefill, expand_slice=self.expand_slice)
+
+    def worst_case_context(self, tokens: int, max_model_len: int) -> int:
+        """Cached rows before a chunk of ``tokens`` that make its step's temporaries the
+        largest they get (one full slice expanded, every query in it): the memory profile
+        runs that step besides a fresh prompt. 0: no sequence holds more than the chunk."""
+        return max(0, min(self.expand_slice, max_model_len - tokens))
 
 
 @dataclass(frozen=True)
@@ -74,9 +88,10 @@ class MlaStepAttention:
     """One step's latent attention: writes the rows to the cache, then attends."""
 
     def __init__(self, cache: LatentKVCache, layout: StepAttentionLayout, native: Optional[bool] = None,
-                 expand_prefill: bool = True) -> None:
+                 expand_prefill: bool = True, expand_slice: int = DEFAULT_EXPAND_SLICE_ROWS) -> None:
         """``native``: decode rows through the native kernel (default: float32 on CPU);
-        ``expand_prefill``: chunks in the expanded form where it costs less."""
+        ``expand_prefill``: chunks in the expanded form where it costs less, their context
+        expanded ``expand_slice`` rows at a time."""
         self.cache = cache
         self.slot_mapping = layout.slot_mapping
         self.block_size = layout.block_size
@@ -86,6 +101,7 @@ class MlaStepAttention:
         self.chunks = prefill_chunks(layout)
         self.num_tokens = layout.num_tokens
         self.expand_prefill = expand_prefill
+        self.expand_slice = expand_slice
         self._forms: Optional[_Forms] = None  # decided at the first layer (the sizes are the model's)
 
     def attend_mla(self, layer_index: int, queries: LatentQueries, latent: torch.Tensor, scale: float) -> torch.Tensor:
@@ -98,7 +114,9 @@ class MlaStepAttention:
         heads, v_dim = queries.w_uv.shape[0], queries.w_uv.shape[1]
         out = latent.new_empty(self.num_tokens, heads, v_dim)
         for chunk in forms.expanded:
-            out[chunk.token_start : chunk.token_end] = self._attend_expanded(chunk, queries, latent, blocks, scale)
+            out[chunk.token_start : chunk.token_end] = attend_expanded(
+                chunk, queries, latent, blocks, scale, self.expand_slice
+            )
         tokens = forms.absorbed_tokens
         if tokens is not None:
             q = latent.new_zeros(self.num_tokens, heads, latent.shape[1])
@@ -150,23 +168,6 @@ class MlaStepAttention:
             self._forms = _Forms(expanded, absorbed, tokens)
         return self._forms
 
-    def _attend_expanded(
-        self, chunk: PrefillChunk, queries: LatentQueries, latent: torch.Tensor, blocks: torch.Tensor, scale: float
-    ) -> torch.Tensor:
-        """[chunk tokens, heads, v]: the chunk's context rows expanded into per-head keys
-        and values, attended causally."""
-        start, end = chunk.token_start, chunk.token_end
-        if chunk.block_ids is None:
-            rows, mask, causal = latent[start:end], None, True
-        else:
-            rows = blocks.index_select(0, chunk.block_ids).flatten(0, 1)[: chunk.seq_len]
-            mask, causal = _chunk_causal_mask(end - start, chunk.seq_len, latent.device), False
-        keys, values = queries.keys_values(rows)
-        out = F.scaled_dot_product_attention(
-            queries.expanded(start, end)[None], keys[None], values[None], attn_mask=mask, is_causal=causal, scale=scale
-        )
-        return out[0].transpose(0, 1)
-
     def _attend_decodes(self, rows: _DecodeRows, q: torch.Tensor, blocks: torch.Tensor, scale: float) -> torch.Tensor:
         value_dim = self.cache.shape.value_dim
         num_rows, heads, dim = q.shape
@@ -197,7 +198,7 @@ class MlaStepAttention:
         else:
             context = blocks.index_select(0, chunk.block_ids).flatten(0, 1)[: chunk.seq_len]
             keys = context[None, None]
-            mask, causal = _chunk_causal_mask(end - start, chunk.seq_len, q.device), False
+            mask, causal = visible_keys(chunk.seq_len - (end - start), end - start, 0, chunk.seq_len, q.device), False
         out = F.scaled_dot_product_attention(
             query, keys, keys[..., :value_dim], attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True
         )
@@ -213,19 +214,15 @@ def expands(chunk: PrefillChunk, queries: LatentQueries) -> bool:
     - expanded: ``n (nope + v) r`` (keys and values of the context) + ``t n (nope + rope + v)``.
 
     With DeepSeek's sizes (nope 128, rope 64, v 128, r 512) a fresh prompt of any length
-    expands, and a chunk after ``n`` cached rows expands from about 170 tokens on."""
+    expands, and a chunk after ``n`` cached rows expands from about 170 tokens on. Only
+    multiply-adds: the memory is bounded apart, by expanding the context a slice at a time
+    (``mla_expanded``), which leaves these counts as they are."""
     heads, nope, rank = queries.w_uk.shape
     v, rope = queries.w_uv.shape[1], queries.rope.shape[-1]
     t, n = chunk.token_end - chunk.token_start, chunk.seq_len
     absorbed = t * nope * rank + t * n * (2 * rank + rope) + t * rank * v
     expanded = n * (nope + v) * rank + t * n * (nope + rope + v)
     return expanded < absorbed
-
-
-def _chunk_causal_mask(query_len: int, seq_len: int, device: torch.device) -> torch.Tensor:
-    """Query i (at position seq_len - query_len + i) sees keys 0..that position."""
-    query_positions = torch.arange(seq_len - query_len, seq_len, device=device)
-    return torch.arange(seq_len, device=device)[None, :] <= query_positions[:, None]
 
 
 def _decode_rows(layout: StepAttentionLayout, native: bool) -> Optional[_DecodeRows]:
