@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from pyengine.errors import InvalidConfigError
 from pyengine.executor.config import ExecutorConfig
@@ -119,3 +120,32 @@ def test_the_draft_model_proposes_only_for_the_sequences_the_plan_names(target):
     runner = _runner(target, draft=target)
     counts, tokens = runner.execute(plan).next_drafts
     assert counts.tolist() == [0] and len(tokens) == 0
+
+
+def test_the_draft_model_keeps_no_cache_for_the_outputs_of_sequences_that_never_draft(target):
+    """``may_draft_indices``: a row outside it has its prompt mirrored (prefix-cache hits may
+    reuse it) but not its outputs; the other rows' drafts are those of a full mirror."""
+    results = []
+    for restricted in (False, True):
+        runner = _runner(target, draft=target)
+        planner = HandPlanner(num_blocks=runner.num_kv_blocks, max_rows=8)
+        ids = [planner.add(p, GREEDY) for p in PROMPTS[:2]]
+        drafts, written = [], []
+        for _ in range(3):
+            plan = planner.next_plan()
+            if restricted:
+                plan.may_draft_indices = np.array([1], dtype=np.int32)
+            cache = runner.proposer.kv_cache
+            before = cache.keys.clone()
+            out = runner.execute(plan)
+            planner.record(plan, out.sampled_token_ids)
+            counts, tokens = out.next_drafts
+            drafts.append(tokens[counts[0]:].tolist())  # the second sequence's
+            position = int(plan.positions[plan.query_start_loc[0]])
+            block = int(runner.batch.block_table[int(plan.rows[0]), position // 16])
+            written.append(not torch.equal(cache.keys[:, block, position % 16], before[:, block, position % 16]))
+        results.append((drafts, written, [planner.output_tokens(i) for i in ids]))
+    (full_drafts, full_written, full_out), (drafts, written, out) = results
+    assert drafts == full_drafts and out == full_out
+    assert full_written == [True, True, True]
+    assert written == [True, False, False], "the prompt, then no outputs of the first sequence"

@@ -34,8 +34,11 @@ from pyengine.executor.proposals import (
     StepTokens,
     draft_counts,
     kept_drafts,
+    note_prompts,
     proposal_starts,
     propose_named,
+    rows_to_mirror,
+    select_rows,
 )
 from pyengine.models.layer_config import kv_groups as layer_kv_groups
 from pyengine.models.loader import LoadedModel, load_model
@@ -54,6 +57,7 @@ class DraftProposer:
         self.model.pack_for_cpu()
         self.device, self.block_size, self.max_model_len = loaded.device, block_size, max_model_len
         self.scratch = ScratchBlocks(num_blocks, max_rows, k, block_size, max_model_len, self.device)
+        self.prompt_len = np.zeros(max_rows, dtype=np.int64)  # each row's sequence's prompt
         shape = KVCacheShape(num_layers=loaded.config.num_hidden_layers, num_kv_heads=self.model.num_kv_heads,
                              head_dim=loaded.config.head_dim, block_size=block_size, dtype=loaded.dtype)
         self.kv_cache = PagedKVCache(shape, self.scratch.total_blocks, self.device)
@@ -73,9 +77,15 @@ class DraftProposer:
                    max_model_len, config.attention_backend)
 
     def after_step(self, step: StepTokens, output: Any, batch: Any) -> Optional[Drafts]:
-        """Mirrors the step into the draft's cache, then proposes the next step's drafts
-        (``batch``: the runner's persistent batch, for its block tables)."""
-        self.mirror(step.input_ids, step.positions, step.layout)
+        """Mirrors the step into the draft's cache (the rows ``proposals.rows_to_mirror``
+        keeps: not the outputs of sequences that never draft again), then proposes the
+        next step's drafts (``batch``: the runner's persistent batch, for its block tables)."""
+        note_prompts(step.plan, self.prompt_len)
+        keep = rows_to_mirror(step.plan, self.prompt_len)
+        if keep.all():
+            self.mirror(step.input_ids, step.positions, step.layout)
+        elif keep.any():
+            self.mirror(*select_rows(step, np.flatnonzero(keep)))
         return self.propose_after(step.plan, output, batch.block_table)
 
     def mirror(self, input_ids: torch.Tensor, positions: torch.Tensor, layout: StepAttentionLayout) -> None:

@@ -44,6 +44,7 @@ from pyengine.executor.proposals import (
     StepTokens,
     draft_counts,
     kept_drafts,
+    note_prompts,
     proposal_starts,
     propose_named,
 )
@@ -94,8 +95,7 @@ class Eagle3Proposer:
         (``may_draft_indices``; a hand-built plan without the field: every row), or some
         row's pairs fall in its prompt (mirrored for every sequence: a prefix-cache hit may
         reuse those blocks for one that drafts)."""
-        if len(plan.new_rows):
-            self.prompt_len[np.asarray(plan.new_rows, dtype=np.int64)] = np.asarray(plan.new_num_prompt_tokens)
+        note_prompts(plan, self.prompt_len)
         may_draft = getattr(plan, "may_draft_indices", None)
         if may_draft is None or len(may_draft) > 0:
             return True

@@ -137,6 +137,44 @@ class ScratchBlocks:
         return pos_t, layout
 
 
+def rows_to_mirror(plan: Any, prompt_len: np.ndarray) -> np.ndarray:
+    """Which of the plan's rows (bool [R]) a proposer with a cache of its own keeps up: the
+    sequences that may draft again (``may_draft_indices``; a hand-built plan without the
+    field: every row) and any row whose chunk starts in its prompt (``prompt_len`` per
+    persistent-batch row: a prefix-cache hit may hand those blocks to one that drafts)."""
+    may_draft = getattr(plan, "may_draft_indices", None)
+    if may_draft is None:
+        return np.ones(len(plan.rows), dtype=bool)
+    keep = np.zeros(len(plan.rows), dtype=bool)
+    keep[np.asarray(may_draft, dtype=np.int64)] = True
+    firsts = np.asarray(plan.positions, dtype=np.int64)[np.asarray(plan.query_start_loc, dtype=np.int64)[:-1]]
+    return keep | (firsts < prompt_len[np.asarray(plan.rows, dtype=np.int64)])
+
+
+def note_prompts(plan: Any, prompt_len: np.ndarray) -> None:
+    """The plan's new rows' prompt lengths into ``prompt_len`` (per persistent-batch row)."""
+    if len(plan.new_rows):
+        prompt_len[np.asarray(plan.new_rows, dtype=np.int64)] = np.asarray(plan.new_num_prompt_tokens)
+
+
+def select_rows(step: StepTokens, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, StepAttentionLayout]:
+    """The step's tokens, positions and attention layout restricted to its rows ``rows``
+    (ascending indices into ``plan.rows``), each row's chunk whole."""
+    qs = np.asarray(step.plan.query_start_loc, dtype=np.int64)
+    starts, counts = qs[rows], qs[rows + 1] - qs[rows]
+    new_starts = np.concatenate([[0], np.cumsum(counts)])
+    tokens = np.arange(int(new_starts[-1])) + np.repeat(starts - new_starts[:-1], counts)
+    device = step.input_ids.device
+    token_t = torch.from_numpy(tokens).to(device)
+    layout = step.layout
+    sub = StepAttentionLayout(
+        query_start_loc=new_starts, seq_lens=np.asarray(layout.seq_lens)[rows], num_scheduled_tokens=counts,
+        slot_mapping=layout.slot_mapping.index_select(0, token_t),
+        block_tables=layout.block_tables.index_select(0, torch.from_numpy(rows).to(device)),
+        block_size=layout.block_size)
+    return step.input_ids.index_select(0, token_t), step.positions.index_select(0, token_t), sub
+
+
 def draft_counts(next_positions: np.ndarray, k: int, max_model_len: int,
                  caps: Optional[np.ndarray] = None) -> np.ndarray:
     """Drafts to propose for each sequence (int32 [S]): k, fewer near ``max_model_len``,
