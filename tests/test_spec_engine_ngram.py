@@ -25,8 +25,8 @@ class _SpecConfig(EngineConfig):
     ``speculative_config`` is the executor side's; this drives the scheduler directly)."""
 
     def scheduler_config(self, num_blocks: int, block_size: int, max_model_len: int,
-                         kv_groups=()) -> SchedulerConfig:
-        c = super().scheduler_config(num_blocks, block_size, max_model_len, kv_groups)
+                         kv_groups=(), group_tables: bool = False) -> SchedulerConfig:
+        c = super().scheduler_config(num_blocks, block_size, max_model_len, kv_groups, group_tables)
         return SchedulerConfig(
             c.num_blocks, block_size=c.block_size, max_num_seqs=c.max_num_seqs,
             max_num_batched_tokens=c.max_num_batched_tokens, max_model_len=c.max_model_len,
