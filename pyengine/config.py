@@ -106,9 +106,10 @@ class EngineConfig:
       ``LLM.get_default_sampling_params()`` and of every server request that does not
       set them, as vLLM does; "vllm" ignores them; a folder path reads them from that
       folder's generation_config.json instead (vLLM's three forms).
-    - ``quantization``: None, "int8" (weight-only, per output channel) or "int4"
-      (weight-only, groups of 128, asymmetric): a float checkpoint's linear weights
-      quantized at load, as vLLM's online quantization does (CPU; docs/quantization.md).
+    - ``quantization``: None, "int8" (weight-only, per output channel), "int4"
+      (weight-only, groups of 128, asymmetric) or "fp8" (e4m3 weights per channel, e4m3
+      activations per token): a float checkpoint's linear weights quantized at load, as
+      vLLM's online quantization does (CPU kernels, or torch's on CUDA; docs/quantization.md).
     - ``speculative_config``: None (off), or vLLM v1's dict (``{"method": "ngram",
       "num_speculative_tokens": 4}``; its JSON on the command line), stored as a
       :class:`~pyengine.speculative_config.SpeculativeConfig` (docs/speculative_decoding.md).

@@ -26,6 +26,9 @@ pytest.importorskip("compressed_tensors")
 from pyengine.executor.config import ExecutorConfig  # noqa: E402
 from pyengine.executor.model_runner import ModelRunner  # noqa: E402
 from pyengine.models.loader import load_model  # noqa: E402
+from pyengine.models.quantization.checkpoint_config import checkpoint_quantization  # noqa: E402
+from pyengine.models.quantization.compressed_folder import keeps_fp8  # noqa: E402
+from pyengine.models.quantization.kernels import KernelTarget  # noqa: E402
 from pyengine.models.quantization.packed import QuantizationError  # noqa: E402
 from pyengine.testing.checkpoints import make_tiny_checkpoint  # noqa: E402
 from pyengine.testing.compressed_checkpoint import write_compressed  # noqa: E402
@@ -216,10 +219,23 @@ def test_a_quantized_layer_missing_its_packed_tensor_is_named(tmp_path):
         load_model(tmp_path / "quantized")
 
 
-def test_a_compressed_tensors_folder_off_the_cpu_is_refused_before_loading(compressed):
-    folder, _, _ = compressed
-    with pytest.raises(QuantizationError, match="compressed-tensors checkpoints .* CPU only yet.*'cuda'"):
-        load_model(folder, device="cuda")
+def test_off_the_cpu_only_fp8_folders_load_and_per_row_fp8_stays_fp8(compressed):
+    """The decision for a CUDA device, taken at the decision level (no GPU here): integer
+    formats are refused before loading, per-tensor / per-channel FP8 stays FP8 on compute
+    capability 8.9+ (an error naming it below), block-scaled FP8 loads dequantized."""
+    folder, _, (scheme_name, _, _) = compressed
+    scheme = checkpoint_quantization(json.loads((folder / "config.json").read_text()))
+    hopper, ampere = KernelTarget("cuda", (9, 0)), KernelTarget("cuda", (8, 0))
+    if not scheme_name.startswith("fp8"):
+        with pytest.raises(QuantizationError, match="compressed-tensors checkpoints .* CPU only yet.*'cuda'"):
+            keeps_fp8(scheme, hopper)
+    elif scheme_name == "fp8-block":
+        assert not keeps_fp8(scheme, hopper) and not keeps_fp8(scheme, ampere)
+    else:
+        assert keeps_fp8(scheme, hopper)
+        with pytest.raises(QuantizationError, match="'fp8'.*compute capability 8.9.*8.0"):
+            keeps_fp8(scheme, ampere)
+    assert not keeps_fp8(scheme, KernelTarget("cpu"))  # CPU default: dequantized (or packed integers)
 
 
 @pytest.mark.parametrize("bits", [4, 8])

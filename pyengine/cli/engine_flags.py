@@ -27,7 +27,7 @@ _HELP = {
                               "them) instead of a slice of every expert",
     "dtype": "auto, float32 (float), bfloat16, float16 (half)",
     "quantization": "quantize a float checkpoint's linear weights at load: int8 (per channel) or int4 "
-                    "(group 128), weight-only, CPU",
+                    "(group 128), weight-only, or fp8 (e4m3 weights and per-token activations)",
     "speculative_config": "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", "
                           "\"num_speculative_tokens\": 4}' (docs/speculative_decoding.md)",
     "kv_events_config": "KV-cache events for prefix-aware routers, vLLM's JSON: '{\"enable_kv_cache_events\": "

@@ -35,8 +35,9 @@ class ExecutorConfig:
     - ``max_num_seqs``: rows of the persistent batch; ``max_model_len``: longest sequence
       (defaults to the model's ``max_position_embeddings``).
     - ``attention_backend``: "auto" picks flash-attn on CUDA when importable, else SDPA.
-    - ``quantization``: None, or "int8" / "int4" to quantize a float checkpoint's linear
-      weights at load (weight-only; docs/quantization.md).
+    - ``quantization``: None, or "int8" / "int4" (weight-only) / "fp8" (e4m3 weights and
+      per-token activations) to quantize a float checkpoint's linear weights at load;
+      the device picks the kernel (CPU, CUDA; docs/quantization.md).
     - ``logits_processors``: custom ``LogitsProcessor`` classes (or qualified names) run
       after the built-in ones, on tensor-parallel rank 0 (docs/logits_processors.md).
     - ``speculative_config``: speculative decoding's settings (a ``SpeculativeConfig`` or
@@ -93,7 +94,7 @@ EXECUTOR_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("max_logprobs", lambda v: v >= 0, "must be >= 0"),
     ("enable_expert_parallel", lambda v: isinstance(v, bool), "must be True or False"),
     ("quantization", lambda v: v is None or v in ("int8", "int4", "fp8"),
-     "must be None, 'int8' or 'int4' (weight-only, CPU; 'fp8' is not supported on CPU yet)"),
+     "must be None, 'int8', 'int4' or 'fp8'"),
 )
 
 

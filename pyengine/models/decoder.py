@@ -24,8 +24,9 @@ from pyengine.models.decode_path import NativeDecodePath
 from pyengine.models.layers import AttentionOp, DecoderAttention, RMSNorm, WeightTarget
 from pyengine.models.moe import build_mlp, mlp_checkpoint_name
 from pyengine.models.parallel import ParallelContext
+from pyengine.models.quantization.kernels import LinearWeight
 from pyengine.models.quantization.linear import QuantizedMatmul
-from pyengine.models.quantization.packed import PackedWeight, QuantizationError
+from pyengine.models.quantization.packed import QuantizationError
 from pyengine.models.rope import RotaryEmbedding
 from pyengine.models.vocab_parallel import VocabParallelEmbedding, vocab_target, zero_vocab_padding
 
@@ -248,7 +249,7 @@ class DecoderForCausalLM(torch.nn.Module):
         if self.lm_head is not None:
             cpu_linear.release_dense(self.lm_head)
 
-    def set_packed_head(self, weight: PackedWeight) -> None:
+    def set_packed_head(self, weight: LinearWeight) -> None:
         """Multiply by ``weight`` (this rank's vocabulary rows) in the LM head from now on.
         When tied, the embedding looks its rows up in it too, and no dense copy is kept."""
         rows, hidden = self.output_embedding.shape

@@ -27,8 +27,9 @@ from pyengine import _kernels
 from pyengine.models import cpu_linear, gemv
 from pyengine.models.config import DecoderConfig
 from pyengine.models.parallel import ParallelContext, Shard
+from pyengine.models.quantization.kernels import LinearWeight
 from pyengine.models.quantization.linear import QuantizedMatmul
-from pyengine.models.quantization.packed import PackedWeight, QuantizationError
+from pyengine.models.quantization.packed import QuantizationError
 from pyengine.models.rope import apply_rotary
 
 
@@ -221,7 +222,7 @@ class ColumnParallelLinear(torch.nn.Module):
             return cpu_linear.linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
 
-    def set_packed_weight(self, weight: PackedWeight) -> None:
+    def set_packed_weight(self, weight: LinearWeight) -> None:
         """Multiply by ``weight`` (this rank's rows, the parts in order) from now on; the
         dense weight is released."""
         self.quantized = _quantized_for(self, weight)
@@ -288,7 +289,7 @@ class RowParallelLinear(torch.nn.Module):
         """Use a oneDNN-packed weight from now on (see ``cpu_linear``); no-op off CPU float32."""
         self.packed = self.packed if self.packed is not None else _pack_weight_of(self)
 
-    def set_packed_weight(self, weight: PackedWeight) -> None:
+    def set_packed_weight(self, weight: LinearWeight) -> None:
         """Multiply by ``weight`` (this rank's input columns, ``PackedWeight.columns`` of the
         whole) from now on; the dense weight is released."""
         self.quantized = _quantized_for(self, weight)
@@ -461,7 +462,7 @@ class DecoderAttention(torch.nn.Module):
         return targets
 
 
-def _quantized_for(linear: torch.nn.Module, weight: PackedWeight) -> QuantizedMatmul:
+def _quantized_for(linear: torch.nn.Module, weight: LinearWeight) -> QuantizedMatmul:
     """``weight`` checked against ``linear``'s dense shape, the dense weight released."""
     out_features, in_features = linear.weight.shape
     if (weight.out_features, weight.in_features) != (out_features, in_features):

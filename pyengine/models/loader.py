@@ -35,7 +35,7 @@ from pyengine.models.parallel import ParallelContext
 from pyengine.models.quantization.apply import quantize_model
 from pyengine.models.quantization.checkpoint_config import checkpoint_quantization
 from pyengine.models.quantization.compressed_config import CompressedTensorsScheme
-from pyengine.models.quantization.compressed_folder import fill_from_compressed_folder
+from pyengine.models.quantization.compressed_folder import fill_from_compressed_folder, keeps_fp8
 from pyengine.models.quantization.gguf_file import is_gguf_file
 from pyengine.models.quantization.online import check_method
 from pyengine.models.quantization.packed import QuantizationError
@@ -110,9 +110,12 @@ def load_model(
     parallel: Optional[ParallelContext] = None,
     seed: int = 0,
     quantization: Optional[str] = None,
+    quantization_kernel: Optional[str] = None,
 ) -> LoadedModel:
     """Build the model for ``path`` and fill its weights (see the module docstring);
-    ``quantization`` ("int8", "int4") quantizes the float weights once loaded."""
+    ``quantization`` ("int8", "int4", "fp8") quantizes the float weights once loaded, for
+    the device's kernel or ``quantization_kernel`` (``quantization.kernels``: "native",
+    "int8pack", "int4pack", "scaled_mm")."""
     if load_format not in ("auto", "safetensors", "dummy"):
         raise InvalidConfigError(f"load_format must be 'auto', 'safetensors' or 'dummy', got {load_format!r}")
     if is_gguf_file(path):
@@ -125,28 +128,25 @@ def load_model(
     folder = _existing_folder(path)
     config = read_model_config(folder)
     device = torch.device(device)
-    check_method(quantization, device)
     # GPTQ / AWQ / compressed-tensors / fp8; others refused by name
     scheme = checkpoint_quantization(read_json(folder / "config.json"))
-    if scheme is not None and device.type != "cpu":
-        raise QuantizationError(f"{scheme.method} checkpoints ({scheme.bits} bits) run on CPU only yet: their "
-                                f"packed products have no kernel for device {device.type!r} (load a float "
-                                "checkpoint there)")
     if scheme is not None and quantization is not None:
         raise QuantizationError(f"quantization={quantization!r} quantizes a float checkpoint; {folder} is already "
                                 f"quantized ({scheme.method}, {scheme.bits} bits): leave quantization unset")
+    kernel = check_method(quantization, device, None if scheme is not None else quantization_kernel)
+    keep_fp8 = scheme is not None and keeps_fp8(scheme, device, quantization_kernel)
     torch_dtype = resolve_dtype(dtype, device)
     model = instantiate_model(config, torch_dtype, device, parallel)
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
     elif isinstance(scheme, CompressedTensorsScheme):
-        fill_from_compressed_folder(model, folder, scheme, allow_bin=load_format == "auto")
+        fill_from_compressed_folder(model, folder, scheme, allow_bin=load_format == "auto", keep_fp8=keep_fp8)
     elif scheme is not None:
         fill_from_quantized_folder(model, folder, scheme, allow_bin=load_format == "auto")
     else:
         load_checkpoint_weights(model, folder, allow_bin=load_format == "auto")
-    if quantization is not None:
-        quantize_model(model, quantization)
+    if quantization is not None and kernel is not None:
+        quantize_model(model, quantization, kernel)
     model.eval().requires_grad_(False)
     model.finish_loading()
     tokenizer, tokenizer_config = load_tokenizer(folder)

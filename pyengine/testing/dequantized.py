@@ -46,7 +46,7 @@ def dequantized_tensors(model: DecoderForCausalLM) -> dict[str, torch.Tensor]:
     tensors["model.embed_tokens.weight" if model.lm_head is None else "lm_head.weight"] = head
     if model.lm_head is not None:
         tensors["model.embed_tokens.weight"] = model.embed_tokens.weight.detach()[: model.config.vocab_size]
-    return {name: t.float().contiguous().clone() for name, t in tensors.items()}
+    return {name: t.float().cpu().contiguous().clone() for name, t in tensors.items()}
 
 
 def write_dequantized_checkpoint(model: DecoderForCausalLM, source: Path, target: Path) -> Path:

@@ -32,6 +32,7 @@ from typing import Optional
 import torch
 
 from pyengine.models.quantization.compressed_config import CompressedTensorsScheme
+from pyengine.models.quantization.fp8 import Fp8Weight
 from pyengine.models.quantization.gptq import act_order_permutation, unpack_int32
 from pyengine.models.quantization.packed import PackedWeight, QuantizationError
 
@@ -85,6 +86,25 @@ def int8_channel_weight(weight: torch.Tensor, scale: torch.Tensor, name: str) ->
     scales = _scale_matrix(scale, n, 1, name).repeat_interleave(k // group, 1)
     return PackedWeight(bits=8, group_size=group, in_features=k, out_features=n, qweight=weight.contiguous(),
                         scales=scales.contiguous())
+
+
+def fp8_kept(weight: torch.Tensor, scale: torch.Tensor, scheme: CompressedTensorsScheme, name: str) -> Fp8Weight:
+    """A per-tensor or per-channel ``float-quantized`` linear kept in FP8 (for
+    ``torch._scaled_mm``): the stored e4m3 values, the scale as one value per row (a
+    per-tensor scale repeated: exact)."""
+    if weight.dtype != torch.float8_e4m3fn or weight.dim() != 2:
+        raise QuantizationError(f"{scheme.method} {name}: FP8 weight must be float8_e4m3fn [N, K], got "
+                                f"{weight.dtype} {list(weight.shape)}")
+    n = weight.shape[0]
+    s = scale.to(torch.float32)
+    if scheme.strategy == "tensor":
+        if s.numel() != 1:
+            raise QuantizationError(f"{scheme.method} {name}: a per-tensor scale has one value, got {list(s.shape)}")
+        return Fp8Weight(weight.contiguous(), s.reshape(1, 1).expand(n, 1).contiguous())
+    if scheme.strategy == "channel":
+        return Fp8Weight(weight.contiguous(), _scale_matrix(s, n, 1, name).contiguous())
+    raise QuantizationError(f"{scheme.method} {name}: only per-tensor and per-channel FP8 weights are kept in FP8 "
+                            f"(strategy {scheme.strategy!r} is dequantized)")
 
 
 def fp8_dequantized(weight: torch.Tensor, scale: torch.Tensor, scheme: CompressedTensorsScheme,

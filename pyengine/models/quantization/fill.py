@@ -13,7 +13,9 @@ embedding (vocab x hidden in the engine's dtype; the LM head stays quantized); m
 parts of different layouts (llama.cpp's Q4_K_M mixes Q4_K and Q6_K) are widened to int8
 at the finer group, exactly (``merge_parts``); parts with different input permutations
 (GPTQ act-order: each projection has its own) or a float part among packed ones make the
-whole linear float (dequantized).
+whole linear float (dequantized). FP8 checkpoints kept in FP8 (``Fp8Weight``, for
+``torch._scaled_mm``) take the same path: cut, merged (all parts FP8) and moved to the
+linear's device.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ import torch
 from pyengine.models.decoder import DecoderForCausalLM
 from pyengine.models.errors import WeightMismatchError
 from pyengine.models.layers import WeightTarget, rank_rows
+from pyengine.models.quantization.fp8 import Fp8Weight
 from pyengine.models.quantization.packed import PackedWeight, QuantizationError
 
-Weight = Union[torch.Tensor, PackedWeight]
+Weight = Union[torch.Tensor, PackedWeight, Fp8Weight]
+_QUANTIZED = (PackedWeight, Fp8Weight)
 
 
 def fill_model(model: DecoderForCausalLM, shapes: dict[str, tuple[int, ...]], read: Callable[[str], Weight]) -> None:
@@ -59,7 +63,10 @@ def fill_model(model: DecoderForCausalLM, shapes: dict[str, tuple[int, ...]], re
         for key, parts in groups.items():
             parts.sort(key=lambda part: part[0].row_offset or 0)
             weights = [w for _, w in parts]
-            if all(isinstance(w, PackedWeight) for w in weights) and _one_perm(weights):
+            if all(isinstance(w, Fp8Weight) for w in weights):
+                merged = weights[0] if len(weights) == 1 else Fp8Weight.concat_rows(weights)  # type: ignore[arg-type]
+                linears[key].set_packed_weight(merged.to(parts[0][0].parameter.device))  # type: ignore[union-attr]
+            elif all(isinstance(w, PackedWeight) for w in weights) and _one_perm(weights):
                 linears[key].set_packed_weight(merge_parts(weights))  # type: ignore[arg-type]
             else:
                 for dest, w in parts:
@@ -104,13 +111,15 @@ def _linear_modules(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
 def _this_rank(weight: Weight, dest: WeightTarget) -> Weight:
     """The shard of ``weight`` this rank keeps (see ``WeightTarget``)."""
     if dest.parts:  # a fused tensor (Phi-3's qkv_proj): each part's rows of this rank
+        if isinstance(weight, Fp8Weight):
+            return Fp8Weight.concat_rows([weight.rows(start, size) for start, size in dest.kept_rows()])
         if not isinstance(weight, PackedWeight):
             return rank_rows(dest, weight)
         return PackedWeight.concat_rows([weight.rows(start, size) for start, size in dest.kept_rows()])
     shard = dest.shard
     if dest.shard_dim is None or shard is None or (shard.start == 0 and shard.size == shard.full):
         return weight
-    if not isinstance(weight, PackedWeight):
+    if not isinstance(weight, _QUANTIZED):
         return weight.narrow(dest.shard_dim, shard.start, shard.size)
     if dest.shard_dim == 0:
         return weight.rows(shard.start, shard.size)
@@ -121,10 +130,17 @@ def _fill_vocab(model: DecoderForCausalLM, name: str, dest: WeightTarget, weight
     """The embedding / LM head: a quantized LM head stays quantized (padded with zero rows
     to this rank's vocabulary rows); a quantized untied embedding is dequantized."""
     is_head = name == "lm_head.weight" or model.lm_head is None
-    if not isinstance(weight, PackedWeight) or not is_head:
+    if not isinstance(weight, _QUANTIZED) or not is_head:
         _copy(dest, _as_float(weight))
         return
     rows = model.output_embedding.shape[0]
+    if isinstance(weight, Fp8Weight):
+        extra = rows - weight.out_features
+        zero = Fp8Weight(torch.zeros((extra, weight.in_features), dtype=torch.float8_e4m3fn),
+                         torch.zeros((extra, 1)))
+        padded = weight if extra == 0 else Fp8Weight.concat_rows([weight, zero])
+        model.set_packed_head(padded.to(model.output_embedding.device))
+        return
     model.set_packed_head(_padded_rows(weight, rows))
 
 
@@ -142,6 +158,8 @@ def _padded_rows(weight: PackedWeight, rows: int) -> PackedWeight:
 
 
 def _as_float(weight: Weight) -> torch.Tensor:
+    if isinstance(weight, Fp8Weight):
+        return weight.dequantize()
     if not isinstance(weight, PackedWeight):
         return weight
     dense = weight.dequantize()

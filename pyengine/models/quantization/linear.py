@@ -4,6 +4,8 @@
 kernels (``pyengine.models.gemv``: up to 48 float32 rows, the packed integers read as
 stored, no repacking at load) where they apply, else the dequantize-then-matmul reference
 (``packed.reference_matmul``: prefill, other dtypes, group sizes not a multiple of 16).
+A weight repacked for a torch kernel (``kernels.prepare_weight``: ``Fp8Weight`` through
+``torch._scaled_mm``, ``Int8PackWeight`` / ``Int4PackWeight``) always runs that kernel.
 """
 
 from __future__ import annotations
@@ -13,14 +15,19 @@ from typing import Optional
 import torch
 
 from pyengine.models import gemv
+from pyengine.models.quantization.fp8 import Fp8Weight, fp8_linear
+from pyengine.models.quantization.kernels import LinearWeight
 from pyengine.models.quantization.packed import PackedWeight, QuantizationError, reference_matmul
 
 
 class QuantizedMatmul:
     """``x W^T (+ bias)`` for a packed ``W`` [N, K]; ``x`` is [rows, K]."""
 
-    def __init__(self, weight: PackedWeight) -> None:
+    def __init__(self, weight: LinearWeight) -> None:
         self.weight = weight
+        if not isinstance(weight, PackedWeight):
+            self.native = False
+            return
         tensors = [weight.qweight, weight.scales, weight.biases]
         self.native = gemv.weight_fits(weight) and all(
             t is None or (t.device.type == "cpu" and t.is_contiguous()) for t in tensors
@@ -31,13 +38,24 @@ class QuantizedMatmul:
         return self.weight.nbytes
 
     def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if self.native and gemv.applies(x):
-            return gemv.packed_linear(x, self.weight, bias)
-        return reference_matmul(x, self.weight, bias)
+        w = self.weight
+        if isinstance(w, PackedWeight):
+            if self.native and gemv.applies(x):
+                return gemv.packed_linear(x, w, bias)
+            return reference_matmul(x, w, bias)
+        if isinstance(w, Fp8Weight):
+            return fp8_linear(x, w, bias)
+        return w(x, bias)
 
     def embedding(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows ``ids`` of ``W`` dequantized (a tied embedding's lookup): [len(ids), K]."""
         w = self.weight
+        if not isinstance(w, PackedWeight):
+            if ids.numel() == 0:
+                return torch.empty(0, w.in_features, dtype=dtype, device=ids.device)
+            if not hasattr(w, "row_values"):
+                raise QuantizationError(f"a tied embedding cannot look rows up in a {type(w).__name__}")
+            return w.row_values(ids, dtype)
         if w.input_perm is not None:
             raise QuantizationError("an embedding cannot use a weight with input_perm")
         if ids.numel() == 0:

@@ -7,6 +7,11 @@ at load (vLLM's ``quantization=`` on an unquantized checkpoint).
   (``scale = (max - min) / 15``, ``q = round((w - min) / scale)`` in 0..15,
   ``bias = min``): the min/max form keeps a group's range whole, which a symmetric 4-bit
   grid would halve for one-signed groups.
+- ``"fp8"``: float8 e4m3 weights, one scale per output channel (``max|w| / 448``), the
+  activations rounded to e4m3 per token at run time (``fp8.py``; vLLM's online fp8).
+
+Which kernel multiplies them is decided in ``kernels.py`` (the device and an optional
+explicit choice): ``check_method`` asks it before anything is loaded.
 
 Quantizing a tensor-parallel shard gives the same integers as quantizing the whole weight
 and cutting it, as long as a row-parallel shard starts on a group boundary (checked).
@@ -18,36 +23,35 @@ from typing import Optional
 
 import torch
 
+from pyengine.models.quantization.fp8 import Fp8Weight, quantize_fp8
+from pyengine.models.quantization.kernels import KernelTarget, choose_kernel
 from pyengine.models.quantization.packed import PackedWeight, QuantizationError
 
-#: Methods ``quantization=`` accepts on CPU, and their settings (for error messages).
-METHODS = {"int8": "weight-only int8, per output channel", "int4": "weight-only int4, group 128, asymmetric"}
+#: Methods ``quantization=`` accepts, and their settings (for error messages).
+METHODS = {"int8": "weight-only int8, per output channel", "int4": "weight-only int4, group 128, asymmetric",
+           "fp8": "float8 e4m3 weights per output channel, dynamic per-token e4m3 activations"}
 INT4_GROUP_SIZE = 128
 
 
-def check_method(method: Optional[str], device: torch.device) -> Optional[str]:
-    """``method`` when pyengine can quantize to it on ``device``; a QuantizationError naming
-    the method, its settings and what is supported otherwise."""
+def check_method(method: Optional[str], device: torch.device, kernel: Optional[str] = None,
+                 target: Optional[KernelTarget] = None) -> Optional[str]:
+    """The kernel that will multiply ``method``'s weights on ``device`` (``kernel`` if it
+    can), None without a method; a QuantizationError naming the method, its settings and
+    what is supported otherwise. ``target`` stands for the device's capability in tests."""
     if method is None:
+        if kernel is not None:
+            raise QuantizationError(f"quantization kernel {kernel!r} given without a quantization method")
         return None
-    if method == "fp8":
-        raise QuantizationError(
-            "quantization='fp8' (float8 e4m3 weights, per-channel scales) is not supported on "
-            f"device {device.type!r} yet; on CPU use 'int8' or 'int4'"
-        )
     if method not in METHODS:
         listed = ", ".join(f"{name!r} ({what})" for name, what in METHODS.items())
         raise QuantizationError(f"quantization={method!r} is not supported; supported: {listed}")
-    if device.type != "cpu":
-        raise QuantizationError(
-            f"quantization={method!r} ({METHODS[method]}) is not supported on device {device.type!r} yet; "
-            "its kernels are CPU only"
-        )
-    return method
+    return choose_kernel(method, target or KernelTarget.of(device), kernel)
 
 
-def quantize_weight(weight: torch.Tensor, method: str) -> PackedWeight:
-    """``weight`` [N, K] (any float dtype) as a PackedWeight of ``method``."""
+def quantize_weight(weight: torch.Tensor, method: str) -> "PackedWeight | Fp8Weight":
+    """``weight`` [N, K] (any float dtype) as a PackedWeight (int8, int4) or an Fp8Weight."""
+    if method == "fp8":
+        return quantize_fp8(weight)
     w = weight.detach().to(torch.float32)
     if method == "int8":
         return _int8_per_channel(w)
