@@ -308,9 +308,7 @@ class ModelRunner:
         hidden = self.model(
             input_ids, positions, self.attention_backend.bind(self.kv_cache, layout), context_lens(self.model, layout)
         )
-        if logits_indices.numel() == 0:
-            return hidden, hidden.new_zeros(0, self.model.config.vocab_size, dtype=torch.float32)
-        return hidden, self.model.compute_logits(hidden.index_select(0, logits_indices))
+        return hidden, self._logits_at(hidden, logits_indices)
 
     def _forward_capturing(
         self, input_ids: torch.Tensor, positions: torch.Tensor, layout: StepAttentionLayout,
@@ -323,9 +321,13 @@ class ModelRunner:
             context_lens(self.model, layout), self.aux_layers,
         )
         assert aux is not None  # aux_layers is not empty
+        return hidden, self._logits_at(hidden, logits_indices), aux
+
+    def _logits_at(self, hidden: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
+        """float32 logits of the rows ``logits_indices`` of ``hidden`` (none: an empty [0, vocab])."""
         if logits_indices.numel() == 0:
-            return hidden, hidden.new_zeros(0, self.model.config.vocab_size, dtype=torch.float32), aux
-        return hidden, self.model.compute_logits(hidden.index_select(0, logits_indices)), aux
+            return hidden.new_zeros(0, self.model.config.vocab_size, dtype=torch.float32)
+        return self.model.compute_logits(hidden.index_select(0, logits_indices))
 
     def _fail_fully_masked(self, plan: StepPlanLike, logits: torch.Tensor) -> None:
         """Fails the samples left with no token (see ``masked_rows``), only those."""
