@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 from safetensors import safe_open
 
-from pyengine.models.errors import ModelLoadError
+from pyengine.models.errors import ModelLoadError, WeightMismatchError
 
 INDEX_FILE = "model.safetensors.index.json"
 BIN_INDEX_FILE = "pytorch_model.bin.index.json"
@@ -169,3 +169,23 @@ def _first_line(error: BaseException) -> str:
     """The first sentence of an error's message (torch's run to several paragraphs)."""
     text = str(error).strip() or type(error).__name__
     return text.splitlines()[0].split(". ")[0].rstrip(".")
+
+
+def check_names_and_shapes(
+    targets: Mapping[str, Any],
+    shapes: Mapping[str, tuple[int, ...]],
+    ignorable: Callable[[str], bool],
+    extra_missing: Iterable[str] = (),
+    extra_wrong: Iterable[tuple[str, tuple[int, ...], tuple[int, ...]]] = (),
+) -> None:
+    """Every target (each with a ``checkpoint_shape``) present in ``shapes`` with its shape,
+    and nothing else there but what ``ignorable`` accepts; all that is wrong reported at
+    once (WeightMismatchError). ``extra_*``: a caller's own findings, reported with them."""
+    missing = sorted([name for name in targets if name not in shapes] + list(extra_missing))
+    unexpected = sorted(name for name in shapes if name not in targets and not ignorable(name))
+    wrong = sorted(
+        [(name, t.checkpoint_shape, shapes[name]) for name, t in targets.items()
+         if name in shapes and tuple(shapes[name]) != t.checkpoint_shape] + list(extra_wrong)
+    )
+    if missing or unexpected or wrong:
+        raise WeightMismatchError(missing, unexpected, wrong)

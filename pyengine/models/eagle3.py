@@ -23,9 +23,14 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from pyengine.models.checkpoint import checkpoint_files, checkpoint_shapes, iterate_tensors
+from pyengine.models.checkpoint import (
+    check_names_and_shapes,
+    checkpoint_files,
+    checkpoint_shapes,
+    iterate_tensors,
+)
 from pyengine.models.eagle3_config import NUM_AUX_LAYERS, Eagle3HeadConfig
-from pyengine.models.errors import ModelLoadError, WeightMismatchError
+from pyengine.models.errors import ModelLoadError
 from pyengine.models.layers import (
     AttentionOp,
     ColumnParallelLinear,
@@ -34,6 +39,7 @@ from pyengine.models.layers import (
     RMSNorm,
     WeightTarget,
 )
+from pyengine.models.loader import copy_into_target
 from pyengine.models.parallel import ParallelContext
 from pyengine.models.rope import RotaryEmbedding
 
@@ -144,26 +150,15 @@ def load_eagle3_head(folder: Path, config: Eagle3HeadConfig, dtype: torch.dtype,
     with torch.device(device):
         head.build_rope_tables(max_positions)
     targets = head._targets()
-    wanted = dict(targets)
     needs_map = config.draft_vocab_size < config.layer.vocab_size
-    missing = sorted(name for name in targets if name not in shapes)
-    if needs_map and "d2t" not in shapes:
-        missing.append("d2t")
-    unexpected = sorted(name for name in shapes if name not in targets and name not in ("d2t", *_IGNORED))
-    wrong = sorted((name, t.checkpoint_shape, shapes[name]) for name, t in wanted.items()
-                   if name in shapes and tuple(shapes[name]) != t.checkpoint_shape)
-    if "d2t" in shapes and tuple(shapes["d2t"]) != (config.draft_vocab_size,):
-        wrong.append(("d2t", (config.draft_vocab_size,), shapes["d2t"]))
-    if missing or unexpected or wrong:
-        raise WeightMismatchError(missing, unexpected, wrong)
+    d2t_wrong = ([("d2t", (config.draft_vocab_size,), shapes["d2t"])]
+                 if "d2t" in shapes and tuple(shapes["d2t"]) != (config.draft_vocab_size,) else [])
+    check_names_and_shapes(targets, shapes, lambda name: name in ("d2t", *_IGNORED),
+                           extra_missing=["d2t"] if needs_map and "d2t" not in shapes else [], extra_wrong=d2t_wrong)
     with torch.no_grad():
         for name, tensor in iterate_tensors(files):
             if name in targets:
-                dest = targets[name]
-                data = dest.parameter.data
-                if dest.row_offset is not None:  # one part of a merged projection (q/k/v, gate/up)
-                    data = data.narrow(0, dest.row_offset, tensor.shape[0])
-                data.copy_(tensor)
+                copy_into_target(targets[name], tensor)
             elif name == "d2t":
                 head.draft_to_target = _target_ids(tensor, config, folder).to(device)
     head.eval().requires_grad_(False)

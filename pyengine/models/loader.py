@@ -25,11 +25,16 @@ import torch
 
 from pyengine.errors import InvalidConfigError
 from pyengine.models.architectures import build_model
-from pyengine.models.checkpoint import checkpoint_files, checkpoint_shapes, iterate_shards
+from pyengine.models.checkpoint import (
+    check_names_and_shapes,
+    checkpoint_files,
+    checkpoint_shapes,
+    iterate_shards,
+)
 from pyengine.models.config import DecoderConfig, parse_decoder_config
 from pyengine.models.decoder import DecoderForCausalLM
 from pyengine.models.dtypes import normalize_dtype
-from pyengine.models.errors import ModelLoadError, WeightMismatchError
+from pyengine.models.errors import ModelLoadError
 from pyengine.models.layers import WeightTarget, rank_rows
 from pyengine.models.parallel import ParallelContext
 from pyengine.models.quantization.apply import quantize_model
@@ -200,7 +205,7 @@ def fill_dummy_weights(model: DecoderForCausalLM, seed: int) -> None:
                 full = torch.empty(dest.checkpoint_shape, dtype=dtype, device=device)
                 full.normal_(0.0, 0.02, generator=generator)
             cut = _cut(dest)
-            _copy_into_target(dest, rank_rows(dest, full if cut is None else full.narrow(*cut)))
+            copy_into_target(dest, rank_rows(dest, full if cut is None else full.narrow(*cut)))
 
 
 def load_checkpoint_weights(model: DecoderForCausalLM, folder: Path, *, allow_bin: bool = True) -> None:
@@ -208,22 +213,12 @@ def load_checkpoint_weights(model: DecoderForCausalLM, folder: Path, *, allow_bi
     files = checkpoint_files(folder, allow_bin=allow_bin)
     shapes = checkpoint_shapes(files)
     targets = model.weight_targets()
-    missing = sorted(name for name in targets if name not in shapes)
-    unexpected = sorted(
-        name for name in shapes if name not in targets and not model.is_ignorable_checkpoint_tensor(name)
-    )
-    wrong_shapes = sorted(
-        (name, dest.checkpoint_shape, shapes[name])
-        for name, dest in targets.items()
-        if name in shapes and tuple(shapes[name]) != dest.checkpoint_shape
-    )
-    if missing or unexpected or wrong_shapes:
-        raise WeightMismatchError(missing, unexpected, wrong_shapes)
+    check_names_and_shapes(targets, shapes, model.is_ignorable_checkpoint_tensor)
     wanted = {name: _cut(dest) for name, dest in targets.items() if dest.held}
     with torch.no_grad():
         model.zero_padding()
         for name, tensor in iterate_shards(files, wanted):
-            _copy_into_target(targets[name], rank_rows(targets[name], tensor))
+            copy_into_target(targets[name], rank_rows(targets[name], tensor))
 
 
 def _cut(dest: WeightTarget) -> Optional[tuple[int, int, int]]:
@@ -236,7 +231,8 @@ def _cut(dest: WeightTarget) -> Optional[tuple[int, int, int]]:
     return dest.shard_dim, dest.shard.start, dest.shard.size
 
 
-def _copy_into_target(dest: WeightTarget, tensor: torch.Tensor) -> None:
+def copy_into_target(dest: WeightTarget, tensor: torch.Tensor) -> None:
+    """``tensor`` into its parameter (into its rows there, for one part of a merged projection)."""
     target = dest.parameter.data
     if dest.row_offset is not None:
         target = target.narrow(0, dest.row_offset, tensor.shape[0])

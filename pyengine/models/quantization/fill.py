@@ -26,8 +26,8 @@ from typing import Callable, Union
 
 import torch
 
+from pyengine.models.checkpoint import check_names_and_shapes
 from pyengine.models.decoder import DecoderForCausalLM
-from pyengine.models.errors import WeightMismatchError
 from pyengine.models.layers import WeightTarget, rank_rows
 from pyengine.models.quantization.fp8 import Fp8Weight
 from pyengine.models.quantization.packed import PackedWeight, QuantizationError
@@ -40,12 +40,7 @@ def fill_model(model: DecoderForCausalLM, shapes: dict[str, tuple[int, ...]], re
     """Every weight of ``model``: ``shapes`` names the checkpoint's tensors (checked against
     the model all at once), ``read(name)`` gives one in Hugging Face order and layout."""
     targets = model.weight_targets()
-    missing = sorted(name for name in targets if name not in shapes)
-    unexpected = sorted(name for name in shapes if name not in targets and not model.is_ignorable_checkpoint_tensor(name))
-    wrong = sorted((name, dest.checkpoint_shape, shapes[name]) for name, dest in targets.items()
-                   if name in shapes and tuple(shapes[name]) != dest.checkpoint_shape)
-    if missing or unexpected or wrong:
-        raise WeightMismatchError(missing, unexpected, wrong)
+    check_names_and_shapes(targets, shapes, model.is_ignorable_checkpoint_tensor)
     linears = _linear_modules(model)
     groups: dict[int, list[tuple[WeightTarget, Weight]]] = defaultdict(list)
     with torch.no_grad():
