@@ -22,7 +22,7 @@ from pyengine.models.parallel import ParallelContext
 from pyengine.models.quantization.apply import quantize_model_experts
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.deepseek_checkpoints import DEEPSEEK_MOE, set_correction_bias
-from pyengine.testing.tp_ranks import generate_on_rank, run_ranks
+from pyengine.testing.tp_ranks import check_two_ranks_match_one_and_transformers, generate_on_rank, run_ranks
 
 PROMPTS = [[5, 17, 300, 42, 7, 99, 100, 3, 250, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], [8, 9, 10]]
 STEPS = 8
@@ -76,15 +76,7 @@ def test_two_ranks_give_the_logits_of_one_and_of_transformers(arch, tmp_path):
     """Qwen2-MoE (6 experts, top 3, the shared expert sliced like a dense MLP, a dense
     layer) and Mixtral (4 experts, top 2), through the hand-planned model runner."""
     checkpoint = make_tiny_checkpoint(tmp_path / arch, arch)
-    generate_on_rank(str(checkpoint), str(tmp_path / "tp1.npy"), 0, 1, 0, PROMPTS, STEPS)
-    run_ranks(checkpoint, tmp_path / "ep2.npy", 2, PROMPTS, STEPS, expert_parallel=True)
-    one, two = np.load(tmp_path / "tp1.npy"), np.load(tmp_path / "ep2.npy")
-    assert one.shape == two.shape and one.shape[0] >= STEPS
-    np.testing.assert_allclose(two, one, atol=2e-5, rtol=1e-5)
-    reference = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    with torch.no_grad():
-        theirs = reference(torch.tensor([PROMPTS[1]])).logits[0, -1].numpy()
-    np.testing.assert_allclose(two[0], theirs, atol=2e-5, rtol=1e-5)
+    check_two_ranks_match_one_and_transformers(checkpoint, tmp_path, PROMPTS, STEPS, expert_parallel=True)
 
 
 def test_int4_experts_with_expert_parallelism_give_the_logits_of_one(tmp_path):

@@ -5,17 +5,15 @@ transformers."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-import transformers
 
 from pyengine.errors import InvalidConfigError
 from pyengine.models.architectures import check_tensor_parallel
 from pyengine.models.loader import fill_dummy_weights, instantiate_model, read_model_config
 from pyengine.models.parallel import ParallelContext
 from pyengine.testing.checkpoints import make_tiny_checkpoint
-from pyengine.testing.tp_ranks import generate_on_rank, run_ranks
+from pyengine.testing.tp_ranks import check_two_ranks_match_one_and_transformers
 
 PROMPTS = [[5, 17, 300, 42, 7, 99, 100, 3, 250, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], [8, 9, 10]]
 STEPS = 8
@@ -24,15 +22,7 @@ STEPS = 8
 def test_two_ranks_give_the_logits_of_one_for_qwen2_moe(tmp_path):
     """Qwen2-MoE: routed experts, the gated shared expert and a dense layer, sharded."""
     checkpoint = make_tiny_checkpoint(tmp_path / "qwen2_moe", "qwen2_moe")
-    generate_on_rank(str(checkpoint), str(tmp_path / "tp1.npy"), 0, 1, 0, PROMPTS, STEPS)
-    run_ranks(checkpoint, tmp_path / "tp2.npy", 2, PROMPTS, STEPS)
-    one, two = np.load(tmp_path / "tp1.npy"), np.load(tmp_path / "tp2.npy")
-    assert one.shape == two.shape and one.shape[0] >= STEPS
-    np.testing.assert_allclose(two, one, atol=2e-5, rtol=1e-5)
-    reference = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    with torch.no_grad():
-        theirs = reference(torch.tensor([PROMPTS[1]])).logits[0, -1].numpy()
-    np.testing.assert_allclose(two[0], theirs, atol=2e-5, rtol=1e-5)
+    check_two_ranks_match_one_and_transformers(checkpoint, tmp_path, PROMPTS, STEPS)
 
 
 def test_each_rank_holds_a_slice_of_every_expert(tmp_path):

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 import torch
-import transformers
 
 from pyengine.errors import InvalidConfigError
 from pyengine.models.architectures import check_tensor_parallel
 from pyengine.models.loader import read_model_config
 from pyengine.testing.checkpoints import make_tiny_checkpoint
-from pyengine.testing.tp_ranks import generate_on_rank, run_ranks
+from pyengine.testing.tp_ranks import check_two_ranks_match_one_and_transformers
 
 # One KV head replicated on both ranks; q/k/v bias with tied embeddings and a vocabulary
 # that does not divide (the last rank's slice padded).
@@ -34,16 +32,7 @@ def checkpoint(request, tmp_path_factory):
 
 
 def test_two_ranks_give_the_logits_of_one(checkpoint, tmp_path):
-    generate_on_rank(str(checkpoint), str(tmp_path / "tp1.npy"), 0, 1, 0, PROMPTS, STEPS)  # in this process
-    run_ranks(checkpoint, tmp_path / "tp2.npy", 2, PROMPTS, STEPS)
-    one, two = np.load(tmp_path / "tp1.npy"), np.load(tmp_path / "tp2.npy")
-    assert one.shape == two.shape and one.shape[0] >= STEPS
-    np.testing.assert_allclose(two, one, atol=2e-5, rtol=1e-5)
-    # And the first sampled row (the longer prompt's last position) equals transformers'.
-    reference = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    with torch.no_grad():
-        theirs = reference(torch.tensor([PROMPTS[1]])).logits[0, -1].numpy()
-    np.testing.assert_allclose(two[0], theirs, atol=2e-5, rtol=1e-5)
+    check_two_ranks_match_one_and_transformers(checkpoint, tmp_path, PROMPTS, STEPS)
 
 
 def test_sizes_that_do_not_divide_are_config_errors_naming_them(tmp_path):

@@ -53,6 +53,24 @@ def run_ranks(checkpoint: Path, out: Path, world_size: int, prompts: list[list[i
     return errors
 
 
+def check_two_ranks_match_one_and_transformers(checkpoint: Path, folder: Path, prompts: list[list[int]], steps: int,
+                                               expert_parallel: bool = False) -> None:
+    """TP=2's logits equal TP=1's (every step), and the first sampled row (the second
+    prompt's last position) equals transformers' on the same checkpoint."""
+    import torch
+    import transformers
+
+    generate_on_rank(str(checkpoint), str(folder / "tp1.npy"), 0, 1, 0, prompts, steps)  # in this process
+    run_ranks(checkpoint, folder / "tp2.npy", 2, prompts, steps, expert_parallel=expert_parallel)
+    one, two = np.load(folder / "tp1.npy"), np.load(folder / "tp2.npy")
+    assert one.shape == two.shape and one.shape[0] >= steps
+    np.testing.assert_allclose(two, one, atol=2e-5, rtol=1e-5)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    with torch.no_grad():
+        theirs = reference(torch.tensor([prompts[1]])).logits[0, -1].numpy()
+    np.testing.assert_allclose(two[0], theirs, atol=2e-5, rtol=1e-5)
+
+
 def generate_on_rank(checkpoint: str, out: str, rank: int, world_size: int, port: int, prompts: list[list[int]],
               steps: int, quantization: str = "none", expert_parallel: bool = False) -> None:
     import torch
