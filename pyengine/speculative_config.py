@@ -82,7 +82,7 @@ class SpeculativeConfig:
             for key in ("prompt_lookup_min", "prompt_lookup_max"):
                 if getattr(self, key) is not None:
                     raise bad(key, "applies to method 'ngram' only")
-        if self.method in ("draft_model", "eagle3"):
+        if self.proposed_by_executor:
             if not isinstance(self.model, (str, Path)) or not (Path(self.model) / "config.json").is_file():
                 raise bad("model", f"must be a checkpoint folder (with a config.json) for method {self.method!r}")
             object.__setattr__(self, "model", str(self.model))

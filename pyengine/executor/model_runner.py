@@ -133,16 +133,15 @@ class ModelRunner:
         self.sampler = Sampler(self.batch.sampling, self.generator)
         self.verifier = SpecVerifier(self.batch.sampling, self.generator)
         self.prompt_logprobs = PromptLogprobsTable(config.max_num_seqs, model_config.vocab_size)
-        # speculative_config's draft model or EAGLE-3 head; the target layers EAGLE-3 reads
+        # speculative_config's draft model or EAGLE-3 head
         self.proposer: Optional[Union[DraftProposer, Eagle3Proposer]] = None
-        self.aux_layers: tuple[int, ...] = ()
         self.eagle3: Optional[Eagle3Proposer] = None
         spec = config.speculative_config
         if spec is not None and spec.method == "draft_model":
             self.proposer = DraftProposer.load(spec, loaded, config, num_blocks, self.block_size, self.max_model_len)
         elif spec is not None and spec.method == "eagle3":
             self.eagle3 = Eagle3Proposer.load(spec, loaded, config, num_blocks, self.block_size, self.max_model_len)
-            self.proposer, self.aux_layers = self.eagle3, self.eagle3.aux_layers
+            self.proposer = self.eagle3
         self.grammar_masks = GrammarMaskApplier(self.device)
 
     @classmethod
@@ -316,9 +315,10 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``_forward``, plus the residual stream entering each of ``aux_layers`` [T, n * hidden]
         (one device only: EAGLE-3 is refused at tensor_parallel_size > 1)."""
+        assert self.eagle3 is not None  # only EAGLE-3 captures
         hidden, aux = self.model.forward_capturing(
             input_ids, positions, self.attention_backend.bind(self.kv_cache, layout),
-            context_lens(self.model, layout), self.aux_layers,
+            context_lens(self.model, layout), self.eagle3.aux_layers,
         )
         assert aux is not None  # aux_layers is not empty
         return hidden, self._logits_at(hidden, logits_indices), aux
@@ -474,7 +474,7 @@ def _hybrid_tables(config: ExecutorConfig, model_config: DecoderConfig, world_si
     too many tables, or a case that keeps one shared table (a draft model reading the same
     tables, an EAGLE-3 head mirroring them; tensor parallelism; latent attention)."""
     spec = config.speculative_config
-    proposer = spec is not None and spec.method in ("draft_model", "eagle3")
+    proposer = spec is not None and spec.proposed_by_executor
     if model_config.mla is not None or world_size != 1 or proposer:
         return None
     return plan_kv_tables(model_config.layer_windows, model_config.num_hidden_layers)
