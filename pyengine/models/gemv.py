@@ -43,20 +43,12 @@ def weight_fits(weight: PackedWeight) -> bool:
 
 def float_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``x W^T (+ b)`` for a float32 ``weight`` [n, k] (``applies(x)`` holds)."""
-    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
-    _kernels.gemv_f32(out.numpy(), x.contiguous().numpy(), weight.numpy(), torch.get_num_threads())
-    return out if bias is None else out.add_(bias)
+    return PreparedProduct(weight, bias)(x, torch.get_num_threads())
 
 
 def packed_linear(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``x W^T (+ b)`` for a packed ``weight`` (``applies(x)`` and ``weight_fits`` hold)."""
-    if weight.input_perm is not None:
-        x = x.index_select(1, weight.input_perm)
-    out = torch.empty(x.shape[0], weight.out_features, dtype=torch.float32)
-    biases = None if weight.biases is None else weight.biases.numpy()
-    _kernels.gemv_quantized(out.numpy(), x.contiguous().numpy(), weight.qweight.numpy(), weight.scales.numpy(),
-                            biases, weight.group_size, torch.get_num_threads())
-    return out if bias is None else out.add_(bias)
+    return PreparedProduct(weight, bias)(x, torch.get_num_threads())
 
 
 class PreparedProduct:

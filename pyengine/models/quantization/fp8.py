@@ -93,9 +93,7 @@ class Fp8Weight:
 
 def quantize_fp8(weight: torch.Tensor) -> Fp8Weight:
     """``weight`` [N, K] (any float dtype) with one scale per output channel."""
-    w = weight.detach().to(torch.float32)
-    scales = (w.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
-    q = (w / scales).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    q, scales = quantize_rows(weight.detach())  # the activations' per-row form, over output channels
     return Fp8Weight(q.contiguous(), scales.contiguous())
 
 

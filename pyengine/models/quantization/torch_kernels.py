@@ -32,8 +32,6 @@ INT4PACK_GROUP_SIZES = (32, 64, 128, 256)
 class Int8PackWeight:
     """A per-channel symmetric int8 PackedWeight as ``_weight_int8pack_mm`` reads it."""
 
-    native = False
-
     def __init__(self, weight: PackedWeight) -> None:
         if weight.bits != 8 or weight.group_size != weight.in_features or weight.biases is not None \
                 or weight.input_perm is not None:
@@ -68,8 +66,6 @@ class Int8PackWeight:
 
 class Int4PackWeight:
     """A 4-bit grouped PackedWeight in tinygemm's layout for its device."""
-
-    native = False
 
     def __init__(self, weight: PackedWeight) -> None:
         g = weight.group_size

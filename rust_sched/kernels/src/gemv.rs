@@ -177,19 +177,24 @@ fn avx512_cpu() -> bool {
 /// They feed subnormal floats to the FMAs; AMD's take them at full speed (measured on a
 /// Zen 5), while Intel's have been known to take a microcode assist on subnormal inputs,
 /// which would cost far more than the loops save; not measured there, so not taken.
+/// Asked once per process: CPUID is a trapping instruction under virtualisation (about
+/// 5 us each on the development VM), and int4 products run a hundred times a step.
 fn planes_cpu() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: CPUID leaf 0 exists on every x86-64 CPU (newer compilers call it safe).
-        #[allow(unused_unsafe)]
-        let vendor = unsafe { std::arch::x86_64::__cpuid(0) };
-        let amd = (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6E65, 0x444D_4163);
-        amd && avx512_cpu()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    static PLANES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PLANES.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: CPUID leaf 0 exists on every x86-64 CPU (newer compilers call it safe).
+            #[allow(unused_unsafe)]
+            let vendor = unsafe { std::arch::x86_64::__cpuid(0) };
+            let amd = (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6E65, 0x444D_4163);
+            amd && avx512_cpu()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
 }
 
 fn weight_bytes(weight: &Weight<'_>) -> usize {

@@ -31,17 +31,7 @@ impl Scheduler {
         if self.pool.caching_enabled() && !seq.pooling && !seq.kv_failed {
             // Blocks of known tokens only (at depth 2 the newest position may still be
             // sampling); a block behind the window whose token is unknown goes uncached.
-            let full = to.min(seq.num_tokens() / bs);
-            if full > seq.num_registered as usize {
-                seq.update_hashes(bs);
-                for i in seq.num_registered as usize..full {
-                    if seq.blocks[i] != NULL_BLOCK {
-                        let (tokens, parent) = seq.hashed_block(i, bs);
-                        self.pool.register(seq.blocks[i], seq.hashes[i], parent, tokens);
-                    }
-                }
-                seq.num_registered = full as u32;
-            }
+            super::tables::register_tables(&mut self.pool, seq, to.min(seq.num_tokens() / bs), bs);
         }
         self.pool.release(&seq.blocks[from..to]);
         seq.blocks[from..to].fill(NULL_BLOCK);
