@@ -301,9 +301,6 @@ def _check_speculation(config: EngineConfig) -> None:
             "speculative decoding needs the scheduler's support for drafts (issue 24), which this build's native "
             "scheduler does not have yet: leave speculative_config unset"
         )
-    if spec.proposed_by_executor and config.tensor_parallel_size > 1:
-        raise InvalidConfigError(f"speculative_config: method {spec.method!r} with tensor_parallel_size > 1 is not "
-                                 "supported yet; use 'ngram' or 'suffix'")
 
 
 def _scheduler_speculates() -> bool:

@@ -4,7 +4,7 @@ real loader; its drafts equal a plain re-implementation's (transformers' target 
 states, the head's math written out here) after steps that kept some drafts and rejected
 others, over chunked prefills and a preemption; the engine's outputs are those of
 speculation off (greedy and seeded, preemption, prefix caching, n > 1, structured
-outputs); what does not fit is refused by name."""
+outputs); what does not fit is refused by name (tensor parallelism: tests/test_spec_tp_proposers.py)."""
 
 from __future__ import annotations
 
@@ -270,9 +270,7 @@ def test_a_d2t_outside_the_vocabulary_is_refused(target, tmp_path):
         _runner(target, eagle(folder))
 
 
-def test_tensor_parallel_and_latent_attention_targets_are_refused(target, head, tmp_path):
-    with pytest.raises(InvalidConfigError, match="'eagle3' with tensor_parallel_size > 1"):
-        LLM(str(target), speculative_config=eagle(head), tensor_parallel_size=2)
+def test_latent_attention_targets_are_refused(target, head, tmp_path):
     mla = make_tiny_checkpoint(tmp_path / "mla", "deepseek_v2")
     with pytest.raises(InvalidConfigError, match="latent-attention target"):
         ModelRunner.from_pretrained(mla, ExecutorConfig(max_num_seqs=2, max_model_len=64, num_kv_blocks=16,

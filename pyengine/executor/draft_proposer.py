@@ -30,6 +30,7 @@ from pyengine.executor.attention.selector import select_attention_backend
 from pyengine.executor.kv_cache import KVCacheShape, PagedKVCache
 from pyengine.executor.proposals import (
     Drafts,
+    ProposerCacheSize,
     ScratchBlocks,
     StepTokens,
     draft_counts,
@@ -47,7 +48,7 @@ from pyengine.models.loader import LoadedModel, load_model
 class DraftProposer:
     """The draft model, its KV cache and the proposal loop (module docstring)."""
 
-    def __init__(self, loaded: LoadedModel, target: LoadedModel, k: int, num_blocks: int, block_size: int,
+    def __init__(self, loaded: LoadedModel, target: LoadedModel, k: int, block_size: int,
                  max_rows: int, max_model_len: int, attention_backend: str) -> None:
         check_same_vocabulary(loaded, target)
         if loaded.config.mla is not None:
@@ -56,12 +57,18 @@ class DraftProposer:
         self.loaded, self.model, self.k = loaded, loaded.model, k
         self.model.pack_for_cpu()
         self.device, self.block_size, self.max_model_len = loaded.device, block_size, max_model_len
-        self.scratch = ScratchBlocks(num_blocks, max_rows, k, block_size, max_model_len, self.device)
+        self.max_rows = max_rows
         self.prompt_len = np.zeros(max_rows, dtype=np.int64)  # each row's sequence's prompt
         shape = KVCacheShape(num_layers=loaded.config.num_hidden_layers, num_kv_heads=self.model.num_kv_heads,
                              head_dim=loaded.config.head_dim, block_size=block_size, dtype=loaded.dtype)
-        self.kv_cache = PagedKVCache(shape, self.scratch.total_blocks, self.device)
+        self.cache_size = ProposerCacheSize.of(shape, max_rows, k)  # counted by the KV sizing
         self.backend = select_attention_backend(attention_backend, self.device, loaded.dtype)
+
+    def allocate(self, num_blocks: int) -> None:
+        """The draft's cache, once the pool's ``num_blocks`` are decided: as many, plus scratch."""
+        self.scratch = ScratchBlocks(num_blocks, self.max_rows, self.k, self.block_size, self.max_model_len,
+                                     self.device)
+        self.kv_cache = PagedKVCache(self.cache_size.shape, self.scratch.total_blocks, self.device)
 
     @property
     def kv_groups(self) -> list[tuple[Optional[int], int]]:
@@ -69,11 +76,13 @@ class DraftProposer:
         return layer_kv_groups(self.loaded.config.layer_windows, self.loaded.config.num_hidden_layers)
 
     @classmethod
-    def load(cls, spec: Any, target: LoadedModel, config: Any, num_blocks: int, block_size: int,
+    def load(cls, spec: Any, target: LoadedModel, config: Any, block_size: int,
              max_model_len: int) -> "DraftProposer":
-        loaded = load_model(spec.model, dtype=config.dtype, device=config.device, load_format=config.load_format,
+        """The draft, whole on this process's device (at tensor_parallel_size > 1 only rank 0
+        loads it: it is never split); its cache comes with :meth:`allocate`."""
+        loaded = load_model(spec.model, dtype=config.dtype, device=target.device, load_format=config.load_format,
                             seed=config.seed + 1)
-        return cls(loaded, target, spec.num_speculative_tokens, num_blocks, block_size, config.max_num_seqs,
+        return cls(loaded, target, spec.num_speculative_tokens, block_size, config.max_num_seqs,
                    max_model_len, config.attention_backend)
 
     def after_step(self, step: StepTokens, output: Any, batch: Any) -> Optional[Drafts]:

@@ -35,11 +35,13 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from pyengine.executor.attention.selector import select_attention_backend
 from pyengine.executor.kv_cache import KVCacheShape, PagedKVCache
 from pyengine.executor.proposals import (
     Drafts,
+    ProposerCacheSize,
     ScratchBlocks,
     StepTokens,
     draft_counts,
@@ -56,18 +58,20 @@ from pyengine.models.loader import LoadedModel
 class Eagle3Proposer:
     """The EAGLE-3 head, its KV cache, the per-row carry and the proposal loop (module docstring)."""
 
-    def __init__(self, head: Eagle3Head, target: LoadedModel, k: int, num_blocks: int, block_size: int,
-                 max_rows: int, max_model_len: int, attention_backend: str) -> None:
+    def __init__(self, head: Eagle3Head, target: LoadedModel, k: int, block_size: int,
+                 max_rows: int, max_model_len: int, attention_backend: str,
+                 target_embedding: Optional[torch.Tensor] = None) -> None:
+        """``target_embedding``: the target's whole embedding matrix, for a head without one
+        of its own at tensor_parallel_size > 1 (the target's is split over the ranks and
+        looking a token up in it is a collective; ``vocab_parallel.whole_embedding``)."""
         self.head, self.k, self.device = head, k, target.device
-        self.block_size, self.max_model_len = block_size, max_model_len
+        self.block_size, self.max_model_len, self.max_rows = block_size, max_model_len, max_rows
         self.aux_layers = head.config.aux_layer_ids
-        self.embed: Callable[[torch.Tensor], torch.Tensor] = (
-            head.embed_tokens if head.embed_tokens is not None else target.model.embed_tokens)
+        self.embed: Callable[[torch.Tensor], torch.Tensor] = _embedding(head, target, target_embedding)
         layer = head.config.layer
-        self.scratch = ScratchBlocks(num_blocks, max_rows, k, block_size, max_model_len, self.device)
         shape = KVCacheShape(num_layers=1, num_kv_heads=head.num_kv_heads, head_dim=layer.head_dim,
                              block_size=block_size, dtype=target.dtype)
-        self.kv_cache = PagedKVCache(shape, self.scratch.total_blocks, self.device)
+        self.cache_size = ProposerCacheSize.of(shape, max_rows, k)  # counted by the KV sizing
         self.backend = select_attention_backend(attention_backend, self.device, target.dtype)
         # Each row's last committed position: the head's input state there, which sequence, where.
         self.carry = torch.zeros(max_rows, layer.hidden_size, dtype=target.dtype, device=self.device)
@@ -75,14 +79,22 @@ class Eagle3Proposer:
         self.carry_position = np.full(max_rows, -1, dtype=np.int64)
         self.prompt_len = np.zeros(max_rows, dtype=np.int64)  # each row's sequence's prompt
 
+    def allocate(self, num_blocks: int) -> None:
+        """The head's cache, once the pool's ``num_blocks`` are decided: as many, plus scratch."""
+        self.scratch = ScratchBlocks(num_blocks, self.max_rows, self.k, self.block_size, self.max_model_len,
+                                     self.device)
+        self.kv_cache = PagedKVCache(self.cache_size.shape, self.scratch.total_blocks, self.device)
+
     @classmethod
-    def load(cls, spec: Any, target: LoadedModel, config: Any, num_blocks: int, block_size: int,
-             max_model_len: int) -> "Eagle3Proposer":
+    def load(cls, spec: Any, target: LoadedModel, config: Any, block_size: int, max_model_len: int,
+             target_embedding: Optional[torch.Tensor] = None) -> "Eagle3Proposer":
+        """The head on the target's device (at tensor_parallel_size > 1: rank 0 only); its
+        cache comes with :meth:`allocate`."""
         folder = Path(spec.model)
         head_config = read_eagle3_config(folder, target.config)
         head = load_eagle3_head(folder, head_config, target.dtype, target.device, max_model_len)
-        return cls(head, target, spec.num_speculative_tokens, num_blocks, block_size, config.max_num_seqs,
-                   max_model_len, config.attention_backend)
+        return cls(head, target, spec.num_speculative_tokens, block_size, config.max_num_seqs,
+                   max_model_len, config.attention_backend, target_embedding)
 
     @property
     def kv_groups(self) -> list[tuple[Optional[int], int]]:
@@ -197,3 +209,16 @@ class Eagle3Proposer:
             tokens = self.head.draft_tokens(out)
             drafts.append(tokens)
         return counts, kept_drafts(drafts, counts)
+
+
+def _embedding(head: Eagle3Head, target: LoadedModel,
+               whole: Optional[torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The head's token embedding: its own, else the target's (``whole``: the target's
+    matrix gathered on this rank, when the target's module holds only a slice)."""
+    if head.embed_tokens is not None:
+        return head.embed_tokens
+    if target.model.parallel.world_size == 1:
+        return target.model.embed_tokens
+    if whole is None:
+        raise ValueError("an EAGLE-3 head sharing a split target's embedding needs the whole matrix")
+    return lambda ids: F.embedding(ids, whole)

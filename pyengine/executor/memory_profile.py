@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
 from pyengine.executor.config import DEFAULT_CPU_KV_CACHE_BYTES, ExecutorConfig
 from pyengine.executor.kv_cache import KVCacheShape, KVCacheTooSmallError, blocks_for_budget
+from pyengine.executor.proposals import ProposerCacheSize
 
 logger = logging.getLogger(__name__)
 
@@ -19,22 +20,37 @@ def decide_num_blocks(
     device: torch.device,
     most_useful: int,
     profile_forward: Callable[[], None],
+    proposer: Optional[ProposerCacheSize] = None,
 ) -> int:
     """How many KV blocks to allocate.
 
     ``num_kv_blocks`` wins when set; else ``kv_cache_bytes``; else 4 GiB on CPU and, on
     CUDA, ``gpu_memory_utilization`` of the device minus what is in use after a profiling
-    forward (``profile_forward``, the largest step the executor will run) and its peak.
+    forward (``profile_forward``, the largest step the executor will run) and its peak
+    (a proposer's weights, loaded before, are in use). A proposer's own cache
+    (``proposer``: a draft model's or EAGLE-3 head's, on this rank) is paid from the same
+    budget: its scratch blocks first, then one of its blocks beside each of the target's.
     The result is capped at ``most_useful`` (every row at max_model_len).
     """
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     if config.kv_cache_bytes is not None:
-        return blocks_for_budget(shape, config.kv_cache_bytes, most_useful)
-    if device.type != "cuda":
-        return blocks_for_budget(shape, DEFAULT_CPU_KV_CACHE_BYTES, most_useful)
-    budget = _cuda_budget(config, device, profile_forward)
-    return blocks_for_budget(shape, budget, most_useful)
+        budget = config.kv_cache_bytes
+    elif device.type != "cuda":
+        budget = DEFAULT_CPU_KV_CACHE_BYTES
+    else:
+        budget = _cuda_budget(config, device, profile_forward)
+    if proposer is None:
+        return blocks_for_budget(shape, budget, most_useful)
+    per_block = shape.bytes_per_block + proposer.shape.bytes_per_block
+    left = budget - proposer.scratch_blocks * proposer.shape.bytes_per_block
+    if left < per_block:
+        raise KVCacheTooSmallError(
+            f"KV cache budget of {budget} bytes holds no block beside the proposer's cache (its "
+            f"{proposer.scratch_blocks} scratch blocks need {proposer.scratch_blocks * proposer.shape.bytes_per_block} "
+            f"bytes; one block of both caches {per_block})"
+        )
+    return int(min(left // per_block, most_useful))
 
 
 def _cuda_budget(config: ExecutorConfig, device: torch.device, profile_forward: Callable[[], None]) -> int:

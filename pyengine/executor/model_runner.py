@@ -56,6 +56,7 @@ from pyengine.models.config import DecoderConfig
 from pyengine.models.layer_config import kv_groups as layer_kv_groups
 from pyengine.models.loader import LoadedModel, load_model
 from pyengine.models.parallel import CollectiveError, ParallelContext
+from pyengine.models.vocab_parallel import whole_embedding
 
 logger = logging.getLogger(__name__)
 
@@ -100,12 +101,16 @@ class ModelRunner:
                 block_size=self.block_size,
                 dtype=loaded.dtype,
             )
+        # speculative_config's draft model or EAGLE-3 head, on tensor-parallel rank 0 only:
+        # loaded before the cache is sized, which pays for its cache too.
+        proposer = self._load_proposer(loaded, config)
         num_blocks = decide_num_blocks(
             config,
             self.kv_shape,
             self.device,
             config.max_num_seqs * self.max_blocks_per_seq * self.num_kv_tables,
             self._profile_forward,
+            None if proposer is None else proposer.cache_size,
         )
         num_blocks = self.model.parallel.min_over_ranks(num_blocks)  # every rank must hold them
         self.kv_cache = new_kv_cache(self.kv_shape, num_blocks, self.device, self._layer_index_map)
@@ -133,15 +138,10 @@ class ModelRunner:
         self.sampler = Sampler(self.batch.sampling, self.generator)
         self.verifier = SpecVerifier(self.batch.sampling, self.generator)
         self.prompt_logprobs = PromptLogprobsTable(config.max_num_seqs, model_config.vocab_size)
-        # speculative_config's draft model or EAGLE-3 head
-        self.proposer: Optional[Union[DraftProposer, Eagle3Proposer]] = None
-        self.eagle3: Optional[Eagle3Proposer] = None
-        spec = config.speculative_config
-        if spec is not None and spec.method == "draft_model":
-            self.proposer = DraftProposer.load(spec, loaded, config, num_blocks, self.block_size, self.max_model_len)
-        elif spec is not None and spec.method == "eagle3":
-            self.eagle3 = Eagle3Proposer.load(spec, loaded, config, num_blocks, self.block_size, self.max_model_len)
-            self.proposer = self.eagle3
+        self.proposer: Optional[Union[DraftProposer, Eagle3Proposer]] = proposer
+        self.eagle3: Optional[Eagle3Proposer] = proposer if isinstance(proposer, Eagle3Proposer) else None
+        if proposer is not None:
+            proposer.allocate(num_blocks)  # its cache mirrors the target's block ids
         self.grammar_masks = GrammarMaskApplier(self.device)
 
     @classmethod
@@ -156,6 +156,29 @@ class ModelRunner:
             parallel=parallel, quantization=config.quantization,
         )
         return cls(loaded, config)
+
+    def _load_proposer(
+        self, loaded: LoadedModel, config: ExecutorConfig
+    ) -> Optional[Union[DraftProposer, Eagle3Proposer]]:
+        """The draft model or EAGLE-3 head (None without one, and on tensor-parallel ranks
+        other than 0: drafts are proposed once, on rank 0, and reach the other ranks in the
+        next step's plan). Neither is split: a draft model is loaded whole (vLLM's
+        ``draft_tensor_parallel_size=1``); an EAGLE-3 head reads the target's auxiliary
+        hidden states, whole on every rank after the all-reduces, and, sharing the target's
+        embedding at size > 1, the whole matrix gathered here from every rank's slice (a
+        collective: every rank takes part)."""
+        spec = config.speculative_config
+        if spec is None or not spec.proposed_by_executor:
+            return None
+        parallel = self.model.parallel
+        whole = None
+        if spec.method == "eagle3" and parallel.world_size > 1:
+            whole = whole_embedding(self.model.embed_tokens)
+        if parallel.rank != 0:
+            return None
+        if spec.method == "draft_model":
+            return DraftProposer.load(spec, loaded, config, self.block_size, self.max_model_len)
+        return Eagle3Proposer.load(spec, loaded, config, self.block_size, self.max_model_len, whole)
 
     @property
     def kv_groups(self) -> list[tuple[Optional[int], int]]:
@@ -314,7 +337,7 @@ class ModelRunner:
         logits_indices: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``_forward``, plus the residual stream entering each of ``aux_layers`` [T, n * hidden]
-        (one device only: EAGLE-3 is refused at tensor_parallel_size > 1)."""
+        (the tensor-parallel rank 0 runs it with its collectives, see ``tensor_parallel``)."""
         assert self.eagle3 is not None  # only EAGLE-3 captures
         hidden, aux = self.model.forward_capturing(
             input_ids, positions, self.attention_backend.bind(self.kv_cache, layout),

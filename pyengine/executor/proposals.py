@@ -22,11 +22,25 @@ import numpy as np
 import torch
 
 from pyengine.executor.attention.metadata import StepAttentionLayout
-from pyengine.executor.kv_cache import PagedKVCache
+from pyengine.executor.kv_cache import KVCacheShape, PagedKVCache
 
 Drafts = tuple[np.ndarray, np.ndarray]  # (counts int32 [S], tokens int64 [sum])
 # (rows, last tokens, their positions, at most this many drafts per row or None: k)
 ProposeFn = Callable[[np.ndarray, torch.Tensor, np.ndarray, Optional[np.ndarray]], Drafts]
+
+
+@dataclass(frozen=True)
+class ProposerCacheSize:
+    """What a proposer's own KV cache costs beside the target's (``memory_profile``): one
+    block of ``shape`` per pool block (it mirrors the target's block ids), plus
+    ``scratch_blocks`` past the pool."""
+
+    shape: KVCacheShape
+    scratch_blocks: int
+
+    @classmethod
+    def of(cls, shape: KVCacheShape, max_rows: int, k: int) -> "ProposerCacheSize":
+        return cls(shape, max_rows * ScratchBlocks.blocks_per_row(k, shape.block_size))
 
 
 @dataclass(frozen=True)
@@ -96,8 +110,13 @@ class ScratchBlocks:
                  device: torch.device) -> None:
         self.num_blocks, self.block_size, self.device = num_blocks, block_size, device
         self.last_position = max_model_len - 1  # rows with fewer drafts run at a clamped position
-        self.per_row = -(-(k + block_size) // block_size) + 1
+        self.per_row = self.blocks_per_row(k, block_size)
         self.total_blocks = num_blocks + max_rows * self.per_row
+
+    @staticmethod
+    def blocks_per_row(k: int, block_size: int) -> int:
+        """Scratch blocks each row needs for k proposal positions (the copied first block included)."""
+        return -(-(k + block_size) // block_size) + 1
 
     def table(self, cache: PagedKVCache, rows: np.ndarray, first_positions: np.ndarray, steps: int,
               block_table: torch.Tensor) -> torch.Tensor:

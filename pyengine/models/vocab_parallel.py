@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from pyengine.models import cpu_linear
 from pyengine.models.layers import WeightTarget
-from pyengine.models.parallel import ParallelContext
+from pyengine.models.parallel import CollectiveError, ParallelContext
 from pyengine.models.quantization.linear import QuantizedMatmul
 
 
@@ -70,3 +70,23 @@ def zero_vocab_padding(weight: torch.Tensor, vocab_size: int, parallel: Parallel
     real = parallel.vocab(vocab_size).size
     with torch.no_grad():
         weight[real:].zero_()
+
+
+def whole_embedding(embedding: VocabParallelEmbedding) -> Optional[torch.Tensor]:
+    """The whole [vocab, hidden] matrix on rank 0 (None on the other ranks), gathered once
+    from every rank's slice: a collective, every rank of the group calls it at the same
+    point of its start-up. An EAGLE-3 head that shares the target's embedding runs on
+    rank 0 alone and looks its tokens up there (``executor/eagle3_proposer.py``). A slice
+    looked up in a quantized tied LM head is dequantized row by row here."""
+    parallel = embedding.parallel
+    vocab = embedding.vocab_size
+    rows = torch.arange(parallel.vocab_rows(vocab), device=embedding.weight.device)
+    local = embedding._lookup(rows).contiguous()
+    if parallel.world_size == 1:
+        return local[:vocab]
+    parts = [torch.empty_like(local) for _ in range(parallel.world_size)] if parallel.rank == 0 else None
+    try:
+        torch.distributed.gather(local, parts, dst=0, group=parallel.group)
+    except RuntimeError as error:
+        raise CollectiveError(f"gathering the embedding failed on rank {parallel.rank}: {error}") from error
+    return None if parts is None else torch.cat(parts)[:vocab]

@@ -247,11 +247,38 @@ class TensorParallelRunner(ModelRunner):
         self, input_ids: torch.Tensor, positions: torch.Tensor, layout: StepAttentionLayout,
         logits_indices: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden, logits, _ = self._sharded_forward(input_ids, positions, layout, logits_indices, ())
+        return hidden, logits
+
+    def _forward_capturing(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, layout: StepAttentionLayout,
+        logits_indices: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """EAGLE-3's capture on rank 0: the residual stream entering a layer is whole on
+        every rank (it is the sum of the all-reduced outputs), so rank 0 takes it from its
+        own forward; the workers run their plain forward, with the same collectives."""
+        assert self.eagle3 is not None  # only EAGLE-3 captures
+        hidden, logits, aux = self._sharded_forward(input_ids, positions, layout, logits_indices,
+                                                    self.eagle3.aux_layers)
+        assert aux is not None  # aux_layers is not empty
+        return hidden, logits, aux
+
+    def _sharded_forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, layout: StepAttentionLayout,
+        logits_indices: torch.Tensor, aux_layers: tuple[int, ...],
+    ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """This rank's forward, the logits gathered from every rank, and with ``aux_layers``
+        the captured states (``DecoderForCausalLM.forward_capturing``)."""
         model = self.model
+        captured: list[Optional[torch.Tensor]] = [None]
 
         def forward() -> tuple[torch.Tensor, torch.Tensor]:
             attention = self.attention_backend.bind(self.kv_cache, layout)
-            hidden = model(input_ids, positions, attention, context_lens(model, layout))
+            lens = context_lens(model, layout)
+            if aux_layers:
+                hidden, captured[0] = model.forward_capturing(input_ids, positions, attention, lens, aux_layers)
+            else:
+                hidden = model(input_ids, positions, attention, lens)
             return hidden, model.local_logits(hidden.index_select(0, logits_indices))
 
         hidden, error, local = run_forward(
@@ -263,7 +290,7 @@ class TensorParallelRunner(ModelRunner):
             self._issue_owed_gathers(self._published, failure)  # the workers go on to the prompt slices
             raise failure from error
         assert hidden is not None and gathered.logits is not None
-        return hidden, gathered.logits
+        return hidden, gathered.logits, captured[0]
 
     def _prompt_logits(self, hidden: torch.Tensor, token_indices: np.ndarray) -> torch.Tensor:
         """One slice of prompt positions: this rank's vocabulary slice, then the gather
@@ -540,8 +567,9 @@ def _spawn(
         "signal_fd": signal_read,
         "reply_fd": reply_write,
         "rendezvous": {**asdict(rendezvous), "rank": rank, "local_rank": rank},
-        # Workers never sample, so they take no logits processors (classes do not cross).
-        "executor_config": asdict(replace(config, logits_processors=(), speculative_config=None)),
+        # Workers never sample, so they take no logits processors (classes do not cross);
+        # they keep speculative_config, loading no proposer (``ModelRunner._load_proposer``).
+        "executor_config": asdict(replace(config, logits_processors=())),
         "capacity": asdict(capacity),
         "segment": segment,
         "collectives": None if local is None else {"name": local.name, "slot_bytes": local.slot_bytes},
