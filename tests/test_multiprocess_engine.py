@@ -243,9 +243,19 @@ def test_a_killed_core_fails_every_request_in_flight(checkpoint):
     try:
         async def run():
             params = SamplingParams(max_tokens=100_000 // 200, ignore_eos=True)
-            streams = [asyncio.ensure_future(_last(eng, [i + 1, 2, 3], params)) for i in range(16)]
-            while eng.health().steps < 2:
-                await asyncio.sleep(0.02)
+            streaming = asyncio.Event()
+
+            async def stream(prompt):
+                outs = []
+                async for out in eng.generate(prompt, params, None, output_kind="cumulative"):
+                    streaming.set()
+                    outs.append(out)
+                return outs
+
+            streams = [asyncio.ensure_future(stream([i + 1, 2, 3])) for i in range(16)]
+            # Killed at the first token streamed, not after a step count: the count comes with
+            # the core's once-a-second status, and under load 500 steps can pass before it does.
+            await asyncio.wait_for(streaming.wait(), 60)
             os.kill(pid, signal.SIGKILL)
             killed = time.monotonic()
             results = await asyncio.wait_for(asyncio.gather(*streams, return_exceptions=True), 10)

@@ -55,6 +55,10 @@ from pyengine.outputs import (
 )
 from pyengine.sampling_params import PoolingParams, SamplingParams
 
+# At shutdown, once the cores have exited: the link this long without a message has
+# delivered their last ones.
+LAST_MESSAGES_QUIET_MS = 10
+
 logger = logging.getLogger(__name__)
 
 SILENCE_CHECK_S = 0.25  # how often a remote core's silence is checked
@@ -115,28 +119,33 @@ class MultiprocessEngine(EngineClient):
             self._threads.append(thread)
 
     def _receive_forever(self) -> None:
-        link = self.link
         while not self._stopping.is_set():
-            try:
-                message = link.receive(POLL_MS)
-            except UnreadableMessage as error:
-                # Which core sent it is unknown (the PULL socket says nothing): a peer that
-                # breaks the protocol may have lost anything, so every core counts as failed
-                # rather than leaving streams waiting for outputs that will not come.
-                reason = f"an engine core sent a message this front end cannot read ({error})"
-                logger.error("%s", reason)
-                for core in self._cores:
-                    self._core_died(core, reason)
-                continue
-            if message is None:
-                continue
-            try:
-                self._dispatch(message)
-            except Exception as error:  # noqa: BLE001 - the receiver must outlive any one message
-                index = getattr(message, "engine_index", None)
-                logger.exception("handling a message from engine core %s failed", index)
-                for core in [c for c in self._cores if c.index == index] or self._cores:
-                    self._core_died(core, f"engine core {index} broke the link's protocol: {error!r}")
+            self._receive_one(POLL_MS)
+
+    def _receive_one(self, timeout_ms: int) -> bool:
+        """Read and handle one message from the cores; False when none came within
+        ``timeout_ms``."""
+        try:
+            message = self.link.receive(timeout_ms)
+        except UnreadableMessage as error:
+            # Which core sent it is unknown (the PULL socket says nothing): a peer that
+            # breaks the protocol may have lost anything, so every core counts as failed
+            # rather than leaving streams waiting for outputs that will not come.
+            reason = f"an engine core sent a message this front end cannot read ({error})"
+            logger.error("%s", reason)
+            for core in self._cores:
+                self._core_died(core, reason)
+            return True
+        if message is None:
+            return False
+        try:
+            self._dispatch(message)
+        except Exception as error:  # noqa: BLE001 - the receiver must outlive any one message
+            index = getattr(message, "engine_index", None)
+            logger.exception("handling a message from engine core %s failed", index)
+            for core in [c for c in self._cores if c.index == index] or self._cores:
+                self._core_died(core, f"engine core {index} broke the link's protocol: {error!r}")
+        return True
 
     def _dispatch(self, message: Any) -> None:
         if isinstance(message, wire.EngineCoreOutputs):
@@ -459,10 +468,15 @@ class MultiprocessEngine(EngineClient):
                 except zmq.ZMQError:
                     pass  # already gone
         core_set.stop_local_cores(self._cores, deadline)
-        time.sleep(POLL_MS / 1000)  # the cores' last messages (failures of what ran) are read
         self._stopping.set()
         for thread in self._threads:
             thread.join(timeout=2.0)
+        if not any(t.name == "pyengine-mp-recv" and t.is_alive() for t in self._threads):
+            # The cores have exited: what they sent last (the failures of what ran) is in
+            # the socket or on its way through zmq's I/O thread; read it until the link is
+            # quiet for a moment instead of sleeping a whole poll interval for the receiver.
+            while self._receive_one(LAST_MESSAGES_QUIET_MS):
+                pass
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Union[AnyOutput, BaseException]]]] = {}
         with self._lock:
             for stream in list(self._streams.values()):
