@@ -1,7 +1,8 @@
 """The executor's proposers at tensor_parallel_size=2: the draft model and the EAGLE-3
 head run on rank 0 only, their drafts reach the worker with the next step's plan, and
 the greedy outputs equal speculation off at two ranks and the same speculation at one,
-with and without preemption; rank 0's KV sizing pays for the proposer's cache."""
+with and without preemption; rank 0's KV sizing pays for the proposer's cache; a
+proposer that does not fit is refused before any worker starts."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from pyengine import LLM, SamplingParams
+from pyengine.errors import InvalidConfigError
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.eagle3_checkpoint import write_eagle3_head
 
@@ -113,3 +115,20 @@ def test_rank_zero_sizes_the_cache_for_the_draft_beside_its_shard(target, other_
     scratch = ENGINE["max_num_seqs"] * (-(-(K + 16) // 16) + 1)
     assert alone.kv_blocks_total == budget // per_block(t, 2)
     assert with_draft.kv_blocks_total == (budget - scratch * per_block(d, 1)) // (per_block(t, 2) + per_block(d, 1))
+
+
+def test_a_proposer_that_does_not_fit_is_refused_before_the_workers_start(target, head, tmp_path, monkeypatch):
+    from pyengine.executor.tensor_parallel import runner
+
+    def no_worker(*args, **kwargs):
+        raise AssertionError("a worker was started for a proposer that does not fit")
+
+    monkeypatch.setattr(runner, "_spawn", no_worker)
+    wrong = make_tiny_checkpoint(tmp_path / "wrong", "qwen3", vocab_size=300)
+    with pytest.raises(InvalidConfigError, match="share the target's vocabulary"):
+        LLM(str(target), tensor_parallel_size=2, **ENGINE, speculative_config=draft(wrong))
+    bad_head = write_eagle3_head(tmp_path / "bad", target, aux_layer_ids=(0, 1, 3))
+    config = json.loads((bad_head / "config.json").read_text())
+    (bad_head / "config.json").write_text(json.dumps({**config, "hidden_size": 32}))
+    with pytest.raises(InvalidConfigError, match="hidden_size must be the target's"):
+        LLM(str(target), tensor_parallel_size=2, **ENGINE, speculative_config=eagle(bad_head))

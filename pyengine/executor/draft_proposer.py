@@ -41,6 +41,7 @@ from pyengine.executor.proposals import (
     rows_to_mirror,
     select_rows,
 )
+from pyengine.executor.proposer_config import check_draft_config
 from pyengine.models.layer_config import kv_groups as layer_kv_groups
 from pyengine.models.loader import LoadedModel, load_model
 
@@ -51,9 +52,6 @@ class DraftProposer:
     def __init__(self, loaded: LoadedModel, target: LoadedModel, k: int, block_size: int,
                  max_rows: int, max_model_len: int, attention_backend: str) -> None:
         check_same_vocabulary(loaded, target)
-        if loaded.config.mla is not None:
-            raise InvalidConfigError("speculative_config: a draft model with latent attention (DeepSeek MLA) is not "
-                                     "supported yet")
         self.loaded, self.model, self.k = loaded, loaded.model, k
         self.model.pack_for_cpu()
         self.device, self.block_size, self.max_model_len = loaded.device, block_size, max_model_len
@@ -132,11 +130,9 @@ class DraftProposer:
 
 def check_same_vocabulary(draft: LoadedModel, target: LoadedModel) -> None:
     """The draft's token ids must mean the target's: same vocabulary size and, when both
-    ship a tokenizer, the same token -> id map."""
-    if draft.config.vocab_size != target.config.vocab_size:
-        raise InvalidConfigError(f"speculative_config: the draft model's vocabulary ({draft.config.vocab_size} "
-                                 f"tokens) is not the target's ({target.config.vocab_size}): a draft model must share "
-                                 "the target's vocabulary")
+    ship a tokenizer, the same token -> id map (and no latent attention:
+    ``proposer_config.check_draft_config``)."""
+    check_draft_config(draft.config, target.config)
     if draft.tokenizer is not None and target.tokenizer is not None:
         if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
             raise InvalidConfigError("speculative_config: the draft model's tokenizer maps tokens to other ids than "

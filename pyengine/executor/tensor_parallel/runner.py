@@ -38,6 +38,7 @@ from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner, context_lens
 from pyengine.executor.plan import StepPlanLike, last_sample_per_row
 from pyengine.executor.prompt_logprobs import prompt_slices
+from pyengine.executor.proposer_config import check_proposer_config
 from pyengine.executor.runner_output import ModelRunnerOutput
 from pyengine.executor.tensor_parallel.collective_step import (
     all_reduces_per_step,
@@ -440,6 +441,7 @@ def start(
     model_config = read_model_config(path)
     check_tensor_parallel(model_config, world_size, config.enable_expert_parallel)
     check_devices(config.device, world_size)
+    check_proposer_config(config.speculative_config, model_config)  # before the workers wait for it
     config = resolve_block_size(config)  # decided once, here: the workers get rank 0's
     max_model_len = config.max_model_len or model_config.max_position_embeddings
     threads = threads_per_rank or max(1, torch.get_num_threads() // world_size)
