@@ -61,12 +61,37 @@ def _naive(q, contexts, scheduled, scale):
 
 
 @pytest.mark.parametrize("native", [True, False])
-def test_decodes_and_chunks_match_a_naive_computation(native):
-    seq_lens, scheduled = [9, 1, 14, 6, 5], [1, 1, 4, 6, 1]  # decodes, a chunk after context, a whole prompt
+@pytest.mark.parametrize("slice_rows", [1024, 4, 5, 3, 1])
+def test_decodes_and_absorbed_chunks_match_a_naive_computation(native, slice_rows):
+    """Absorbed chunks with their context whole (1024) and in slices of a block (4), not of
+    a block (5), smaller than one (3) and of one row; chunks after 10 and 20 cached rows
+    (ending inside blocks) next to decodes and a fresh prompt; sliced equals whole."""
+    seq_lens, scheduled = [9, 1, 14, 6, 5, 23], [1, 1, 4, 6, 1, 3]
     cache, layout, q, latent, contexts = _step(seq_lens, scheduled)
-    step = MlaStepAttention(cache, layout, native=native)  # False: the gather path CUDA and bfloat16 take
+    step = MlaStepAttention(cache, layout, native=native, slice_rows=slice_rows)  # False: CUDA's gather path
     out = step.attend_latent(0, q, latent, 0.3)
     torch.testing.assert_close(out, _naive(q, contexts, scheduled, 0.3), atol=1e-5, rtol=1e-5)
+    whole = MlaStepAttention(cache, layout, native=native).attend_latent(0, q, latent, 0.3)
+    torch.testing.assert_close(out, whole, atol=1e-5, rtol=1e-5)
+
+
+def test_an_absorbed_chunk_after_a_long_context_scores_a_slice_at_a_time(monkeypatch):
+    """The absorbed form never scores more than a slice of context rows at once."""
+    from pyengine.executor.attention import sliced
+
+    seq_lens, scheduled = [41], [3]
+    cache, layout, q, latent, contexts = _step(seq_lens, scheduled, seed=2)
+    scored = []
+    real = sliced._partial
+
+    def counting(q, keys, values, mask, scale, softcap):
+        scored.append(keys.shape[-2])
+        return real(q, keys, values, mask, scale, softcap)
+
+    monkeypatch.setattr(sliced, "_partial", counting)
+    out = MlaStepAttention(cache, layout, slice_rows=8).attend_latent(0, q, latent, 0.3)
+    torch.testing.assert_close(out, _naive(q, contexts, scheduled, 0.3), atol=1e-5, rtol=1e-5)
+    assert scored == [8, 8, 8, 8, 8, 1]
 
 
 def test_flash_attn_is_refused_for_latent_attention():
@@ -182,7 +207,7 @@ def test_expanded_chunks_after_cached_context_in_slices_match_the_naive_attentio
     seq_lens, scheduled = [9, 30, 14, 13, 27], [1, 20, 4, 13, 1]  # 20 tokens after 10 cached rows
     cache, layout, _, latent, contexts = _step(seq_lens, scheduled, seed=5)
     queries = _queries(int(sum(scheduled)), seed=6)
-    step = MlaStepAttention(cache, layout, native=native, expand_slice=slice_rows)
+    step = MlaStepAttention(cache, layout, native=native, slice_rows=slice_rows)
     out = step.attend_mla(0, queries, latent, 0.3)
     assert [expands(chunk, queries) for chunk in step.chunks] == [True, False, True]
     assert step.chunks[0].block_ids is not None  # the expanded chunk reads its context from the cache
@@ -204,27 +229,42 @@ def test_a_long_context_is_expanded_a_slice_at_a_time():
             return super().keys_values(rows)
 
     counting = Counting(queries.nope, queries.rope, queries.w_uk, queries.w_uv)
-    out = MlaStepAttention(cache, layout, expand_slice=8).attend_mla(0, counting, latent, 0.3)
+    out = MlaStepAttention(cache, layout, slice_rows=8).attend_mla(0, counting, latent, 0.3)
     torch.testing.assert_close(out, _naive_expanded(queries, contexts, scheduled, 0.3), atol=1e-5, rtol=1e-5)
     assert expanded_rows == [8, 8, 8, 8, 8, 1]
 
 
-def test_the_memory_profile_s_worst_case_context_and_slice_size_checks():
+def test_the_memory_profile_s_steps_and_slice_size_checks():
+    """After one full slice of context: a full chunk, and when that expands, the longest
+    chunk that stays absorbed after any context that fits (the longer the context, the
+    longer that chunk), attended absorbed."""
     from pyengine.errors import InvalidConfigError
-    from pyengine.executor.attention.mla_sdpa import MlaSdpaBackend
+    from pyengine.executor.attention.mla_sdpa import MlaSdpaBackend, expansion_costs_less
+    from pyengine.models.config import parse_decoder_config
 
-    backend = MlaSdpaBackend(expand_slice=64)
-    assert backend.worst_case_context(256, 4096) == 64  # one full slice before the chunk
-    assert backend.worst_case_context(256, 300) == 44  # as far as max_model_len lets it
-    assert backend.worst_case_context(256, 256) == 0  # no context ever before a full chunk
-    with pytest.raises(InvalidConfigError, match="expand_slice"):
-        MlaSdpaBackend(expand_slice=0)
+    config = parse_decoder_config(V3_PUBLISHED)
+    sizes = (128, 64, 128, 512)
+
+    def steps(backend, tokens, max_model_len):
+        return [(t, c, b.expand_prefill) for t, c, b in backend.profile_steps(tokens, max_model_len, config)]
+
+    backend = MlaSdpaBackend(slice_rows=1024)
+    assert steps(backend, 8192, 163840) == [(8192, 1024, True), (170, 1024, False)]
+    assert not expansion_costs_less(170, 163840, *sizes) and expansion_costs_less(171, 163840, *sizes)
+    assert expansion_costs_less(170, 1194, *sizes)  # after one slice, 170 tokens would expand
+    assert steps(backend, 8192, 8500) == [(8192, 308, True), (167, 1024, False)]  # as far as max_model_len lets it
+    assert steps(backend, 128, 4096) == [(128, 1024, True)]  # absorbed itself: one step covers it
+    assert steps(MlaSdpaBackend(expand_prefill=False), 8192, 163840) == [(8192, 1024, False)]
+    assert steps(backend, 256, 256) == []  # no context ever before a full chunk
+    with pytest.raises(InvalidConfigError, match="slice_rows"):
+        MlaSdpaBackend(slice_rows=0)
 
 
-def test_the_memory_profile_runs_a_full_chunk_after_a_slice_of_context(tmp_path):
+def test_the_memory_profile_runs_each_form_s_largest_chunk_after_a_slice_of_context(tmp_path):
     """Besides a fresh prompt of max_num_batched_tokens, the profile runs that chunk after
-    a full slice of cached rows: the most an expanded chunk holds at once."""
-    from pyengine.executor.attention.mla_sdpa import MlaSdpaBackend
+    a full slice of cached rows (expanded) and the longest chunk that stays absorbed,
+    absorbed: the most either form holds at once."""
+    from pyengine.executor.attention.mla_sdpa import MlaSdpaBackend, expansion_costs_less
     from pyengine.executor.config import ExecutorConfig
     from pyengine.executor.model_runner import ModelRunner
     from pyengine.testing.checkpoints import make_tiny_checkpoint
@@ -237,9 +277,13 @@ def test_the_memory_profile_runs_a_full_chunk_after_a_slice_of_context(tmp_path)
 
     class Recording(MlaSdpaBackend):
         def bind(self, cache, layout):
-            steps.append((layout.seq_lens.tolist(), layout.num_scheduled_tokens.tolist()))
+            steps.append((layout.seq_lens.tolist(), layout.num_scheduled_tokens.tolist(), self.expand_prefill))
             return super().bind(cache, layout)
 
-    runner.attention_backend = Recording(expand_slice=16)
+    runner.attention_backend = Recording(slice_rows=16)
     runner._profile_forward()
-    assert steps == [([48], [32]), ([32], [32])]
+    mla = runner.loaded.config.mla
+    sizes = (mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank)
+    absorbed = max(t for t in range(2, 33) if not expansion_costs_less(t, 128, *sizes))
+    assert expansion_costs_less(32, 48, *sizes) and 1 < absorbed < 32
+    assert steps == [([48], [32], True), ([absorbed + 16], [absorbed], False), ([32], [32], True)]

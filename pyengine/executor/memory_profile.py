@@ -26,7 +26,7 @@ def decide_num_blocks(
 
     ``num_kv_blocks`` wins when set; else ``kv_cache_bytes``; else 4 GiB on CPU and, on
     CUDA, ``gpu_memory_utilization`` of the device minus what is in use after a profiling
-    forward (``profile_forward``, the largest step the executor will run) and its peak
+    forward (``profile_forward``, the largest steps the executor will run) and its peak
     (a proposer's weights, loaded before, are in use). A proposer's own cache
     (``proposer``: a draft model's or EAGLE-3 head's, on this rank) is paid from the same
     budget: its scratch blocks first, then one of its blocks beside each of the target's.

@@ -19,6 +19,7 @@ import torch
 from pyengine.errors import InvalidConfigError
 from pyengine.executor.attention.metadata import StepAttentionLayout
 from pyengine.executor.attention.mla_sdpa import MlaSdpaBackend
+from pyengine.executor.attention.sdpa import SdpaBackend
 from pyengine.executor.attention.selector import (
     AttentionBackendChoice,
     resolve_block_size,
@@ -443,15 +444,14 @@ class ModelRunner:
     @torch.inference_mode()
     def _profile_forward(self) -> None:
         """Run the largest step (one prefill of max_num_batched_tokens) on a scratch cache;
-        for latent attention also that chunk after the cached context that makes its
-        expanded attention's temporaries the largest (``worst_case_context``)."""
+        with the SDPA backends also the chunks after cached context that make each form's
+        temporaries the largest (``profile_steps``: after one slice of context)."""
         tokens = min(self.config.max_num_batched_tokens, self.max_model_len)
         backend = self.attention_backend
-        if isinstance(backend, MlaSdpaBackend):
-            context = backend.worst_case_context(tokens, self.max_model_len)
-            if context:
-                self._profile_step(tokens, context)  # its scratch cache and output dropped at once
-        scratch, hidden = self._profile_step(tokens, 0)
+        if isinstance(backend, (MlaSdpaBackend, SdpaBackend)):
+            for chunk, context, bound in backend.profile_steps(tokens, self.max_model_len, self.loaded.config):
+                self._profile_step(chunk, context, bound)  # its scratch cache and output dropped at once
+        scratch, hidden = self._profile_step(tokens, 0, backend)
         sampled_rows = min(self.config.max_num_seqs, tokens)
         logits = self.model.compute_logits(hidden[:sampled_rows])
         torch.softmax(logits, dim=-1).sort(dim=-1)
@@ -462,9 +462,11 @@ class ModelRunner:
         (logprobs > logprobs[:, :1]).sum(dim=-1)
         del scratch, hidden, logits, logprobs
 
-    def _profile_step(self, tokens: int, context: int) -> tuple[Union[PagedKVCache, LatentKVCache], torch.Tensor]:
+    def _profile_step(
+        self, tokens: int, context: int, backend: Union[AttentionBackendChoice, TableAttentionBackend]
+    ) -> tuple[Union[PagedKVCache, LatentKVCache], torch.Tensor]:
         """One sequence's chunk of ``tokens`` after ``context`` cached rows (zeros) on a
-        scratch cache: the cache and the hidden states."""
+        scratch cache, attended through ``backend``: the cache and the hidden states."""
         seq_len = context + tokens
         blocks = -(-seq_len // self.block_size)
         scratch = new_kv_cache(self.kv_shape, blocks, self.device, self._layer_index_map)
@@ -478,7 +480,7 @@ class ModelRunner:
         )
         input_ids = torch.zeros(tokens, dtype=torch.int64, device=self.device)
         positions = torch.arange(context, seq_len, device=self.device)
-        return scratch, self.model(input_ids, positions, self.attention_backend.bind(scratch, layout))
+        return scratch, self.model(input_ids, positions, backend.bind(scratch, layout))
 
 
 def new_kv_cache(

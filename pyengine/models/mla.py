@@ -18,7 +18,8 @@ head's up-projections), and the op picks one of two equal forms per sequence
   the context is about as long as the chunk and the absorbed form's wider dot products
   (``kv_lora_rank + qk_rope_head_dim`` against ``qk_head_dim``) cost more than the
   expansion (``mla_sdpa.expands``). The op expands a bounded slice of the context at a
-  time (``executor/attention/mla_expanded.py``), whatever its length.
+  time (``executor/attention/mla_chunk.py``), whatever its length; the absorbed form
+  attends a bounded slice of the cached rows at a time too.
 
 Rotary: DeepSeek's weights rotate interleaved pairs ``(x0, x1), (x2, x3), ...``
 (transformers' V2 always, V3 under ``rope_interleave``); the rotated halves are written

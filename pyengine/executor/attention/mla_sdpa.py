@@ -12,20 +12,24 @@ forms, the same function:
   CPU the native kernel ``_kernels.paged_decode_attention`` (``rust_sched/kernels``)
   reads each row in place, given the same cache as keys and as values (the output's
   rotary columns are dropped); elsewhere the rows' blocks are gathered and attended in
-  one SDPA call. Multi-token chunks: one SDPA call each over the chunk's context, causal.
+  one SDPA call. Multi-token chunks: each over the chunk's context, causal
+  (``mla_chunk.attend_absorbed``).
 - expanded, for a prompt chunk where it costs less (:func:`expands`: a long prefill,
   whose context is about as long as the chunk): the chunk's context rows are
   decompressed into per-head keys and values (``kv_b_proj``) and attended with
   ``qk_head_dim``-wide dot products instead of ``kv_lora_rank + qk_rope_head_dim``-wide
-  ones, as DeepSeek's and vLLM's prefill do; at most ``expand_slice`` rows at once, the
-  slices' partial attentions merged by their log-sum-exps (``mla_expanded``), so a chunk
-  after a long cached context holds no more than after one slice of it.
+  ones, as DeepSeek's and vLLM's prefill do (``mla_chunk.attend_expanded``).
+
+A chunk in either form attends at most ``slice_rows`` context rows at once, the slices'
+partial attentions merged by their log-sum-exps (``sliced.py``), so a chunk after a long
+cached context holds no more than after one slice of it.
 
 ``attend_latent`` is the absorbed form alone, for callers that absorbed their queries.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Optional
 
@@ -36,8 +40,10 @@ import torch.nn.functional as F
 from pyengine import _kernels
 from pyengine.errors import InvalidConfigError
 from pyengine.executor.attention.metadata import PrefillChunk, StepAttentionLayout, prefill_chunks
-from pyengine.executor.attention.mla_expanded import DEFAULT_EXPAND_SLICE_ROWS, attend_expanded, visible_keys
+from pyengine.executor.attention.mla_chunk import attend_absorbed, attend_expanded
+from pyengine.executor.attention.sliced import DEFAULT_SLICE_ROWS
 from pyengine.executor.latent_kv_cache import LatentKVCache
+from pyengine.models.config import DecoderConfig
 from pyengine.models.mla import LatentQueries
 
 
@@ -55,24 +61,47 @@ class _DecodeRows:
 class MlaSdpaBackend:
     """Latent attention with the native decode kernel (CPU float32) and SDPA.
     ``expand_prefill`` False attends every chunk in the absorbed form (benches compare);
-    ``expand_slice``: context rows an expanded chunk decompresses at once (``mla_expanded``)."""
+    ``slice_rows``: context rows a chunk attends at once, in either form (``sliced.py``)."""
 
     name = "mla_sdpa"
 
-    def __init__(self, expand_prefill: bool = True, expand_slice: int = DEFAULT_EXPAND_SLICE_ROWS) -> None:
-        if expand_slice < 1:
-            raise InvalidConfigError(f"expand_slice must be at least 1 row, got {expand_slice}")
+    def __init__(self, expand_prefill: bool = True, slice_rows: int = DEFAULT_SLICE_ROWS) -> None:
+        if slice_rows < 1:
+            raise InvalidConfigError(f"slice_rows must be at least 1 row, got {slice_rows}")
         self.expand_prefill = expand_prefill
-        self.expand_slice = expand_slice
+        self.slice_rows = slice_rows
 
     def bind(self, cache: LatentKVCache, layout: StepAttentionLayout) -> "MlaStepAttention":
-        return MlaStepAttention(cache, layout, expand_prefill=self.expand_prefill, expand_slice=self.expand_slice)
+        return MlaStepAttention(cache, layout, expand_prefill=self.expand_prefill, slice_rows=self.slice_rows)
 
-    def worst_case_context(self, tokens: int, max_model_len: int) -> int:
-        """Cached rows before a chunk of ``tokens`` that make its step's temporaries the
-        largest they get (one full slice expanded, every query in it): the memory profile
-        runs that step besides a fresh prompt. 0: no sequence holds more than the chunk."""
-        return max(0, min(self.expand_slice, max_model_len - tokens))
+    def profile_steps(self, tokens: int, max_model_len: int,
+                      config: DecoderConfig) -> list[tuple[int, int, "MlaSdpaBackend"]]:
+        """(chunk tokens, cached rows before it, the backend to bind) of the steps whose
+        temporaries are each form's largest, which the memory profile runs besides a fresh
+        prompt of ``tokens``. A chunk holds the most from one full slice of context on (a
+        longer context is more slices, one at a time, of the same size): a chunk of
+        ``tokens`` after a slice, in whichever form it takes there, and, when that is the
+        expanded one, the longest chunk that stays absorbed after any context that fits
+        (170 tokens with DeepSeek's sizes, a long context's), attended absorbed after a
+        slice. Empty: no context fits before a chunk."""
+        mla = config.mla
+        assert mla is not None  # latent attention is bound for MLA models only
+        sizes = (mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank)
+
+        def context(chunk: int) -> int:
+            return max(0, min(self.slice_rows, max_model_len - chunk))
+
+        if not context(tokens):
+            return []
+        steps = [(tokens, context(tokens), self)]
+        if self.expand_prefill and expansion_costs_less(tokens, tokens + context(tokens), *sizes):
+            # the longer the context, the longer a chunk that stays absorbed: the longest at max_model_len
+            absorbed = next((t for t in range(tokens, 1, -1) if not expansion_costs_less(t, max_model_len, *sizes)), None)
+            if absorbed is not None:
+                forced = copy.copy(self)
+                forced.expand_prefill = False
+                steps.append((absorbed, context(absorbed), forced))
+        return steps
 
 
 @dataclass(frozen=True)
@@ -88,10 +117,10 @@ class MlaStepAttention:
     """One step's latent attention: writes the rows to the cache, then attends."""
 
     def __init__(self, cache: LatentKVCache, layout: StepAttentionLayout, native: Optional[bool] = None,
-                 expand_prefill: bool = True, expand_slice: int = DEFAULT_EXPAND_SLICE_ROWS) -> None:
+                 expand_prefill: bool = True, slice_rows: int = DEFAULT_SLICE_ROWS) -> None:
         """``native``: decode rows through the native kernel (default: float32 on CPU);
-        ``expand_prefill``: chunks in the expanded form where it costs less, their context
-        expanded ``expand_slice`` rows at a time."""
+        ``expand_prefill``: chunks in the expanded form where it costs less; either form
+        attends ``slice_rows`` context rows at a time."""
         self.cache = cache
         self.slot_mapping = layout.slot_mapping
         self.block_size = layout.block_size
@@ -101,7 +130,7 @@ class MlaStepAttention:
         self.chunks = prefill_chunks(layout)
         self.num_tokens = layout.num_tokens
         self.expand_prefill = expand_prefill
-        self.expand_slice = expand_slice
+        self.slice_rows = slice_rows
         self._forms: Optional[_Forms] = None  # decided at the first layer (the sizes are the model's)
 
     def attend_mla(self, layer_index: int, queries: LatentQueries, latent: torch.Tensor, scale: float) -> torch.Tensor:
@@ -115,7 +144,7 @@ class MlaStepAttention:
         out = latent.new_empty(self.num_tokens, heads, v_dim)
         for chunk in forms.expanded:
             out[chunk.token_start : chunk.token_end] = attend_expanded(
-                chunk, queries, latent, blocks, scale, self.expand_slice
+                chunk, queries, latent, blocks, scale, self.slice_rows
             )
         tokens = forms.absorbed_tokens
         if tokens is not None:
@@ -145,15 +174,16 @@ class MlaStepAttention:
 
     def _attend_absorbed(self, out: torch.Tensor, q: torch.Tensor, latent: torch.Tensor, blocks: torch.Tensor,
                          scale: float, chunks: list[PrefillChunk]) -> None:
-        """The decodes' and ``chunks``' rows of ``out``, from the absorbed queries ``q``."""
+        """The decodes' and ``chunks``' rows of ``out``, from the absorbed queries ``q``;
+        the step has chunks (a step of decodes alone is ``attend_latent``'s)."""
         decodes = self.decodes
         if decodes is not None:
-            if decodes.token_indices is None:
-                out[:] = self._attend_decodes(decodes, q, blocks, scale)
-            else:
-                out[decodes.token_indices] = self._attend_decodes(decodes, q[decodes.token_indices], blocks, scale)
+            assert decodes.token_indices is not None  # not every token: there are chunks
+            out[decodes.token_indices] = self._attend_decodes(decodes, q[decodes.token_indices], blocks, scale)
+        value_dim = self.cache.shape.value_dim
         for chunk in chunks:
-            out[chunk.token_start : chunk.token_end] = self._attend_chunk(chunk, q, latent, blocks, scale)
+            start, end = chunk.token_start, chunk.token_end
+            out[start:end] = attend_absorbed(chunk, q[start:end], value_dim, latent, blocks, scale, self.slice_rows)
 
     def _forms_for(self, queries: LatentQueries) -> _Forms:
         if self._forms is None:
@@ -186,24 +216,6 @@ class MlaStepAttention:
         )
         return out.squeeze(1)
 
-    def _attend_chunk(
-        self, chunk: PrefillChunk, q: torch.Tensor, latent: torch.Tensor, blocks: torch.Tensor, scale: float
-    ) -> torch.Tensor:
-        start, end = chunk.token_start, chunk.token_end
-        value_dim = self.cache.shape.value_dim
-        query = q[start:end].transpose(0, 1).unsqueeze(0)  # [1, heads, Tq, latent_dim]
-        if chunk.block_ids is None:
-            keys = latent[start:end][None, None]
-            mask, causal = None, True
-        else:
-            context = blocks.index_select(0, chunk.block_ids).flatten(0, 1)[: chunk.seq_len]
-            keys = context[None, None]
-            mask, causal = visible_keys(chunk.seq_len - (end - start), end - start, 0, chunk.seq_len, q.device), False
-        out = F.scaled_dot_product_attention(
-            query, keys, keys[..., :value_dim], attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True
-        )
-        return out[0].transpose(0, 1)
-
 
 def expands(chunk: PrefillChunk, queries: LatentQueries) -> bool:
     """Whether the expanded form costs fewer multiply-adds per head for ``chunk`` (``t``
@@ -215,11 +227,16 @@ def expands(chunk: PrefillChunk, queries: LatentQueries) -> bool:
 
     With DeepSeek's sizes (nope 128, rope 64, v 128, r 512) a fresh prompt of any length
     expands, and a chunk after ``n`` cached rows expands from about 170 tokens on. Only
-    multiply-adds: the memory is bounded apart, by expanding the context a slice at a time
-    (``mla_expanded``), which leaves these counts as they are."""
-    heads, nope, rank = queries.w_uk.shape
-    v, rope = queries.w_uv.shape[1], queries.rope.shape[-1]
-    t, n = chunk.token_end - chunk.token_start, chunk.seq_len
+    multiply-adds: the memory is bounded apart, by attending the context a slice at a time
+    (``sliced.py``), which leaves these counts as they are."""
+    _, nope, rank = queries.w_uk.shape
+    return expansion_costs_less(
+        chunk.token_end - chunk.token_start, chunk.seq_len, nope, queries.rope.shape[-1], queries.w_uv.shape[1], rank
+    )
+
+
+def expansion_costs_less(t: int, n: int, nope: int, rope: int, v: int, rank: int) -> bool:
+    """:func:`expands` for ``t`` queries over ``n`` rows, from the head sizes."""
     absorbed = t * nope * rank + t * n * (2 * rank + rope) + t * rank * v
     expanded = n * (nope + v) * rank + t * n * (nope + rope + v)
     return expanded < absorbed

@@ -15,7 +15,10 @@ Per step the sequences split into two groups:
   the attention probabilities.
 - multi-token sequences (prefill chunks): one SDPA call each, causal, with the chunk's
   earlier context read from the cache. There are few of them per step and each is large,
-  so the Python loop costs little next to the work.
+  so the Python loop costs little next to the work. A context longer than ``slice_rows``
+  is not gathered whole: it is read and attended a slice at a time, the partial
+  attentions merged by their log-sum-exps (``sliced.py``), so a chunk after a long
+  cached context holds one slice's K / V and one tile's scores, not the whole context's.
 
 Each layer passes its :class:`~pyengine.models.layers.LayerAttention`. A sliding window
 reads only the window: the native decode kernel skips the blocks before it; the other
@@ -35,9 +38,12 @@ import torch
 import torch.nn.functional as F
 
 from pyengine import _kernels
+from pyengine.errors import InvalidConfigError
 from pyengine.executor.attention.metadata import PrefillChunk, StepAttentionLayout, prefill_chunks
+from pyengine.executor.attention.sliced import DEFAULT_SLICE_ROWS, attend_in_slices, cached_rows
 from pyengine.executor.attention.windowed import attend_masked, causal_mask, windowed_chunk
 from pyengine.executor.kv_cache import PagedKVCache
+from pyengine.models.config import DecoderConfig
 from pyengine.models.layers import FULL_ATTENTION, LayerAttention
 
 # Gathered keys of one CPU tile should stay in the cores' caches (per intra-op thread).
@@ -63,25 +69,40 @@ class _SingleQueryGroup:
 
 
 class SdpaBackend:
-    """Attention backend built on ``torch.nn.functional.scaled_dot_product_attention``."""
+    """Attention backend built on ``torch.nn.functional.scaled_dot_product_attention``;
+    ``slice_rows``: cached context rows a prefill chunk reads and attends at once."""
 
     name = "sdpa"
 
-    def __init__(self, native_decode: bool = True) -> None:
+    def __init__(self, native_decode: bool = True, slice_rows: int = DEFAULT_SLICE_ROWS) -> None:
         # False: float32 CPU decode rows take the gathered path too (tests compare the two).
         self.native_decode = native_decode
+        if slice_rows < 1:
+            raise InvalidConfigError(f"slice_rows must be at least 1 row, got {slice_rows}")
+        self.slice_rows = slice_rows
 
     def bind(self, cache: PagedKVCache, layout: StepAttentionLayout) -> "SdpaStepAttention":
-        return SdpaStepAttention(cache, layout, self.native_decode)
+        return SdpaStepAttention(cache, layout, self.native_decode, self.slice_rows)
+
+    def profile_steps(self, tokens: int, max_model_len: int,
+                      config: DecoderConfig) -> list[tuple[int, int, "SdpaBackend"]]:
+        """(chunk tokens, cached rows before it, the backend to bind) of the step the memory
+        profile runs besides a fresh prompt of ``tokens``: that chunk after one full slice
+        of context, the most a chunk holds at once (a longer context is more slices, one at
+        a time)."""
+        context = max(0, min(self.slice_rows, max_model_len - tokens))
+        return [(tokens, context, self)] if context else []
 
 
 class SdpaStepAttention:
     """One step's attention: writes K/V to the cache, then attends per group."""
 
-    def __init__(self, cache: PagedKVCache, layout: StepAttentionLayout, native_decode: bool = True) -> None:
+    def __init__(self, cache: PagedKVCache, layout: StepAttentionLayout, native_decode: bool = True,
+                 slice_rows: int = DEFAULT_SLICE_ROWS) -> None:
         self.cache = cache
         self.layout = layout
         self.native_decode = native_decode
+        self.slice_rows = slice_rows
         self.slot_mapping = layout.slot_mapping
         self.block_size = layout.block_size
         self.single = _single_query_group(layout, cache, None, native_decode)
@@ -223,12 +244,34 @@ class SdpaStepAttention:
         elif chunk.block_ids is None:
             keys, values = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
             out = attend_masked(query, keys, values, None, spec, causal=True)
+        elif chunk.seq_len > self.slice_rows:
+            out = self._attend_sliced(chunk, query, key_blocks, value_blocks, spec)
         else:
             keys = _gather_rows(key_blocks, chunk.block_ids, 1, chunk.seq_len)[0]
             values = _gather_rows(value_blocks, chunk.block_ids, 1, chunk.seq_len)[0]
             mask = causal_mask(end - start, chunk.seq_len, q.device)
             out = attend_masked(query, keys, values, mask, spec)
         return out.transpose(0, 1)
+
+    def _attend_sliced(
+        self, chunk: PrefillChunk, query: torch.Tensor, key_blocks: torch.Tensor, value_blocks: torch.Tensor,
+        spec: LayerAttention,
+    ) -> torch.Tensor:
+        """``query`` [heads, tokens, d] over the cached context a slice at a time (GQA folded:
+        ``[kv_heads, group, tokens, d]`` against ``[kv_heads, rows, d]``)."""
+        heads, tokens, head_dim = query.shape
+        kv_heads = key_blocks.shape[2]
+
+        def keys_values(row_start: int, row_end: int) -> tuple[torch.Tensor, torch.Tensor]:
+            keys = cached_rows(key_blocks, chunk.table, row_start, row_end)  # [rows, kv_heads, d]
+            values = cached_rows(value_blocks, chunk.table, row_start, row_end)
+            return keys.transpose(0, 1), values.transpose(0, 1)
+
+        out = attend_in_slices(
+            query.view(kv_heads, heads // kv_heads, tokens, head_dim), keys_values, chunk.seq_len - tokens,
+            chunk.seq_len, value_blocks.shape[-1], spec.score_scale(head_dim), self.slice_rows, spec.softcap,
+        )
+        return out.view(heads, tokens, -1)
 
 
 def _native_decode(
