@@ -22,11 +22,18 @@ intermediate 1024, vocabulary 4096), random weights, float32, CPU. Measured in o
   two prefills' greedy tokens are compared.
 - a chunk after cached context (``--prefill`` tokens after ``--chunk-context``, the
   context prefilled untimed before each run): expanded in slices of 1024 rows (what
-  pyengine runs, ``mla_expanded``), expanded whole (every context row at once, what ran
-  before the slices) and absorbed.
+  pyengine runs, ``mla_chunk`` / ``sliced``), expanded whole (every context row at once,
+  what ran before the slices) and absorbed.
+- a short (absorbed) chunk after a long context, one layer's attention op alone
+  (``--absorbed-tokens`` after ``--absorbed-context`` random latent rows, the bench
+  model's head sizes with ``--absorbed-heads`` heads): the context in slices of 1024
+  rows (what pyengine runs) against whole in one SDPA call (what ran before): ms per call
+  and the peak bytes of the call's tensors (``testing.cpu_memory``, the profiler's
+  memory timeline).
 
 Usage: python benches/mla.py [--json] [--steps N] [--batch N] [--context N] [--threads N]
                              [--prefill N] [--prefill-repeats N] [--chunk-context N]
+                             [--absorbed-context N] [--absorbed-tokens N] [--absorbed-heads N]
 
 One run (1 thread, batch 8, context 512, 6 steps; 2 cores shared with other jobs, load
 average 15, so the times are loose): latent 2304 B against expanded 20480 B per token and
@@ -42,6 +49,11 @@ Chunk after context, 2026-12-02 (same flags, ``--prefill 1024``, default ``--chu
 2048``, load 10-12): 270 tokens/s in slices against 197 expanded whole (1.37x) and 94
 absorbed (2.88x), the same first token; the fresh 1024-token prefill in the same run 635
 against 346 (1.83x).
+
+Absorbed chunk after a long context, 2026-12-02 (``--steps 1 --batch 1 --context 32
+--prefill 0``: 64 tokens after 16,384 rows, 16 heads, 1 thread, load 9-13): 751 ms and
+18.8 MiB of tensors at the peak in slices against 3,263 ms and 1,782 MiB in one call (the
+whole form, what ran before), outputs within 3e-7.
 """
 
 from __future__ import annotations
@@ -58,13 +70,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pyengine.executor.attention.mla_expanded import DEFAULT_EXPAND_SLICE_ROWS
-from pyengine.executor.attention.mla_sdpa import MlaSdpaBackend
+from pyengine.executor.attention.metadata import StepAttentionLayout
+from pyengine.executor.attention.mla_sdpa import MlaSdpaBackend, MlaStepAttention, expands
+from pyengine.executor.attention.sliced import DEFAULT_SLICE_ROWS
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.kv_cache import KVCacheShape, blocks_for_budget
+from pyengine.executor.latent_kv_cache import LatentKVCache, LatentKVCacheShape
 from pyengine.executor.model_runner import ModelRunner
+from pyengine.models.mla import LatentQueries
 from pyengine.sampling_params import SamplingParams
 from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.cpu_memory import peak_tensor_bytes
 from pyengine.testing.hand_plan import HandPlanner
 
 MODEL = dict(hidden_size=1024, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=16,
@@ -153,16 +169,19 @@ class Decoder:
         return elapsed
 
 
-def prefill_figures(folder: Path, length: int, repeats: int) -> dict:
-    """Prefill tokens/s of one ``length``-token prompt in one step, expanded and absorbed
-    chunks alternating on one runner (each run the prompt anew, finished after its step)."""
-    blocks = -(-(length + 16) // BLOCK_SIZE)
+def timed_chunks(folder: Path, length: int, context: int, backends: dict[str, MlaSdpaBackend], repeats: int,
+                 seed: int) -> tuple[dict[str, float], dict[str, int]]:
+    """Tokens/s (medians) of a ``length``-token chunk after ``context`` cached tokens (0: a
+    fresh prompt) in one step under each backend, and each one's first token: backends
+    alternate on one runner, the context prefilled untimed before each run, the sequence
+    finished after it."""
+    total = context + length
+    blocks = -(-(total + 16) // BLOCK_SIZE)
     runner = ModelRunner.from_pretrained(
-        folder, ExecutorConfig(dtype="float32", max_num_seqs=1, max_model_len=length + 16, block_size=BLOCK_SIZE,
-                               num_kv_blocks=blocks, max_num_batched_tokens=length)
+        folder, ExecutorConfig(dtype="float32", max_num_seqs=1, max_model_len=total + 16, block_size=BLOCK_SIZE,
+                               num_kv_blocks=blocks, max_num_batched_tokens=max(length, context))
     )
-    prompt = np.random.default_rng(5).integers(0, VOCAB, size=length).tolist()
-    backends = {"expanded": MlaSdpaBackend(expand_prefill=True), "absorbed": MlaSdpaBackend(expand_prefill=False)}
+    prompt = np.random.default_rng(seed).integers(0, VOCAB, size=total).tolist()
     seconds: dict[str, list[float]] = {name: [] for name in backends}
     tokens: dict[str, int] = {}
     planner = HandPlanner(block_size=BLOCK_SIZE, num_blocks=blocks, max_rows=1)
@@ -170,6 +189,9 @@ def prefill_figures(folder: Path, length: int, repeats: int) -> dict:
         for name, backend in backends.items():
             runner.attention_backend = backend
             seq = planner.add(prompt, SamplingParams(temperature=0.0))
+            if context:
+                plan = planner.next_plan(max_chunk=context)
+                planner.record(plan, runner.execute(plan).sampled_token_ids)
             plan = planner.next_plan(max_chunk=length)
             start = time.perf_counter()
             out = runner.execute(plan)
@@ -179,7 +201,13 @@ def prefill_figures(folder: Path, length: int, repeats: int) -> dict:
             planner.finish(seq)
             if index:
                 seconds[name].append(elapsed)
-    rate = {name: length / statistics.median(times) for name, times in seconds.items()}
+    return {name: length / statistics.median(times) for name, times in seconds.items()}, tokens
+
+
+def prefill_figures(folder: Path, length: int, repeats: int) -> dict:
+    """Prefill tokens/s of one ``length``-token prompt in one step, expanded and absorbed."""
+    backends = {"expanded": MlaSdpaBackend(expand_prefill=True), "absorbed": MlaSdpaBackend(expand_prefill=False)}
+    rate, tokens = timed_chunks(folder, length, 0, backends, repeats, seed=5)
     return {
         "prefill_tokens": length,
         "prefill_tokens_per_s_expanded": round(rate["expanded"], 1),
@@ -190,47 +218,71 @@ def prefill_figures(folder: Path, length: int, repeats: int) -> dict:
 
 
 def chunk_figures(folder: Path, length: int, context: int, repeats: int) -> dict:
-    """Tokens/s of a ``length``-token chunk after ``context`` cached tokens (one step;
-    the context prefilled untimed before each run): expanded in slices of
-    ``DEFAULT_EXPAND_SLICE_ROWS`` rows (what pyengine runs), expanded whole (every context row
-    at once, what ran before the slices), and absorbed; runs alternate, medians."""
+    """Tokens/s of a ``length``-token chunk after ``context`` cached tokens: expanded in
+    slices of ``DEFAULT_SLICE_ROWS`` rows (what pyengine runs), expanded whole (every
+    context row at once, what ran before the slices), and absorbed."""
     total = context + length
-    blocks = -(-(total + 16) // BLOCK_SIZE)
-    runner = ModelRunner.from_pretrained(
-        folder, ExecutorConfig(dtype="float32", max_num_seqs=1, max_model_len=total + 16, block_size=BLOCK_SIZE,
-                               num_kv_blocks=blocks, max_num_batched_tokens=max(length, context))
-    )
-    prompt = np.random.default_rng(6).integers(0, VOCAB, size=total).tolist()
-    backends = {"sliced": MlaSdpaBackend(), "whole": MlaSdpaBackend(expand_slice=total),
+    backends = {"sliced": MlaSdpaBackend(), "whole": MlaSdpaBackend(slice_rows=total),
                 "absorbed": MlaSdpaBackend(expand_prefill=False)}
-    seconds: dict[str, list[float]] = {name: [] for name in backends}
-    tokens: dict[str, int] = {}
-    planner = HandPlanner(block_size=BLOCK_SIZE, num_blocks=blocks, max_rows=1)
-    for index in range(repeats + 1):  # the first round warms up
-        for name, backend in backends.items():
-            runner.attention_backend = backend
-            seq = planner.add(prompt, SamplingParams(temperature=0.0))
-            plan = planner.next_plan(max_chunk=context)
-            planner.record(plan, runner.execute(plan).sampled_token_ids)
-            plan = planner.next_plan(max_chunk=length)
-            start = time.perf_counter()
-            out = runner.execute(plan)
-            elapsed = time.perf_counter() - start
-            planner.record(plan, out.sampled_token_ids)
-            tokens[name] = planner.output_tokens(seq)[0]
-            planner.finish(seq)
-            if index:
-                seconds[name].append(elapsed)
-    rate = {name: length / statistics.median(times) for name, times in seconds.items()}
+    rate, tokens = timed_chunks(folder, length, context, backends, repeats, seed=6)
     return {
         "chunk_tokens": length,
         "chunk_context": context,
-        "chunk_rows_expanded_at_once_sliced": min(DEFAULT_EXPAND_SLICE_ROWS, total),
+        "chunk_rows_expanded_at_once_sliced": min(DEFAULT_SLICE_ROWS, total),
         "chunk_rows_expanded_at_once_whole": total,
         **{f"chunk_tokens_per_s_{name}": round(value, 1) for name, value in rate.items()},
         "chunk_sliced_over_whole": round(rate["sliced"] / rate["whole"], 2),
         "chunk_sliced_over_absorbed": round(rate["sliced"] / rate["absorbed"], 2),
         "chunk_same_token": tokens["sliced"] == tokens["whole"] == tokens["absorbed"],
+    }
+
+
+def absorbed_chunk_figures(heads: int, length: int, context: int, repeats: int) -> dict:
+    """One layer's attention (``MlaStepAttention.attend_mla``) of a ``length``-token chunk
+    after ``context`` cached latent rows, random, at ``MODEL``'s head sizes with ``heads``
+    heads: a chunk that short stays absorbed (``expands``). Its context in slices of
+    ``DEFAULT_SLICE_ROWS`` rows (what pyengine runs) against whole (``slice_rows`` past the
+    context: the one SDPA call over every row that ran before): seconds per call (medians
+    of alternating calls) and the peak bytes of the call's temporaries."""
+    rank, rope, nope, v = MODEL["kv_lora_rank"], MODEL["qk_rope_head_dim"], MODEL["qk_nope_head_dim"], MODEL["v_head_dim"]
+    total = context + length
+    blocks = -(-total // BLOCK_SIZE)
+    rng = torch.Generator().manual_seed(7)
+    cache = LatentKVCache(LatentKVCacheShape(1, rank + rope, rank, BLOCK_SIZE, torch.float32), blocks, torch.device("cpu"))
+    cache.latents.copy_(torch.randn(cache.latents.shape, generator=rng))
+    layout = StepAttentionLayout(
+        query_start_loc=np.array([0, length]), seq_lens=np.array([total]), num_scheduled_tokens=np.array([length]),
+        slot_mapping=torch.arange(context, total), block_tables=torch.arange(blocks, dtype=torch.int32)[None],
+        block_size=BLOCK_SIZE,
+    )
+    queries = LatentQueries(torch.randn(length, heads, nope, generator=rng), torch.randn(length, heads, rope, generator=rng),
+                            torch.randn(heads, nope, rank, generator=rng) * rank**-0.5,
+                            torch.randn(heads, v, rank, generator=rng) * rank**-0.5)
+    latent = torch.randn(length, rank + rope, generator=rng)
+    slices = {"sliced": DEFAULT_SLICE_ROWS, "whole": total}
+
+    def call(name: str) -> torch.Tensor:
+        step = MlaStepAttention(cache, layout, slice_rows=slices[name])
+        assert not expands(step.chunks[0], queries)
+        return step.attend_mla(0, queries, latent, (nope + rope) ** -0.5)
+
+    outputs = {name: call(name) for name in slices}  # warm-up
+    seconds: dict[str, list[float]] = {name: [] for name in slices}
+    for _ in range(repeats):
+        for name in slices:
+            start = time.perf_counter()
+            call(name)
+            seconds[name].append(time.perf_counter() - start)
+    peak = {name: peak_tensor_bytes(lambda name=name: call(name)) for name in slices}
+    ms = {name: statistics.median(times) * 1e3 for name, times in seconds.items()}
+    return {
+        "absorbed_chunk_heads": heads,
+        "absorbed_chunk_tokens": length,
+        "absorbed_chunk_context": context,
+        **{f"absorbed_chunk_ms_{name}": round(value, 1) for name, value in ms.items()},
+        **{f"absorbed_chunk_peak_MiB_{name}": round(value / 2**20, 1) for name, value in peak.items()},
+        "absorbed_chunk_sliced_over_whole_time": round(ms["sliced"] / ms["whole"], 2),
+        "absorbed_chunk_max_abs_difference": float((outputs["sliced"] - outputs["whole"]).abs().max()),
     }
 
 
@@ -267,6 +319,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prefill-repeats", type=int, default=3)
     parser.add_argument("--chunk-context", type=int, default=2048,
                         help="cached tokens before a --prefill-token chunk, for the chunk figures (0: skip)")
+    parser.add_argument("--absorbed-context", type=int, default=16384,
+                        help="cached rows before an --absorbed-tokens chunk, one layer's attention (0: skip)")
+    parser.add_argument("--absorbed-tokens", type=int, default=64)
+    parser.add_argument("--absorbed-heads", type=int, default=MODEL["num_attention_heads"])
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -288,6 +344,10 @@ def main(argv: list[str] | None = None) -> None:
         chunk = {}
         if args.prefill and args.chunk_context:
             chunk = chunk_figures(folder, args.prefill, args.chunk_context, args.prefill_repeats)
+    absorbed_chunk = {}
+    if args.absorbed_context:
+        absorbed_chunk = absorbed_chunk_figures(args.absorbed_heads, args.absorbed_tokens, args.absorbed_context,
+                                                args.prefill_repeats)
     absorbed_ms = statistics.median(times["absorbed"]) * 1e3
     expanded_ms = statistics.median(times["expanded"]) * 1e3
     result = {
@@ -303,6 +363,7 @@ def main(argv: list[str] | None = None) -> None:
         "decode_tokens_agree": f"{agree}/{total}",
         **prefill,
         **chunk,
+        **absorbed_chunk,
         "note": "shared, noisy machine: medians of alternating steps",
     }
     if args.json:
@@ -325,6 +386,13 @@ def main(argv: list[str] | None = None) -> None:
               f"once), whole {chunk['chunk_tokens_per_s_whole']} ({chunk['chunk_rows_expanded_at_once_whole']} rows), "
               f"absorbed {chunk['chunk_tokens_per_s_absorbed']}; sliced/whole {chunk['chunk_sliced_over_whole']}x, "
               f"sliced/absorbed {chunk['chunk_sliced_over_absorbed']}x; same first token: {chunk['chunk_same_token']}")
+
+    if absorbed_chunk:
+        c = absorbed_chunk
+        print(f"absorbed chunk of {args.absorbed_tokens} tokens after {args.absorbed_context} cached rows, "
+              f"{args.absorbed_heads} heads, one layer: sliced {c['absorbed_chunk_ms_sliced']} ms, peak "
+              f"{c['absorbed_chunk_peak_MiB_sliced']} MiB; whole {c['absorbed_chunk_ms_whole']} ms, peak "
+              f"{c['absorbed_chunk_peak_MiB_whole']} MiB; max |sliced - whole| {c['absorbed_chunk_max_abs_difference']:.2e}")
 
 
 if __name__ == "__main__":
