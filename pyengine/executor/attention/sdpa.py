@@ -105,10 +105,14 @@ class SdpaStepAttention:
         self.slice_rows = slice_rows
         self.slot_mapping = layout.slot_mapping
         self.block_size = layout.block_size
-        self.single = _single_query_group(layout, cache, None, native_decode)
         self.chunks = prefill_chunks(layout)
-        # Decode groups of windowed layers, by window (the same for every such layer).
-        self.windowed_single: dict[int, Optional[_SingleQueryGroup]] = {}
+        single_rows = layout.num_scheduled_tokens == 1
+        self.has_single = bool(single_rows.any())
+        self.all_single = bool(single_rows.all())
+        # The decode groups, by the window of the layers reading them (None: the whole
+        # context), each built when a layer first reads it: a binding whose layers are all
+        # windowed (a hybrid model's windowed table) never builds the full-context one.
+        self.single_groups: dict[Optional[int], _SingleQueryGroup] = {}
 
     def attend(
         self,
@@ -139,8 +143,7 @@ class SdpaStepAttention:
     def fused_decode(self) -> Optional[NativeDecodeAttention]:
         """The step's attention for a model's native decode path, when every token of the
         step is a decode row the native kernel takes (float32 on CPU); else None."""
-        single = self.single
-        if single is None or single.token_indices is not None or not single.native:
+        if not self.all_single or not _native_decode_applies(self.cache, self.layout, self.native_decode):
             return None
         return NativeDecodeAttention(self)
 
@@ -151,12 +154,18 @@ class SdpaStepAttention:
         return group
 
     def _single_group(self, window: Optional[int]) -> Optional[_SingleQueryGroup]:
-        """The decode group for layers with ``window`` (None: the whole context)."""
-        if window is None or self.single is None or int(self.layout.seq_lens.max()) <= window:
-            return self.single
-        if window not in self.windowed_single:
-            self.windowed_single[window] = _single_query_group(self.layout, self.cache, window, self.native_decode)
-        return self.windowed_single[window]
+        """The decode group for layers with ``window`` (None: the whole context; a window
+        no row's context exceeds is the whole context too), built on first use."""
+        if not self.has_single:
+            return None
+        if window is not None and int(self.layout.seq_lens.max()) <= window:
+            window = None
+        group = self.single_groups.get(window)
+        if group is None:
+            group = _single_query_group(self.layout, self.cache, window, self.native_decode)
+            assert group is not None  # the step has single-query rows
+            self.single_groups[window] = group
+        return group
 
     def _attend_single(
         self,
@@ -389,7 +398,7 @@ def _single_query_group(
     row_index = None if everything else torch.from_numpy(single).to(device)
     tables = layout.block_tables if row_index is None else layout.block_tables.index_select(0, row_index)
     on_cpu = device.type == "cpu"
-    native = native_decode and on_cpu and cache.keys.dtype == torch.float32
+    native = _native_decode_applies(cache, layout, native_decode)
     window_starts = None
     if window is not None and not native:
         tables, lengths, window_starts = _from_window_block(tables, lengths, window, layout.block_size)
@@ -415,6 +424,11 @@ def _single_query_group(
         np.ascontiguousarray(lengths, dtype=np.int32), tile_rows, on_cpu, native,
         window if native else None,
     )
+
+
+def _native_decode_applies(cache: PagedKVCache, layout: StepAttentionLayout, native_decode: bool) -> bool:
+    """Whether decode rows go through the native kernel: float32 on the CPU."""
+    return native_decode and layout.slot_mapping.device.type == "cpu" and cache.keys.dtype == torch.float32
 
 
 def _from_window_block(

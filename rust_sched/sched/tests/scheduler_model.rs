@@ -30,7 +30,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use proptest::prelude::*;
 use proptest::sample::Index;
-use pyengine_sched::kv_groups::{blocks_behind, table_layout};
+use pyengine_sched::kv_groups::blocks_behind;
 use pyengine_sched::sim::{fake_token, FakeExecutor};
 use pyengine_sched::{
     Attachment, FinishReason, KvGroup, Policy, RequestSpec, SchedError, Scheduler, SchedulerConfig, StepPlan,
@@ -364,7 +364,7 @@ fn expected_stop(
 
 impl Model {
     fn new(cfg: SchedulerConfig, stems: Vec<Vec<u32>>, sampler: Sampler) -> Self {
-        let windows = if cfg.group_tables { table_layout(&cfg.kv_groups).map(|l| l.windows) } else { None };
+        let windows = cfg.table_layout().map(|l| l.windows);
         Model {
             windows: windows.unwrap_or_else(|| vec![cfg.shared_window()]),
             sched: Scheduler::new(cfg.clone()).expect("generated configs are valid"),
