@@ -2,8 +2,9 @@
 ones: Gemma 2, Gemma 3, Qwen2 with ``max_window_layers``): the windowed layers' tables
 give back the blocks behind the window while a sequence runs, the full layers' table
 keeps every block, and greedy tokens stay exactly transformers' through long prompts,
-chunked prefill across the window's edge, prefix-cache hits and preemption. The pool's
-usage is read through the engine's stats."""
+chunked prefill across the window's edge, prefix-cache hits and preemption, at tensor-parallel size 2 and with the executor's
+proposers (a draft model, an EAGLE-3 head) too. The pool's usage is read through the
+engine's stats."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import pytest
 import torch
 
 from pyengine import LLM, SamplingParams, SchedulerConfig
-from pyengine.executor.kv_tables import plan_kv_tables
+from pyengine.executor.config import ExecutorConfig
+from pyengine.executor.kv_tables import plan_kv_tables, proposer_tables
+from pyengine.executor.model_runner import ModelRunner
 from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.eagle3_checkpoint import write_eagle3_head
 
 BLOCK = 16
 WINDOW = 20  # the tiny checkpoints' sliding_window
@@ -162,8 +166,6 @@ def test_the_executor_and_the_scheduler_agree_on_the_tables():
 
 
 def test_a_plan_without_the_tables_slots_is_refused(tmp_path):
-    from pyengine.executor.config import ExecutorConfig
-    from pyengine.executor.model_runner import ModelRunner
     from pyengine.executor.persistent_batch import PlanStateError
     from pyengine.testing.hand_plan import HandPlanner
 
@@ -180,3 +182,106 @@ def test_a_plan_without_the_tables_slots_is_refused(tmp_path):
     plan = planner.next_plan()
     assert len(plan.group_slot_mapping) == 2 * 20 and set(plan.block_table_groups.tolist()) == {0, 1, 2}
     assert len(runner.execute(plan).sampled_token_ids) == 1
+
+# ----- whatever the engine's configuration: tensor parallelism, the executor's proposers -----
+# The tiny Gemma 2 (sliding, full, sliding: a table of one layer each) at size 2 (the worker
+# rank gets each step's per-group tables with the plan and lays its cache out as rank 0),
+# with a draft model (its layers read the target's tables) and with an EAGLE-3 head (table
+# 0). Context 100: 7
+# blocks in the full table, at most 3 in each windowed one.
+CONFIG_TOKENS = 60
+GEMMA2_TABLES = 3
+SMALL = dict(max_num_seqs=2, max_model_len=256)  # a small pool: the default 4 GiB on CPU is not needed
+
+
+@pytest.fixture(scope="module")
+def gemma2(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("gemma2"), "gemma2", seed=3)
+
+
+@pytest.fixture(scope="module")
+def config_prompts():
+    return [_prompt(40, 40), _prompt(41, 53)]
+
+
+@pytest.fixture(scope="module")
+def config_reference(gemma2, config_prompts):
+    return _reference(gemma2, config_prompts, max_tokens=CONFIG_TOKENS)
+
+
+def _assert_windowed_blocks_freed(stats, prompts):
+    """Every sequence's full table holds all its blocks, each windowed one at most 3: the
+    peak stays below what one shared table would hold, and blocks came back early."""
+    full = sum(-(-(len(p) + CONFIG_TOKENS - 1) // BLOCK) for p in prompts)
+    windowed = 3 * (GEMMA2_TABLES - 1) * len(prompts)
+    assert full < stats["kv_blocks_used_peak"] <= full + windowed, stats["kv_blocks_used_peak"]
+    assert stats["kv_blocks_freed_behind_window"] >= windowed
+    assert stats["kv_blocks_used"] == 0
+
+
+def test_tensor_parallel_ranks_keep_the_per_group_tables(gemma2, config_prompts, config_reference):
+    tokens, _, stats = _run(gemma2, config_prompts, max_tokens=CONFIG_TOKENS, tensor_parallel_size=2, **SMALL)
+    assert tokens == config_reference
+    _assert_windowed_blocks_freed(stats, config_prompts)
+
+
+def test_tensor_parallel_preemption_and_prefix_hits(gemma2, config_prompts, config_reference):
+    # Room for about two sequences at a time in every table (the others are preempted and
+    # recomputed), the first prompt twice.
+    batch = config_prompts + [config_prompts[0]]
+    tokens, _, stats = _run(gemma2, batch, max_tokens=CONFIG_TOKENS, tensor_parallel_size=2, max_num_seqs=3,
+                                 max_model_len=256, num_kv_blocks=10 * GEMMA2_TABLES)
+    assert tokens == config_reference + config_reference[:1]
+    assert stats["preemptions"] > 0
+    assert stats["kv_blocks_used"] == 0
+
+
+@pytest.mark.parametrize("draft", ["itself", "qwen3"])
+def test_a_draft_model_reads_the_targets_tables(gemma2, config_prompts, config_reference, draft, tmp_path_factory):
+    # The target as its own draft (windowed layers, every draft accepted) and a draft
+    # with full attention only.
+    model = gemma2 if draft == "itself" else make_tiny_checkpoint(tmp_path_factory.mktemp("qwen3"), "qwen3", seed=5)
+    spec = {"method": "draft_model", "model": str(model), "num_speculative_tokens": 3}
+    tokens, _, stats = _run(gemma2, config_prompts, max_tokens=CONFIG_TOKENS, speculative_config=spec, **SMALL)
+    assert tokens == config_reference
+    assert stats["spec_draft_tokens"] > 0
+    if draft == "itself":
+        assert stats["spec_accepted_tokens"] == stats["spec_draft_tokens"]
+    _assert_windowed_blocks_freed(stats, config_prompts)
+
+
+def test_an_eagle3_head_reads_the_full_table(gemma2, config_prompts, config_reference, tmp_path):
+    head = write_eagle3_head(tmp_path / "eagle3", gemma2, seed=2, aux_layer_ids=(0, 1, 2))
+    spec = {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3}
+    tokens, _, stats = _run(gemma2, config_prompts, max_tokens=CONFIG_TOKENS, speculative_config=spec, **SMALL)
+    assert tokens == config_reference
+    assert stats["spec_draft_tokens"] > 0
+    _assert_windowed_blocks_freed(stats, config_prompts)
+
+
+def test_the_scheduler_is_told_the_targets_groups_only(gemma2):
+    # The draft's layers read the target's tables and take none of their own: the
+    # scheduler's layout is the target's, as the cache's. Gemma 2 as its own draft: each
+    # layer reads its own table, so the draft's cache holds one layer per block too.
+    spec = {"method": "draft_model", "model": str(gemma2), "num_speculative_tokens": 2}
+    runner = ModelRunner.from_pretrained(gemma2, ExecutorConfig(max_num_seqs=2, max_model_len=128, num_kv_blocks=48,
+                                                                speculative_config=spec))
+    assert runner.group_tables and runner.num_kv_tables == GEMMA2_TABLES
+    assert runner.kv_groups == [(20, 2), (None, 1)]
+    draft = runner.proposer
+    assert draft.tables.table_of_layer == (1, 0, 2) and draft.kv_cache.keys.shape[0] == 1
+
+
+def test_a_draft_layer_reads_its_windows_table_or_a_full_one():
+    # Qwen2 with max_window_layers 21 of 28 (3 full tables of 7, one windowed of 4096).
+    target = plan_kv_tables(tuple(None if i < 21 else 4096 for i in range(28)), 28)
+    # A full-attention draft of 6 layers spreads over the full tables, 2 each.
+    full = proposer_tables(target, (), 6)
+    assert full.table_of_layer == (0, 1, 2, 0, 1, 2) and full.cache_index_of_layer == (0, 0, 0, 1, 1, 1)
+    assert full.layers_per_table == 2
+    # A draft with the target's window on layers 2..3 reads the windowed table there; one
+    # with a window the target lacks reads a full table.
+    mixed = proposer_tables(target, (None, None, 4096, 4096), 4)
+    assert mixed.table_of_layer == (0, 1, 3, 3) and mixed.layers_per_table == 2
+    other = proposer_tables(target, (512, 512), 2)
+    assert other.table_of_layer == (0, 1) and other.layers_per_table == 1

@@ -70,6 +70,33 @@ def test_plans_arrive_in_order(channel):
         np.testing.assert_array_equal(got.positions, plan.positions)
 
 
+def test_a_plan_with_per_group_tables_arrives_with_each_writes_table_and_slots():
+    # A hybrid model's plan (3 tables): each block-table write's table and each token's
+    # slots in tables 1.. reach the worker beside table 0's arrays.
+    capacity = PlanCapacity(max_tokens=64, max_rows=4, max_block_writes=3 * 64, num_tables=3)
+    owner = PlanSegment(capacity)
+    attached = PlanSegment(capacity, name=owner.name)
+    resource_tracker.register(owner.shm._name, "shared_memory")
+    try:
+        planner = HandPlanner(block_size=16, num_blocks=32, max_rows=4, tables=3)
+        planner.add(list(range(5, 25)), SamplingParams(temperature=0.0))
+        plan = planner.next_plan()
+        owner.write(plan, plan.input_ids)
+        got = attached.read()
+        assert set(got.block_table_groups.tolist()) == {0, 1, 2} and len(got.group_slot_mapping) == 2 * 20
+        for name in ("block_table_rows", "block_table_cols", "block_table_ids", "block_table_groups",
+                     "slot_mapping", "group_slot_mapping"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(plan, name))
+        one_table = _plans(1)[0]  # a plan with one table carries neither
+        owner.write(one_table, np.where(one_table.input_ids < 0, 11, one_table.input_ids))
+        got = attached.read()
+        assert len(got.block_table_groups) == 0 and len(got.group_slot_mapping) == 0
+        np.testing.assert_array_equal(got.block_table_ids, one_table.block_table_ids)
+    finally:
+        attached.close()
+        owner.close()
+
+
 def test_a_skipped_plan_stops_the_worker_with_a_clear_error(channel):
     sender, receiver = channel
     first, second = _plans(2)

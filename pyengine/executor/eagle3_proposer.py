@@ -4,7 +4,8 @@ The head (``models/eagle3.py``) reads, at each position ``p``, the embedding of 
 at ``p + 1`` beside a hidden state: for committed positions the target's own (its three
 auxiliary layers' states, captured in the target's forward, through ``fc``), for the
 proposal steps the head's previous output. It keeps a one-layer paged KV cache indexed by
-the target's block tables, like the draft model's:
+the target's block tables, like the draft model's (a hybrid target's table 0, a full
+table: the head's one layer attends to the whole context):
 
 1. **Mirror.** After each step's verdict, the head writes the K/V of the step's tokens
    shifted by one (``Eagle3Head.write_kv``: nothing reads those positions' outputs): the
@@ -140,7 +141,7 @@ class Eagle3Proposer:
         if starts is None:
             return None
         return propose_named(starts, self.device, lambda rows, last, positions, caps: self.propose(
-            rows, last, positions, batch.block_table, caps))
+            rows, last, positions, batch.block_tables[:1], caps))
 
     def _mirror(self, step: StepTokens, features: torch.Tensor, last_valid: np.ndarray, drafts_again: np.ndarray,
                 batch: Any) -> None:
@@ -189,17 +190,18 @@ class Eagle3Proposer:
         self.carry_position[rows] = np.asarray(plan.positions, dtype=np.int64)[last]
 
     def propose(self, rows: np.ndarray, last_tokens: torch.Tensor, positions: np.ndarray,
-                block_table: torch.Tensor, caps: Optional[np.ndarray] = None) -> Drafts:
+                block_tables: torch.Tensor, caps: Optional[np.ndarray] = None) -> Drafts:
         """k drafts for each row (fewer near max_model_len, at most ``caps``): ``last_tokens`` [S] the tokens
         just emitted, at ``positions`` [S]; the head's first step sits one position before
-        (its state there is the row's carry). Returns (counts int32 [S], tokens int64)."""
+        (its state there is the row's carry); ``block_tables``: [1, rows, blocks], the
+        target's table 0 (a hybrid target's full table). Returns (counts int32 [S], tokens int64)."""
         positions = positions.astype(np.int64)
         counts = draft_counts(positions, self.k, self.max_model_len, caps)
         steps = int(counts.max()) if len(rows) else 0
         if steps == 0:
             return counts, np.zeros(0, dtype=np.int64)
         first = positions - 1
-        table = self.scratch.table(self.kv_cache, rows, first, steps, block_table)
+        table = self.scratch.table(self.kv_cache, rows, first, steps, block_tables)
         hidden = self.carry[torch.from_numpy(rows).to(self.device)]
         tokens = last_tokens.to(torch.int64)
         drafts = []

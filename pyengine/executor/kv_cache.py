@@ -7,19 +7,23 @@ layer's cache viewed as ``[num_blocks * block_size, num_kv_heads, head_dim]`` is
 by slot directly.
 
 A hybrid model with per-group block tables (``kv_tables.py``) holds ``layers_per_table``
-layers per block instead of every layer: ``num_layers`` is then that count, and
-``layer_index_map`` says which cache tensor each model layer uses (layer ``j`` of each
-table shares tensor ``j``; the block ids keep the tables apart).
+layers per block instead of every layer: ``num_layers`` is then that count, and the
+tables' ``cache_index_of_layer`` says which cache tensor each model layer uses (layer
+``j`` of each table shares tensor ``j``; the block ids keep the tables apart). A draft
+model's cache over those tables is laid out the same way (``kv_tables.proposer_tables``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from pyengine.errors import KVCacheTooSmallError
+
+if TYPE_CHECKING:
+    from pyengine.executor.kv_tables import KVTables
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +57,15 @@ class PagedKVCache:
     """Key and value tensors for every layer, zero-initialised (masked reads stay finite)."""
 
     def __init__(
-        self, shape: KVCacheShape, num_blocks: int, device: torch.device,
-        layer_index_map: Optional[tuple[int, ...]] = None,
+        self, shape: KVCacheShape, num_blocks: int, device: torch.device, tables: Optional["KVTables"] = None,
     ) -> None:
         self.shape = shape
         self.num_blocks = num_blocks
-        # Model layer -> cache tensor (None: the same index).
-        self.layer_index_map = layer_index_map
+        # Model layer -> cache tensor: per-group tables' (None: the same index).
+        self.layer_index_map = None if tables is None else tables.cache_index_of_layer
+        if tables is not None and shape.num_layers != tables.layers_per_table:
+            raise ValueError(f"a cache over per-group tables holds {tables.layers_per_table} layers per block, "
+                             f"not {shape.num_layers}")
         dims = (shape.num_layers, num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
         self.keys = torch.zeros(dims, dtype=shape.dtype, device=device)
         self.values = torch.zeros(dims, dtype=shape.dtype, device=device)

@@ -9,6 +9,13 @@ cache then holds ``layers_per_table`` layers per block: cache tensor ``j`` is us
 layer ``j`` of whichever table owns the block, so a block a windowed table freed serves
 a full table next. Each layer reads and writes through its own table's block table and
 slot mapping.
+
+The layout depends on the target model's layers only, so every tensor-parallel rank (a
+worker knows nothing of the speculative config) lays its cache out the same way. A draft
+model's layers read the target's tables (``proposer_tables``: a windowed layer one of its
+window's tables, every other a full one; an EAGLE-3 head's one layer table 0) and lay the
+draft's own cache out the same way; they add no table of their own
+(``docs/speculative_decoding.md``).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pyengine._sched import SchedulerConfig
+from pyengine.models.config import DecoderConfig
 from pyengine.models.layer_config import kv_groups as layer_kv_groups
 
 
@@ -53,3 +61,32 @@ def plan_kv_tables(layer_windows: tuple[Optional[int], ...], num_layers: int) ->
         table_of_layer.append(tables_of_group[group][i // per])
         cache_index.append(i % per)
     return KVTables(per, tuple(windows), tuple(table_of_layer), tuple(cache_index))
+
+
+def model_kv_tables(model_config: DecoderConfig) -> Optional[KVTables]:
+    """A model's per-group tables (``plan_kv_tables``); None for latent attention (MLA
+    models have no windows: one table)."""
+    if model_config.mla is not None:
+        return None
+    return plan_kv_tables(model_config.layer_windows, model_config.num_hidden_layers)
+
+
+def proposer_tables(target: KVTables, layer_windows: tuple[Optional[int], ...], num_layers: int) -> KVTables:
+    """Which of the target's tables each layer of a proposer (a draft model) reads, and the
+    tensor of the proposer's own cache it uses there: a layer with a window some target
+    table has reads one of those tables, every other layer (full attention, or a window no
+    target table has) a full table, which holds every block it may read. Each layer goes
+    to the eligible table with the fewest so far, so the proposer's cache holds as few
+    layers per block as it can (``layers_per_table``), as the target's does."""
+    counts = [0] * target.num_tables
+    table_of_layer, cache_index = [], []
+    for layer in range(num_layers):
+        window = layer_windows[layer] if layer_windows else None
+        eligible = [t for t, w in enumerate(target.windows) if w == window and window is not None]
+        if not eligible:
+            eligible = [t for t, w in enumerate(target.windows) if w is None]
+        table = min(eligible, key=lambda t: (counts[t], t))
+        table_of_layer.append(table)
+        cache_index.append(counts[table])
+        counts[table] += 1
+    return KVTables(max(counts), target.windows, tuple(table_of_layer), tuple(cache_index))

@@ -32,7 +32,7 @@ from pyengine.executor.draft_proposer import DraftProposer
 from pyengine.executor.eagle3_proposer import Eagle3Proposer
 from pyengine.executor.grammar_mask import GrammarMaskApplier
 from pyengine.executor.kv_cache import KVCacheShape, PagedKVCache
-from pyengine.executor.kv_tables import KVTables, plan_kv_tables
+from pyengine.executor.kv_tables import KVTables, model_kv_tables
 from pyengine.executor.latent_kv_cache import LatentKVCache, LatentKVCacheShape
 from pyengine.executor.logits_pipeline import LogitsPipeline
 from pyengine.executor.masked_rows import fail_fully_masked
@@ -80,8 +80,10 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
         self.attention_backend: Union[AttentionBackendChoice, TableAttentionBackend]
         self.kv_shape: Union[KVCacheShape, LatentKVCacheShape]
-        # A hybrid model's per-group block tables (None: one table shared by every layer).
-        self.kv_tables = _hybrid_tables(config, model_config, self.model.parallel.world_size)
+        # A hybrid model's per-group block tables (None: one table shared by every layer),
+        # whatever the engine's configuration: the same on every tensor-parallel rank, and
+        # a proposer's layers read these tables (``kv_tables.py``).
+        self.kv_tables = model_kv_tables(model_config)
         if model_config.mla is not None:  # DeepSeek: one latent row per token, its own attention
             self.attention_backend = select_latent_attention_backend(config.attention_backend)
             self.kv_shape = LatentKVCacheShape(
@@ -114,7 +116,7 @@ class ModelRunner:
             None if proposer is None else proposer.cache_size,
         )
         num_blocks = self.model.parallel.min_over_ranks(num_blocks)  # every rank must hold them
-        self.kv_cache = new_kv_cache(self.kv_shape, num_blocks, self.device, self._layer_index_map)
+        self.kv_cache = new_kv_cache(self.kv_shape, num_blocks, self.device, self.kv_tables)
         logger.info(
             "KV cache: %d blocks of %d tokens (%.1f MiB), attention backend %s",
             num_blocks,
@@ -178,16 +180,18 @@ class ModelRunner:
         if parallel.rank != 0:
             return None
         if spec.method == "draft_model":
-            return DraftProposer.load(spec, loaded, config, self.block_size, self.max_model_len)
+            return DraftProposer.load(spec, loaded, config, self.block_size, self.max_model_len, self.kv_tables)
         return Eagle3Proposer.load(spec, loaded, config, self.block_size, self.max_model_len, whole)
 
     @property
     def kv_groups(self) -> list[tuple[Optional[int], int]]:
         """The layers reading this runner's block tables, grouped by attention need, for the
-        scheduler (``layer_config.kv_groups``): the model's, and a draft model's, which
-        reads the same tables."""
+        scheduler (``layer_config.kv_groups``): the model's, and with one shared table a
+        proposer's (a full-attention draft keeps a windowed target's blocks). With
+        per-group tables only the model's, which the tables are laid out from: a
+        proposer's layers read those tables (``kv_tables.proposer_tables``)."""
         groups = model_kv_groups(self.loaded.config)
-        if self.proposer is not None:
+        if self.proposer is not None and self.kv_tables is None:
             groups += self.proposer.kv_groups
         return groups
 
@@ -200,10 +204,6 @@ class ModelRunner:
     @property
     def num_kv_tables(self) -> int:
         return 1 if self.kv_tables is None else self.kv_tables.num_tables
-
-    @property
-    def _layer_index_map(self) -> Optional[tuple[int, ...]]:
-        return None if self.kv_tables is None else self.kv_tables.cache_index_of_layer
 
     @property
     def num_kv_blocks(self) -> int:
@@ -418,11 +418,11 @@ class ModelRunner:
                     query_start_loc=plan.query_start_loc,
                     seq_lens=plan.seq_lens,
                     num_scheduled_tokens=plan.num_scheduled_tokens,
-                    slot_mapping=slots[:, t].contiguous(),
-                    block_tables=self.batch.group_block_tables[t].index_select(0, rows)[:, :width],
+                    slot_mapping=slots[:, t - 1].contiguous(),
+                    block_tables=self.batch.block_tables[t].index_select(0, rows)[:, :width],
                     block_size=self.block_size,
                 )
-                for t in range(extra)
+                for t in range(1, extra + 1)
             )
         return StepAttentionLayout(
             query_start_loc=plan.query_start_loc,
@@ -469,7 +469,7 @@ class ModelRunner:
         scratch cache, attended through ``backend``: the cache and the hidden states."""
         seq_len = context + tokens
         blocks = -(-seq_len // self.block_size)
-        scratch = new_kv_cache(self.kv_shape, blocks, self.device, self._layer_index_map)
+        scratch = new_kv_cache(self.kv_shape, blocks, self.device, self.kv_tables)
         layout = StepAttentionLayout(
             query_start_loc=np.array([0, tokens], dtype=np.int64),
             seq_lens=np.array([seq_len], dtype=np.int64),
@@ -485,24 +485,14 @@ class ModelRunner:
 
 def new_kv_cache(
     shape: Union[KVCacheShape, LatentKVCacheShape], num_blocks: int, device: torch.device,
-    layer_index_map: Optional[tuple[int, ...]] = None,
+    tables: Optional[KVTables] = None,
 ) -> Union[PagedKVCache, LatentKVCache]:
     """The cache a shape describes: K/V per head, or one latent row per token (MLA);
-    ``layer_index_map``: per-group tables' layer -> cache tensor (``kv_tables.py``)."""
+    ``tables``: a hybrid model's per-group tables, which say the cache tensor each layer
+    uses (``kv_tables.py``)."""
     if isinstance(shape, LatentKVCacheShape):
         return LatentKVCache(shape, num_blocks, device)
-    return PagedKVCache(shape, num_blocks, device, layer_index_map)
-
-
-def _hybrid_tables(config: ExecutorConfig, model_config: DecoderConfig, world_size: int) -> Optional[KVTables]:
-    """Per-group block tables for a hybrid model (``kv_tables.py``), or None: not hybrid,
-    too many tables, or a case that keeps one shared table (a draft model reading the same
-    tables, an EAGLE-3 head mirroring them; tensor parallelism; latent attention)."""
-    spec = config.speculative_config
-    proposer = spec is not None and spec.proposed_by_executor
-    if model_config.mla is not None or world_size != 1 or proposer:
-        return None
-    return plan_kv_tables(model_config.layer_windows, model_config.num_hidden_layers)
+    return PagedKVCache(shape, num_blocks, device, tables)
 
 
 def _max_model_len(config: ExecutorConfig, max_positions: int) -> int:

@@ -45,11 +45,10 @@ class PersistentBatch:
         self.max_rows = max_rows
         self.vocab_size = vocab_size
         self.device = device
-        self.block_table = torch.zeros(max_rows, max_blocks_per_seq, dtype=torch.int32, device=device)
-        # A hybrid model's per-group tables 1.. (``kv_tables.py``); table 0 is ``block_table``.
-        self.group_block_tables = torch.zeros(
-            num_tables - 1, max_rows, max_blocks_per_seq, dtype=torch.int32, device=device
-        )
+        # Every row's block table in each of a hybrid model's per-group tables
+        # (``kv_tables.py``; one table otherwise); ``block_table`` is table 0's (a view).
+        self.block_tables = torch.zeros(num_tables, max_rows, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.block_table = self.block_tables[0]
         self.last_sampled = torch.zeros(max_rows, dtype=torch.int64, device=device)
         self.sampling = SamplingTable(max_rows, device)
         # The logits processors' per-request state (None on tensor-parallel ranks > 0).
@@ -70,26 +69,22 @@ class PersistentBatch:
             self.logits_pipeline.free(plan.freed_rows)
         if len(plan.new_rows):
             self._install_new_rows(plan)
-        if len(plan.block_table_rows):
-            rows = torch.from_numpy(plan.block_table_rows.astype(np.int64)).to(self.device)
-            cols = torch.from_numpy(plan.block_table_cols.astype(np.int64)).to(self.device)
-            ids = torch.from_numpy(plan.block_table_ids.astype(np.int32)).to(self.device)
-            groups = getattr(plan, "block_table_groups", None)
-            if groups is None or not len(groups):
-                self.block_table[rows, cols] = ids
-            else:
-                self._write_group_tables(groups, rows, cols, ids)
+        self.write_block_tables(plan)
 
-    def _write_group_tables(
-        self, groups: np.ndarray, rows: torch.Tensor, cols: torch.Tensor, ids: torch.Tensor
-    ) -> None:
-        """Block-table writes of a plan with per-group tables: each to its table."""
-        first = torch.from_numpy(groups == 0).to(self.device)
-        self.block_table[rows[first], cols[first]] = ids[first]
-        if len(self.group_block_tables):
-            rest = ~first
-            tables = torch.from_numpy(groups.astype(np.int64) - 1).to(self.device)[rest]
-            self.group_block_tables[tables, rows[rest], cols[rest]] = ids[rest]
+    def write_block_tables(self, plan: StepPlanLike) -> None:
+        """The plan's block-table writes, each into its table (``block_table_groups``; a
+        plan without it writes table 0): one indexed store, with no host sync (the
+        tensor-parallel workers, which keep no other row state, call this alone)."""
+        if not len(plan.block_table_rows):
+            return
+        to_device = lambda array: torch.from_numpy(array.astype(np.int64)).to(self.device)  # noqa: E731
+        rows, cols = to_device(plan.block_table_rows), to_device(plan.block_table_cols)
+        ids = torch.from_numpy(plan.block_table_ids.astype(np.int32)).to(self.device)
+        groups = getattr(plan, "block_table_groups", None)
+        if groups is None or not len(groups):
+            self.block_table[rows, cols] = ids
+        else:
+            self.block_tables[to_device(groups), rows, cols] = ids
 
     def _install_new_rows(self, plan: StepPlanLike) -> None:
         rows = plan.new_rows.astype(np.int64)

@@ -10,12 +10,14 @@ proposal starts, and the scratch blocks its proposal forwards write into.
   scheduler reserves them when it plans the next step), so a proposer's cache has a few
   blocks per row past the pool. Before the proposal forwards, each row's block holding
   its first proposal position is copied into the row's scratch blocks and the row's table
-  points there from that block on, so the real cache is never touched.
+  points there from that block on, so the real cache is never touched. With a hybrid
+  target's per-group tables (``kv_tables.proposer_tables``) each table has scratch
+  blocks of its own per row, copied from that table's block.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -39,8 +41,10 @@ class ProposerCacheSize:
     scratch_blocks: int
 
     @classmethod
-    def of(cls, shape: KVCacheShape, max_rows: int, k: int) -> "ProposerCacheSize":
-        return cls(shape, max_rows * ScratchBlocks.blocks_per_row(k, shape.block_size))
+    def of(cls, shape: KVCacheShape, max_rows: int, k: int, num_tables: int = 1) -> "ProposerCacheSize":
+        """``num_tables``: the target's per-group tables the proposer reads (scratch blocks
+        per row for each)."""
+        return cls(shape, max_rows * num_tables * ScratchBlocks.blocks_per_row(k, shape.block_size))
 
 
 @dataclass(frozen=True)
@@ -103,15 +107,17 @@ def propose_named(starts: ProposalStarts, device: torch.device, propose: Propose
 
 
 class ScratchBlocks:
-    """A few blocks per persistent-batch row past a proposer cache's ``num_blocks`` pool
-    blocks, and the per-step tables and layouts of its proposal forwards."""
+    """A few blocks per persistent-batch row (and block table read) past a proposer
+    cache's ``num_blocks`` pool blocks, and the per-step tables and layouts of its
+    proposal forwards."""
 
     def __init__(self, num_blocks: int, max_rows: int, k: int, block_size: int, max_model_len: int,
-                 device: torch.device) -> None:
+                 device: torch.device, num_tables: int = 1) -> None:
         self.num_blocks, self.block_size, self.device = num_blocks, block_size, device
+        self.num_tables = num_tables
         self.last_position = max_model_len - 1  # rows with fewer drafts run at a clamped position
         self.per_row = self.blocks_per_row(k, block_size)
-        self.total_blocks = num_blocks + max_rows * self.per_row
+        self.total_blocks = num_blocks + max_rows * num_tables * self.per_row
 
     @staticmethod
     def blocks_per_row(k: int, block_size: int) -> int:
@@ -119,41 +125,51 @@ class ScratchBlocks:
         return -(-(k + block_size) // block_size) + 1
 
     def table(self, cache: PagedKVCache, rows: np.ndarray, first_positions: np.ndarray, steps: int,
-              block_table: torch.Tensor) -> torch.Tensor:
-        """The rows' tables for forwards at ``first_positions + 0 .. steps - 1``: the real
-        blocks before each row's first proposal block, its scratch blocks from there on
-        (the first one a copy of the real block, every layer)."""
+              block_tables: torch.Tensor) -> torch.Tensor:
+        """The rows' tables [num_tables, S, width] for forwards at ``first_positions + 0 ..
+        steps - 1`` (``block_tables``: the persistent batch's [num_tables, rows, blocks]):
+        in each table the real blocks before each row's first proposal block, its scratch
+        blocks from there on (the first one a copy of that table's real block, every
+        cache tensor)."""
         bs, device = self.block_size, self.device
-        S = len(rows)
+        S, tables = len(rows), block_tables.shape[0]
         first_block = np.minimum(first_positions, self.last_position) // bs
         width = int((np.minimum(first_positions + steps, self.last_position) // bs).max()) + 1
-        table = torch.zeros(S, width, dtype=torch.int64, device=device)
-        real_width = min(width, block_table.shape[1])
-        table[:, :real_width] = block_table.index_select(0, torch.from_numpy(rows.astype(np.int64)).to(device))[
-            :, :real_width].to(torch.int64)
-        scratch = self.num_blocks + rows.astype(np.int64)[:, None] * self.per_row + np.arange(self.per_row)[None, :]
-        for s in range(S):  # the row's table from its first proposal block on: its scratch blocks
-            b0 = int(first_block[s])
-            span = min(self.per_row, width - b0)
-            source = int(table[s, b0])
-            table[s, b0:b0 + span] = torch.from_numpy(scratch[s, :span]).to(device)
-            cache.keys[:, scratch[s, 0]] = cache.keys[:, source]
-            cache.values[:, scratch[s, 0]] = cache.values[:, source]
+        table = torch.zeros(tables, S, width, dtype=torch.int64, device=device)
+        real_width = min(width, block_tables.shape[2])
+        table[:, :, :real_width] = block_tables.index_select(1, torch.from_numpy(rows.astype(np.int64)).to(device))[
+            :, :, :real_width].to(torch.int64)
+        for t in range(tables):
+            scratch = (self.num_blocks + (rows.astype(np.int64)[:, None] * self.num_tables + t) * self.per_row
+                       + np.arange(self.per_row)[None, :])
+            for s in range(S):  # the row's table from its first proposal block on: its scratch blocks
+                b0 = int(first_block[s])
+                span = min(self.per_row, width - b0)
+                source = int(table[t, s, b0])
+                table[t, s, b0:b0 + span] = torch.from_numpy(scratch[s, :span]).to(device)
+                cache.keys[:, scratch[s, 0]] = cache.keys[:, source]
+                cache.values[:, scratch[s, 0]] = cache.values[:, source]
         return table
 
     def step_layout(self, table: torch.Tensor, positions: np.ndarray) -> tuple[torch.Tensor, StepAttentionLayout]:
         """One token per row at ``positions`` (clamped to the model's last position): the
-        positions on the device and the forward's attention layout over ``table``."""
+        positions on the device and the forward's attention layout over ``table``
+        [num_tables, S, width] (tables 1.. in its ``group_layouts``)."""
         bs, device = self.block_size, self.device
         pos = np.minimum(positions, self.last_position)
         S = len(pos)
         pos_t = torch.from_numpy(pos).to(device)
-        slots = table.gather(1, torch.from_numpy(pos // bs).to(device).unsqueeze(1)).squeeze(1) * bs + pos_t % bs
-        layout = StepAttentionLayout(
-            query_start_loc=np.arange(S + 1, dtype=np.int64), seq_lens=pos + 1,
-            num_scheduled_tokens=np.ones(S, dtype=np.int64), slot_mapping=slots,
-            block_tables=table[:, :int((pos // bs).max()) + 1].to(torch.int32), block_size=bs)
-        return pos_t, layout
+        columns = torch.from_numpy(pos // bs).to(device).unsqueeze(1)
+        width = int((pos // bs).max()) + 1
+        layouts = [
+            StepAttentionLayout(
+                query_start_loc=np.arange(S + 1, dtype=np.int64), seq_lens=pos + 1,
+                num_scheduled_tokens=np.ones(S, dtype=np.int64),
+                slot_mapping=one.gather(1, columns).squeeze(1) * bs + pos_t % bs,
+                block_tables=one[:, :width].to(torch.int32), block_size=bs)
+            for one in table
+        ]
+        return pos_t, replace(layouts[0], group_layouts=tuple(layouts[1:]))
 
 
 def rows_to_mirror(plan: Any, prompt_len: np.ndarray) -> np.ndarray:
@@ -184,13 +200,16 @@ def select_rows(step: StepTokens, rows: np.ndarray) -> tuple[torch.Tensor, torch
     new_starts = np.concatenate([[0], np.cumsum(counts)])
     tokens = np.arange(int(new_starts[-1])) + np.repeat(starts - new_starts[:-1], counts)
     device = step.input_ids.device
-    token_t = torch.from_numpy(tokens).to(device)
+    token_t, row_t = torch.from_numpy(tokens).to(device), torch.from_numpy(rows).to(device)
+
+    def restricted(layout: StepAttentionLayout) -> StepAttentionLayout:
+        return StepAttentionLayout(
+            query_start_loc=new_starts, seq_lens=np.asarray(layout.seq_lens)[rows], num_scheduled_tokens=counts,
+            slot_mapping=layout.slot_mapping.index_select(0, token_t),
+            block_tables=layout.block_tables.index_select(0, row_t), block_size=layout.block_size)
+
     layout = step.layout
-    sub = StepAttentionLayout(
-        query_start_loc=new_starts, seq_lens=np.asarray(layout.seq_lens)[rows], num_scheduled_tokens=counts,
-        slot_mapping=layout.slot_mapping.index_select(0, token_t),
-        block_tables=layout.block_tables.index_select(0, torch.from_numpy(rows).to(device)),
-        block_size=layout.block_size)
+    sub = replace(restricted(layout), group_layouts=tuple(restricted(g) for g in layout.group_layouts))
     return step.input_ids.index_select(0, token_t), step.positions.index_select(0, token_t), sub
 
 

@@ -2,8 +2,9 @@
 
 Shared memory only reaches the ranks on rank 0's host. With ranks launched from outside
 (torchrun, ``distributed_executor_backend="external_launcher"``) rank 0 broadcasts each
-plan over a gloo group of its own: an 11-element header (sequence, step id, the array
-lengths, the kind: step or exit, the prompt positions' slice size, the draft lengths), then the arrays concatenated into one int64 buffer,
+plan over a gloo group of its own: a 13-element header (sequence, step id, the array
+lengths, the kind: step or exit, the prompt positions' slice size, the draft lengths, the
+per-group tables' lengths), then the arrays concatenated into one int64 buffer,
 laid out as in the shared segment (``plan_channel.ARRAYS``). The group is created with a
 long timeout: a worker waits in the header broadcast while the engine is idle, and a
 rank 0 that dies closes its connections, which ends that wait at once.
@@ -22,12 +23,15 @@ from pyengine.executor.tensor_parallel.plan_channel import (
     ForwardPlan,
     draft_counts,
     draft_ids,
+    group_slots,
     plan_lengths,
     prompt_positions,
+    table_groups,
 )
 from pyengine.models.parallel import CollectiveError
 
 STEP, EXIT = 1, 2
+_HEADER_LENGTH = 13
 #: How long a worker may wait for the next plan (an idle engine sends none).
 IDLE_TIMEOUT = timedelta(days=30)
 
@@ -64,11 +68,12 @@ class BroadcastPlanSender:
         header = torch.tensor(
             [self.sequence, plan.step_id, lengths["tokens"], lengths["rows"], lengths["logits"],
              lengths["block_writes"], STEP, lengths["prompt_logits"], getattr(plan, "prompt_slice", 0),
-             lengths["samples"], lengths["drafts"]],
+             lengths["samples"], lengths["drafts"], lengths["table_writes"], lengths["group_slots"]],
             dtype=torch.int64,
         )
         special = {"input_ids": input_ids, "prompt_logits_indices": prompt_positions(plan),
-                   "num_draft_tokens": draft_counts(plan), "draft_token_ids": draft_ids(plan)}
+                   "num_draft_tokens": draft_counts(plan), "draft_token_ids": draft_ids(plan),
+                   "block_table_groups": table_groups(plan), "group_slot_mapping": group_slots(plan)}
         parts = [np.asarray(special[name] if name in special else getattr(plan, name), dtype=np.int64)
                  for name, _, _ in ARRAYS]
         payload = torch.from_numpy(np.concatenate(parts)) if parts else torch.zeros(0, dtype=torch.int64)
@@ -81,7 +86,9 @@ class BroadcastPlanSender:
         if self._closed:
             return
         self._closed = True
-        self._broadcast(torch.tensor([self.sequence + 1, 0, 0, 0, 0, 0, EXIT, 0, 0, 0, 0], dtype=torch.int64))
+        header = torch.zeros(_HEADER_LENGTH, dtype=torch.int64)
+        header[0], header[6] = self.sequence + 1, EXIT
+        self._broadcast(header)
         exit_barrier(self.group, timeout_s)
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
@@ -96,16 +103,17 @@ class BroadcastPlanReceiver:
 
     def __init__(self, group: Any) -> None:
         self.group = group
-        self.header = torch.zeros(11, dtype=torch.int64)
+        self.header = torch.zeros(_HEADER_LENGTH, dtype=torch.int64)
 
     def receive(self) -> Optional[ForwardPlan]:
         self._broadcast(self.header)
         (sequence, step_id, tokens, rows, logits, block_writes, kind, prompt_logits, prompt_slice, samples,
-         drafts) = self.header.tolist()
+         drafts, table_writes, slots) = self.header.tolist()
         if kind == EXIT:
             return None
         lengths = {"tokens": tokens, "rows": rows, "logits": logits, "block_writes": block_writes,
-                   "prompt_logits": prompt_logits, "samples": samples, "drafts": drafts}
+                   "prompt_logits": prompt_logits, "samples": samples, "drafts": drafts,
+                   "table_writes": table_writes, "group_slots": slots}
         total = sum(lengths[field] + extra for _, field, extra in ARRAYS)
         payload = torch.empty(total, dtype=torch.int64)
         self._broadcast(payload)

@@ -3,7 +3,9 @@
 What a worker rank needs to run the forward pass is a handful of integer arrays: the
 input ids (placeholders already filled by rank 0, which knows the tokens it sampled),
 positions, KV slots, the rows and their query / sequence lengths, the sampled positions,
-the block-table writes, and the prompt positions of rows that asked for prompt logprobs
+the block-table writes (with a hybrid model's per-group tables, each write's table and
+each token's slot in tables 1.., ``block_table_groups`` / ``group_slot_mapping``), and
+the prompt positions of rows that asked for prompt logprobs
 (with their slice size, in the header). Rank 0 writes them one after the other, with one
 ``np.concatenate`` straight into a shared-memory segment (``multiprocessing.shared_memory``)
 sized for the largest possible plan, their lengths into its header, then one byte into
@@ -35,7 +37,7 @@ from pyengine.models.parallel import CollectiveError
 
 # Header: sequence number, step id, then the length of each array below.
 _HEADER = ("sequence", "step_id", "tokens", "rows", "logits", "block_writes", "prompt_logits", "prompt_slice",
-           "samples", "drafts")
+           "samples", "drafts", "table_writes", "group_slots")
 ARRAYS = (
     # name, length field, extra elements
     ("input_ids", "tokens", 0),
@@ -53,6 +55,10 @@ ARRAYS = (
     # Speculative decoding: drafts per sampled sequence (empty without drafts), the drafts.
     ("num_draft_tokens", "samples", 0),
     ("draft_token_ids", "drafts", 0),
+    # Per-group tables (a hybrid model; empty otherwise): each write's table, and each
+    # token's slot in tables 1.. ([tokens, tables - 1] flattened).
+    ("block_table_groups", "table_writes", 0),
+    ("group_slot_mapping", "group_slots", 0),
 )
 _NO_POSITIONS = np.zeros(0, dtype=np.int64)
 EXIT_BYTE = b"x"
@@ -63,16 +69,20 @@ POLL_S = 0.002
 
 @dataclass(frozen=True)
 class PlanCapacity:
-    """The largest plan a step can carry (from the engine's limits)."""
+    """The largest plan a step can carry (from the engine's limits; ``max_block_writes``
+    counts every table's, ``num_tables`` the per-group tables of a hybrid model)."""
 
     max_tokens: int
     max_rows: int
     max_block_writes: int
+    num_tables: int = 1
 
     def lengths(self) -> dict[str, int]:
         return {"tokens": self.max_tokens, "rows": self.max_rows,
                 "logits": self.max_tokens, "block_writes": self.max_block_writes, "prompt_logits": self.max_tokens,
-                "samples": self.max_rows, "drafts": self.max_tokens}
+                "samples": self.max_rows, "drafts": self.max_tokens,
+                "table_writes": self.max_block_writes if self.num_tables > 1 else 0,
+                "group_slots": self.max_tokens * (self.num_tables - 1)}
 
 
 class ForwardPlan:
@@ -97,13 +107,16 @@ class ForwardPlan:
     prompt_slice: int
     num_draft_tokens: np.ndarray
     draft_token_ids: np.ndarray
+    block_table_groups: np.ndarray
+    group_slot_mapping: np.ndarray
 
 
 def plan_lengths(plan: Any, input_ids: np.ndarray) -> dict[str, int]:
     """The length fields of ``plan`` (see ``ARRAYS``)."""
     return {"tokens": len(input_ids), "rows": len(plan.rows), "logits": len(plan.logits_indices),
             "block_writes": len(plan.block_table_rows), "prompt_logits": len(prompt_positions(plan)),
-            "samples": len(draft_counts(plan)), "drafts": len(draft_ids(plan))}
+            "samples": len(draft_counts(plan)), "drafts": len(draft_ids(plan)),
+            "table_writes": len(table_groups(plan)), "group_slots": len(group_slots(plan))}
 
 
 def draft_counts(plan: Any) -> np.ndarray:
@@ -114,6 +127,16 @@ def draft_counts(plan: Any) -> np.ndarray:
 def draft_ids(plan: Any) -> np.ndarray:
     """The plan's drafts, flat (none for a plan without them)."""
     return getattr(plan, "draft_token_ids", _NO_POSITIONS)
+
+
+def table_groups(plan: Any) -> np.ndarray:
+    """Each block-table write's table (none for a plan with one table)."""
+    return getattr(plan, "block_table_groups", _NO_POSITIONS)
+
+
+def group_slots(plan: Any) -> np.ndarray:
+    """Each token's slot in tables 1.. (none for a plan with one table)."""
+    return getattr(plan, "group_slot_mapping", _NO_POSITIONS)
 
 
 def prompt_positions(plan: Any) -> np.ndarray:
@@ -148,15 +171,17 @@ class PlanSegment:
         logits, block_writes = len(plan.logits_indices), len(plan.block_table_rows)
         prompt = prompt_positions(plan)
         counts, drafts = draft_counts(plan), draft_ids(plan)
-        total = 3 * tokens + 4 * rows + 1 + logits + 3 * block_writes + len(prompt) + len(counts) + len(drafts)
+        groups, slots = table_groups(plan), group_slots(plan)
+        total = (3 * tokens + 4 * rows + 1 + logits + 3 * block_writes + len(prompt) + len(counts) + len(drafts)
+                 + len(groups) + len(slots))
         np.concatenate(
             (input_ids, plan.positions, plan.slot_mapping, plan.rows, plan.num_scheduled_tokens, plan.seq_lens,
              plan.query_start_loc, plan.logits_indices, plan.block_table_rows, plan.block_table_cols,
-             plan.block_table_ids, prompt, counts, drafts),
+             plan.block_table_ids, prompt, counts, drafts, groups, slots),
             out=self._area[:total],
         )
         self.header[1:] = (plan.step_id, tokens, rows, logits, block_writes, len(prompt),
-                           getattr(plan, "prompt_slice", 0), len(counts), len(drafts))
+                           getattr(plan, "prompt_slice", 0), len(counts), len(drafts), len(groups), len(slots))
         _kernels.shared_word_advance(self.header, 0)  # a reader that sees it sees the arrays
 
     def read(self) -> ForwardPlan:

@@ -35,6 +35,7 @@ from pyengine.errors import EngineDeadError, EngineError, InvalidConfigError, Mo
 from pyengine.executor.attention.metadata import StepAttentionLayout
 from pyengine.executor.attention.selector import resolve_block_size
 from pyengine.executor.config import ExecutorConfig
+from pyengine.executor.kv_tables import model_kv_tables
 from pyengine.executor.model_runner import ModelRunner, context_lens
 from pyengine.executor.plan import StepPlanLike, last_sample_per_row
 from pyengine.executor.prompt_logprobs import prompt_slices
@@ -408,12 +409,15 @@ def _reasons(failures: dict[int, str]) -> str:
     return "; ".join(f"tensor-parallel rank {rank}: {text}" for rank, text in failures.items())
 
 
-def plan_capacity(config: ExecutorConfig, max_model_len: int) -> PlanCapacity:
+def plan_capacity(config: ExecutorConfig, max_model_len: int, num_tables: int = 1) -> PlanCapacity:
+    """The largest plan of these limits; ``num_tables``: a hybrid model's per-group tables
+    (``kv_tables.model_kv_tables``), each row's every table written at most once whole."""
     blocks_per_seq = -(-max_model_len // config.block_size)
     return PlanCapacity(
         max_tokens=config.max_num_batched_tokens,
         max_rows=config.max_num_seqs,
-        max_block_writes=config.max_num_seqs * blocks_per_seq,
+        max_block_writes=config.max_num_seqs * blocks_per_seq * num_tables,
+        num_tables=num_tables,
     )
 
 
@@ -447,7 +451,8 @@ def start(
     threads = threads_per_rank or max(1, torch.get_num_threads() // world_size)
     store = host_store("127.0.0.1", 0, world_size, timeout_s)
     rendezvous = Rendezvous("127.0.0.1", store.port, 0, world_size, 0, backend_for(config.device), timeout_s)
-    capacity = plan_capacity(config, max_model_len)
+    tables = model_kv_tables(model_config)
+    capacity = plan_capacity(config, max_model_len, 1 if tables is None else tables.num_tables)
     segment = PlanSegment(capacity, workers=world_size - 1)
     workers: list[WorkerProcess] = []
     threads_before = torch.get_num_threads()

@@ -6,7 +6,7 @@ Start-up, each stage reported to rank 0 as one JSON line on the reply pipe: ``he
 (``loaded``, or ``error`` with the exception, and exit) -> wait for rank 0's go (every
 rank loaded) -> build the runner (the KV cache size is agreed over the ranks) ->
 ``ready``. Then, per step: wake on the step pipe, read the plan from shared memory, apply
-its block-table writes, run the forward pass and join the logits gather (see
+its block-table writes (into each of a hybrid model's per-group tables), run the forward pass and join the logits gather (see
 ``collective_step``). The worker samples nothing: rank 0 does, once, and fills the next
 plan's placeholders itself. A closed step pipe (rank 0 gone) or the exit byte ends the
 process; a failed collective (a peer gone) too. SIGINT and SIGTERM are ignored (the
@@ -26,7 +26,6 @@ import signal
 import sys
 from typing import Any, Callable, Optional
 
-import numpy as np
 import torch
 
 from pyengine.executor.config import ExecutorConfig
@@ -66,7 +65,7 @@ class WorkerStep:
         num_tokens = len(plan.input_ids)  # never 0: rank 0 publishes only plans with tokens
 
         def forward() -> tuple[torch.Tensor, torch.Tensor]:
-            self._write_block_table(plan)
+            self.runner.batch.write_block_tables(plan)  # type: ignore[arg-type]
             return self.forward(plan)
 
         runner = self.runner
@@ -109,14 +108,6 @@ class WorkerStep:
         hidden = self.model(input_ids, positions, attention, context_lens(self.model, layout))
         indices = torch.from_numpy(plan.logits_indices).to(device)
         return hidden, self.model.local_logits(hidden.index_select(0, indices))
-
-    def _write_block_table(self, plan: ForwardPlan) -> None:
-        if len(plan.block_table_rows):
-            device = self.runner.device
-            table = self.runner.batch.block_table
-            rows = torch.from_numpy(plan.block_table_rows).to(device)
-            cols = torch.from_numpy(plan.block_table_cols).to(device)
-            table[rows, cols] = torch.from_numpy(plan.block_table_ids.astype(np.int32)).to(device)
 
 
 def _send(reply: Any, **message: Any) -> None:
