@@ -250,6 +250,17 @@ def test_a_draft_model_reads_the_targets_tables(gemma2, config_prompts, config_r
     _assert_windowed_blocks_freed(stats, config_prompts)
 
 
+def test_a_draft_model_at_tensor_parallel_size_2(gemma2, config_prompts, config_reference):
+    # The draft runs on rank 0 only, over rank 0's tables; the worker rank gets its drafts
+    # and the per-group tables with the plan.
+    spec = {"method": "draft_model", "model": str(gemma2), "num_speculative_tokens": 3}
+    tokens, _, stats = _run(gemma2, config_prompts, max_tokens=CONFIG_TOKENS, speculative_config=spec,
+                            tensor_parallel_size=2, **SMALL)
+    assert tokens == config_reference
+    assert stats["spec_draft_tokens"] > 0 and stats["spec_accepted_tokens"] == stats["spec_draft_tokens"]
+    _assert_windowed_blocks_freed(stats, config_prompts)
+
+
 def test_an_eagle3_head_reads_the_full_table(gemma2, config_prompts, config_reference, tmp_path):
     head = write_eagle3_head(tmp_path / "eagle3", gemma2, seed=2, aux_layer_ids=(0, 1, 2))
     spec = {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3}
