@@ -96,7 +96,7 @@ def check_model(methods: list[str], device: str) -> dict[str, Any]:
     from pyengine.testing.checkpoints import make_tiny_checkpoint
     from pyengine.testing.dequantized import write_dequantized_checkpoint
     from pyengine.testing.hand_plan import prefill_alone
-    from pyengine.testing.quantized_parity import reference_logits
+    from pyengine.testing.transformers_reference import reference_logits
 
     results = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -32,13 +31,11 @@ from pyengine.models.quantization.kernels import KernelTarget  # noqa: E402
 from pyengine.models.quantization.packed import QuantizationError  # noqa: E402
 from pyengine.testing.checkpoints import make_tiny_checkpoint  # noqa: E402
 from pyengine.testing.compressed_checkpoint import write_compressed  # noqa: E402
+from pyengine.testing.dequantized import write_reference_checkpoint  # noqa: E402
 from pyengine.testing.hand_plan import prefill_alone  # noqa: E402
-from pyengine.testing.quantized_parity import (  # noqa: E402
-    greedy_tokens,
-    reference_greedy_tokens,
-    reference_logits,
-)
-from pyengine.testing.tp_ranks import generate_on_rank, run_ranks  # noqa: E402
+from pyengine.testing.quantized_parity import greedy_tokens  # noqa: E402
+from pyengine.testing.tp_ranks import check_two_ranks_match_one  # noqa: E402
+from pyengine.testing.transformers_reference import reference_greedy_tokens, reference_logits  # noqa: E402
 
 SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=64)
 ATOL, RTOL = 1e-4, 1e-4
@@ -63,22 +60,13 @@ def _float_folder(root, arch):
     return make_tiny_checkpoint(root / "float", arch, tie_word_embeddings=False, **shape)
 
 
-def _reference_folder(folder, reference, target):
-    target.mkdir()
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        if (folder / name).exists():
-            (target / name).write_bytes((folder / name).read_bytes())
-    save_file(reference, str(target / "model.safetensors"), metadata={"format": "pt"})
-    return target
-
-
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[2]}-ignore-{len(c[1])}")
 def compressed(request, tmp_path_factory):
     scheme, ignore, arch = request.param
     root = tmp_path_factory.mktemp("ct")
     folder = _float_folder(root, arch)
     reference = write_compressed(folder, root / "quantized", scheme, ignore=ignore)
-    return root / "quantized", _reference_folder(folder, reference, root / "reference"), request.param
+    return root / "quantized", write_reference_checkpoint(folder, reference, root / "reference"), request.param
 
 
 def test_prefill_logits_match_the_dequantized_reference(compressed):
@@ -123,11 +111,7 @@ def test_w4a16_tensor_parallel_two_ranks_give_the_logits_of_one(tmp_path):
     folder = _float_folder(tmp_path, "qwen3")
     write_compressed(folder, tmp_path / "quantized", "w4a16-group-asym")
     path = tmp_path / "quantized"
-    generate_on_rank(str(path), str(tmp_path / "tp1.npy"), 0, 1, 0, PROMPTS, 6)
-    run_ranks(path, tmp_path / "tp2.npy", 2, PROMPTS, 6, timeout=300.0)
-    one, two = np.load(tmp_path / "tp1.npy"), np.load(tmp_path / "tp2.npy")
-    assert one.shape == two.shape and one.shape[0] >= 6
-    np.testing.assert_allclose(two, one, atol=ATOL, rtol=RTOL)
+    check_two_ranks_match_one(path, tmp_path, PROMPTS, 6, timeout=300.0, atol=ATOL, rtol=RTOL)
 
 
 def _group(fmt, weights, inputs=None):
@@ -194,12 +178,12 @@ def test_deepseek_fp8_block_checkpoint_matches_its_dequantized_weights(tmp_path,
             reference[name] = fp8.to(torch.float32) * full
         else:
             tensors[name] = reference[name] = w
-    target = _reference_folder(folder, tensors, tmp_path / "fp8")
+    target = write_reference_checkpoint(folder, tensors, tmp_path / "fp8")
     config = json.loads((target / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                      "weight_block_size": [128, 128]}
     (target / "config.json").write_text(json.dumps(config))
-    reference_path = _reference_folder(folder, reference, tmp_path / "ref")
+    reference_path = write_reference_checkpoint(folder, reference, tmp_path / "ref")
     prompt = PROMPTS[0]
     runner = ModelRunner.from_pretrained(target, ExecutorConfig(max_num_seqs=4, max_model_len=128, num_kv_blocks=32))
     _, logits = prefill_alone(runner, prompt)

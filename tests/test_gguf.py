@@ -30,7 +30,7 @@ from pyengine.testing.checkpoints import make_tiny_checkpoint  # noqa: E402
 from pyengine.testing.gguf_checkpoint import encode, write_gguf  # noqa: E402
 from pyengine.testing.hand_plan import HandPlanner  # noqa: E402
 from pyengine.testing.kquants import quantize_q4_k, quantize_q6_k  # noqa: E402
-from pyengine.testing.tp_ranks import generate_on_rank, run_ranks  # noqa: E402
+from pyengine.testing.tp_ranks import check_two_ranks_match_one  # noqa: E402
 
 # Input widths multiples of 256 (a K-quant super-block), per rank at TP=2 multiples of 32.
 # head_dim 128: transformers reads no head_dim from a qwen3 GGUF file and takes Qwen3's default.
@@ -175,11 +175,8 @@ def test_unsupported_files_get_errors_naming_what(tmp_path):
 def test_q4_k_tensor_parallel_two_ranks_give_the_logits_of_one(tmp_path):
     folder = make_tiny_checkpoint(tmp_path / "hf", "qwen3", tie_word_embeddings=True, **SHAPE)
     path = write_gguf(folder, tmp_path / "m.gguf", "Q4_K", types=Q4_K_M)
-    generate_on_rank(str(path), str(tmp_path / "tp1.npy"), 0, 1, 0, PROMPTS, 6)
-    run_ranks(path, tmp_path / "tp2.npy", 2, PROMPTS, 6, timeout=300.0)  # a loaded machine: 120 s ran out
-    one, two = np.load(tmp_path / "tp1.npy"), np.load(tmp_path / "tp2.npy")
-    assert one.shape == two.shape and one.shape[0] >= 6
-    np.testing.assert_allclose(two, one, atol=ATOL, rtol=RTOL)
+    # timeout: on a loaded machine 120 s ran out
+    check_two_ranks_match_one(path, tmp_path, PROMPTS, 6, timeout=300.0, atol=ATOL, rtol=RTOL)
 
 
 def test_a_quantized_file_off_the_cpu_is_refused_before_loading(tmp_path):

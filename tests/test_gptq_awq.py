@@ -10,16 +10,17 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
 from pyengine.models.loader import load_model
 from pyengine.models.quantization.packed import QuantizationError
 from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.dequantized import write_reference_checkpoint
 from pyengine.testing.gptq_checkpoint import write_quantized
 from pyengine.testing.hand_plan import prefill_alone
-from pyengine.testing.quantized_parity import greedy_tokens, reference_greedy_tokens, reference_logits
+from pyengine.testing.quantized_parity import greedy_tokens
+from pyengine.testing.transformers_reference import reference_greedy_tokens, reference_logits
 
 SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=64)
 ATOL, RTOL = 1e-4, 1e-4
@@ -39,13 +40,7 @@ def quantized(request, tmp_path_factory):
     case = request.param
     reference = write_quantized(folder, root / "quantized", case["method"], bits=case["bits"], group_size=32,
                                 sym=case["sym"], desc_act=case["desc_act"])
-    reference_folder = root / "reference"
-    reference_folder.mkdir()
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        if (folder / name).exists():
-            (reference_folder / name).write_bytes((folder / name).read_bytes())
-    save_file(reference, str(reference_folder / "model.safetensors"), metadata={"format": "pt"})
-    return root / "quantized", reference_folder, case
+    return root / "quantized", write_reference_checkpoint(folder, reference, root / "reference"), case
 
 
 def test_prefill_logits_match_the_dequantized_reference(quantized):

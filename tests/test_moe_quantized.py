@@ -6,7 +6,6 @@ tensor parallel size 2 the logits of size 1."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from pyengine.models.moe import SparseMoeBlock
@@ -16,7 +15,7 @@ from pyengine.testing.quantized_parity import (
     assert_prefill_matches_dequantized,
     quantized_runner,
 )
-from pyengine.testing.tp_ranks import generate_on_rank, run_ranks
+from pyengine.testing.tp_ranks import check_two_ranks_match_one
 
 # Every input width a multiple of 128 (int4's group): hidden, expert and shared sizes.
 SHAPES = {
@@ -57,8 +56,4 @@ def test_int4_experts_at_tensor_parallel_two_give_the_logits_of_one(tmp_path):
     different quantization at each size, for the dense linears as for the experts.)"""
     shape = dict(SHAPES["qwen3_moe"], moe_intermediate_size=256)  # 128 features per rank
     checkpoint = make_tiny_checkpoint(tmp_path / "m", "qwen3_moe", **shape)
-    generate_on_rank(str(checkpoint), str(tmp_path / "tp1.npy"), 0, 1, 0, PROMPTS, 6, "int4")
-    run_ranks(checkpoint, tmp_path / "tp2.npy", 2, PROMPTS, 6, quantization="int4")
-    one, two = np.load(tmp_path / "tp1.npy"), np.load(tmp_path / "tp2.npy")
-    assert one.shape == two.shape and one.shape[0] >= 6
-    np.testing.assert_allclose(two, one, atol=ATOL, rtol=RTOL)
+    check_two_ranks_match_one(checkpoint, tmp_path, PROMPTS, 6, quantization="int4", atol=ATOL, rtol=RTOL)

@@ -31,9 +31,9 @@ from pyengine.models.quantization.online import check_method, quantize_weight
 from pyengine.models.quantization.packed import QuantizationError, reference_matmul
 from pyengine.models.quantization.torch_kernels import Int4PackWeight, Int8PackWeight
 from pyengine.testing.checkpoints import make_tiny_checkpoint
-from pyengine.testing.dequantized import write_dequantized_checkpoint
+from pyengine.testing.dequantized import write_dequantized_checkpoint, write_reference_checkpoint
 from pyengine.testing.hand_plan import prefill_alone
-from pyengine.testing.quantized_parity import reference_logits
+from pyengine.testing.transformers_reference import reference_logits
 
 SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
 ATOL, RTOL = 1e-4, 1e-4
@@ -131,19 +131,12 @@ def test_online_fp8_matches_the_dequantized_reference_within_activation_rounding
 
 def test_fp8_checkpoints_stay_fp8_with_scaled_mm(tmp_path, monkeypatch):
     pytest.importorskip("compressed_tensors")
-    from safetensors.torch import save_file
-
     from pyengine.testing.compressed_checkpoint import write_compressed
 
     folder = make_tiny_checkpoint(tmp_path / "float", "qwen3", tie_word_embeddings=False, **SHAPE)
     for scheme in ("fp8-tensor", "fp8-channel"):
         dequantized = write_compressed(folder, tmp_path / scheme, scheme)
-        reference = tmp_path / f"{scheme}-reference"
-        reference.mkdir()
-        for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-            if (folder / name).exists():
-                (reference / name).write_bytes((folder / name).read_bytes())
-        save_file(dequantized, str(reference / "model.safetensors"), metadata={"format": "pt"})
+        reference = write_reference_checkpoint(folder, dequantized, tmp_path / f"{scheme}-reference")
         default = ModelRunner(load_model(tmp_path / scheme), CONFIG)
         assert default.model.layers[0].mlp.down_proj.quantized is None  # CPU default: dequantized
         runner = ModelRunner(load_model(tmp_path / scheme, quantization_kernel="scaled_mm"), CONFIG)

@@ -5,7 +5,6 @@ greedy tokens equal, and tensor parallel size 2 giving the logits of size 1."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from pyengine.errors import InvalidConfigError
@@ -17,7 +16,7 @@ from pyengine.testing.quantized_parity import (
     assert_prefill_matches_dequantized,
     quantized_runner,
 )
-from pyengine.testing.tp_ranks import generate_on_rank, run_ranks
+from pyengine.testing.tp_ranks import check_two_ranks_match_one
 
 # Every input width a multiple of 128 (int4's group), also per rank at TP=2 (o_proj 256 -> 128).
 SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
@@ -43,11 +42,7 @@ def test_greedy_tokens_equal_the_dequantized_reference(checkpoint, method, tmp_p
 
 def test_int4_tensor_parallel_two_ranks_give_the_logits_of_one(tmp_path):
     checkpoint = make_tiny_checkpoint(tmp_path / "m", "qwen3", tie_word_embeddings=True, **SHAPE)
-    generate_on_rank(str(checkpoint), str(tmp_path / "tp1.npy"), 0, 1, 0, PROMPTS, 6, "int4")
-    run_ranks(checkpoint, tmp_path / "tp2.npy", 2, PROMPTS, 6, quantization="int4")
-    one, two = np.load(tmp_path / "tp1.npy"), np.load(tmp_path / "tp2.npy")
-    assert one.shape == two.shape and one.shape[0] >= 6
-    np.testing.assert_allclose(two, one, atol=ATOL, rtol=RTOL)
+    check_two_ranks_match_one(checkpoint, tmp_path, PROMPTS, 6, quantization="int4", atol=ATOL, rtol=RTOL)
 
 
 def test_bad_settings_are_clear_errors(tmp_path):

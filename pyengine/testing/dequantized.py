@@ -51,8 +51,15 @@ def dequantized_tensors(model: DecoderForCausalLM) -> dict[str, torch.Tensor]:
 
 def write_dequantized_checkpoint(model: DecoderForCausalLM, source: Path, target: Path) -> Path:
     """``source``'s folder (config, tokenizer) with ``model``'s dequantized weights."""
+    return write_reference_checkpoint(source, dequantized_tensors(model), target)
+
+
+def write_reference_checkpoint(source: Path, tensors: dict[str, torch.Tensor], target: Path) -> Path:
+    """``source``'s folder (config, tokenizer; none of its weights) at ``target`` with
+    ``tensors`` as its one ``model.safetensors``: most often the float checkpoint that
+    transformers runs for a quantized folder whose writer returned the values it stands for."""
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "*.index.json"))
-    save_file(dequantized_tensors(model), str(target / "model.safetensors"), metadata={"format": "pt"})
+    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
     return target
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 
 from pyengine.entrypoints.llm import LLM
 from pyengine.executor.config import ExecutorConfig
@@ -18,28 +17,13 @@ from pyengine.executor.model_runner import ModelRunner
 from pyengine.sampling_params import SamplingParams
 from pyengine.testing.dequantized import write_dequantized_checkpoint
 from pyengine.testing.hand_plan import prefill_alone
+from pyengine.testing.transformers_reference import reference_greedy_tokens, reference_logits
 
 
 def quantized_runner(path: Path, method: str) -> ModelRunner:
     """A model runner over ``path`` quantized at load with ``method`` (room for 8 rows of 256 tokens)."""
     return ModelRunner.from_pretrained(path, ExecutorConfig(max_num_seqs=8, max_model_len=256, num_kv_blocks=64,
                                                             quantization=method))
-
-
-def reference_logits(folder: Path, prompt: list[int]) -> torch.Tensor:
-    """transformers' float32 logits at every position of ``prompt`` for the checkpoint in ``folder``."""
-    reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    with torch.no_grad():
-        return reference(torch.tensor([prompt])).logits[0]
-
-
-def reference_greedy_tokens(folder: Path, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """transformers' greedy ``generate`` (float32, EOS ignored) of each prompt: the new tokens."""
-    reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    reference.generation_config.eos_token_id = None
-    with torch.no_grad():
-        return [reference.generate(torch.tensor([p]), max_new_tokens=max_tokens, do_sample=False)[0, len(p):].tolist()
-                for p in prompts]
 
 
 def greedy_tokens(model: Path, prompts: list[list[int]], max_tokens: int, *, max_model_len: int = 256,

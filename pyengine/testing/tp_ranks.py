@@ -53,21 +53,30 @@ def run_ranks(checkpoint: Path, out: Path, world_size: int, prompts: list[list[i
     return errors
 
 
+def check_two_ranks_match_one(checkpoint: Path, folder: Path, prompts: list[list[int]], steps: int, *,
+                              quantization: str = "none", expert_parallel: bool = False, timeout: float = 120.0,
+                              atol: float = 2e-5, rtol: float = 1e-5) -> np.ndarray:
+    """TP=2's logits (``expert_parallel`` or not) equal TP=1's at every one of ``steps``
+    steps of the same hand-made plans, within ``atol`` / ``rtol``; returns TP=2's. Both
+    sizes load the checkpoint with ``quantization``; TP=1 runs in this process and saves to
+    ``folder / "tp1.npy"``, the two ranks to ``folder / "tp2.npy"``."""
+    generate_on_rank(str(checkpoint), str(folder / "tp1.npy"), 0, 1, 0, prompts, steps, quantization)
+    run_ranks(checkpoint, folder / "tp2.npy", 2, prompts, steps, timeout=timeout, quantization=quantization,
+              expert_parallel=expert_parallel)
+    one, two = np.load(folder / "tp1.npy"), np.load(folder / "tp2.npy")
+    assert one.shape == two.shape and one.shape[0] >= steps
+    np.testing.assert_allclose(two, one, atol=atol, rtol=rtol)
+    return two
+
+
 def check_two_ranks_match_one_and_transformers(checkpoint: Path, folder: Path, prompts: list[list[int]], steps: int,
                                                expert_parallel: bool = False) -> None:
     """TP=2's logits equal TP=1's (every step), and the first sampled row (the second
     prompt's last position) equals transformers' on the same checkpoint."""
-    import torch
-    import transformers
+    from pyengine.testing.transformers_reference import reference_logits
 
-    generate_on_rank(str(checkpoint), str(folder / "tp1.npy"), 0, 1, 0, prompts, steps)  # in this process
-    run_ranks(checkpoint, folder / "tp2.npy", 2, prompts, steps, expert_parallel=expert_parallel)
-    one, two = np.load(folder / "tp1.npy"), np.load(folder / "tp2.npy")
-    assert one.shape == two.shape and one.shape[0] >= steps
-    np.testing.assert_allclose(two, one, atol=2e-5, rtol=1e-5)
-    reference = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    with torch.no_grad():
-        theirs = reference(torch.tensor([prompts[1]])).logits[0, -1].numpy()
+    two = check_two_ranks_match_one(checkpoint, folder, prompts, steps, expert_parallel=expert_parallel)
+    theirs = reference_logits(checkpoint, prompts[1])[-1].numpy()
     np.testing.assert_allclose(two[0], theirs, atol=2e-5, rtol=1e-5)
 
 
