@@ -16,6 +16,7 @@ from pyengine.models import checkpoint as checkpoint_module
 from pyengine.models.errors import ModelLoadError
 from pyengine.models.loader import load_model
 from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.transformers_reference import reference_greedy_tokens
 
 MAX_TOKENS = 12
 
@@ -76,17 +77,6 @@ def _greedy(folder, prompts):
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-def _transformers_greedy(folder, prompts):
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    with torch.inference_mode():
-        return [
-            model.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False)[0, len(p):].tolist()
-            for p in prompts
-        ]
-
-
 def test_bin_checkpoints_load_the_same_weights(safetensors_ckpt, bin_ckpt, sharded_bin_ckpt):
     assert not list(bin_ckpt.glob("*.safetensors"))
     assert len(list(sharded_bin_ckpt.glob("*.bin"))) == 3
@@ -103,8 +93,8 @@ def test_bin_greedy_tokens_match_safetensors_and_transformers(safetensors_ckpt, 
     expected = _greedy(safetensors_ckpt, prompts)
     assert _greedy(bin_ckpt, prompts) == expected
     assert _greedy(sharded_bin_ckpt, prompts) == expected
-    assert _transformers_greedy(bin_ckpt, prompts) == expected
-    assert _transformers_greedy(sharded_bin_ckpt, prompts) == expected
+    assert reference_greedy_tokens(bin_ckpt, prompts, MAX_TOKENS, ignore_eos=False) == expected
+    assert reference_greedy_tokens(sharded_bin_ckpt, prompts, MAX_TOKENS, ignore_eos=False) == expected
 
 
 def test_bin_is_read_weights_only_and_memory_mapped(bin_ckpt, monkeypatch):

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from pyengine import LLM, SamplingParams
 from pyengine.errors import InvalidRequestError
 from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.transformers_reference import reference_greedy_tokens
 
 NUM_PROMPTS = 64
 MAX_TOKENS = 20
@@ -34,15 +34,7 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def reference(checkpoint, prompts):
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    outs = []
-    with torch.inference_mode():
-        for p in prompts:
-            gen = model.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False)
-            outs.append(gen[0, len(p):].tolist())
-    return outs
+    return reference_greedy_tokens(checkpoint, prompts, MAX_TOKENS, ignore_eos=False)
 
 
 def generate(checkpoint, prompts, max_tokens=MAX_TOKENS, **engine_args):
@@ -100,16 +92,11 @@ def test_flash_attn_sized_blocks_on_cpu_match_and_share_prefixes(checkpoint):
     """Block size 256 (the default where flash-attn runs), checked on the CPU: a
     max_model_len that is not a multiple of it (the last block is partly usable), and a
     300-token shared prefix whose first full block is served from the prefix cache."""
-    import transformers
-
     rng = np.random.default_rng(7)
     shared = rng.integers(3, 500, 300).tolist()
     batch = [shared + rng.integers(3, 500, int(rng.integers(1, 60))).tolist() for _ in range(4)]
     batch.append(rng.integers(3, 500, 30).tolist())
-    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    with torch.inference_mode():
-        reference = [model.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False)[0, len(p):].tolist()
-                     for p in batch]
+    reference = reference_greedy_tokens(checkpoint, batch, MAX_TOKENS, ignore_eos=False)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     with LLM(str(checkpoint), block_size=256, max_model_len=400, max_num_seqs=8) as llm:
         first = llm.generate(batch[:1], params, use_tqdm=False)  # fills the shared prefix's first block

@@ -8,23 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from pyengine import LLM, InvalidConfigError, SamplingParams, SchedulerConfig
 from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.transformers_reference import reference_greedy_tokens
 
 BLOCK = 16
 PROMPT = 40
 MAX_TOKENS = 200  # context 240: 15 blocks, twelve windows of 20 tokens
-
-
-def _greedy_reference(path, prompt):
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False)
-    return out[0, len(prompt):].tolist()
 
 
 def _run(path, prompt, **engine_args):
@@ -41,7 +32,7 @@ def test_a_windowed_model_holds_bounded_blocks_at_long_context(tmp_path, arch, d
     path = make_tiny_checkpoint(tmp_path, arch, seed=3)
     prompt = np.random.default_rng(0).integers(3, 500, PROMPT).tolist()
     tokens, stats = _run(path, prompt, pipeline_depth=depth)
-    assert tokens == _greedy_reference(path, prompt)
+    assert tokens == reference_greedy_tokens(path, [prompt], MAX_TOKENS, ignore_eos=False)[0]
     # A window of 20 tokens spans at most 3 blocks of 16; the 40-token prompt took 3 too.
     assert stats["kv_blocks_used_peak"] <= 4, stats["kv_blocks_used_peak"]
     assert stats["kv_blocks_freed_behind_window"] >= 10
@@ -55,7 +46,7 @@ def test_a_hybrid_model_with_too_many_tables_keeps_every_block(tmp_path):
     path = make_tiny_checkpoint(tmp_path, "qwen2_window", seed=3, num_hidden_layers=9, max_window_layers=8)
     prompt = np.random.default_rng(0).integers(3, 500, PROMPT).tolist()
     tokens, stats = _run(path, prompt)
-    assert tokens == _greedy_reference(path, prompt)
+    assert tokens == reference_greedy_tokens(path, [prompt], MAX_TOKENS, ignore_eos=False)[0]
     assert stats["kv_blocks_used_peak"] == -(-(PROMPT + MAX_TOKENS - 1) // BLOCK)
     assert stats["kv_blocks_freed_behind_window"] == 0
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from test_engine_parity import assert_same, generate
 
 from pyengine import LLM, SamplingParams
 from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.transformers_reference import reference_greedy_tokens
 
 MAX_TOKENS = 30  # past the 20-token window from every prompt
 # Block tables per sequence: Gemma 2's 3 layers (sliding, full, sliding) are 3 tables of
@@ -43,14 +43,7 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def reference(checkpoint, prompts):
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    with torch.inference_mode():
-        return [
-            model.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False)[0, len(p):].tolist()
-            for p in prompts
-        ]
+    return reference_greedy_tokens(checkpoint, prompts, MAX_TOKENS, ignore_eos=False)
 
 
 def test_prefix_hits_inside_and_beyond_the_window_match(checkpoint, prompts, reference):

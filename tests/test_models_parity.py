@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import transformers
 
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
@@ -13,6 +12,7 @@ from pyengine.sampling_params import SamplingParams
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.contiguous_reference import ContiguousKVCache, contiguous_step
 from pyengine.testing.hand_plan import HandPlanner, prefill_alone
+from pyengine.testing.transformers_reference import reference_model
 
 VOCAB = 512
 VARIANTS = {
@@ -47,12 +47,6 @@ def _runner(path, **overrides) -> ModelRunner:
     return ModelRunner.from_pretrained(path, config)
 
 
-def _reference(path):
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model.generation_config.eos_token_id = None
-    return model.eval()
-
-
 def _prompts(seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, VOCAB, size=n).tolist() for n in lengths]
@@ -65,7 +59,7 @@ def test_prefill_logits_match_transformers(checkpoint):
 def assert_prefill_matches_transformers(checkpoint):
     """A 70-token prompt prefilled alone: every position's logits within float32 rounding
     of transformers', and the sampled token its argmax."""
-    runner, reference = _runner(checkpoint), _reference(checkpoint)
+    runner, reference = _runner(checkpoint), reference_model(checkpoint)
     prompt = _prompts(1, (70,))[0]
     out, ours = prefill_alone(runner, prompt)
     with torch.no_grad():
@@ -107,7 +101,7 @@ def _row_map(runner) -> dict:
 
 @pytest.mark.parametrize("depth", [1, 2])
 def test_chunked_prefill_then_decode_matches_generate(checkpoint, depth):
-    runner, reference = _runner(checkpoint), _reference(checkpoint)
+    runner, reference = _runner(checkpoint), reference_model(checkpoint)
     prompts = _prompts(2, (45, 9, 33))
     steps = 4 + 32  # the longest prompt takes 3 chunks of 16, then 32 decodes (+1 slack)
     tokens, logits = _run_generation(runner, prompts, steps=steps, chunk=16, scatter=True, depth=depth)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import transformers
 
 from pyengine.executor.attention.sdpa import SdpaBackend
 from pyengine.executor.attention.tables import TableAttentionBackend
@@ -18,6 +17,7 @@ from pyengine.models.errors import UnsupportedModelError
 from pyengine.sampling_params import SamplingParams
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.hand_plan import HandPlanner
+from pyengine.testing.transformers_reference import reference_model
 
 VOCAB = 512
 
@@ -29,12 +29,6 @@ def _prompt(seed: int, length: int) -> list[int]:
 def _runner(path, **overrides) -> ModelRunner:
     config = ExecutorConfig(max_num_seqs=4, max_model_len=512, num_kv_blocks=80, **overrides)
     return ModelRunner.from_pretrained(path, config)
-
-
-def _reference(path):
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model.generation_config.eos_token_id = None
-    return model.eval()
 
 
 def _greedy(runner, prompt, new_tokens, chunk=None) -> list[int]:
@@ -55,8 +49,8 @@ def test_the_window_changes_the_logits(tmp_path, arch):
     unwindowed = make_tiny_checkpoint(tmp_path / "u", arch, vocab_size=VOCAB, sliding_window=4096)
     prompt = torch.tensor([_prompt(1, 60)])
     with torch.no_grad():
-        a = _reference(windowed)(prompt).logits[0]
-        b = _reference(unwindowed)(prompt).logits[0]
+        a = reference_model(windowed)(prompt).logits[0]
+        b = reference_model(unwindowed)(prompt).logits[0]
     torch.testing.assert_close(a[:20], b[:20], atol=1e-5, rtol=1e-5)  # inside the window: the same
     assert (a[20:] - b[20:]).abs().max() > 1e-3
 
@@ -78,7 +72,7 @@ def test_decode_far_past_the_window_matches_generate(tmp_path, arch, native_deco
         runner.attention_backend = backend
     ours = _greedy(runner, prompt, 60, chunk=16)
     with torch.no_grad():
-        theirs = _reference(path).generate(torch.tensor([prompt]), max_new_tokens=60, do_sample=False)
+        theirs = reference_model(path).generate(torch.tensor([prompt]), max_new_tokens=60, do_sample=False)
     assert ours == theirs[0, len(prompt):].tolist()
 
 
@@ -88,7 +82,7 @@ def test_mixtral_window_on_every_layer_matches_generate(tmp_path):
     prompt = _prompt(4, 50)
     ours = _greedy(_runner(path), prompt, 30, chunk=16)
     with torch.no_grad():
-        theirs = _reference(path).generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False)
+        theirs = reference_model(path).generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False)
     assert ours == theirs[0, len(prompt):].tolist()
 
 
@@ -106,7 +100,7 @@ def test_published_forms_match_generate(tmp_path, arch, overrides):
     prompt = _prompt(5, 45)
     ours = _greedy(_runner(path), prompt, 30, chunk=16)
     with torch.no_grad():
-        theirs = _reference(path).generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False)
+        theirs = reference_model(path).generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False)
     assert ours == theirs[0, len(prompt):].tolist()
 
 
@@ -117,7 +111,7 @@ def test_phi3_long_prompt_uses_the_long_factors(tmp_path):
     prompt = _prompt(3, 150)
     ours = _greedy(_runner(path), prompt, 12)
     with torch.no_grad():
-        theirs = _reference(path).generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)
+        theirs = reference_model(path).generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)
     assert ours == theirs[0, len(prompt):].tolist()
     runner = _runner(path)
     rotary = runner.model.rotary

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from test_engine_parity import assert_same, generate
 
 from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.transformers_reference import reference_greedy_tokens
 
 MAX_TOKENS = 20
 
@@ -29,12 +29,7 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def reference(checkpoint, prompts):
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    with torch.inference_mode():
-        return [model.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False)[0, len(p):].tolist()
-                for p in prompts]
+    return reference_greedy_tokens(checkpoint, prompts, MAX_TOKENS, ignore_eos=False)
 
 
 def test_batched_generate_matches_transformers(checkpoint, prompts, reference):
