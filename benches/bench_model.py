@@ -5,7 +5,7 @@ bench asks for another). One definition, so that the benches' figures compare.""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 
@@ -16,6 +16,14 @@ VOCAB_SIZE = 4096
 #: llama.cpp, whose users run that size on CPU.
 QWEN3_0_6B_SHAPE = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                         num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, vocab_size=151936)
+
+
+def bench_config(architecture: str, model_type: str, **fields: Any) -> dict:
+    """The bench model's ``config.json`` (``MODEL``'s shape, ``VOCAB_SIZE``) as
+    ``architecture`` / ``model_type``, ``fields`` added or replacing its own: for benches
+    that draw the weights at load (``load_format="dummy"``) or change the family."""
+    return {"architectures": [architecture], "model_type": model_type, "vocab_size": VOCAB_SIZE, **MODEL,
+            "rms_norm_eps": 1e-6, **fields}
 
 
 def bench_checkpoint(folder: Union[str, Path], vocab_size: int = VOCAB_SIZE, seed: int = 0,

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_model import bench_config
 
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
@@ -30,21 +31,8 @@ from pyengine.sampling_params import SamplingParams
 from pyengine.testing.contiguous_reference import ContiguousKVCache, contiguous_step
 from pyengine.testing.hand_plan import HandPlanner
 
-MODEL_CONFIG = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "vocab_size": 4096,
-    "hidden_size": 256,
-    "intermediate_size": 768,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-    "rms_norm_eps": 1e-6,
-    "max_position_embeddings": 2048,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
-    "tie_word_embeddings": True,
-}
+MODEL_CONFIG = bench_config("Qwen3ForCausalLM", "qwen3", max_position_embeddings=2048,
+                            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
 DECODE_BATCH, DECODE_CONTEXT = 64, 384
 PREFILL_PROMPTS, PREFILL_LENGTH = 8, 512
 BLOCK_SIZE = 16

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_model import bench_config
 
 from pyengine._sched import Request, Scheduler, SchedulerConfig
 from pyengine.executor.config import ExecutorConfig
@@ -60,22 +61,8 @@ MAX_LEN = 8192 + 256
 
 
 def model_config(window: int | None) -> dict:
-    return {
-        "architectures": ["MistralForCausalLM"],
-        "model_type": "mistral",
-        "vocab_size": 4096,
-        "hidden_size": 256,
-        "intermediate_size": 768,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 64,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": MAX_LEN,
-        "rope_theta": 10000.0,
-        "sliding_window": window,
-        "tie_word_embeddings": False,
-    }
+    return bench_config("MistralForCausalLM", "mistral", max_position_embeddings=MAX_LEN, rope_theta=10000.0,
+                        sliding_window=window, tie_word_embeddings=False)
 
 
 def hybrid_config(window: int | None) -> dict:
