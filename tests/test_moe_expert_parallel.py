@@ -11,7 +11,6 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-import transformers
 
 from pyengine import LLM, SamplingParams
 from pyengine.errors import InvalidConfigError
@@ -22,7 +21,8 @@ from pyengine.models.parallel import ParallelContext
 from pyengine.models.quantization.apply import quantize_model_experts
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.deepseek_checkpoints import DEEPSEEK_MOE, set_correction_bias
-from pyengine.testing.tp_ranks import check_two_ranks_match_one_and_transformers, generate_on_rank, run_ranks
+from pyengine.testing.tp_ranks import check_two_ranks_match_one, check_two_ranks_match_one_and_transformers
+from pyengine.testing.transformers_reference import reference_greedy_tokens
 
 PROMPTS = [[5, 17, 300, 42, 7, 99, 100, 3, 250, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], [8, 9, 10]]
 STEPS = 8
@@ -81,9 +81,7 @@ def test_two_ranks_give_the_logits_of_one_and_of_transformers(arch, tmp_path):
 
 def test_int4_experts_with_expert_parallelism_give_the_logits_of_one(tmp_path):
     checkpoint = make_tiny_checkpoint(tmp_path / "m", "qwen3_moe", **QUANTIZABLE)
-    generate_on_rank(str(checkpoint), str(tmp_path / "tp1.npy"), 0, 1, 0, PROMPTS, 6, "int4")
-    run_ranks(checkpoint, tmp_path / "ep2.npy", 2, PROMPTS, 6, quantization="int4", expert_parallel=True)
-    np.testing.assert_allclose(np.load(tmp_path / "ep2.npy"), np.load(tmp_path / "tp1.npy"), atol=2e-5, rtol=1e-5)
+    check_two_ranks_match_one(checkpoint, tmp_path, PROMPTS, 6, quantization="int4", expert_parallel=True)
 
 
 def _greedy(path, **engine) -> tuple[list[list[int]], list[list[int]], list[int]]:
@@ -106,11 +104,7 @@ def test_the_engine_with_expert_parallelism_generates_transformers_tokens(tmp_pa
     set_correction_bias(checkpoint)
     got, prompts, held = _greedy(checkpoint, tensor_parallel_size=2, enable_expert_parallel=True)
     assert held and all(count == DEEPSEEK_MOE["n_routed_experts"] // 2 for count in held)
-    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    with torch.inference_mode():
-        reference = [model.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=None)[
-            0, len(p):].tolist() for p in prompts]
-    assert got == reference
+    assert got == reference_greedy_tokens(checkpoint, prompts, 10)
 
 
 def test_an_expert_count_that_does_not_divide_is_refused_naming_it(tmp_path):

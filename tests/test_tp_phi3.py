@@ -9,13 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import transformers
 from safetensors.torch import load_file
 
 from pyengine import LLM, SamplingParams
 from pyengine.models.loader import instantiate_model, load_checkpoint_weights, read_model_config
 from pyengine.models.parallel import ParallelContext
 from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.transformers_reference import reference_greedy_tokens
 
 VOCAB = 512
 
@@ -68,9 +68,4 @@ def test_two_ranks_generate_transformers_greedy_tokens_with_longrope(tmp_path):
     with LLM(str(path), tensor_parallel_size=2, max_num_seqs=4, max_num_batched_tokens=256,
              max_model_len=256) as llm:
         ours = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    reference.generation_config.eos_token_id = None
-    for prompt, tokens in zip(prompts, ours):
-        with torch.no_grad():
-            theirs = reference.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False)
-        assert list(tokens) == theirs[0, len(prompt):].tolist()
+    assert [list(tokens) for tokens in ours] == reference_greedy_tokens(path, prompts, 10)
