@@ -69,6 +69,10 @@ MODEL_NAMES = {
     "copy": "copy_model (Llama, 2 layers, hidden 320, vocab 4096, an induction circuit set by hand: it continues "
             "a span it has seen; benches/copy_model.py)",
 }
+#: ``--methods draft_model``: a small random draft sharing the target's vocabulary (its
+#: drafts are wrong); ``draft_self`` drafts with the target itself (greedy: always right).
+DRAFT_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                   num_key_value_heads=1, head_dim=32, tie_word_embeddings=True)
 PROMPT_LEN = 128
 SPAN = 32
 
@@ -205,7 +209,8 @@ def eagle3_head(folder: Path, scratch: Path) -> tuple[Path, dict]:
 
 
 def engine_pair(folder: Path, method: str, prompt_sets: list[list[list[int]]], tokens: int, k: int,
-                lookup: tuple[int, int], load_format: str = "auto", head: Optional[Path] = None) -> dict:
+                lookup: tuple[int, int], load_format: str = "auto", head: Optional[Path] = None,
+                draft: Optional[Path] = None) -> dict:
     """Plain and speculative ``LLM`` engines, runs alternated, each run on its own prompt
     set (the first warms up): suffix decoding's cross-request tree must not have seen
     a run's outputs before it."""
@@ -216,6 +221,8 @@ def engine_pair(folder: Path, method: str, prompt_sets: list[list[list[int]]], t
         spec.update(prompt_lookup_min=lookup[0], prompt_lookup_max=lookup[1])
     elif method == "eagle3":
         spec["model"] = str(head)
+    elif method in ("draft_model", "draft_self"):
+        spec = {**spec, "method": "draft_model", "model": str(draft if method == "draft_model" else folder)}
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     common = dict(max_num_seqs=max(16, len(prompt_sets[0])), max_model_len=1024, dtype="float32",
                   load_format=load_format)
@@ -242,6 +249,11 @@ def engine_pair(folder: Path, method: str, prompt_sets: list[list[list[int]]], t
         "proposer_ms_per_step": round(1e3 * sched.get("spec_propose_seconds", 0.0) / max(1, spec_stats.steps), 4),
         "plain_step_ms": round(off_stats.step_time_mean_ms, 3), "verify_step_ms": round(spec_stats.step_time_mean_ms, 3),
         "verify_vs_plain_step": round(spec_stats.step_time_mean_ms / off_stats.step_time_mean_ms, 3),
+        # steps and pipeline bubbles (the executor waiting for a plan) over every run, warm-up included
+        "steps_off": off_stats.steps, "steps_spec": spec_stats.steps,
+        "bubbles_off": off_stats.pipeline_bubbles, "bubbles_spec": spec_stats.pipeline_bubbles,
+        "bubble_s_off": round(off_stats.pipeline_bubble_s, 3), "bubble_s_spec": round(spec_stats.pipeline_bubble_s, 3),
+        "drafted_steps": drafts,
         "disabled_sequences": sched.get("spec_disabled_sequences", 0),
         # why the adaptive rule stopped or paused rows (absent from builds before it said)
         **{key: sched[f"spec_{key}"] for key in ("disabled_low_rate", "disabled_failing", "backoffs",
@@ -251,10 +263,14 @@ def engine_pair(folder: Path, method: str, prompt_sets: list[list[list[int]]], t
 
 def main_engine(args, folder: Path, batches: list[int], lookup: tuple[int, int], load_format: str,
                 extra: dict, scratch: Path) -> int:
-    head = None
+    head = draft = None
     if "eagle3" in args.methods.split(","):
         head, described = eagle3_head(folder, scratch)
         extra = {**extra, **described}
+    if "draft_model" in args.methods.split(","):
+        draft = bench_checkpoint(scratch / "draft", vocab_size=json.loads((folder / "config.json").read_text())[
+            "vocab_size"], seed=1, shape=DRAFT_SHAPE)
+        extra = {**extra, "draft_model": f"random weights (seed 1), {DRAFT_SHAPE}"}
     results = []
     for workload in args.engine_workloads.split(","):
         for batch in batches:
@@ -262,7 +278,7 @@ def main_engine(args, folder: Path, batches: list[int], lookup: tuple[int, int],
                     for r in range(args.repeats + 1)]
             for method in args.methods.split(","):
                 row = {"workload": workload, "batch": batch, "method": method, "k": args.k,
-                       **engine_pair(folder, method, sets, args.tokens, args.k, lookup, load_format, head)}
+                       **engine_pair(folder, method, sets, args.tokens, args.k, lookup, load_format, head, draft)}
                 results.append(row)
                 if not args.json:
                     print(" ".join(f"{key}={value}" for key, value in row.items()), flush=True)
@@ -290,7 +306,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                              "repeat); qwen3-0.6b-8l: Qwen3-0.6B's shapes with 8 layers, dummy weights "
                              "(memory-bound decode)")
     parser.add_argument("--engine-workloads", default="repeat,random", help="--engine: workloads")
-    parser.add_argument("--methods", default="ngram,suffix", help="--engine: methods (ngram, suffix, eagle3)")
+    parser.add_argument("--methods", default="ngram,suffix", help="--engine: methods (ngram, suffix, eagle3, draft_model: a small random "
+                        "draft, draft_self: the target as its own draft)")
     parser.add_argument("--workloads", default="repeat:ngram,random:ngram,random:oracle",
                         help="executor level: workload:method pairs")
     args = parser.parse_args(argv)

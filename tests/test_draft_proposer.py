@@ -122,6 +122,19 @@ def test_the_draft_model_proposes_only_for_the_sequences_the_plan_names(target):
     assert counts.tolist() == [0] and len(tokens) == 0
 
 
+def test_propose_counts_of_another_length_than_propose_indices_are_refused(target):
+    """One cap per named sequence: a plan whose ``propose_counts`` does not match its
+    ``propose_indices`` is a planner's bug, refused rather than read as "k for all"."""
+    planner = HandPlanner(num_blocks=64, max_rows=8)
+    for p in PROMPTS[:2]:
+        planner.add(p, GREEDY)
+    plan = planner.next_plan()
+    plan.propose_indices = np.array([0, 1], dtype=np.int32)
+    plan.propose_counts = np.array([1], dtype=np.int32)
+    with pytest.raises(ValueError, match="propose_counts"):
+        _runner(target, draft=target).execute(plan)
+
+
 def test_the_draft_model_keeps_no_cache_for_the_outputs_of_sequences_that_never_draft(target):
     """``may_draft_indices``: a row outside it has its prompt mirrored (prefix-cache hits may
     reuse it) but not its outputs; the other rows' drafts are those of a full mirror."""

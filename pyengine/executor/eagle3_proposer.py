@@ -50,6 +50,7 @@ from pyengine.executor.proposals import (
     note_prompts,
     proposal_starts,
     propose_named,
+    rows_to_mirror,
 )
 from pyengine.models.eagle3 import Eagle3Head, load_eagle3_head
 from pyengine.models.eagle3_config import read_eagle3_config
@@ -109,12 +110,7 @@ class Eagle3Proposer:
         row's pairs fall in its prompt (mirrored for every sequence: a prefix-cache hit may
         reuse those blocks for one that drafts)."""
         note_prompts(plan, self.prompt_len)
-        may_draft = getattr(plan, "may_draft_indices", None)
-        if may_draft is None or len(may_draft) > 0:
-            return True
-        rows = np.asarray(plan.rows, dtype=np.int64)
-        firsts = np.asarray(plan.positions, dtype=np.int64)[np.asarray(plan.query_start_loc, dtype=np.int64)[:-1]]
-        return bool((firsts - 1 < self.prompt_len[rows]).any())
+        return bool(rows_to_mirror(plan, self.prompt_len, shift=1).any())
 
     def after_step(self, step: StepTokens, output: Any, batch: Any) -> Optional[Drafts]:
         """Mirrors the step's committed tokens into the head's cache (for the sequences that
@@ -131,23 +127,19 @@ class Eagle3Proposer:
             tokens = np.asarray(plan.logits_indices, dtype=np.int64)[starts.last_entries]
             owners = np.searchsorted(plan.query_start_loc, tokens, side="right") - 1
             last_valid[owners] = tokens
-        may_draft = getattr(plan, "may_draft_indices", None)
-        drafts_again = np.ones(len(plan.rows), dtype=bool)
-        if may_draft is not None:
-            drafts_again[:] = False
-            drafts_again[np.asarray(may_draft, dtype=np.int64)] = True
-        self._mirror(step, features, last_valid, drafts_again, batch)
+        self._mirror(step, features, last_valid, rows_to_mirror(plan, self.prompt_len, shift=1), batch)
         self._keep_carry(plan, features, last_valid, batch)
         if starts is None:
             return None
         return propose_named(starts, self.device, lambda rows, last, positions, caps: self.propose(
             rows, last, positions, batch.block_tables[:1], caps))
 
-    def _mirror(self, step: StepTokens, features: torch.Tensor, last_valid: np.ndarray, drafts_again: np.ndarray,
+    def _mirror(self, step: StepTokens, features: torch.Tensor, last_valid: np.ndarray, mirrored: np.ndarray,
                 batch: Any) -> None:
         """The pairs (token at p + 1, state at p) whose token is committed, into the cache:
-        every pair of the rows that may draft again (``drafts_again`` [R]), the prompt's of
-        the others."""
+        every pair of the rows that may draft again and of the rows whose chunk starts in
+        their prompt (``mirrored`` [R]: ``proposals.rows_to_mirror``; the draft model's
+        rule, a chunk whole: a recomputed preemption's chunk holds outputs too)."""
         plan = step.plan
         qs = np.asarray(plan.query_start_loc, dtype=np.int64)
         rows = np.asarray(plan.rows, dtype=np.int64)
@@ -158,7 +150,7 @@ class Eagle3Proposer:
         first = t == qs[owner]
         carry_ok = ((self.carry_seq[rows] == batch.seq_ids[rows]) & (self.carry_position[rows] == positions[qs[:-1]] - 1)
                     & (positions[qs[:-1]] > 0))
-        wanted = drafts_again[owner] | (positions - 1 < self.prompt_len[rows][owner])
+        wanted = mirrored[owner]
         keep = wanted & (t <= last_valid[owner]) & (~first | carry_ok[owner])
         if not keep.any():
             return

@@ -5,7 +5,8 @@ proposal starts, and the scratch blocks its proposal forwards write into.
   emitted (with drafts: its last one) and that token's position, which of them the plan
   names in ``propose_indices`` (the scheduler's: those that may draft and have room for
   one; a hand-built plan without the field means every sampled sequence) and how many
-  drafts each can use (``propose_counts``: k without it).
+  drafts each can use (``propose_counts``, one per named sequence, else a ``ValueError``;
+  k without it).
 - :class:`ScratchBlocks`: the proposal positions' blocks may not be allocated yet (the
   scheduler reserves them when it plans the next step), so a proposer's cache has a few
   blocks per row past the pool. Before the proposal forwards, each row's block holding
@@ -84,8 +85,11 @@ def proposal_starts(plan: Any, output: Any) -> ProposalStarts:
     next_positions = np.asarray(plan.positions)[np.asarray(plan.logits_indices)[last_entry]] + 1
     wanted = getattr(plan, "propose_indices", None)
     caps = getattr(plan, "propose_counts", None)
-    if wanted is None or caps is None or len(caps) != len(wanted):
-        caps = None  # a hand-built plan: k for every named sequence
+    if wanted is None:
+        caps = None  # a hand-built plan without the field: every sequence, k drafts
+    elif caps is not None and len(caps) != len(wanted):
+        raise ValueError(f"a plan's propose_counts ({len(caps)}) must have one entry per propose_indices entry "
+                         f"({len(wanted)})")
     return ProposalStarts(rows.astype(np.int64), np.asarray(last, dtype=np.int64), next_positions.astype(np.int64),
                           last_entry.astype(np.int64), None if wanted is None else np.asarray(wanted, dtype=np.int64),
                           None if caps is None else np.asarray(caps, dtype=np.int64))
@@ -139,16 +143,22 @@ class ScratchBlocks:
         real_width = min(width, block_tables.shape[2])
         table[:, :, :real_width] = block_tables.index_select(1, torch.from_numpy(rows.astype(np.int64)).to(device))[
             :, :, :real_width].to(torch.int64)
+        # Each row's table from its first proposal block on: its scratch blocks (as many as
+        # fit the width), the first one a copy of the real block there. Indexed all rows at
+        # once: no per-row read of the table (a device sync per row on CUDA).
+        columns = first_block[:, None] + np.arange(self.per_row)[None, :]
+        fits = columns < width
+        row_of = torch.from_numpy(np.broadcast_to(np.arange(S)[:, None], columns.shape)[fits]).to(device)
+        column_of = torch.from_numpy(columns[fits]).to(device)
+        first_t = torch.from_numpy(first_block.astype(np.int64)).to(device).unsqueeze(1)
         for t in range(tables):
             scratch = (self.num_blocks + (rows.astype(np.int64)[:, None] * self.num_tables + t) * self.per_row
                        + np.arange(self.per_row)[None, :])
-            for s in range(S):  # the row's table from its first proposal block on: its scratch blocks
-                b0 = int(first_block[s])
-                span = min(self.per_row, width - b0)
-                source = int(table[t, s, b0])
-                table[t, s, b0:b0 + span] = torch.from_numpy(scratch[s, :span]).to(device)
-                cache.keys[:, scratch[s, 0]] = cache.keys[:, source]
-                cache.values[:, scratch[s, 0]] = cache.values[:, source]
+            sources = table[t].gather(1, first_t).squeeze(1)
+            table[t, row_of, column_of] = torch.from_numpy(scratch[fits]).to(device)
+            targets = torch.from_numpy(scratch[:, 0]).to(device)
+            cache.keys[:, targets] = cache.keys[:, sources]
+            cache.values[:, targets] = cache.values[:, sources]
         return table
 
     def step_layout(self, table: torch.Tensor, positions: np.ndarray) -> tuple[torch.Tensor, StepAttentionLayout]:
@@ -172,18 +182,20 @@ class ScratchBlocks:
         return pos_t, replace(layouts[0], group_layouts=tuple(layouts[1:]))
 
 
-def rows_to_mirror(plan: Any, prompt_len: np.ndarray) -> np.ndarray:
+def rows_to_mirror(plan: Any, prompt_len: np.ndarray, shift: int = 0) -> np.ndarray:
     """Which of the plan's rows (bool [R]) a proposer with a cache of its own keeps up: the
     sequences that may draft again (``may_draft_indices``; a hand-built plan without the
     field: every row) and any row whose chunk starts in its prompt (``prompt_len`` per
-    persistent-batch row: a prefix-cache hit may hand those blocks to one that drafts)."""
+    persistent-batch row: a prefix-cache hit may hand those blocks to one that drafts).
+    ``shift``: the proposer's cache entry for a token at ``p`` sits at ``p - shift``
+    (EAGLE-3's: 1), so a chunk "starts in its prompt" when ``first - shift < prompt_len``."""
     may_draft = getattr(plan, "may_draft_indices", None)
     if may_draft is None:
         return np.ones(len(plan.rows), dtype=bool)
     keep = np.zeros(len(plan.rows), dtype=bool)
     keep[np.asarray(may_draft, dtype=np.int64)] = True
     firsts = np.asarray(plan.positions, dtype=np.int64)[np.asarray(plan.query_start_loc, dtype=np.int64)[:-1]]
-    return keep | (firsts < prompt_len[np.asarray(plan.rows, dtype=np.int64)])
+    return keep | (firsts - shift < prompt_len[np.asarray(plan.rows, dtype=np.int64)])
 
 
 def note_prompts(plan: Any, prompt_len: np.ndarray) -> None:

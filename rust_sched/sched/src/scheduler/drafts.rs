@@ -18,33 +18,28 @@ impl Scheduler {
         self.config.speculates() && !seq.pooling && !seq.constrained && !seq.spec.off
     }
 
-    /// Whether the executor should propose drafts for the sequence's next step, once the
-    /// sample just planned is in (`StepPlan::propose_indices`): it may draft, has room for
-    /// one, and is not backing off (its next step would decode plainly and drop them: a
-    /// draft model's or EAGLE-3 head's forwards spent for nothing). With the adaptive rule
-    /// off (`spec_min_acceptance` 0) at depth 1 the back-off is not counted down, so the
+    /// How many drafts the executor should propose for the sequence's next step, once the
+    /// sample just planned is in (0: none, it is left out of `StepPlan::propose_indices`).
+    /// None unless it may draft, has room for one and is not backing off (its next step
+    /// would decode plainly and drop them: a draft model's or EAGLE-3 head's forwards
+    /// spent for nothing); then its room and, with the adaptive rule, what it keeps lately
+    /// (`SpecRecord::useful_drafts`), one more when this step carries drafts (if it keeps
+    /// them all, the next step proposes one more: the rule grows by one a step at most, as
+    /// a step proposes no more than it finds useful). With the adaptive rule off
+    /// (`spec_min_acceptance` 0) at depth 1 the back-off is not counted down, so the
     /// executor proposes every step, as the scheduler then looks every step.
-    pub(super) fn wants_executor_drafts(&self, seq_index: SeqIndex) -> bool {
-        let backing_off = self.config.spec_min_acceptance > 0.0
-            && self.seq(seq_index).expect("live sequence").spec.retry_in > 0;
-        !backing_off && self.may_speculate(seq_index) && self.draft_room(seq_index) > 0
-    }
-
-    /// How many drafts the executor should propose for the sequence's next step (0: none,
-    /// it is left out of `propose_indices`): its room and, with the adaptive rule, what it
-    /// keeps lately (`SpecRecord::useful_drafts`), one more when this step carries drafts
-    /// (if it keeps them all, the next step proposes one more: the rule grows by one a
-    /// step at most, as a step proposes no more than it finds useful).
     pub(super) fn executor_drafts_wanted(&self, seq_index: SeqIndex, drafted_now: usize) -> usize {
-        if !self.wants_executor_drafts(seq_index) {
+        let adaptive = self.config.spec_min_acceptance > 0.0;
+        let spec = self.seq(seq_index).expect("live sequence").spec;
+        if (adaptive && spec.retry_in > 0) || !self.may_speculate(seq_index) {
             return 0;
         }
         let room = self.draft_room(seq_index);
-        if self.config.spec_min_acceptance <= 0.0 {
+        if !adaptive {
             return room;
         }
         let k = self.config.num_speculative_tokens;
-        let useful = self.seq(seq_index).expect("live sequence").spec.useful_drafts(k);
+        let useful = spec.useful_drafts(k);
         let useful = if drafted_now > 0 { (useful + 1).min(k) } else { useful };
         useful.min(room)
     }

@@ -125,10 +125,12 @@ pub struct SpecStats {
     pub accepted_per_position: [u64; MAX_SPECULATIVE_TOKENS],
     /// Sequences the adaptive rule stopped proposing for: in all, because their rate
     /// fell below `spec_min_acceptance`, because `MAX_FAILED_STEPS` steps in a row kept
-    /// nothing.
+    /// nothing, because an executor proposer's first `EXECUTOR_LEARNING_STEPS` verified
+    /// steps kept nothing.
     pub disabled_sequences: u64,
     pub disabled_low_rate: u64,
     pub disabled_failing: u64,
+    pub disabled_learning: u64,
     /// Back-offs (plain decoding for a while) after a drafted step that kept nothing, and
     /// after a lookup that found nothing.
     pub backoffs: u64,
@@ -149,6 +151,7 @@ impl Default for SpecStats {
             disabled_sequences: 0,
             disabled_low_rate: 0,
             disabled_failing: 0,
+            disabled_learning: 0,
             backoffs: 0,
             empty_proposals: 0,
             proposals: 0,

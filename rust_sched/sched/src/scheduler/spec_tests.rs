@@ -560,14 +560,19 @@ fn a_sequence_backing_off_is_not_proposed_for() {
     s.apply_spec_result(p0.step_id, &[6], drafts).unwrap();
     let p1 = s.schedule().unwrap();
     assert_eq!(p1.num_draft_tokens, vec![2]);
-    accept(&mut s, p1.step_id, &[5], &[0]).unwrap(); // nothing kept: 4 plain steps
+    // One kept (past the executor proposers' learning steps), then nothing: 4 plain steps.
+    let kept = SpecResult { num_accepted: Some(&[1]), next_drafts: Some((&[2], &[3, 4])) };
+    s.apply_spec_result(p1.step_id, &[7, 5], kept).unwrap();
+    let p2 = s.schedule().unwrap();
+    assert_eq!(p2.num_draft_tokens, vec![2]);
+    accept(&mut s, p2.step_id, &[5], &[0]).unwrap();
     let mut proposed = Vec::new();
     for _ in 0..6 {
         let p = s.schedule().unwrap();
         assert!(p.num_draft_tokens.is_empty());
         proposed.push(!p.propose_indices.is_empty());
         if !p.propose_indices.is_empty() {
-            assert_eq!(p.propose_counts, vec![1], "kept none lately: one draft is what it would take");
+            assert_eq!(p.propose_counts, vec![2], "kept about one a step lately: two");
         }
         s.apply_result(p.step_id, &[9]).unwrap();
     }
@@ -601,4 +606,38 @@ fn the_plan_names_the_sequences_the_executor_proposes_for() {
     n.add_request(request("free", vec![1, 2, 3], 20)).unwrap();
     let plan = n.schedule().unwrap();
     assert!(plan.propose_indices.is_empty() && plan.may_draft_indices.is_empty());
+}
+
+#[test]
+fn an_executor_proposer_that_keeps_nothing_at_first_is_turned_off_without_backing_off() {
+    let adaptive = SchedulerConfig { spec_min_acceptance: 0.1, ..config(64, 2, SpecMethod::Executor) };
+    let mut s = Scheduler::new(adaptive).unwrap();
+    s.add_request(request("a", vec![1, 2, 3], 40)).unwrap();
+    let p0 = s.schedule().unwrap();
+    let drafts = SpecResult { num_accepted: None, next_drafts: Some((&[2], &[7, 8])) };
+    s.apply_spec_result(p0.step_id, &[6], drafts).unwrap();
+    for step in 1..=crate::spec::EXECUTOR_LEARNING_STEPS {
+        let p = s.schedule().unwrap();
+        // (2 drafts, then the 1 that the adaptive rule finds useful after none was kept)
+        assert_eq!(
+            p.num_draft_tokens,
+            vec![if step == 1 { 2 } else { 1 }],
+            "verified again at once: no back-off"
+        );
+        let last = step == crate::spec::EXECUTOR_LEARNING_STEPS;
+        assert!(!p.propose_indices.is_empty(), "proposed for before the verdict");
+        let rejected = SpecResult { num_accepted: Some(&[0]), next_drafts: Some((&[2], &[7, 8])) };
+        s.apply_spec_result(p.step_id, &[5], rejected).unwrap();
+        assert_eq!(s.snapshot().spec.disabled_learning, u64::from(last));
+    }
+    let stats = s.snapshot().spec;
+    assert_eq!((stats.disabled_sequences, stats.backoffs), (1, 0));
+    // Off for good: plain steps, no proposal, out of may_draft_indices.
+    for _ in 0..5 {
+        let p = s.schedule().unwrap();
+        assert!(
+            p.num_draft_tokens.is_empty() && p.propose_indices.is_empty() && p.may_draft_indices.is_empty()
+        );
+        s.apply_result(p.step_id, &[9]).unwrap();
+    }
 }

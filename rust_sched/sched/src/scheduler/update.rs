@@ -6,7 +6,7 @@ use crate::constraint::Advance;
 use crate::error::{SchedError, SchedResult};
 use crate::plan::FinishReason;
 use crate::request::{SeqIndex, SeqState};
-use crate::spec::{SpecMethod, Verdict};
+use crate::spec::{SpecMethod, Verdict, EXECUTOR_LEARNING_STEPS};
 
 use super::{InflightStep, Scheduler};
 
@@ -146,7 +146,9 @@ impl Scheduler {
             *count += 1;
         }
         let min_rate = self.config.spec_min_acceptance;
-        match self.seq_mut(seq_index).spec.record(d, a, min_rate) {
+        let learning =
+            if self.config.speculative_method == SpecMethod::Executor { EXECUTOR_LEARNING_STEPS } else { 0 };
+        match self.seq_mut(seq_index).spec.record(d, a, min_rate, learning) {
             Verdict::Keep => {}
             Verdict::BackOff => self.spec_stats.backoffs += 1,
             Verdict::OffLowRate => {
@@ -156,6 +158,10 @@ impl Scheduler {
             Verdict::OffFailing => {
                 self.spec_stats.disabled_sequences += 1;
                 self.spec_stats.disabled_failing += 1;
+            }
+            Verdict::OffLearning => {
+                self.spec_stats.disabled_sequences += 1;
+                self.spec_stats.disabled_learning += 1;
             }
         }
     }

@@ -57,6 +57,16 @@ pub const ADAPTIVE_WARMUP_DRAFTS: u32 = 16;
 /// and, at pipeline depth 2, a step without the overlap).
 pub const MAX_FAILED_STEPS: u8 = 4;
 
+/// For drafts the executor proposes (a draft model, an EAGLE-3 head): a sequence whose
+/// first this many verified steps keep nothing stops proposing for good, and it does not
+/// back off between them. Each such step costs model forwards (the proposals, and the
+/// proposer keeping its cache up for as long as the sequence may draft) and, at pipeline
+/// depth 2, a step without the overlap, far more than a prompt lookup; a proposer that
+/// keeps nothing of its first two tries is almost surely wrong for this sequence
+/// (a useful head or draft keeps its first draft most of the time), and backing off
+/// between the tries would only stretch the time its cache is kept up for nothing.
+pub const EXECUTOR_LEARNING_STEPS: u8 = 2;
+
 /// A sequence's running record of its drafts, for the adaptive rule.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct SpecRecord {
@@ -75,6 +85,8 @@ pub struct SpecRecord {
     pub failures: u8,
     /// Verified steps in a row that kept no draft (see [`MAX_FAILED_STEPS`]).
     pub failed_steps: u8,
+    /// Whether any of its drafts was ever accepted (see [`EXECUTOR_LEARNING_STEPS`]).
+    pub kept_any: bool,
     /// Steps left before the sequence looks for drafts again: it decodes plainly (behind
     /// placeholders at depth 2, keeping the overlap) meanwhile (see [`backoff_steps`]).
     pub retry_in: u8,
@@ -105,12 +117,18 @@ pub enum Verdict {
     OffLowRate,
     /// Turned off for good: [`MAX_FAILED_STEPS`] steps in a row kept nothing.
     OffFailing,
+    /// Turned off for good: its first `learning_steps` verified steps kept nothing
+    /// ([`EXECUTOR_LEARNING_STEPS`]).
+    OffLearning,
 }
 
 impl SpecRecord {
     /// Records one verified step (`d` drafts, `a` accepted) and applies the rule. A
     /// `min_rate` of 0 turns nothing off and never backs off after rejected drafts.
-    pub fn record(&mut self, d: usize, a: usize, min_rate: f64) -> Verdict {
+    /// `learning_steps` (0: none; [`EXECUTOR_LEARNING_STEPS`] for the executor's
+    /// proposers): until a draft is first kept, a step that keeps nothing does not back
+    /// off, and the `learning_steps`-th such step turns the sequence off.
+    pub fn record(&mut self, d: usize, a: usize, min_rate: f64, learning_steps: u8) -> Verdict {
         if d == 0 || self.off {
             return Verdict::Keep;
         }
@@ -124,9 +142,17 @@ impl SpecRecord {
         if a > 0 {
             self.failures = 0;
             self.failed_steps = 0;
+            self.kept_any = true;
         } else {
             self.failures = self.failures.saturating_add(1);
             self.failed_steps = self.failed_steps.saturating_add(1);
+            if learning_steps > 0 && !self.kept_any {
+                if self.failed_steps >= learning_steps {
+                    self.off = true;
+                    return Verdict::OffLearning;
+                }
+                return Verdict::Keep;
+            }
         }
         if self.seen >= ADAPTIVE_WARMUP_DRAFTS && f64::from(self.accepted / self.drafted) < min_rate {
             self.off = true;
@@ -183,23 +209,23 @@ mod tests {
     #[test]
     fn adaptive_rule_waits_for_the_warmup_then_turns_off_a_poor_sequence() {
         let mut r = SpecRecord::default();
-        r.record(4, 1, 0.2);
-        r.record(4, 1, 0.2);
-        r.record(4, 0, 0.2);
+        r.record(4, 1, 0.2, 0);
+        r.record(4, 1, 0.2, 0);
+        r.record(4, 0, 0.2, 0);
         assert!(!r.off, "still warming up (12 drafts)");
-        assert_eq!(r.record(4, 0, 0.2), Verdict::OffLowRate, "2 of 16 kept");
+        assert_eq!(r.record(4, 0, 0.2, 0), Verdict::OffLowRate, "2 of 16 kept");
         assert!(r.off);
-        assert_eq!(r.record(4, 4, 0.2), Verdict::Keep, "off stays off");
+        assert_eq!(r.record(4, 4, 0.2, 0), Verdict::Keep, "off stays off");
         assert!(r.off);
         let mut good = SpecRecord::default();
         for _ in 0..100 {
-            assert_eq!(good.record(4, 2, 0.2), Verdict::Keep);
+            assert_eq!(good.record(4, 2, 0.2, 0), Verdict::Keep);
         }
         assert!(!good.off);
         // A rate of 0 turns nothing off and never backs off.
         let mut any = SpecRecord::default();
         for _ in 0..100 {
-            assert_eq!(any.record(4, 0, 0.0), Verdict::Keep);
+            assert_eq!(any.record(4, 0, 0.0, 0), Verdict::Keep);
         }
         assert_eq!(any.retry_in, 0);
     }
@@ -207,19 +233,44 @@ mod tests {
     #[test]
     fn failing_drafts_back_off_longer_each_time_then_stop() {
         let mut r = SpecRecord::default();
-        assert_eq!(r.record(1, 0, 0.05), Verdict::BackOff);
+        assert_eq!(r.record(1, 0, 0.05, 0), Verdict::BackOff);
         assert_eq!(r.retry_in, 4);
         r.record_empty(0.05);
         assert_eq!(r.retry_in, 8, "an empty lookup is a failure too");
-        assert_eq!(r.record(1, 0, 0.05), Verdict::BackOff);
+        assert_eq!(r.record(1, 0, 0.05, 0), Verdict::BackOff);
         assert_eq!(r.retry_in, 16);
-        assert_eq!(r.record(1, 1, 0.05), Verdict::Keep, "an accepted draft resets the back-off");
+        assert_eq!(r.record(1, 1, 0.05, 0), Verdict::Keep, "an accepted draft resets the back-off");
         assert_eq!(r.failures, 0);
         for _ in 0..MAX_FAILED_STEPS - 1 {
-            assert_eq!(r.record(1, 0, 0.05), Verdict::BackOff);
+            assert_eq!(r.record(1, 0, 0.05, 0), Verdict::BackOff);
         }
-        assert_eq!(r.record(1, 0, 0.05), Verdict::OffFailing, "before the warm-up of 16 drafts");
+        assert_eq!(r.record(1, 0, 0.05, 0), Verdict::OffFailing, "before the warm-up of 16 drafts");
         assert_eq!(backoff_steps(200), 64);
+    }
+
+    #[test]
+    fn an_executor_proposer_that_never_kept_a_draft_stops_after_its_learning_steps() {
+        let mut r = SpecRecord::default();
+        let n = EXECUTOR_LEARNING_STEPS;
+        for _ in 1..n {
+            assert_eq!(r.record(4, 0, 0.1, n), Verdict::Keep, "no back-off while learning");
+            assert_eq!(r.retry_in, 0);
+        }
+        assert_eq!(r.record(2, 0, 0.1, n), Verdict::OffLearning);
+        assert!(r.off);
+        // Once a draft was kept, the usual rule: back off, and off after MAX_FAILED_STEPS.
+        let mut kept = SpecRecord::default();
+        assert_eq!(kept.record(4, 0, 0.1, n), Verdict::Keep);
+        assert_eq!(kept.record(4, 1, 0.1, n), Verdict::Keep);
+        assert_eq!(kept.record(2, 0, 0.1, n), Verdict::BackOff);
+        assert_eq!(kept.retry_in, 4);
+        assert!(!kept.off);
+        // The adaptive rule off (min_rate 0): nothing is turned off.
+        let mut any = SpecRecord::default();
+        for _ in 0..10 {
+            assert_eq!(any.record(4, 0, 0.0, n), Verdict::Keep);
+        }
+        assert!(!any.off);
     }
 
     #[test]
@@ -227,15 +278,15 @@ mod tests {
         let mut r = SpecRecord::default();
         assert_eq!(r.useful_drafts(4), 4, "no record yet: k");
         for _ in 0..30 {
-            r.record(4, 4, 0.1);
+            r.record(4, 4, 0.1, 0);
         }
         assert_eq!(r.useful_drafts(4), 4);
         let mut poor = SpecRecord::default();
         for _ in 0..30 {
-            poor.record(2, 1, 0.1);
+            poor.record(2, 1, 0.1, 0);
         }
         assert_eq!(poor.useful_drafts(4), 2, "keeps one a step: proposes two");
-        poor.record(2, 2, 0.1);
+        poor.record(2, 2, 0.1, 0);
         assert_eq!(poor.useful_drafts(4), 3, "kept all: one more");
     }
 }
