@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from pyengine import LLM, SamplingParams, SchedulerConfig
 from pyengine.executor.config import ExecutorConfig
@@ -18,6 +17,7 @@ from pyengine.executor.kv_tables import plan_kv_tables, proposer_tables
 from pyengine.executor.model_runner import ModelRunner
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.eagle3_checkpoint import write_eagle3_head
+from pyengine.testing.transformers_reference import reference_greedy_tokens
 
 BLOCK = 16
 WINDOW = 20  # the tiny checkpoints' sliding_window
@@ -36,18 +36,6 @@ CASES = {
                                                                         + ["full_attention"]) * 3
                                                                        + ["sliding_attention"]), 4),
 }
-
-
-def _reference(path, prompts, max_tokens=MAX_TOKENS):
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    out = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            ids = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False)
-            out.append(ids[0, len(prompt):].tolist())
-    return out
 
 
 def _run(path, prompts, max_tokens=MAX_TOKENS, one_by_one=False, **engine_args):
@@ -77,7 +65,7 @@ def test_windowed_tables_hold_bounded_blocks_and_tokens_match(hybrid, depth):
     path, tables = hybrid
     prompt = _prompt(0)
     tokens, _, stats = _run(path, [prompt], pipeline_depth=depth)
-    assert tokens == _reference(path, [prompt])
+    assert tokens == reference_greedy_tokens(path, [prompt], MAX_TOKENS)
     full = -(-(PROMPT + MAX_TOKENS - 1) // BLOCK)
     # The full table holds every block; each windowed table at most 3 (the 40-token
     # prompt's 3 at first), not the 13 a shared table would hold per table.
@@ -91,7 +79,7 @@ def test_chunked_prefill_across_the_window_edge(hybrid):
     prompts = [_prompt(1, 70), _prompt(2, 33)]
     # Chunks of 16 tokens: the window's edge (20) falls inside the second chunk.
     tokens, _, _ = _run(path, prompts, max_tokens=40, max_num_seqs=2, max_num_batched_tokens=16)
-    assert tokens == _reference(path, prompts, max_tokens=40)
+    assert tokens == reference_greedy_tokens(path, prompts, 40)
 
 
 def test_prefix_hits_inside_and_outside_the_window(hybrid):
@@ -102,7 +90,7 @@ def test_prefix_hits_inside_and_outside_the_window(hybrid):
     # windowed part starts behind the first's window), and one sharing 10 (no hit).
     prompts = [first, first, first[:50] + _prompt(5, 30), first[:10] + _prompt(6, 30)]
     tokens, cached, stats = _run(path, prompts, max_tokens=30, one_by_one=True)
-    assert tokens == _reference(path, prompts, max_tokens=30)
+    assert tokens == reference_greedy_tokens(path, prompts, 30)
     assert cached == [0, 80, 48, 0], cached
     assert stats["kv_blocks_used"] == 0
 
@@ -112,7 +100,7 @@ def test_preemption_recomputes_to_the_same_tokens(hybrid):
     prompts = [_prompt(10 + i, 30 + 7 * i) for i in range(4)]
     # Room for about two sequences at a time in every table: the others are preempted.
     tokens, _, stats = _run(path, prompts, max_tokens=60, num_kv_blocks=12 * tables, max_num_seqs=4)
-    assert tokens == _reference(path, prompts, max_tokens=60)
+    assert tokens == reference_greedy_tokens(path, prompts, 60)
     assert stats["preemptions"] > 0
     assert stats["kv_blocks_used"] == 0
 
@@ -130,7 +118,7 @@ def test_drafts_and_forks_keep_every_table_right(hybrid, method):
     with LLM(str(path), block_size=BLOCK, speculative_config=spec) as llm:
         outs = llm.generate(prompts, params, use_tqdm=False)
         stats = llm.stats().scheduler
-    want = _reference(path, prompts, max_tokens=50)
+    want = reference_greedy_tokens(path, prompts, 50)
     for out, tokens in zip(outs, want):
         assert [sample.token_ids for sample in out.outputs] == [tokens, tokens]
     assert stats["spec_draft_tokens"] > 0
@@ -206,7 +194,7 @@ def config_prompts():
 
 @pytest.fixture(scope="module")
 def config_reference(gemma2, config_prompts):
-    return _reference(gemma2, config_prompts, max_tokens=CONFIG_TOKENS)
+    return reference_greedy_tokens(gemma2, config_prompts, CONFIG_TOKENS)
 
 
 def _assert_windowed_blocks_freed(stats, prompts):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import transformers
 
 from pyengine import LLM, SamplingParams
 from pyengine.executor.config import ExecutorConfig
@@ -19,6 +18,7 @@ from pyengine.models.experts import GroupedExperts
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.deepseek_checkpoints import DEEPSEEK_MOE, set_correction_bias
 from pyengine.testing.hand_plan import HandPlanner
+from pyengine.testing.transformers_reference import reference_model
 
 VOCAB = 512
 MAX_TOKENS = 12
@@ -40,12 +40,6 @@ def checkpoint(request, tmp_path_factory):
     return folder
 
 
-def _reference(path):
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model.generation_config.eos_token_id = None
-    return model.eval()
-
-
 def test_prefill_logits_match_transformers(checkpoint):
     runner = ModelRunner.from_pretrained(checkpoint, ExecutorConfig(max_num_seqs=8, max_model_len=256, num_kv_blocks=32))
     prompt = np.random.default_rng(1).integers(0, VOCAB, 70).tolist()
@@ -54,7 +48,7 @@ def test_prefill_logits_match_transformers(checkpoint):
     out = runner.execute(planner.next_plan(), return_hidden=True)
     ours = runner.model.compute_logits(out.hidden_states)
     with torch.no_grad():
-        theirs = _reference(checkpoint)(torch.tensor([prompt])).logits[0]
+        theirs = reference_model(checkpoint)(torch.tensor([prompt])).logits[0]
     torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=1e-5)
 
 
@@ -70,7 +64,7 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def reference_tokens(checkpoint, prompts):
-    model = _reference(checkpoint)
+    model = reference_model(checkpoint)
     with torch.inference_mode():
         return [
             model.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False)[0, len(p):].tolist()
@@ -214,7 +208,7 @@ def test_greedy_tokens_match_transformers_with_every_context_attended_in_slices(
     for chunk in (20, 20, 6, 6, 6, 6, 6, 6, 6, 6):
         plan = planner.next_plan(max_chunk=chunk)
         planner.record(plan, runner.execute(plan).sampled_token_ids)
-    model = _reference(checkpoint)
+    model = reference_model(checkpoint)
     for seq, prompt in zip(seqs, prompts):
         got = planner.output_tokens(seq)
         assert len(got) >= 4

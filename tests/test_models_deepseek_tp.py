@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-import transformers
 
 from pyengine import LLM, SamplingParams
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.deepseek_checkpoints import DEEPSEEK_MOE, set_correction_bias
+from pyengine.testing.transformers_reference import reference_greedy_tokens
 
 MAX_TOKENS = 10
 
@@ -32,14 +31,7 @@ def test_two_ranks_generate_transformers_tokens(variant, tmp_path):
     rng = np.random.default_rng(4)
     shared = rng.integers(3, 500, 24).tolist()
     prompts = [(shared if i % 2 else []) + rng.integers(3, 500, int(rng.integers(2, 30))).tolist() for i in range(8)]
-    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    with torch.inference_mode():
-        reference = [
-            model.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None)[
-                0, len(p):
-            ].tolist()
-            for p in prompts
-        ]
+    reference = reference_greedy_tokens(checkpoint, prompts, MAX_TOKENS)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     with LLM(str(checkpoint), tensor_parallel_size=2, max_num_seqs=8, max_model_len=256) as llm:
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
