@@ -343,6 +343,24 @@ fn source_column(int4: bool, j: usize) -> usize {
     chunk * CHUNK + if i < CHUNK / 2 { 2 * i } else { 2 * (i - CHUNK / 2) + 1 }
 }
 
+/// Writes `out[row, n] = value + sum_g bias[n, g] * x_sums[row, g]`: the end of every
+/// vectorised loop's output element, `value` being its scaled group sums.
+///
+/// # Safety
+/// `row < rows` and `n < out_features` (inside `out`, checked), and only the caller's part
+/// writes column `n`.
+#[inline(always)]
+pub(crate) unsafe fn finish(problem: &Problem<'_>, n: usize, row: usize, mut value: f32) {
+    let w = problem.weight;
+    if let Some(biases) = w.biases {
+        let groups = w.in_features / w.group_size;
+        let sums = &problem.x_sums[row * groups..(row + 1) * groups];
+        value += biases[n * groups..(n + 1) * groups].iter().zip(sums).map(|(b, s)| b * s).sum::<f32>();
+    }
+    // SAFETY: the caller's.
+    unsafe { *problem.out.0.add(row * w.out_features + n) = value };
+}
+
 /// Weight rows `[first, last)` of every output row, in plain loops.
 pub(crate) fn portable_rows(problem: &Problem<'_>, first: usize, last: usize) {
     let w = problem.weight;

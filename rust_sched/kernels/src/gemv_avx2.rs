@@ -15,7 +15,7 @@
 
 use std::arch::x86_64::*;
 
-use super::gemv::{Problem, WeightData, CHUNK, ROW_BLOCK};
+use super::gemv::{finish, Problem, WeightData, CHUNK, ROW_BLOCK};
 use super::gemv_int8_avx512;
 use super::gemv_planes;
 
@@ -89,7 +89,8 @@ unsafe fn blocks<const FMT: u8>(problem: &Problem<'_>, first: usize, last: usize
         while r0 < problem.rows {
             let left = problem.rows - r0;
             for n in block..end {
-                if r0 == 0 {
+                // The int8 AVX-512 loop prefetches as it goes (see `gemv_int8_avx512`).
+                if r0 == 0 && FMT != INT8_AVX512 {
                     prefetch_ahead(data, n, k);
                 }
                 // SAFETY: as this function's (n < out_features, r0 + R <= rows).
@@ -204,12 +205,7 @@ unsafe fn one_row<const R: usize, const FMT: u8>(problem: &Problem<'_>, n: usize
         }
     }
     for (r, lanes) in total.iter().enumerate() {
-        let mut value = lane_sum(*lanes);
-        if let Some(biases) = w.biases {
-            let sums = &problem.x_sums[(r0 + r) * groups..(r0 + r + 1) * groups];
-            value += biases[n * groups..(n + 1) * groups].iter().zip(sums).map(|(b, s)| b * s).sum::<f32>();
-        }
         // SAFETY: (r0 + r, n) is inside `out`, and only this part writes column n.
-        unsafe { *problem.out.0.add((r0 + r) * w.out_features + n) = value };
+        unsafe { finish(problem, n, r0 + r, lane_sum(*lanes)) };
     }
 }

@@ -19,6 +19,7 @@
 use std::arch::x86_64::*;
 
 use super::gemv::{Problem, WeightData, PLANE_COLUMNS};
+use super::gemv_avx512::{fold, write_rows};
 
 /// `out[r0 + r, n]` for `r < R` of an int4 weight whose groups are whole plane blocks,
 /// `x` in `gemv::planes` order: per block one 64-byte load and one shift, then per
@@ -75,25 +76,11 @@ pub(crate) unsafe fn row<const R: usize, const A: usize>(problem: &Problem<'_>, 
         }
         let scale = _mm512_set1_ps(scales[n * groups + g] * PLANE_UNSCALE);
         for r in 0..R {
-            let mut width = A;
-            while width > 1 {
-                width /= 2;
-                for a in 0..width {
-                    acc[r][a] = _mm512_add_ps(acc[r][a], acc[r][a + width]);
-                }
-            }
-            total[r] = _mm512_fmadd_ps(acc[r][0], scale, total[r]);
+            total[r] = _mm512_fmadd_ps(fold(acc[r]), scale, total[r]);
         }
     }
-    for (r, lanes) in total.iter().enumerate() {
-        let mut value = _mm512_reduce_add_ps(*lanes);
-        if let Some(biases) = w.biases {
-            let sums = &problem.x_sums[(r0 + r) * groups..(r0 + r + 1) * groups];
-            value += biases[n * groups..(n + 1) * groups].iter().zip(sums).map(|(b, s)| b * s).sum::<f32>();
-        }
-        // SAFETY: (r0 + r, n) is inside `out`, and only this part writes column n.
-        unsafe { *problem.out.0.add((r0 + r) * w.out_features + n) = value };
-    }
+    // SAFETY: rows r0 + r < rows and n < out_features; only this part writes column n.
+    unsafe { write_rows(problem, n, r0, &total) };
 }
 
 /// `2^49`: what the plane products lack (`gemv::planes`).

@@ -23,6 +23,8 @@ pub mod gemv;
 #[cfg(target_arch = "x86_64")]
 mod gemv_avx2;
 #[cfg(target_arch = "x86_64")]
+mod gemv_avx512;
+#[cfg(target_arch = "x86_64")]
 mod gemv_int8_avx512;
 #[cfg(target_arch = "x86_64")]
 mod gemv_planes;
