@@ -67,8 +67,9 @@ def model_bytes(model: torch.nn.Module) -> int:
         for name in ("quantized", "quantized_head"):
             quantized = getattr(module, name, None)
             if quantized is not None:
-                w = quantized.weight
-                for tensor in (w.qweight, w.scales, w.biases, w.input_perm):
+                # Any of the linears' weight forms (kernels.LinearWeight: PackedWeight,
+                # Fp8Weight, Int8PackWeight, Int4PackWeight): every tensor it holds.
+                for tensor in vars(quantized.weight).values():
                     add(tensor)
     return sum(seen.values())
 

@@ -71,7 +71,7 @@ def test_mixed_parts_merge_exactly():
     q4 = convert_tensor("Q4_K", quantize_q4_k(a), (4, 256), "a")
     q6 = convert_tensor("Q6_K", quantize_q6_k(b), (4, 256), "b")
     merged = merge_parts([q4, q6])
-    assert (merged.bits, merged.group_size) == (8, 16)
+    assert isinstance(merged, PackedWeight) and (merged.bits, merged.group_size) == (8, 16)
     torch.testing.assert_close(merged.dequantize(), torch.cat([q4.dequantize(), q6.dequantize()]), atol=0, rtol=0)
 
 

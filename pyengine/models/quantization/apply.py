@@ -28,9 +28,11 @@ def quantize_model(model: "DecoderForCausalLM", method: str, kernel: str = "nati
         for module in model.modules():
             if isinstance(module, RowParallelLinear):
                 _check_row_shard(module, method)
-                module.set_packed_weight(prepare_weight(quantize_weight(module.weight, method), kernel))
+                module.set_packed_weight(prepare_weight(quantize_weight(module.weight, method), kernel,
+                                                        module.weight.dtype))
             elif isinstance(module, ColumnParallelLinear):
-                module.set_packed_weight(prepare_weight(quantize_weight(module.weight, method), kernel))
+                module.set_packed_weight(prepare_weight(quantize_weight(module.weight, method), kernel,
+                                                        module.weight.dtype))
             elif isinstance(module, GroupedExperts):
                 if kernel != "native":
                     raise QuantizationError(
@@ -41,7 +43,8 @@ def quantize_model(model: "DecoderForCausalLM", method: str, kernel: str = "nati
         head_method, head_kernel = method, kernel
         if kernel == "int4pack" and model.lm_head is None:
             head_method, head_kernel = "int8", "int8pack"
-        model.set_packed_head(prepare_weight(quantize_weight(model.output_embedding, head_method), head_kernel))
+        head = model.output_embedding
+        model.set_packed_head(prepare_weight(quantize_weight(head, head_method), head_kernel, head.dtype))
 
 
 def quantize_model_experts(experts: GroupedExperts, method: str) -> None:

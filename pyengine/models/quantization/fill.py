@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Callable, Union
+from typing import Any, Callable, Union
 
 import torch
 
@@ -58,34 +58,39 @@ def fill_model(model: DecoderForCausalLM, shapes: dict[str, tuple[int, ...]], re
         for key, parts in groups.items():
             parts.sort(key=lambda part: part[0].row_offset or 0)
             weights = [w for _, w in parts]
-            if all(isinstance(w, Fp8Weight) for w in weights):
-                merged = weights[0] if len(weights) == 1 else Fp8Weight.concat_rows(weights)  # type: ignore[arg-type]
-                linears[key].set_packed_weight(merged.to(parts[0][0].parameter.device))  # type: ignore[union-attr]
-            elif all(isinstance(w, PackedWeight) for w in weights) and _one_perm(weights):
-                linears[key].set_packed_weight(merge_parts(weights))  # type: ignore[arg-type]
+            merged = merge_parts(weights)
+            if merged is not None:
+                linears[key].set_packed_weight(merged.to(parts[0][0].parameter.device))
             else:
                 for dest, w in parts:
                     _copy(dest, _as_float(w))
 
 
-def _one_perm(parts: list) -> bool:
-    first = parts[0].input_perm
-    return all((p.input_perm is None) == (first is None) and (first is None or torch.equal(p.input_perm, first))
-               for p in parts)
-
-
-def merge_parts(parts: list[PackedWeight]) -> PackedWeight:
-    """One weight of the parts' rows in order. Parts of one layout are concatenated as
-    they are; mixed ones (Q4_K with Q6_K) are first widened to int8 at the greatest common
-    group size, with biases (zeros where a part had none): exact, at the wider layout's
-    memory."""
-    first = parts[0]
+def merge_parts(parts: list[Weight]) -> Union[PackedWeight, Fp8Weight, None]:
+    """One quantized weight of the parts' rows in order, or None where they cannot be one
+    (a float part, parts of both kinds, different input permutations). Parts of one layout
+    are concatenated as they are; mixed integer ones (Q4_K with Q6_K) are first widened to
+    int8 at the greatest common group size, with biases (zeros where a part had none):
+    exact, at the wider layout's memory."""
+    if all(isinstance(p, Fp8Weight) for p in parts):
+        fp8 = [p for p in parts if isinstance(p, Fp8Weight)]
+        return fp8[0] if len(fp8) == 1 else Fp8Weight.concat_rows(fp8)
+    packed = [p for p in parts if isinstance(p, PackedWeight)]
+    if len(packed) != len(parts) or not _one_perm(packed):
+        return None
+    first = packed[0]
     same = all((p.bits, p.group_size, p.biases is None) == (first.bits, first.group_size, first.biases is None)
-               for p in parts)
+               for p in packed)
     if same:
-        return parts[0] if len(parts) == 1 else PackedWeight.concat_rows(parts)
-    group = math.gcd(*(p.group_size for p in parts))
-    return PackedWeight.concat_rows([_widened(p, group) for p in parts])
+        return first if len(packed) == 1 else PackedWeight.concat_rows(packed)
+    group = math.gcd(*(p.group_size for p in packed))
+    return PackedWeight.concat_rows([_widened(p, group) for p in packed])
+
+
+def _one_perm(parts: list[PackedWeight]) -> bool:
+    first = parts[0].input_perm
+    return all(p.input_perm is None if first is None else p.input_perm is not None and torch.equal(p.input_perm, first)
+               for p in parts)
 
 
 def _widened(weight: PackedWeight, group: int) -> PackedWeight:
@@ -98,7 +103,7 @@ def _widened(weight: PackedWeight, group: int) -> PackedWeight:
                         qweight=q, scales=scales, biases=biases, input_perm=weight.input_perm)
 
 
-def _linear_modules(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
+def _linear_modules(model: torch.nn.Module) -> dict[int, Any]:
     """id(weight parameter) -> the linear holding it, for linears that take packed weights."""
     return {id(m.weight): m for m in model.modules() if hasattr(m, "set_packed_weight") and hasattr(m, "weight")}
 
@@ -106,11 +111,11 @@ def _linear_modules(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
 def _this_rank(weight: Weight, dest: WeightTarget) -> Weight:
     """The shard of ``weight`` this rank keeps (see ``WeightTarget``)."""
     if dest.parts:  # a fused tensor (Phi-3's qkv_proj): each part's rows of this rank
-        if isinstance(weight, Fp8Weight):
-            return Fp8Weight.concat_rows([weight.rows(start, size) for start, size in dest.kept_rows()])
-        if not isinstance(weight, PackedWeight):
+        if not isinstance(weight, _QUANTIZED):
             return rank_rows(dest, weight)
-        return PackedWeight.concat_rows([weight.rows(start, size) for start, size in dest.kept_rows()])
+        merged = merge_parts([weight.rows(start, size) for start, size in dest.kept_rows()])
+        assert merged is not None  # rows of one quantized weight
+        return merged
     shard = dest.shard
     if dest.shard_dim is None or shard is None or (shard.start == 0 and shard.size == shard.full):
         return weight
@@ -128,28 +133,8 @@ def _fill_vocab(model: DecoderForCausalLM, name: str, dest: WeightTarget, weight
     if not isinstance(weight, _QUANTIZED) or not is_head:
         _copy(dest, _as_float(weight))
         return
-    rows = model.output_embedding.shape[0]
-    if isinstance(weight, Fp8Weight):
-        extra = rows - weight.out_features
-        zero = Fp8Weight(torch.zeros((extra, weight.in_features), dtype=torch.float8_e4m3fn),
-                         torch.zeros((extra, 1)))
-        padded = weight if extra == 0 else Fp8Weight.concat_rows([weight, zero])
-        model.set_packed_head(padded.to(model.output_embedding.device))
-        return
-    model.set_packed_head(_padded_rows(weight, rows))
-
-
-def _padded_rows(weight: PackedWeight, rows: int) -> PackedWeight:
-    extra = rows - weight.out_features
-    if extra == 0:
-        return weight
-    zero = PackedWeight(
-        bits=weight.bits, group_size=weight.group_size, in_features=weight.in_features, out_features=extra,
-        qweight=torch.zeros((extra, weight.qweight.shape[1]), dtype=weight.qweight.dtype),
-        scales=torch.zeros((extra, weight.groups)),
-        biases=None if weight.biases is None else torch.zeros((extra, weight.groups)),
-    )
-    return PackedWeight.concat_rows([weight, zero])
+    extra = model.output_embedding.shape[0] - weight.out_features
+    model.set_packed_head(weight.with_zero_rows(extra).to(model.output_embedding.device))
 
 
 def _as_float(weight: Weight) -> torch.Tensor:

@@ -78,6 +78,15 @@ class Fp8Weight:
             raise QuantizationError(f"columns [{start}, {start + size}) outside a weight of {self.in_features} columns")
         return Fp8Weight(self.qweight.narrow(1, start, size).contiguous(), self.scales)
 
+    def with_zero_rows(self, extra: int) -> "Fp8Weight":
+        """This weight followed by ``extra`` rows of zeros (a vocabulary padded to its
+        rank's rows)."""
+        if extra == 0:
+            return self
+        zero = Fp8Weight(torch.zeros((extra, self.in_features), dtype=torch.float8_e4m3fn, device=self.qweight.device),
+                         torch.zeros((extra, 1), device=self.scales.device))
+        return Fp8Weight.concat_rows([self, zero])
+
     @staticmethod
     def concat_rows(parts: Sequence["Fp8Weight"]) -> "Fp8Weight":
         """One weight whose rows are the parts' in order (q/k/v, gate/up)."""

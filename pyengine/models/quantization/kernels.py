@@ -108,8 +108,10 @@ def _check_cuda(method: str, kernel: str, target: KernelTarget) -> None:
         )
 
 
-def prepare_weight(weight: Union[PackedWeight, Fp8Weight], kernel: str) -> LinearWeight:
-    """``weight`` (on its device) in the layout ``kernel`` reads."""
+def prepare_weight(weight: Union[PackedWeight, Fp8Weight], kernel: str,
+                   dtype: torch.dtype = torch.float32) -> LinearWeight:
+    """``weight`` (on its device) in the layout ``kernel`` reads, for activations of
+    ``dtype`` (the torch kernels take their scales in it: converted here, once)."""
     if kernel == "scaled_mm":
         if not isinstance(weight, Fp8Weight):
             raise QuantizationError("kernel 'scaled_mm' takes FP8 weights, got a PackedWeight")
@@ -117,7 +119,7 @@ def prepare_weight(weight: Union[PackedWeight, Fp8Weight], kernel: str) -> Linea
     if isinstance(weight, Fp8Weight):
         raise QuantizationError(f"kernel {kernel!r} takes integer weights, got an FP8 weight")
     if kernel == "int8pack":
-        return Int8PackWeight(weight)
+        return Int8PackWeight(weight, dtype)
     if kernel == "int4pack":
-        return Int4PackWeight(weight)
+        return Int4PackWeight(weight, dtype)
     return weight

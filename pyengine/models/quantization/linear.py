@@ -18,6 +18,7 @@ from pyengine.models import gemv
 from pyengine.models.quantization.fp8 import Fp8Weight, fp8_linear
 from pyengine.models.quantization.kernels import LinearWeight
 from pyengine.models.quantization.packed import PackedWeight, QuantizationError, reference_matmul
+from pyengine.models.quantization.torch_kernels import Int8PackWeight
 
 
 class QuantizedMatmul:
@@ -53,7 +54,7 @@ class QuantizedMatmul:
         if not isinstance(w, PackedWeight):
             if ids.numel() == 0:
                 return torch.empty(0, w.in_features, dtype=dtype, device=ids.device)
-            if not hasattr(w, "row_values"):
+            if not isinstance(w, (Fp8Weight, Int8PackWeight)):  # tinygemm's layout has no rows to look up
                 raise QuantizationError(f"a tied embedding cannot look rows up in a {type(w).__name__}")
             return w.row_values(ids, dtype)
         if w.input_perm is not None:

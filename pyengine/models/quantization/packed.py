@@ -120,6 +120,29 @@ class PackedWeight:
             biases=None if self.biases is None else self.biases.narrow(1, start // g, size // g).contiguous(),
         )
 
+    def with_zero_rows(self, extra: int) -> "PackedWeight":
+        """This weight followed by ``extra`` rows of zeros (a vocabulary padded to its
+        rank's rows)."""
+        if extra == 0:
+            return self
+        zero = PackedWeight(
+            bits=self.bits, group_size=self.group_size, in_features=self.in_features, out_features=extra,
+            qweight=torch.zeros((extra, self.qweight.shape[1]), dtype=self.qweight.dtype),
+            scales=torch.zeros((extra, self.groups)),
+            biases=None if self.biases is None else torch.zeros((extra, self.groups)),
+            input_perm=self.input_perm,
+        )
+        return PackedWeight.concat_rows([self, zero])
+
+    def to(self, device: torch.device) -> "PackedWeight":
+        """The same weight with its tensors on ``device``."""
+        def moved(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+            return None if t is None else t.to(device)
+        return PackedWeight(bits=self.bits, group_size=self.group_size, in_features=self.in_features,
+                            out_features=self.out_features, qweight=self.qweight.to(device),
+                            scales=self.scales.to(device), biases=moved(self.biases),
+                            input_perm=moved(self.input_perm))
+
     @staticmethod
     def concat_rows(parts: Sequence["PackedWeight"]) -> "PackedWeight":
         """One weight whose rows are the parts' in order (q/k/v, gate/up). The parts must

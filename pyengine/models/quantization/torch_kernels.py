@@ -30,9 +30,10 @@ INT4PACK_GROUP_SIZES = (32, 64, 128, 256)
 
 
 class Int8PackWeight:
-    """A per-channel symmetric int8 PackedWeight as ``_weight_int8pack_mm`` reads it."""
+    """A per-channel symmetric int8 PackedWeight as ``_weight_int8pack_mm`` reads it, its
+    scales in ``dtype`` (the activations': the kernel takes them in the input's dtype)."""
 
-    def __init__(self, weight: PackedWeight) -> None:
+    def __init__(self, weight: PackedWeight, dtype: torch.dtype = torch.float32) -> None:
         if weight.bits != 8 or weight.group_size != weight.in_features or weight.biases is not None \
                 or weight.input_perm is not None:
             raise QuantizationError(
@@ -42,32 +43,33 @@ class Int8PackWeight:
             )
         self.out_features, self.in_features = weight.out_features, weight.in_features
         self.qweight = weight.qweight.contiguous()
-        self.scales = weight.scales.reshape(-1).contiguous()
+        self.scales = weight.scales.reshape(-1).to(dtype).contiguous()
 
     @property
     def nbytes(self) -> int:
-        return self.qweight.numel() + self.scales.numel() * 4
+        return self.qweight.numel() + self.scales.numel() * self.scales.element_size()
 
     def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).contiguous()
-        out = torch._weight_int8pack_mm(rows, self.qweight, self.scales.to(x.dtype))
+        out = torch._weight_int8pack_mm(rows, self.qweight, _in_dtype(self.scales, x.dtype))
         if bias is not None:
             out = out + bias.to(out.dtype)
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def dequantize(self) -> torch.Tensor:
-        return self.qweight.to(torch.float32) * self.scales.unsqueeze(1)
+        return self.qweight.to(torch.float32) * self.scales.float().unsqueeze(1)
 
     def row_values(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         ids = ids.to(self.qweight.device)
-        return (self.qweight.index_select(0, ids).to(torch.float32) * self.scales.index_select(0, ids).unsqueeze(1)
-                ).to(dtype)
+        scales = self.scales.index_select(0, ids).float()
+        return (self.qweight.index_select(0, ids).to(torch.float32) * scales.unsqueeze(1)).to(dtype)
 
 
 class Int4PackWeight:
-    """A 4-bit grouped PackedWeight in tinygemm's layout for its device."""
+    """A 4-bit grouped PackedWeight in tinygemm's layout for its device, its scales and
+    zeros in the dtype the kernel multiplies in (bfloat16 on CUDA, ``dtype`` on CPU)."""
 
-    def __init__(self, weight: PackedWeight) -> None:
+    def __init__(self, weight: PackedWeight, dtype: torch.dtype = torch.float32) -> None:
         g = weight.group_size
         if weight.bits != 4 or g not in INT4PACK_GROUP_SIZES or weight.input_perm is not None:
             raise QuantizationError(
@@ -85,6 +87,7 @@ class Int4PackWeight:
             self.packed = _pack_for_cuda(q, weight.out_features, weight.in_features)
             self.scales_and_zeros = self.scales_and_zeros.to(torch.bfloat16)
         else:
+            self.scales_and_zeros = self.scales_and_zeros.to(dtype)
             self.packed = torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 2)
 
     @property
@@ -99,7 +102,7 @@ class Int4PackWeight:
                                             self.scales_and_zeros).to(x.dtype)
         else:
             out = torch._weight_int4pack_mm_for_cpu(rows.contiguous(), self.packed, self.group_size,
-                                                    self.scales_and_zeros.to(x.dtype))
+                                                    _in_dtype(self.scales_and_zeros, x.dtype))
         if bias is not None:
             out = out + bias.to(out.dtype)
         return out.reshape(*x.shape[:-1], self.out_features)
@@ -110,6 +113,12 @@ class Int4PackWeight:
         dtype = torch.bfloat16 if self.cuda else torch.float32
         eye = torch.eye(self.in_features, dtype=dtype, device=self.packed.device)
         return self(eye).to(torch.float32).t().contiguous()
+
+
+def _in_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` (converted once at load to the model's dtype) in ``dtype``: itself, unless a
+    caller multiplies activations of another dtype (a conversion per call, then)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def _pack_for_cuda(q: torch.Tensor, n: int, k: int) -> torch.Tensor:
