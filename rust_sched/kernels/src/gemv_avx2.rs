@@ -8,7 +8,8 @@
 //! - int4 on AMD CPUs with AVX-512, groups a multiple of 128: the plane loops of
 //!   [`crate::gemv_planes`] instead; int8 on CPUs with AVX-512: [`crate::gemv_int8_avx512`].
 //!
-//! Each weight row's bytes are prefetched [`PREFETCH_BYTES`] ahead as the row starts.
+//! Each weight row's bytes are prefetched [`PREFETCH_BYTES`] ahead as the row starts
+//! (the int8 AVX-512 loop prefetches its own, a line at a time: `gemv_int8_avx512`).
 //! A group's products accumulate unscaled; the group's scale multiplies the sum once. With
 //! one or two rows of `x` there are four accumulators per row (two chunks per step), so
 //! the FMA latency does not limit a single-row product; with three or four rows, two.
