@@ -8,13 +8,13 @@ import pytest
 import torch
 from test_models_parity import (
     _prompts,
-    _reference,
     _run_generation,
     _runner,
     assert_prefill_matches_transformers,
 )
 
 from pyengine.testing.checkpoints import make_tiny_checkpoint
+from pyengine.testing.transformers_reference import reference_model
 
 VARIANTS = {
     # norm_topk_prob on, a dense layer among the sparse ones (mlp_only_layers)
@@ -40,7 +40,7 @@ def test_prefill_logits_match_transformers(checkpoint):
 
 @pytest.mark.parametrize("depth", [1, 2])
 def test_chunked_prefill_then_decode_matches_generate(checkpoint, depth):
-    runner, reference = _runner(checkpoint), _reference(checkpoint)
+    runner, reference = _runner(checkpoint), reference_model(checkpoint)
     prompts = _prompts(2, (45, 9, 33))
     tokens, logits = _run_generation(runner, prompts, steps=36, chunk=16, scatter=True, depth=depth)
     for seq_id, prompt in zip(sorted(tokens), prompts):
