@@ -23,9 +23,11 @@ impl Scheduler {
     /// None unless it may draft, has room for one and is not backing off (its next step
     /// would decode plainly and drop them: a draft model's or EAGLE-3 head's forwards
     /// spent for nothing); then its room and, with the adaptive rule, what it keeps lately
-    /// (`SpecRecord::useful_drafts`), one more when this step carries drafts (if it keeps
-    /// them all, the next step proposes one more: the rule grows by one a step at most, as
-    /// a step proposes no more than it finds useful). With the adaptive rule off
+    /// (`SpecRecord::executor_drafts`: one draft until it first keeps one, k while it
+    /// keeps them all, then `useful_drafts`), one more when this step carries drafts and
+    /// it is past its learning phase (if it keeps them all, the next step proposes one
+    /// more: the rule grows by one a step at most, as a step proposes no more than it
+    /// finds useful). With the adaptive rule off
     /// (`spec_min_acceptance` 0) at depth 1 the back-off is not counted down, so the
     /// executor proposes every step, as the scheduler then looks every step.
     pub(super) fn executor_drafts_wanted(&self, seq_index: SeqIndex, drafted_now: usize) -> usize {
@@ -39,8 +41,8 @@ impl Scheduler {
             return room;
         }
         let k = self.config.num_speculative_tokens;
-        let useful = spec.useful_drafts(k);
-        let useful = if drafted_now > 0 { (useful + 1).min(k) } else { useful };
+        let useful = spec.executor_drafts(k);
+        let useful = if drafted_now > 0 && spec.kept_any { (useful + 1).min(k) } else { useful };
         useful.min(room)
     }
 
@@ -90,7 +92,12 @@ impl Scheduler {
             return 0;
         }
         let k_max = self.config.num_speculative_tokens;
-        let useful = if adaptive { seq.spec.useful_drafts(k_max) } else { k_max };
+        let useful = match (adaptive, self.config.speculative_method) {
+            (false, _) => k_max,
+            // (no more than the executor was asked for in the learning phase, should it send more)
+            (true, SpecMethod::Executor) => seq.spec.executor_drafts(k_max),
+            (true, _) => seq.spec.useful_drafts(k_max),
+        };
         let k = max_d.min(self.draft_room(seq_index)).min(useful);
         if k == 0 {
             return 0;

@@ -555,16 +555,17 @@ fn a_sequence_backing_off_is_not_proposed_for() {
     s.add_request(request("a", vec![1, 2, 3], 40)).unwrap();
     let p0 = s.schedule().unwrap();
     assert_eq!(p0.propose_indices, vec![0]);
-    assert_eq!(p0.propose_counts, vec![2], "nothing verified yet: k");
-    let drafts = SpecResult { num_accepted: None, next_drafts: Some((&[2], &[7, 8])) };
+    assert_eq!(p0.propose_counts, vec![1], "nothing kept yet (learning): one");
+    let drafts = SpecResult { num_accepted: None, next_drafts: Some((&[1], &[7])) };
     s.apply_spec_result(p0.step_id, &[6], drafts).unwrap();
     let p1 = s.schedule().unwrap();
-    assert_eq!(p1.num_draft_tokens, vec![2]);
+    assert_eq!(p1.num_draft_tokens, vec![1]);
     // One kept (past the executor proposers' learning steps), then nothing: 4 plain steps.
-    let kept = SpecResult { num_accepted: Some(&[1]), next_drafts: Some((&[2], &[3, 4])) };
+    let kept = SpecResult { num_accepted: Some(&[1]), next_drafts: Some((&[1], &[3])) };
     s.apply_spec_result(p1.step_id, &[7, 5], kept).unwrap();
     let p2 = s.schedule().unwrap();
-    assert_eq!(p2.num_draft_tokens, vec![2]);
+    assert_eq!(p2.num_draft_tokens, vec![1]);
+    assert_eq!(p2.propose_counts, vec![2], "a draft kept: the adaptive rule's count");
     accept(&mut s, p2.step_id, &[5], &[0]).unwrap();
     let mut proposed = Vec::new();
     for _ in 0..6 {
@@ -618,12 +619,8 @@ fn an_executor_proposer_that_keeps_nothing_at_first_is_turned_off_without_backin
     s.apply_spec_result(p0.step_id, &[6], drafts).unwrap();
     for step in 1..=crate::spec::EXECUTOR_LEARNING_STEPS {
         let p = s.schedule().unwrap();
-        // (2 drafts, then the 1 that the adaptive rule finds useful after none was kept)
-        assert_eq!(
-            p.num_draft_tokens,
-            vec![if step == 1 { 2 } else { 1 }],
-            "verified again at once: no back-off"
-        );
+        // (one draft a try while learning, though the executor sent two)
+        assert_eq!(p.num_draft_tokens, vec![1], "verified again at once: no back-off");
         let last = step == crate::spec::EXECUTOR_LEARNING_STEPS;
         assert!(!p.propose_indices.is_empty(), "proposed for before the verdict");
         let rejected = SpecResult { num_accepted: Some(&[0]), next_drafts: Some((&[2], &[7, 8])) };
@@ -640,4 +637,70 @@ fn an_executor_proposer_that_keeps_nothing_at_first_is_turned_off_without_backin
         );
         s.apply_result(p.step_id, &[9]).unwrap();
     }
+}
+
+#[test]
+fn an_executor_proposer_is_asked_for_one_draft_until_one_is_kept() {
+    let adaptive = SchedulerConfig { spec_min_acceptance: 0.1, ..config(64, 4, SpecMethod::Executor) };
+    let mut s = Scheduler::new(adaptive).unwrap();
+    s.add_request(request("a", vec![1, 2, 3], 40)).unwrap();
+    let p0 = s.schedule().unwrap();
+    assert_eq!(p0.propose_counts, vec![crate::spec::EXECUTOR_LEARNING_DRAFTS as i32]);
+    assert_eq!(crate::spec::EXECUTOR_LEARNING_DRAFTS, 1);
+    // An executor that sends more than it was asked for: one is verified all the same.
+    let three = SpecResult { num_accepted: None, next_drafts: Some((&[3], &[7, 8, 9])) };
+    s.apply_spec_result(p0.step_id, &[6], three).unwrap();
+    let p1 = s.schedule().unwrap();
+    assert_eq!((p1.num_draft_tokens.clone(), p1.propose_counts.clone()), (vec![1], vec![1]));
+    // The first try keeps nothing: still learning, one draft again.
+    let one = SpecResult { num_accepted: Some(&[0]), next_drafts: Some((&[1], &[4])) };
+    s.apply_spec_result(p1.step_id, &[5], one).unwrap();
+    let p2 = s.schedule().unwrap();
+    assert_eq!((p2.num_draft_tokens.clone(), p2.propose_counts.clone()), (vec![1], vec![1]));
+    // The second keeps its draft: the adaptive rule's count from the next proposal on
+    // (1 kept of 2 steps: two, one more as this step carries a draft), growing to k.
+    let kept = SpecResult { num_accepted: Some(&[1]), next_drafts: Some((&[1], &[2])) };
+    s.apply_spec_result(p2.step_id, &[4, 3], kept).unwrap();
+    let p3 = s.schedule().unwrap();
+    assert_eq!((p3.num_draft_tokens.clone(), p3.propose_counts.clone()), (vec![1], vec![3]));
+    let kept = SpecResult { num_accepted: Some(&[1]), next_drafts: Some((&[3], &[5, 6, 7])) };
+    s.apply_spec_result(p3.step_id, &[2, 8], kept).unwrap();
+    let p4 = s.schedule().unwrap();
+    assert_eq!((p4.num_draft_tokens.clone(), p4.propose_counts.clone()), (vec![2], vec![3]));
+    let all = SpecResult { num_accepted: Some(&[2]), next_drafts: Some((&[3], &[1, 2, 3])) };
+    s.apply_spec_result(p4.step_id, &[5, 6, 9], all).unwrap();
+    let p5 = s.schedule().unwrap();
+    assert_eq!((p5.num_draft_tokens.clone(), p5.propose_counts.clone()), (vec![3], vec![4]), "k");
+    assert_eq!(s.snapshot().spec.disabled_sequences, 0);
+}
+
+#[test]
+fn an_executor_proposer_that_keeps_its_first_draft_goes_to_k_at_once() {
+    let adaptive = SchedulerConfig { spec_min_acceptance: 0.1, ..config(64, 4, SpecMethod::Executor) };
+    let mut s = Scheduler::new(adaptive).unwrap();
+    s.add_request(request("a", vec![1, 2, 3], 40)).unwrap();
+    let p0 = s.schedule().unwrap();
+    assert_eq!(p0.propose_counts, vec![1]);
+    let one = SpecResult { num_accepted: None, next_drafts: Some((&[1], &[7])) };
+    s.apply_spec_result(p0.step_id, &[6], one).unwrap();
+    let p1 = s.schedule().unwrap();
+    assert_eq!(
+        (p1.num_draft_tokens.clone(), p1.propose_counts.clone()),
+        (vec![1], vec![1]),
+        "verdict not in yet"
+    );
+    // Its first draft kept, none lost: k from the next proposal on, not a ramp from 2.
+    let kept = SpecResult { num_accepted: Some(&[1]), next_drafts: Some((&[1], &[8])) };
+    s.apply_spec_result(p1.step_id, &[7, 9], kept).unwrap();
+    let p2 = s.schedule().unwrap();
+    assert_eq!((p2.num_draft_tokens.clone(), p2.propose_counts.clone()), (vec![1], vec![4]));
+    let kept = SpecResult { num_accepted: Some(&[1]), next_drafts: Some((&[4], &[1, 2, 3, 4])) };
+    s.apply_spec_result(p2.step_id, &[8, 5], kept).unwrap();
+    let p3 = s.schedule().unwrap();
+    assert_eq!((p3.num_draft_tokens.clone(), p3.propose_counts.clone()), (vec![4], vec![4]));
+    // A first draft lost: the adaptive rule's count (about 1.4 kept a step: 3).
+    let half = SpecResult { num_accepted: Some(&[2]), next_drafts: Some((&[4], &[1, 2, 3, 4])) };
+    s.apply_spec_result(p3.step_id, &[1, 2, 6], half).unwrap();
+    let p4 = s.schedule().unwrap();
+    assert_eq!(p4.num_draft_tokens, vec![3]);
 }

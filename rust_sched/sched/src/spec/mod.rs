@@ -67,6 +67,12 @@ pub const MAX_FAILED_STEPS: u8 = 4;
 /// between the tries would only stretch the time its cache is kept up for nothing.
 pub const EXECUTOR_LEARNING_STEPS: u8 = 2;
 
+/// Drafts the executor proposes per try while a sequence is in its learning phase (never
+/// kept a draft, see [`EXECUTOR_LEARNING_STEPS`]): one, so a fruitless try costs one
+/// proposer forward and a verification of 2 tokens, not `k` forwards and `k + 1` tokens.
+/// See [`SpecRecord::executor_drafts`] for what follows.
+pub const EXECUTOR_LEARNING_DRAFTS: usize = 1;
+
 /// A sequence's running record of its drafts, for the adaptive rule.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct SpecRecord {
@@ -87,6 +93,8 @@ pub struct SpecRecord {
     pub failed_steps: u8,
     /// Whether any of its drafts was ever accepted (see [`EXECUTOR_LEARNING_STEPS`]).
     pub kept_any: bool,
+    /// Whether any of its drafts was ever rejected (see [`SpecRecord::executor_drafts`]).
+    pub lost_any: bool,
     /// Steps left before the sequence looks for drafts again: it decodes plainly (behind
     /// placeholders at depth 2, keeping the overlap) meanwhile (see [`backoff_steps`]).
     pub retry_in: u8,
@@ -143,7 +151,9 @@ impl SpecRecord {
             self.failures = 0;
             self.failed_steps = 0;
             self.kept_any = true;
+            self.lost_any |= a < d;
         } else {
+            self.lost_any = true;
             self.failures = self.failures.saturating_add(1);
             self.failed_steps = self.failed_steps.saturating_add(1);
             if learning_steps > 0 && !self.kept_any {
@@ -178,6 +188,21 @@ impl SpecRecord {
         }
         self.failures = self.failures.saturating_add(1);
         self.retry_in = backoff_steps(self.failures);
+    }
+
+    /// Drafts worth proposing next for an executor proposer's sequence, at most `k`:
+    /// [`EXECUTOR_LEARNING_DRAFTS`] until it first keeps a draft, then `k` for as long as
+    /// it has kept every draft it verified (its one-draft tries say only that it keeps at
+    /// least one: counted by [`Self::useful_drafts`] they would start it at 2 and ramp it
+    /// up a step at a time), then [`Self::useful_drafts`].
+    pub fn executor_drafts(&self, k: usize) -> usize {
+        if !self.kept_any {
+            EXECUTOR_LEARNING_DRAFTS.min(k)
+        } else if !self.lost_any {
+            k
+        } else {
+            self.useful_drafts(k)
+        }
     }
 
     /// Drafts worth proposing next, at most `k`: one more than the accepted drafts per
@@ -271,6 +296,27 @@ mod tests {
             assert_eq!(any.record(4, 0, 0.0, n), Verdict::Keep);
         }
         assert!(!any.off);
+    }
+
+    #[test]
+    fn executor_drafts_are_one_while_learning_then_k_until_one_is_lost() {
+        let n = EXECUTOR_LEARNING_STEPS;
+        let mut r = SpecRecord::default();
+        assert_eq!(r.executor_drafts(4), EXECUTOR_LEARNING_DRAFTS, "nothing kept yet");
+        assert_eq!(EXECUTOR_LEARNING_DRAFTS, 1);
+        r.record(1, 1, 0.1, n);
+        assert_eq!(r.executor_drafts(4), 4, "every draft kept: k");
+        r.record(4, 4, 0.1, n);
+        assert_eq!(r.executor_drafts(4), 4);
+        r.record(4, 1, 0.1, n);
+        assert_eq!(r.executor_drafts(4), r.useful_drafts(4), "one lost: the adaptive rule");
+        assert!(r.useful_drafts(4) < 4);
+        // A first try that keeps nothing, then one that keeps: the adaptive rule at once.
+        let mut late = SpecRecord::default();
+        late.record(1, 0, 0.1, n);
+        assert_eq!(late.executor_drafts(4), 1, "still learning");
+        late.record(1, 1, 0.1, n);
+        assert_eq!(late.executor_drafts(4), 2, "kept 1 of 2 steps: two");
     }
 
     #[test]
