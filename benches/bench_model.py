@@ -38,10 +38,9 @@ def bench_checkpoint(folder: Union[str, Path], vocab_size: int = VOCAB_SIZE, see
 # 1.13 GB of float32 weights read per decoded token. The weights are drawn at load
 # (load_format="dummy"), so only config.json is written.
 QWEN3_06B_SHAPED = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024,
-    "intermediate_size": 3072, "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 8,
-    "head_dim": 128, "rms_norm_eps": 1e-6, "max_position_embeddings": 40960,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "tie_word_embeddings": True,
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **QWEN3_0_6B_SHAPE, "num_hidden_layers": 8,
+    "rms_norm_eps": 1e-6, "max_position_embeddings": 40960,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
 }
 
 

@@ -18,7 +18,7 @@ from pyengine.models.experts import GroupedExperts
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.deepseek_checkpoints import DEEPSEEK_MOE, set_correction_bias
 from pyengine.testing.hand_plan import HandPlanner
-from pyengine.testing.transformers_reference import reference_model
+from pyengine.testing.transformers_reference import reference_greedy_tokens, reference_model
 
 VOCAB = 512
 MAX_TOKENS = 12
@@ -64,12 +64,7 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def reference_tokens(checkpoint, prompts):
-    model = reference_model(checkpoint)
-    with torch.inference_mode():
-        return [
-            model.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False)[0, len(p):].tolist()
-            for p in prompts
-        ]
+    return reference_greedy_tokens(checkpoint, prompts, MAX_TOKENS)
 
 
 def _generate(checkpoint, prompts, **engine_args):

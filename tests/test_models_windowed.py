@@ -17,7 +17,7 @@ from pyengine.models.errors import UnsupportedModelError
 from pyengine.sampling_params import SamplingParams
 from pyengine.testing.checkpoints import make_tiny_checkpoint
 from pyengine.testing.hand_plan import HandPlanner
-from pyengine.testing.transformers_reference import reference_model
+from pyengine.testing.transformers_reference import reference_greedy_tokens, reference_model
 
 VOCAB = 512
 
@@ -71,9 +71,7 @@ def test_decode_far_past_the_window_matches_generate(tmp_path, arch, native_deco
     else:
         runner.attention_backend = backend
     ours = _greedy(runner, prompt, 60, chunk=16)
-    with torch.no_grad():
-        theirs = reference_model(path).generate(torch.tensor([prompt]), max_new_tokens=60, do_sample=False)
-    assert ours == theirs[0, len(prompt):].tolist()
+    assert ours == reference_greedy_tokens(path, [prompt], 60)[0]
 
 
 def test_mixtral_window_on_every_layer_matches_generate(tmp_path):
@@ -81,9 +79,7 @@ def test_mixtral_window_on_every_layer_matches_generate(tmp_path):
     path = make_tiny_checkpoint(tmp_path, "mixtral", vocab_size=VOCAB, sliding_window=20)
     prompt = _prompt(4, 50)
     ours = _greedy(_runner(path), prompt, 30, chunk=16)
-    with torch.no_grad():
-        theirs = reference_model(path).generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False)
-    assert ours == theirs[0, len(prompt):].tolist()
+    assert ours == reference_greedy_tokens(path, [prompt], 30)[0]
 
 
 @pytest.mark.parametrize(
@@ -99,9 +95,7 @@ def test_published_forms_match_generate(tmp_path, arch, overrides):
         assert (path / "model.safetensors.index.json").is_file()
     prompt = _prompt(5, 45)
     ours = _greedy(_runner(path), prompt, 30, chunk=16)
-    with torch.no_grad():
-        theirs = reference_model(path).generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False)
-    assert ours == theirs[0, len(prompt):].tolist()
+    assert ours == reference_greedy_tokens(path, [prompt], 30)[0]
 
 
 def test_phi3_long_prompt_uses_the_long_factors(tmp_path):
@@ -110,9 +104,7 @@ def test_phi3_long_prompt_uses_the_long_factors(tmp_path):
     path = make_tiny_checkpoint(tmp_path, "phi3", vocab_size=VOCAB)
     prompt = _prompt(3, 150)
     ours = _greedy(_runner(path), prompt, 12)
-    with torch.no_grad():
-        theirs = reference_model(path).generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)
-    assert ours == theirs[0, len(prompt):].tolist()
+    assert ours == reference_greedy_tokens(path, [prompt], 12)[0]
     runner = _runner(path)
     rotary = runner.model.rotary
     positions = torch.arange(4)

@@ -103,6 +103,10 @@ def test_the_profile_chunk_and_slice_size_checks():
     assert backend.profile_steps(256, 4096, None) == [(256, 64, backend)]  # one full slice before the chunk
     assert backend.profile_steps(256, 300, None) == [(256, 44, backend)]  # as far as max_model_len lets it
     assert backend.profile_steps(256, 256, None) == []  # no context ever before a full chunk
+    # A hybrid model's per-group tables wrap the backend: its profile steps are the same.
+    from pyengine.executor.attention.tables import TableAttentionBackend
+
+    assert TableAttentionBackend(backend, (0, 1)).profile_steps(256, 4096, None) == [(256, 64, backend)]
     with pytest.raises(InvalidConfigError, match="slice_rows"):
         SdpaBackend(slice_rows=0)
 

@@ -18,8 +18,6 @@ import torch
 
 from pyengine.errors import InvalidConfigError
 from pyengine.executor.attention.metadata import StepAttentionLayout
-from pyengine.executor.attention.mla_sdpa import MlaSdpaBackend
-from pyengine.executor.attention.sdpa import SdpaBackend
 from pyengine.executor.attention.selector import (
     AttentionBackendChoice,
     resolve_block_size,
@@ -448,8 +446,9 @@ class ModelRunner:
         temporaries the largest (``profile_steps``: after one slice of context)."""
         tokens = min(self.config.max_num_batched_tokens, self.max_model_len)
         backend = self.attention_backend
-        if isinstance(backend, (MlaSdpaBackend, SdpaBackend)):
-            for chunk, context, bound in backend.profile_steps(tokens, self.max_model_len, self.loaded.config):
+        extra_steps = getattr(backend, "profile_steps", None)  # the SDPA backends (a hybrid model's wrapped too)
+        if extra_steps is not None:
+            for chunk, context, bound in extra_steps(tokens, self.max_model_len, self.loaded.config):
                 self._profile_step(chunk, context, bound)  # its scratch cache and output dropped at once
         scratch, hidden = self._profile_step(tokens, 0, backend)
         sampled_rows = min(self.config.max_num_seqs, tokens)

@@ -29,7 +29,6 @@ cached context holds no more than after one slice of it.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Optional
 
@@ -98,8 +97,7 @@ class MlaSdpaBackend:
             # the longer the context, the longer a chunk that stays absorbed: the longest at max_model_len
             absorbed = next((t for t in range(tokens, 1, -1) if not expansion_costs_less(t, max_model_len, *sizes)), None)
             if absorbed is not None:
-                forced = copy.copy(self)
-                forced.expand_prefill = False
+                forced = type(self)(expand_prefill=False, slice_rows=self.slice_rows)
                 steps.append((absorbed, context(absorbed), forced))
         return steps
 

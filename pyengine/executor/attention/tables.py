@@ -28,6 +28,12 @@ class TableAttentionBackend:
         self.name = inner.name
         self.table_of_layer = table_of_layer
 
+    def profile_steps(self, tokens: int, max_model_len: int, config: Any) -> list[tuple[int, int, Any]]:
+        """The wrapped backend's extra memory-profile steps (the profiling forward runs on
+        one table, which ``bind`` hands to the wrapped backend whole)."""
+        steps = getattr(self.inner, "profile_steps", None)
+        return [] if steps is None else steps(tokens, max_model_len, config)
+
     def bind(self, cache: PagedKVCache, layout: StepAttentionLayout) -> Any:
         if not layout.group_layouts:  # a layout with one table (the profiling forward)
             return self.inner.bind(cache, layout)
