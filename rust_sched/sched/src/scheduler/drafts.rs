@@ -42,7 +42,7 @@ impl Scheduler {
         }
         let k = self.config.num_speculative_tokens;
         let useful = spec.executor_drafts(k);
-        let useful = if drafted_now > 0 && spec.kept_any { (useful + 1).min(k) } else { useful };
+        let useful = if drafted_now > 0 && spec.kept_any() { (useful + 1).min(k) } else { useful };
         useful.min(room)
     }
 

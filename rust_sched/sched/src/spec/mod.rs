@@ -91,8 +91,6 @@ pub struct SpecRecord {
     pub failures: u8,
     /// Verified steps in a row that kept no draft (see [`MAX_FAILED_STEPS`]).
     pub failed_steps: u8,
-    /// Whether any of its drafts was ever accepted (see [`EXECUTOR_LEARNING_STEPS`]).
-    pub kept_any: bool,
     /// Whether any of its drafts was ever rejected (see [`SpecRecord::executor_drafts`]).
     pub lost_any: bool,
     /// Steps left before the sequence looks for drafts again: it decodes plainly (behind
@@ -150,13 +148,12 @@ impl SpecRecord {
         if a > 0 {
             self.failures = 0;
             self.failed_steps = 0;
-            self.kept_any = true;
             self.lost_any |= a < d;
         } else {
             self.lost_any = true;
             self.failures = self.failures.saturating_add(1);
             self.failed_steps = self.failed_steps.saturating_add(1);
-            if learning_steps > 0 && !self.kept_any {
+            if learning_steps > 0 && !self.kept_any() {
                 if self.failed_steps >= learning_steps {
                     self.off = true;
                     return Verdict::OffLearning;
@@ -179,6 +176,14 @@ impl SpecRecord {
         Verdict::Keep
     }
 
+    /// Whether any of its drafts was ever accepted (see [`EXECUTOR_LEARNING_STEPS`]): the
+    /// weighted count is 0 exactly until one is, and cannot decay back to 0 (a sequence is
+    /// turned off after [`MAX_FAILED_STEPS`] steps in a row without one, long before 0.9^n
+    /// underflows).
+    pub fn kept_any(&self) -> bool {
+        self.accepted > 0.0
+    }
+
     /// A lookup found nothing: back off before looking again (by [`RETRY_AFTER_EMPTY`]
     /// steps, not growing, when the adaptive rule is off: `min_rate` 0).
     pub fn record_empty(&mut self, min_rate: f64) {
@@ -196,7 +201,7 @@ impl SpecRecord {
     /// least one: counted by [`Self::useful_drafts`] they would start it at 2 and ramp it
     /// up a step at a time), then [`Self::useful_drafts`].
     pub fn executor_drafts(&self, k: usize) -> usize {
-        if !self.kept_any {
+        if !self.kept_any() {
             EXECUTOR_LEARNING_DRAFTS.min(k)
         } else if !self.lost_any {
             k
