@@ -38,8 +38,14 @@ CASES = {
 }
 
 
+# Room for every test's sequences many times over, instead of the 4 GiB CPU default an
+# engine without num_kv_blocks sizes its cache to (the file peaked at 11 GB of RSS).
+ROOMY_BLOCKS = 512
+
+
 def _run(path, prompts, max_tokens=MAX_TOKENS, one_by_one=False, **engine_args):
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    engine_args.setdefault("num_kv_blocks", ROOMY_BLOCKS)
     with LLM(str(path), block_size=BLOCK, **engine_args) as llm:
         if one_by_one:
             outs = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
@@ -115,7 +121,7 @@ def test_drafts_and_forks_keep_every_table_right(hybrid, method):
     if method == "ngram":
         spec.update(prompt_lookup_min=1, prompt_lookup_max=3)
     params = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True, n=2)
-    with LLM(str(path), block_size=BLOCK, speculative_config=spec) as llm:
+    with LLM(str(path), block_size=BLOCK, speculative_config=spec, num_kv_blocks=ROOMY_BLOCKS) as llm:
         outs = llm.generate(prompts, params, use_tqdm=False)
         stats = llm.stats().scheduler
     want = reference_greedy_tokens(path, prompts, 50)
