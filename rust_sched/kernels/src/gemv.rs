@@ -19,9 +19,10 @@
 //!
 //! The work is split over output features (weight rows), one part per thread, on
 //! PyTorch's OpenMP team ([`for_each_part`]). [`crate::gemv_avx2`] holds the AVX2 + FMA
-//! inner loops (chosen at run time); the portable loops here serve other CPUs and are the
-//! tests' reference.
+//! inner loops (chosen at run time, [`Loops`]); the portable loops here serve other CPUs
+//! and are the tests' reference.
 
+use super::gemv_digits::{digits, digits_fit, Digits, BLOCK_COLUMNS};
 use super::parallel::for_each_part;
 use super::KernelError;
 
@@ -29,6 +30,14 @@ use super::KernelError;
 pub(crate) const ROW_BLOCK: usize = 8;
 /// Columns per decoded chunk: every group size and `K` must be a multiple of it.
 pub const CHUNK: usize = 16;
+/// Rows of `x` up to which int4 takes the VNNI loops where the CPU has them. They spend 8
+/// integer products per row and 128 weights against the 16-column loops' 16 FMAs, but
+/// their per-group combining costs more, so past the weight decoding they share they
+/// are no faster. On the Intel Xeon development VM (AVX-512 VNNI, 2 vCPUs, a streamed
+/// token, two threads, `cargo bench -p pyengine-kernels --bench gemv -- --formats int4
+/// --rows R`, alternated): one row 9.7-10.0 -> 6.9-8.2 ms, two 13.7-14.0 -> 13.1-13.4,
+/// three 15.5-15.7 -> 16.9-17.7, four 20.2 -> 22.3.
+const VNNI_ROWS: usize = 2;
 /// Weight bytes per thread below which a call stays on one thread.
 const BYTES_PER_THREAD: usize = 1 << 16;
 
@@ -67,10 +76,25 @@ pub(crate) struct Problem<'a> {
     pub x_sums: &'a [f32],
     pub rows: usize,
     pub out: OutPtr,
-    /// The AVX-512 loops: for int4 the plane loops of `gemv_planes`, `x` in [`planes`]
-    /// order (otherwise int4 `x` is in [`deinterleave`] order); for int8 those of
-    /// `gemv_int8_avx512`.
-    pub avx512: bool,
+    pub loops: Loops,
+    /// `x` as digits, for [`Loops::Int4Vnni`] only.
+    pub digits: Option<&'a Digits>,
+}
+
+/// Which inner loops multiply, chosen per call from the CPU, the format and `x`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Loops {
+    /// The AVX2 + FMA loops of `gemv_avx2` (portable ones where the CPU lacks them); int4
+    /// `x` in [`deinterleave`] order.
+    Plain,
+    /// int8 on AVX-512F: `gemv_int8_avx512`.
+    Int8Avx512,
+    /// int4 on AMD CPUs with AVX-512, groups a multiple of 128, `x` within
+    /// [`planes_fit`]: `gemv_planes`, `x` in [`planes`] order.
+    Int4Planes,
+    /// int4 on other CPUs with AVX-512 VNNI, groups a multiple of 128, `x` within
+    /// `digits_fit`: `gemv_int4_vnni`, on `x`'s digits (`gemv_digits`).
+    Int4Vnni,
 }
 
 /// The output [rows, n]: parts write disjoint column ranges of it.
@@ -92,24 +116,31 @@ pub fn gemv(
 ) -> Result<(), KernelError> {
     check(&weight, x, rows, out)?;
     let group = weight.group_size;
-    let avx512 = match weight.data {
-        WeightData::Int4(_) => group % PLANE_COLUMNS == 0 && planes_cpu() && planes_fit(x),
-        WeightData::Int8(_) => avx512_cpu(),
-        WeightData::F32(_) => false,
+    let loops = match weight.data {
+        WeightData::Int4(_) if group % PLANE_COLUMNS == 0 && planes_cpu() && planes_fit(x) => {
+            Loops::Int4Planes
+        }
+        WeightData::Int4(_)
+            if rows <= VNNI_ROWS && group % BLOCK_COLUMNS == 0 && vnni_cpu() && digits_fit(x) =>
+        {
+            Loops::Int4Vnni
+        }
+        WeightData::Int8(_) if avx512_cpu() => Loops::Int8Avx512,
+        _ => Loops::Plain,
     };
-    run(weight, x, rows, out, num_threads, avx512);
+    run(weight, x, rows, out, num_threads, loops);
     Ok(())
 }
 
-/// [`gemv`] after its checks, with the loops chosen (`Problem::avx512`; the tests choose
-/// each one the CPU can run).
+/// [`gemv`] after its checks, with the loops chosen (the tests choose each one the CPU
+/// can run).
 pub(crate) fn run(
     weight: Weight<'_>,
     x: &[f32],
     rows: usize,
     out: &mut [f32],
     num_threads: usize,
-    avx512: bool,
+    loops: Loops,
 ) {
     let (n, k, group) = (weight.out_features, weight.in_features, weight.group_size);
     let groups = k / group;
@@ -119,18 +150,22 @@ pub(crate) fn run(
     };
     let avx2 = avx2_available();
     let int4 = matches!(weight.data, WeightData::Int4(_));
+    let digits = (loops == Loops::Int4Vnni).then(|| digits(x, rows, k, group));
     let reordered;
-    let x = if int4 && avx512 {
-        reordered = planes(x);
-        &reordered[..]
-    } else if int4 {
-        reordered = deinterleave(x);
-        &reordered[..]
-    } else {
-        x
+    let x = match loops {
+        Loops::Int4Planes => {
+            reordered = planes(x);
+            &reordered[..]
+        }
+        Loops::Plain if int4 => {
+            reordered = deinterleave(x);
+            &reordered[..]
+        }
+        _ => x,
     };
     debug_assert!(x_sums.is_empty() || x_sums.len() == rows * groups);
-    let problem = Problem { weight, x, x_sums: &x_sums, rows, out: OutPtr(out.as_mut_ptr()), avx512 };
+    let out = OutPtr(out.as_mut_ptr());
+    let problem = Problem { weight, x, x_sums: &x_sums, rows, out, loops, digits: digits.as_ref() };
     let bytes = weight_bytes(&weight);
     let parts = num_threads.clamp(1, (bytes / BYTES_PER_THREAD).max(1)).min(n.div_ceil(ROW_BLOCK));
     let blocks = n.div_ceil(ROW_BLOCK);
@@ -166,6 +201,20 @@ fn avx512_cpu() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         avx2_available() && std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether the CPU has AVX-512 VNNI (and BW, for the byte shifts of `gemv_int4_vnni`).
+fn vnni_cpu() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        avx512_cpu()
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -515,7 +564,8 @@ mod tests {
                     x_sums: &sums,
                     rows,
                     out: OutPtr(plain.as_mut_ptr()),
-                    avx512: false,
+                    loops: Loops::Plain,
+                    digits: None,
                 };
                 portable_rows(&problem, 0, n);
                 close(&plain, &want);
@@ -523,13 +573,19 @@ mod tests {
         }
     }
 
-    /// The loops this CPU can run for a format (false: AVX2 or portable; true: AVX-512).
-    fn loops(int4: bool) -> Vec<bool> {
-        if (int4 && planes_cpu()) || (!int4 && avx512_cpu()) {
-            vec![false, true]
-        } else {
-            vec![false]
+    /// The loops this CPU can run for a format, `Plain` first.
+    fn loops(int4: bool) -> Vec<Loops> {
+        let mut all = vec![Loops::Plain];
+        if int4 && planes_cpu() {
+            all.push(Loops::Int4Planes);
         }
+        if int4 && vnni_cpu() {
+            all.push(Loops::Int4Vnni);
+        }
+        if !int4 && avx512_cpu() {
+            all.push(Loops::Int8Avx512);
+        }
+        all
     }
 
     #[test]
@@ -540,9 +596,9 @@ mod tests {
             for (dense, weight) in formats(n, k, group).into_iter().skip(1).take(2) {
                 let x = numbers(rows as u64 + 5, rows * k);
                 let want = reference(&dense, &x, rows, n, k);
-                for avx512 in loops(false) {
+                for chosen in loops(false) {
                     let mut got = vec![f32::NAN; rows * n];
-                    run(weight(), &x, rows, &mut got, 2, avx512);
+                    run(weight(), &x, rows, &mut got, 2, chosen);
                     close(&got, &want);
                 }
             }
@@ -550,7 +606,7 @@ mod tests {
     }
 
     #[test]
-    fn int4_plane_loops_match_the_dequantized_product() {
+    fn int4_plane_and_vnni_loops_match_the_dequantized_product() {
         // Every row count the loops specialise (1..=4, and a tail past 4), groups of one
         // and two 128-column blocks, an out_features that is no multiple of the row block.
         for (rows, n, k, group) in [(1, 37, 512, 128), (2, 19, 256, 256), (3, 9, 256, 128), (6, 21, 512, 256)]
@@ -564,27 +620,52 @@ mod tests {
                 .map(|(i, v)| v * ((i % 9) as f32 * 10.0 - 60.0).exp2())
                 .collect();
             let want = reference(&dense, &x, rows, n, k);
-            for avx512 in loops(true) {
+            for chosen in loops(true) {
                 let mut got = vec![f32::NAN; rows * n];
-                run(weight(), &x, rows, &mut got, 2, avx512);
+                run(weight(), &x, rows, &mut got, 2, chosen);
                 close(&got, &want);
             }
         }
     }
 
     #[test]
-    fn int4_x_too_large_for_the_planes_takes_the_other_loops() {
+    fn int4_x_too_large_for_the_planes_or_the_digits_takes_the_other_loops() {
         let (n, k, group) = (16, 128, 128);
         let (dense, weight) = formats(n, k, group).pop().expect("int4 is the last format");
         let mut x = numbers(21, k);
         assert!(planes_fit(&x) || denormals_are_zero());
         x[3] = 3.0e8; // past 2^27: scaled by 2^100 it would overflow
-        assert!(!planes_fit(&x));
+        assert!(!planes_fit(&x) && digits_fit(&x));
         let mut got = vec![f32::NAN; n];
         gemv(weight(), &x, 1, &mut got, 1).unwrap();
         close(&got, &reference(&dense, &x, 1, n, k));
+        x[3] = 3.0e19; // past 2^64: the digits' exponent would leave a normal float
+        assert!(!digits_fit(&x));
+        gemv(weight(), &x, 1, &mut got, 1).unwrap();
+        close(&got, &reference(&dense, &x, 1, n, k));
         x[3] = f32::INFINITY;
-        assert!(!planes_fit(&x));
+        assert!(!planes_fit(&x) && !digits_fit(&x));
+    }
+
+    #[test]
+    fn int4_vnni_loops_keep_an_outlier_group_within_float_rounding() {
+        // One activation 1,000 times the others' scale in each group: the digits round
+        // every element to 2^-30 of that outlier, still inside the float tolerance.
+        if !vnni_cpu() {
+            return; // no VNNI loops on this CPU to hold to it
+        }
+        let (rows, n, k, group) = (2, 24, 512, 128);
+        let (dense, weight) = formats(n, k, group).pop().expect("int4 is the last format");
+        let mut x = numbers(31, rows * k);
+        for g in 0..rows * k / group {
+            x[g * group + 17] = 1000.0;
+        }
+        let want = reference(&dense, &x, rows, n, k);
+        let mut got = vec![f32::NAN; rows * n];
+        run(weight(), &x, rows, &mut got, 2, Loops::Int4Vnni);
+        for (i, (a, (b, magnitude))) in got.iter().zip(&want).enumerate() {
+            assert!((a - b).abs() <= 2e-6 * magnitude, "element {i}: {a} vs {b} (terms {magnitude})");
+        }
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //! - int4: 8 bytes zero-extended to 8 lanes; the low nibbles are the chunk's 8 even
 //!   columns, the high nibbles its 8 odd ones (the order `gemv` put `x` in).
 //! - int4 on AMD CPUs with AVX-512, groups a multiple of 128: the plane loops of
-//!   [`crate::gemv_planes`] instead; int8 on CPUs with AVX-512: [`crate::gemv_int8_avx512`].
+//!   [`crate::gemv_planes`] instead; on other CPUs with AVX-512 VNNI, groups a multiple
+//!   of 128: [`crate::gemv_int4_vnni`]; int8 on CPUs with AVX-512:
+//!   [`crate::gemv_int8_avx512`].
 //!
 //! Each weight row's bytes are prefetched [`PREFETCH_BYTES`] ahead as the row starts
 //! (the int8 AVX-512 loop prefetches its own, a line at a time: `gemv_int8_avx512`).
@@ -16,7 +18,8 @@
 
 use std::arch::x86_64::*;
 
-use super::gemv::{finish, Problem, WeightData, CHUNK, ROW_BLOCK};
+use super::gemv::{finish, Loops, Problem, WeightData, CHUNK, ROW_BLOCK};
+use super::gemv_int4_vnni;
 use super::gemv_int8_avx512;
 use super::gemv_planes;
 
@@ -27,6 +30,8 @@ const INT4: u8 = 2;
 const INT4_PLANES: u8 = 3;
 /// int8 by the loops of `gemv_int8_avx512`.
 const INT8_AVX512: u8 = 4;
+/// int4 by the loops of `gemv_int4_vnni`.
+const INT4_VNNI: u8 = 5;
 
 /// Weight rows `[first, last)` for every row of `x`.
 ///
@@ -34,12 +39,13 @@ const INT8_AVX512: u8 = 4;
 /// The CPU must have AVX2 and FMA; `problem`'s lengths must have passed `gemv`'s checks.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn rows(problem: &Problem<'_>, first: usize, last: usize) {
-    match problem.weight.data {
-        WeightData::F32(_) => unsafe { blocks::<F32>(problem, first, last) },
-        WeightData::Int8(_) if problem.avx512 => unsafe { blocks::<INT8_AVX512>(problem, first, last) },
-        WeightData::Int8(_) => unsafe { blocks::<INT8>(problem, first, last) },
-        WeightData::Int4(_) if problem.avx512 => unsafe { blocks::<INT4_PLANES>(problem, first, last) },
-        WeightData::Int4(_) => unsafe { blocks::<INT4>(problem, first, last) },
+    match (problem.weight.data, problem.loops) {
+        (WeightData::F32(_), _) => unsafe { blocks::<F32>(problem, first, last) },
+        (WeightData::Int8(_), Loops::Int8Avx512) => unsafe { blocks::<INT8_AVX512>(problem, first, last) },
+        (WeightData::Int8(_), _) => unsafe { blocks::<INT8>(problem, first, last) },
+        (WeightData::Int4(_), Loops::Int4Planes) => unsafe { blocks::<INT4_PLANES>(problem, first, last) },
+        (WeightData::Int4(_), Loops::Int4Vnni) => unsafe { blocks::<INT4_VNNI>(problem, first, last) },
+        (WeightData::Int4(_), _) => unsafe { blocks::<INT4>(problem, first, last) },
     }
 }
 
@@ -90,8 +96,8 @@ unsafe fn blocks<const FMT: u8>(problem: &Problem<'_>, first: usize, last: usize
         while r0 < problem.rows {
             let left = problem.rows - r0;
             for n in block..end {
-                // The int8 AVX-512 loop prefetches as it goes (see `gemv_int8_avx512`).
-                if r0 == 0 && FMT != INT8_AVX512 {
+                // The int8 AVX-512 and int4 VNNI loops prefetch as they go.
+                if r0 == 0 && FMT != INT8_AVX512 && FMT != INT4_VNNI {
                     prefetch_ahead(data, n, k);
                 }
                 // SAFETY: as this function's (n < out_features, r0 + R <= rows).
@@ -102,6 +108,11 @@ unsafe fn blocks<const FMT: u8>(problem: &Problem<'_>, first: usize, last: usize
                         2 if FMT == INT8_AVX512 => gemv_int8_avx512::row::<2, 2>(problem, n, r0),
                         3 if FMT == INT8_AVX512 => gemv_int8_avx512::row::<3, 2>(problem, n, r0),
                         _ if FMT == INT8_AVX512 => gemv_int8_avx512::row::<4, 1>(problem, n, r0),
+                        // and these only where it has AVX-512 VNNI and BW.
+                        1 if FMT == INT4_VNNI => gemv_int4_vnni::row::<1, 1>(problem, n, r0),
+                        2 if FMT == INT4_VNNI => gemv_int4_vnni::row::<2, 2>(problem, n, r0),
+                        3 if FMT == INT4_VNNI => gemv_int4_vnni::row::<3, 1>(problem, n, r0),
+                        _ if FMT == INT4_VNNI => gemv_int4_vnni::row::<4, 1>(problem, n, r0),
                         1 if FMT == INT4_PLANES => gemv_planes::row::<1, 8>(problem, n, r0),
                         2 if FMT == INT4_PLANES => gemv_planes::row::<2, 4>(problem, n, r0),
                         3 if FMT == INT4_PLANES => gemv_planes::row::<3, 2>(problem, n, r0),
