@@ -49,6 +49,7 @@ from pyengine.executor.proposals import (
     select_rows,
 )
 from pyengine.executor.proposer_config import check_draft_config
+from pyengine.models.greedy import greedy_tokens
 from pyengine.models.layer_config import kv_groups as layer_kv_groups
 from pyengine.models.loader import LoadedModel, load_model
 
@@ -140,7 +141,7 @@ class DraftProposer:
         for j in range(steps):
             pos_t, layout = self.scratch.step_layout(table, positions + j)
             hidden = self.model(tokens, pos_t, self.backend.bind(self.kv_cache, layout))
-            tokens = self.model.compute_logits(hidden).argmax(dim=-1)
+            tokens = greedy_tokens(self.model.compute_logits(hidden))
             drafts.append(tokens)
         return counts, kept_drafts(drafts, counts)
 

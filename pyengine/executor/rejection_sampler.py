@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from pyengine.errors import StepResultError
+from pyengine.models.greedy import greedy_tokens
 
 
 class DraftPlanError(StepResultError, ValueError):
@@ -125,7 +126,7 @@ def verify_drafts(
     accepted = np.zeros(len(layout.drafts), dtype=bool)
     if len(layout.drafts):
         checked = final_logits.index_select(0, check_index)
-        accepted = (checked.argmax(dim=-1) == drafts_t).cpu().numpy()
+        accepted = (greedy_tokens(checked) == drafts_t).cpu().numpy()
         sampled_drafts = ~greedy[draft_seq]
         if sampled_drafts.any():
             draws = entry_samples.index_select(0, check_index)  # type: ignore[union-attr]
@@ -134,7 +135,7 @@ def verify_drafts(
             accepted &= ~no_drafts[draft_seq]
     num_accepted = _leading_accepts(accepted, layout)
     extra_entries = layout.starts + num_accepted
-    extra = final_logits.index_select(0, torch.from_numpy(extra_entries).to(device)).argmax(dim=-1)
+    extra = greedy_tokens(final_logits.index_select(0, torch.from_numpy(extra_entries).to(device)))
     if sampled_seqs.size:
         at = torch.from_numpy(extra_entries[sampled_seqs]).to(device)
         extra[torch.from_numpy(sampled_seqs).to(device)] = entry_samples.index_select(0, at)  # type: ignore[union-attr]

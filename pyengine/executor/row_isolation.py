@@ -26,6 +26,7 @@ from pyengine.executor.grammar_mask import GrammarMaskApplier
 from pyengine.executor.logits_pipeline import LogitsPipeline
 from pyengine.executor.runner_output import LogprobsOutput
 from pyengine.executor.sampler import Sampler, SamplerOutput
+from pyengine.models.greedy import greedy_tokens
 from pyengine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ def sample_isolated(
         except Exception as error:  # noqa: BLE001 - the row's request gets the error
             on_failure(i, error)
             sampler.table.install(rows[i : i + 1], [INERT_PARAMS])
-            out = SamplerOutput(logits[i : i + 1].argmax(dim=-1), None)
+            out = SamplerOutput(greedy_tokens(logits[i : i + 1]), None)
         tokens.append(out.token_ids)
         logprobs.append(out.logprobs)
     return SamplerOutput(torch.cat(tokens), merge_logprobs(logprobs))

@@ -16,6 +16,7 @@ from pyengine.executor.penalties import TokenHistory, apply_penalties
 from pyengine.executor.runner_output import LogprobsOutput
 from pyengine.executor.sampling_table import SamplingTable
 from pyengine.executor.seeded_noise import seeded_uniform
+from pyengine.models.greedy import greedy_tokens
 
 
 @dataclass
@@ -54,7 +55,7 @@ class Sampler:
         greedy = table.greedy[rows]
         draw = None
         if greedy.all():
-            token_ids = logits.argmax(dim=-1)
+            token_ids = greedy_tokens(logits)
         else:
             uniform = _draw_uniform(self.generator, table, rows, row_index, next_positions)
             draw = _RandomDraw.prepare(logits, table, rows, row_index, np.flatnonzero(~greedy))
@@ -62,7 +63,7 @@ class Sampler:
             token_ids[draw.index] = draw.sample(uniform[draw.index])
             if greedy.any():
                 greedy_index = torch.from_numpy(np.flatnonzero(greedy)).to(logits.device)
-                token_ids[greedy_index] = logits[greedy_index].argmax(dim=-1)
+                token_ids[greedy_index] = greedy_tokens(logits[greedy_index])
         wanted = table.logprobs[rows]
         if not (wanted >= 0).any():
             return SamplerOutput(token_ids, None)

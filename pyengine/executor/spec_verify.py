@@ -39,6 +39,7 @@ from pyengine.executor.runner_output import LogprobsOutput
 from pyengine.executor.sampler import _RandomDraw, compute_logprobs
 from pyengine.executor.sampling_table import SamplingTable
 from pyengine.executor.seeded_noise import seeded_uniform
+from pyengine.models.greedy import greedy_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class SpecVerifier:
             sampling = np.flatnonzero(~table.greedy[entry_rows])
             draw = _RandomDraw.prepare(logits, table, entry_rows, row_index, sampling)
             final = draw.processed_logits(logits)
-            entry_samples = logits.argmax(dim=-1)
+            entry_samples = greedy_tokens(logits)
             entry_samples[draw.index] = draw.sample(sample_u[draw.index])
         verdict = verify_drafts(layout, final, greedy, entry_samples, no_drafts)
         return SpecVerification(verdict, None, final)
@@ -161,7 +162,7 @@ class SpecVerifier:
                                          refuse))
             except Exception as error:  # noqa: BLE001 - the sequence's request gets the error
                 on_failure(start, error)
-                token = logits[start:start + 1].argmax(dim=-1).cpu().numpy().astype(np.int64)
+                token = greedy_tokens(logits[start:start + 1]).cpu().numpy().astype(np.int64)
                 verdict = Verdict(np.zeros(1, dtype=np.int32), token, np.zeros(1, dtype=np.int64))
                 parts.append(SpecVerification(verdict, None, logits[entries]))
         offsets = layout.starts

@@ -31,6 +31,7 @@ from pyengine.models.checkpoint import (
 )
 from pyengine.models.eagle3_config import NUM_AUX_LAYERS, Eagle3HeadConfig
 from pyengine.models.errors import ModelLoadError
+from pyengine.models.greedy import greedy_tokens
 from pyengine.models.layers import (
     AttentionOp,
     ColumnParallelLinear,
@@ -118,7 +119,7 @@ class Eagle3Head(torch.nn.Module):
     def draft_tokens(self, out: torch.Tensor) -> torch.Tensor:
         """Each row's greedy draft, as a target token id [N] (int64)."""
         logits = F.linear(out, self.lm_head.weight)
-        return self.draft_to_target[logits.argmax(dim=-1)]
+        return self.draft_to_target[greedy_tokens(logits)]
 
     def _targets(self) -> dict[str, WeightTarget]:
         """Every tensor the checkpoint must hold (``d2t`` aside), by its published name."""
