@@ -256,8 +256,8 @@ def engine_pair(folder: Path, method: str, prompt_sets: list[list[list[int]]], t
         "drafted_steps": drafts,
         "disabled_sequences": sched.get("spec_disabled_sequences", 0),
         # why the adaptive rule stopped or paused rows (absent from builds before it said)
-        **{key: sched[f"spec_{key}"] for key in ("disabled_low_rate", "disabled_failing", "disabled_learning", "backoffs",
-                                                 "empty_proposals") if f"spec_{key}" in sched},
+        **{key: sched[f"spec_{key}"] for key in ("disabled_low_rate", "disabled_failing", "disabled_learning", "pauses",
+                                                 "backoffs", "empty_proposals") if f"spec_{key}" in sched},
     }
 
 

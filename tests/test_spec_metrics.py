@@ -33,13 +33,14 @@ def render(scheduler: dict) -> str:
 def test_spec_counters_and_mean_accepted_length():
     text = render({"spec_drafts": 4, "spec_draft_tokens": 12, "spec_accepted_tokens": 6,
                    "spec_accepted_per_position": [3, 2, 1], "spec_disabled_sequences": 1,
-                   "spec_mean_accepted_length": 2.5, "spec_backoffs": 3})
+                   "spec_mean_accepted_length": 2.5, "spec_backoffs": 3, "spec_pauses": 1})
     assert 'pyengine:spec_decode_num_drafts_total{engine="0",model_name="m"} 4.0' in text
     assert 'pyengine:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 12.0' in text
     assert 'pyengine:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 6.0' in text
     assert 'pyengine:spec_decode_mean_accepted_length{engine="0",model_name="m"} 2.5' in text
     assert 'pyengine:spec_decode_disabled_sequences_total{engine="0",model_name="m"} 1.0' in text
     assert 'pyengine:spec_decode_backoffs_total{engine="0",model_name="m"} 3.0' in text
+    assert 'pyengine:spec_decode_pauses_total{engine="0",model_name="m"} 1.0' in text
     for position, n in enumerate([3, 2, 1]):
         assert (f'pyengine:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",'
                 f'position="{position}"}} {float(n)}') in text

@@ -78,6 +78,7 @@ pub fn snapshot_dict<'py>(py: Python<'py>, s: &SchedulerSnapshot) -> PyResult<Bo
     d.set_item("spec_disabled_low_rate", spec.disabled_low_rate)?;
     d.set_item("spec_disabled_failing", spec.disabled_failing)?;
     d.set_item("spec_disabled_learning", spec.disabled_learning)?;
+    d.set_item("spec_pauses", spec.pauses)?;
     d.set_item("spec_backoffs", spec.backoffs)?;
     d.set_item("spec_empty_proposals", spec.empty_proposals)?;
     d.set_item(

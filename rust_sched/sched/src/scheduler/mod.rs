@@ -131,6 +131,10 @@ pub struct SpecStats {
     pub disabled_low_rate: u64,
     pub disabled_failing: u64,
     pub disabled_learning: u64,
+    /// Of the turn-offs above, those of the scheduler's own proposers (n-gram, suffix),
+    /// which pause the sequence and probe again later (`spec::PAUSE_STEPS`) instead: a
+    /// sequence paused again counts again, here and above.
+    pub pauses: u64,
     /// Back-offs (plain decoding for a while) after a drafted step that kept nothing, and
     /// after a lookup that found nothing.
     pub backoffs: u64,
@@ -152,6 +156,7 @@ impl Default for SpecStats {
             disabled_low_rate: 0,
             disabled_failing: 0,
             disabled_learning: 0,
+            pauses: 0,
             backoffs: 0,
             empty_proposals: 0,
             proposals: 0,

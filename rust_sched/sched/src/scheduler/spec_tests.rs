@@ -296,6 +296,43 @@ fn adaptive_rule_stops_drafting_for_a_sequence_that_never_accepts() {
 }
 
 #[test]
+fn an_ngram_sequence_turned_off_probes_again_after_its_pause() {
+    let mut cfg = config(256, 3, SpecMethod::Ngram);
+    cfg.spec_min_acceptance = 0.5;
+    cfg.max_model_len = 1024;
+    let mut s = Scheduler::new(cfg).unwrap();
+    s.add_request(request("a", vec![1; 8], 900)).unwrap();
+    let p0 = s.schedule().unwrap();
+    s.apply_result(p0.step_id, &[1]).unwrap();
+    // Every step drafts or decodes "1", so the lookup always finds a continuation; the
+    // first MAX_FAILED_STEPS drafted steps keep nothing, then the probes decide.
+    let failing = usize::from(crate::spec::MAX_FAILED_STEPS);
+    let mut drafted_at = Vec::new();
+    for step in 0..2_000 {
+        let p = s.schedule().unwrap();
+        if p.num_draft_tokens.is_empty() {
+            s.apply_result(p.step_id, &[1]).unwrap();
+        } else {
+            drafted_at.push(step);
+            // Reject all of the first pause's probe too; keep one draft of the second's.
+            let keep = i32::from(drafted_at.len() == failing + 2);
+            accept(&mut s, p.step_id, &[1, 1][..1 + keep as usize], &[keep]).unwrap();
+        }
+        s.check_invariants().unwrap();
+        if drafted_at.len() == failing + 3 {
+            break;
+        }
+    }
+    let stats = s.snapshot().spec;
+    assert_eq!((stats.disabled_failing, stats.pauses), (2, 2), "turned off, then its first probe failed");
+    let (off, probe1, probe2) = (drafted_at[failing - 1], drafted_at[failing], drafted_at[failing + 1]);
+    let pause = usize::from(crate::spec::PAUSE_STEPS);
+    assert!(probe1 - off > pause && probe1 - off <= pause + 2, "first pause: {} steps", probe1 - off);
+    assert!(probe2 - probe1 > 2 * pause && probe2 - probe1 <= 2 * pause + 2, "doubled: {}", probe2 - probe1);
+    assert_eq!(drafted_at[failing + 2], probe2 + 1, "a kept draft: drafting at once again");
+}
+
+#[test]
 fn executor_drafts_are_planned_for_the_next_step() {
     let mut s = Scheduler::new(config(32, 2, SpecMethod::Executor)).unwrap();
     s.add_request(request("a", vec![1, 2, 3], 20)).unwrap();

@@ -146,9 +146,15 @@ impl Scheduler {
             *count += 1;
         }
         let min_rate = self.config.spec_min_acceptance;
-        let learning =
-            if self.config.speculative_method == SpecMethod::Executor { EXECUTOR_LEARNING_STEPS } else { 0 };
-        match self.seq_mut(seq_index).spec.record(d, a, min_rate, learning) {
+        let executor = self.config.speculative_method == SpecMethod::Executor;
+        let learning = if executor { EXECUTOR_LEARNING_STEPS } else { 0 };
+        let verdict = self.seq_mut(seq_index).spec.record(d, a, min_rate, learning);
+        if !executor && matches!(verdict, Verdict::OffLowRate | Verdict::OffFailing) {
+            // The scheduler's own lookups: a pause, then a probe (`spec::PAUSE_STEPS`).
+            self.seq_mut(seq_index).spec.pause();
+            self.spec_stats.pauses += 1;
+        }
+        match verdict {
             Verdict::Keep => {}
             Verdict::BackOff => self.spec_stats.backoffs += 1,
             Verdict::OffLowRate => {

@@ -73,6 +73,22 @@ pub const EXECUTOR_LEARNING_STEPS: u8 = 2;
 /// See [`SpecRecord::executor_drafts`] for what follows.
 pub const EXECUTOR_LEARNING_DRAFTS: usize = 1;
 
+/// For the scheduler's own proposers (n-gram, suffix): a sequence the adaptive rule turns
+/// off is paused instead, for this many steps after its first turn-off, doubling with each
+/// later one up to [`MAX_PAUSE`]; then it probes: it proposes again with a fresh record,
+/// and a probe's verified step that keeps nothing pauses it again. Their lookups cost
+/// microseconds and keep no cache, so a sequence whose output turns to repeating its
+/// context later (an agent loop re-emitting a file it read) gets its drafts back, where
+/// a sequence turned off for good would not. An executor proposer's sequence stays off
+/// (its draft model or head would have to keep its cache up the whole time).
+pub const PAUSE_STEPS: u16 = 256;
+const MAX_PAUSE: u16 = 4096;
+
+pub fn pause_steps(pauses: u8) -> u16 {
+    let shift = u32::from(pauses.saturating_sub(1)).min(4);
+    (PAUSE_STEPS << shift).min(MAX_PAUSE)
+}
+
 /// A sequence's running record of its drafts, for the adaptive rule.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct SpecRecord {
@@ -94,8 +110,14 @@ pub struct SpecRecord {
     /// Whether any of its drafts was ever rejected (see [`SpecRecord::executor_drafts`]).
     pub lost_any: bool,
     /// Steps left before the sequence looks for drafts again: it decodes plainly (behind
-    /// placeholders at depth 2, keeping the overlap) meanwhile (see [`backoff_steps`]).
-    pub retry_in: u8,
+    /// placeholders at depth 2, keeping the overlap) meanwhile (see [`backoff_steps`],
+    /// and [`pause_steps`] after a pause).
+    pub retry_in: u16,
+    /// Times it was paused ([`SpecRecord::pause`]).
+    pub pauses: u8,
+    /// Paused before and has kept no draft since: a verified step that keeps nothing
+    /// pauses it again (`Verdict::OffFailing`, which the scheduler turns into a pause).
+    pub probing: bool,
 }
 
 /// After a proposal that found no draft or whose drafts were all rejected, the sequence
@@ -149,6 +171,10 @@ impl SpecRecord {
             self.failures = 0;
             self.failed_steps = 0;
             self.lost_any |= a < d;
+            self.probing = false;
+        } else if self.probing {
+            self.off = true;
+            return Verdict::OffFailing;
         } else {
             self.lost_any = true;
             self.failures = self.failures.saturating_add(1);
@@ -170,10 +196,17 @@ impl SpecRecord {
             return Verdict::OffFailing;
         }
         if a == 0 {
-            self.retry_in = backoff_steps(self.failures);
+            self.retry_in = backoff_steps(self.failures).into();
             return Verdict::BackOff;
         }
         Verdict::Keep
+    }
+
+    /// Instead of off for good (a scheduler proposer's sequence, see [`PAUSE_STEPS`]): a
+    /// fresh record that waits [`pause_steps`] steps, then probes.
+    pub fn pause(&mut self) {
+        let pauses = self.pauses.saturating_add(1);
+        *self = SpecRecord { pauses, retry_in: pause_steps(pauses), probing: true, ..SpecRecord::default() };
     }
 
     /// Whether any of its drafts was ever accepted (see [`EXECUTOR_LEARNING_STEPS`]): the
@@ -188,11 +221,11 @@ impl SpecRecord {
     /// steps, not growing, when the adaptive rule is off: `min_rate` 0).
     pub fn record_empty(&mut self, min_rate: f64) {
         if min_rate <= 0.0 {
-            self.retry_in = RETRY_AFTER_EMPTY;
+            self.retry_in = RETRY_AFTER_EMPTY.into();
             return;
         }
         self.failures = self.failures.saturating_add(1);
-        self.retry_in = backoff_steps(self.failures);
+        self.retry_in = backoff_steps(self.failures).into();
     }
 
     /// Drafts worth proposing next for an executor proposer's sequence, at most `k`:
@@ -276,6 +309,28 @@ mod tests {
         }
         assert_eq!(r.record(1, 0, 0.05, 0), Verdict::OffFailing, "before the warm-up of 16 drafts");
         assert_eq!(backoff_steps(200), 64);
+    }
+
+    #[test]
+    fn a_paused_sequence_probes_after_a_doubling_wait_and_a_kept_draft_resumes_it() {
+        let mut r = SpecRecord::default();
+        for _ in 0..MAX_FAILED_STEPS - 1 {
+            r.record(2, 0, 0.1, 0);
+        }
+        assert_eq!(r.record(2, 0, 0.1, 0), Verdict::OffFailing);
+        r.pause();
+        assert!(!r.off && r.probing);
+        assert_eq!((r.retry_in, r.pauses, r.seen, r.failed_steps), (PAUSE_STEPS, 1, 0, 0), "a fresh record");
+        // A probe that keeps nothing: off again at once, and the next pause is twice as long.
+        assert_eq!(r.record(2, 0, 0.1, 0), Verdict::OffFailing);
+        r.pause();
+        assert_eq!(r.retry_in, 2 * PAUSE_STEPS);
+        // A probe that keeps a draft: the ordinary rule again (back-offs, not a pause).
+        assert_eq!(r.record(2, 1, 0.1, 0), Verdict::Keep);
+        assert!(!r.probing);
+        assert_eq!(r.record(2, 0, 0.1, 0), Verdict::BackOff);
+        assert_eq!(r.pauses, 2);
+        assert_eq!((pause_steps(3), pause_steps(5), pause_steps(200)), (4 * PAUSE_STEPS, 4096, 4096));
     }
 
     #[test]
