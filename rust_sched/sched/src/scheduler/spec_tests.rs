@@ -231,6 +231,35 @@ fn greedy_outputs_equal_speculation_off_at_both_depths_with_preemption() {
 }
 
 #[test]
+fn greedy_outputs_equal_speculation_off_through_pauses_and_probes() {
+    // A strict adaptive rule over long outputs: sequences are turned off, pause, probe and
+    // resume many times; the outputs stay those of decoding without drafts.
+    const VOCAB: u32 = 997;
+    for depth in [1, 2] {
+        let mut runs = Vec::new();
+        for (k, method) in [(0, SpecMethod::None), (3, SpecMethod::Ngram)] {
+            let mut cfg = config(1200, k, method);
+            cfg.pipeline_depth = depth;
+            cfg.max_model_len = 2048;
+            cfg.spec_min_acceptance = if k > 0 { 0.95 } else { 0.0 };
+            let mut s = Scheduler::new(cfg).unwrap();
+            for i in 0..3u32 {
+                let prompt: Vec<u32> = (0..5 + i).map(|p| (p * 7 + i) % VOCAB).collect();
+                s.add_request(request(&format!("r{i}"), prompt, 1500)).unwrap();
+            }
+            let out = run(&mut s, VOCAB);
+            assert_eq!(s.pool().usage().used, 0);
+            if k > 0 {
+                let stats = s.snapshot().spec;
+                assert!(stats.pauses > 3, "{stats:?}");
+            }
+            runs.push(out);
+        }
+        assert_eq!(runs[0], runs[1], "depth {depth}");
+    }
+}
+
+#[test]
 fn short_blocks_drop_drafts_before_preempting() {
     // Two sequences of 8 tokens (2 blocks each) in a pool of 5: drafts for the first
     // would need a third block each; only one is free.
