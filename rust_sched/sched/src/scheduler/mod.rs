@@ -123,7 +123,7 @@ pub struct SpecStats {
     /// Drafts accepted, in all and by position (the first draft, the second, ...).
     pub accepted_tokens: u64,
     pub accepted_per_position: [u64; MAX_SPECULATIVE_TOKENS],
-    /// Sequences the adaptive rule stopped proposing for: in all, because their rate
+    /// Times the adaptive rule stopped proposing for a sequence: in all, because its rate
     /// fell below `spec_min_acceptance`, because `MAX_FAILED_STEPS` steps in a row kept
     /// nothing, because an executor proposer's first `EXECUTOR_LEARNING_STEPS` verified
     /// steps kept nothing.
