@@ -89,6 +89,9 @@ fn prefetch_ahead(data: WeightData<'_>, n: usize, k: usize) {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn blocks<const FMT: u8>(problem: &Problem<'_>, first: usize, last: usize) {
     let (data, k) = (problem.weight.data, problem.weight.in_features);
+    // int8 in Q8_0's groups of 32: the loop that scales each 16 columns.
+    let q8 =
+        problem.weight.group_size == gemv_int8_avx512::Q8_GROUP && k % (2 * gemv_int8_avx512::Q8_GROUP) == 0;
     let mut block = first;
     while block < last {
         let end = (block + ROW_BLOCK).min(last);
@@ -104,6 +107,10 @@ unsafe fn blocks<const FMT: u8>(problem: &Problem<'_>, first: usize, last: usize
                 unsafe {
                     match left {
                         // `gemv` chose these two only where the CPU has AVX-512F.
+                        1 if FMT == INT8_AVX512 && q8 => gemv_int8_avx512::row_q8::<1>(problem, n, r0),
+                        2 if FMT == INT8_AVX512 && q8 => gemv_int8_avx512::row_q8::<2>(problem, n, r0),
+                        3 if FMT == INT8_AVX512 && q8 => gemv_int8_avx512::row_q8::<3>(problem, n, r0),
+                        _ if FMT == INT8_AVX512 && q8 => gemv_int8_avx512::row_q8::<4>(problem, n, r0),
                         1 if FMT == INT8_AVX512 => gemv_int8_avx512::row::<1, 4>(problem, n, r0),
                         2 if FMT == INT8_AVX512 => gemv_int8_avx512::row::<2, 2>(problem, n, r0),
                         3 if FMT == INT8_AVX512 => gemv_int8_avx512::row::<3, 2>(problem, n, r0),
