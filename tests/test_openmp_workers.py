@@ -24,10 +24,20 @@ def _wait_until(condition, seconds: float = 5.0) -> bool:
     return wait_until(condition, seconds, interval=0.01)
 
 
+@pytest.fixture
+def two_threads():
+    """Two intra-op threads for the test (an earlier test may have left PyTorch at one:
+    then there would be no workers to free), restored after."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: PyTorch runs no OpenMP workers to free")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc")
-def test_release_frees_the_calling_threads_workers_and_they_come_back():
-    if torch.get_num_threads() < 2:
-        pytest.skip("PyTorch runs one intra-op thread here: no workers to free")
+def test_release_frees_the_calling_threads_workers_and_they_come_back(two_threads):
     if not _kernels.release_openmp_workers():  # start without a team on this thread
         pytest.skip("libgomp is not loaded or has no omp_pause_resource_all")
     before = _thread_ids()
@@ -74,10 +84,8 @@ class _ParallelRunner:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc")
-def test_an_executor_with_no_requests_frees_its_team():
+def test_an_executor_with_no_requests_frees_its_team(two_threads):
     # Another engine's idle team would throttle the running one's (libgomp counts them all).
-    if torch.get_num_threads() < 2:
-        pytest.skip("PyTorch runs one intra-op thread here: no workers to free")
     if not _kernels.release_openmp_workers():
         pytest.skip("libgomp is not loaded or has no omp_pause_resource_all")
     live = threading.Event()
