@@ -30,6 +30,9 @@ use super::KernelError;
 pub(crate) const ROW_BLOCK: usize = 8;
 /// Columns per decoded chunk: every group size and `K` must be a multiple of it.
 pub const CHUNK: usize = 16;
+/// GGUF Q8_0's group size: int8 weights in such groups (`K` a multiple of 64) take
+/// [`Loops::Int8Q8`] where the CPU has AVX-512F.
+pub(crate) const Q8_GROUP: usize = 32;
 /// Rows of `x` up to which int4 takes the VNNI loops where the CPU has them. They spend 8
 /// integer products per row and 128 weights against the 16-column loops' 16 FMAs, but
 /// their per-group combining costs more, so past the weight decoding they share they
@@ -87,8 +90,11 @@ pub(crate) enum Loops {
     /// The AVX2 + FMA loops of `gemv_avx2` (portable ones where the CPU lacks them); int4
     /// `x` in [`deinterleave`] order.
     Plain,
-    /// int8 on AVX-512F: `gemv_int8_avx512`.
+    /// int8 on AVX-512F: `gemv_int8_avx512::row`.
     Int8Avx512,
+    /// int8 in groups of 32 (GGUF Q8_0), `in_features` a multiple of 64, on AVX-512F:
+    /// `gemv_int8_avx512::row_q8`.
+    Int8Q8,
     /// int4 on AMD CPUs with AVX-512, groups a multiple of 128, `x` within
     /// [`planes_fit`]: `gemv_planes`, `x` in [`planes`] order.
     Int4Planes,
@@ -124,6 +130,11 @@ pub fn gemv(
             if rows <= VNNI_ROWS && group % BLOCK_COLUMNS == 0 && vnni_cpu() && digits_fit(x) =>
         {
             Loops::Int4Vnni
+        }
+        WeightData::Int8(_)
+            if avx512_cpu() && group == Q8_GROUP && weight.in_features % (2 * Q8_GROUP) == 0 =>
+        {
+            Loops::Int8Q8
         }
         WeightData::Int8(_) if avx512_cpu() => Loops::Int8Avx512,
         _ => Loops::Plain,
@@ -584,6 +595,7 @@ mod tests {
         }
         if !int4 && avx512_cpu() {
             all.push(Loops::Int8Avx512);
+            all.push(Loops::Int8Q8); // (for groups of 32 only: the int8 test picks it there)
         }
         all
     }
@@ -596,7 +608,8 @@ mod tests {
             for (dense, weight) in formats(n, k, group).into_iter().skip(1).take(2) {
                 let x = numbers(rows as u64 + 5, rows * k);
                 let want = reference(&dense, &x, rows, n, k);
-                for chosen in loops(false) {
+                let q8 = group == Q8_GROUP && k % (2 * Q8_GROUP) == 0;
+                for chosen in loops(false).into_iter().filter(|&l| q8 || l != Loops::Int8Q8) {
                     let mut got = vec![f32::NAN; rows * n];
                     run(weight(), &x, rows, &mut got, 2, chosen);
                     close(&got, &want);

@@ -32,6 +32,8 @@ const INT4_PLANES: u8 = 3;
 const INT8_AVX512: u8 = 4;
 /// int4 by the loops of `gemv_int4_vnni`.
 const INT4_VNNI: u8 = 5;
+/// int8 in Q8_0's groups of 32 by `gemv_int8_avx512::row_q8`.
+const INT8_Q8: u8 = 6;
 
 /// Weight rows `[first, last)` for every row of `x`.
 ///
@@ -42,6 +44,7 @@ pub(crate) unsafe fn rows(problem: &Problem<'_>, first: usize, last: usize) {
     match (problem.weight.data, problem.loops) {
         (WeightData::F32(_), _) => unsafe { blocks::<F32>(problem, first, last) },
         (WeightData::Int8(_), Loops::Int8Avx512) => unsafe { blocks::<INT8_AVX512>(problem, first, last) },
+        (WeightData::Int8(_), Loops::Int8Q8) => unsafe { blocks::<INT8_Q8>(problem, first, last) },
         (WeightData::Int8(_), _) => unsafe { blocks::<INT8>(problem, first, last) },
         (WeightData::Int4(_), Loops::Int4Planes) => unsafe { blocks::<INT4_PLANES>(problem, first, last) },
         (WeightData::Int4(_), Loops::Int4Vnni) => unsafe { blocks::<INT4_VNNI>(problem, first, last) },
@@ -89,9 +92,6 @@ fn prefetch_ahead(data: WeightData<'_>, n: usize, k: usize) {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn blocks<const FMT: u8>(problem: &Problem<'_>, first: usize, last: usize) {
     let (data, k) = (problem.weight.data, problem.weight.in_features);
-    // int8 in Q8_0's groups of 32: the loop that scales each 16 columns.
-    let q8 =
-        problem.weight.group_size == gemv_int8_avx512::Q8_GROUP && k % (2 * gemv_int8_avx512::Q8_GROUP) == 0;
     let mut block = first;
     while block < last {
         let end = (block + ROW_BLOCK).min(last);
@@ -99,18 +99,18 @@ unsafe fn blocks<const FMT: u8>(problem: &Problem<'_>, first: usize, last: usize
         while r0 < problem.rows {
             let left = problem.rows - r0;
             for n in block..end {
-                // The int8 AVX-512 and int4 VNNI loops prefetch as they go.
-                if r0 == 0 && FMT != INT8_AVX512 && FMT != INT4_VNNI {
+                // The AVX-512 int8 and int4 VNNI loops prefetch as they go.
+                if r0 == 0 && FMT != INT8_AVX512 && FMT != INT8_Q8 && FMT != INT4_VNNI {
                     prefetch_ahead(data, n, k);
                 }
                 // SAFETY: as this function's (n < out_features, r0 + R <= rows).
                 unsafe {
                     match left {
                         // `gemv` chose these two only where the CPU has AVX-512F.
-                        1 if FMT == INT8_AVX512 && q8 => gemv_int8_avx512::row_q8::<1>(problem, n, r0),
-                        2 if FMT == INT8_AVX512 && q8 => gemv_int8_avx512::row_q8::<2>(problem, n, r0),
-                        3 if FMT == INT8_AVX512 && q8 => gemv_int8_avx512::row_q8::<3>(problem, n, r0),
-                        _ if FMT == INT8_AVX512 && q8 => gemv_int8_avx512::row_q8::<4>(problem, n, r0),
+                        1 if FMT == INT8_Q8 => gemv_int8_avx512::row_q8::<1>(problem, n, r0),
+                        2 if FMT == INT8_Q8 => gemv_int8_avx512::row_q8::<2>(problem, n, r0),
+                        3 if FMT == INT8_Q8 => gemv_int8_avx512::row_q8::<3>(problem, n, r0),
+                        _ if FMT == INT8_Q8 => gemv_int8_avx512::row_q8::<4>(problem, n, r0),
                         1 if FMT == INT8_AVX512 => gemv_int8_avx512::row::<1, 4>(problem, n, r0),
                         2 if FMT == INT8_AVX512 => gemv_int8_avx512::row::<2, 2>(problem, n, r0),
                         3 if FMT == INT8_AVX512 => gemv_int8_avx512::row::<3, 2>(problem, n, r0),

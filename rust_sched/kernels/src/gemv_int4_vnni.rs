@@ -16,17 +16,14 @@
 //! The digit sums are exact: a lane adds `group / 16` products of at most `15 * 128` in
 //! magnitude, below 2^24 (so its conversion is exact too) for every group up to 139,810
 //! columns, and below 2^31 up to 17.9 million. The row is prefetched a cache line at a
-//! time, 4 KiB ahead, as `gemv_int8_avx512` does: these loops, too, spend a few cycles of
+//! time, 4 KiB ahead (`gemv_avx512::stream_ahead`), as in `gemv_int8_avx512`: these loops, too, spend a few cycles of
 //! arithmetic per 64-byte line.
 
 use std::arch::x86_64::*;
 
 use super::gemv::{Problem, WeightData};
-use super::gemv_avx512::write_rows;
+use super::gemv_avx512::{stream_ahead, write_rows};
 use super::gemv_digits::BLOCK_COLUMNS;
-
-/// How far ahead of the block being multiplied the row's bytes are prefetched.
-const AHEAD: usize = 4096;
 
 /// `out[r0 + r, n]` for `r < R` of an int4 weight whose groups are whole 128-column
 /// blocks, `problem.digits` holding `x`'s digits: per block one load, the two nibble
@@ -62,7 +59,7 @@ pub(crate) unsafe fn row<const R: usize, const H: usize>(problem: &Problem<'_>, 
         unsafe {
             while j < end {
                 if stream {
-                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(j / 2 + AHEAD) as *const i8);
+                    stream_ahead(row as *const i8, j / 2); // a block is one line's worth of bytes
                 }
                 let all = _mm512_loadu_si512(row.add(j / 2) as *const __m512i);
                 let halves =

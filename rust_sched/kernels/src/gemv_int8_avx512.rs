@@ -3,7 +3,7 @@
 //! conversions (8 weights each, one a cycle) bound a core below its memory bandwidth.
 //! Plain floats throughout (no subnormal tricks), so any AVX-512F CPU takes it.
 //!
-//! The weight row's bytes are prefetched [`AHEAD`] bytes ahead, one cache line each time
+//! The weight row's bytes are prefetched 4 KiB ahead (`gemv_avx512::stream_ahead`), one cache line each time
 //! the loop reaches a new 64 columns, rather than a row's worth at once as the row starts
 //! (the other loops' `gemv_avx2::prefetch_ahead`). This loop spends about 6 cycles of
 //! arithmetic on each 64-byte line, so the out-of-order window holds few lines' loads; on
@@ -15,25 +15,8 @@
 
 use std::arch::x86_64::*;
 
-use super::gemv::{Problem, WeightData, CHUNK};
-use super::gemv_avx512::{fold, write_rows};
-
-/// How far ahead of the columns being multiplied the row's bytes are prefetched.
-const AHEAD: usize = 4096;
-/// Bytes (int8 columns) per cache line.
-const LINE: usize = 64;
-/// GGUF Q8_0's group size: such weights (`k` a multiple of 64) take [`row_q8`].
-pub(crate) const Q8_GROUP: usize = 32;
-
-/// Asks for the cache line `AHEAD` bytes past column `j` of a row, once per line (where
-/// `j` starts one). A prefetch never faults: addresses past the weight are harmless.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn stream_ahead(row: *const i8, j: usize) {
-    if j % LINE == 0 {
-        _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(j + AHEAD));
-    }
-}
+use super::gemv::{Problem, WeightData, CHUNK, Q8_GROUP};
+use super::gemv_avx512::{fold, stream_ahead, write_rows};
 
 /// `out[r0 + r, n]` for `r < R` of an int8 weight: per group, 16 columns a step into `A`
 /// accumulators per row (taking turns), the group's sum scaled once. The first block of
