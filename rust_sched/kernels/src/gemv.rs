@@ -22,7 +22,7 @@
 //! inner loops (chosen at run time, [`Loops`]); the portable loops here serve other CPUs
 //! and are the tests' reference.
 
-use super::gemv_digits::{digits, digits_fit, Digits, BLOCK_COLUMNS};
+use super::gemv_digits::{digits, digits_fit, DigitLayout, Digits, BLOCK_COLUMNS, BYTE_BLOCK_COLUMNS};
 use super::parallel::for_each_part;
 use super::KernelError;
 
@@ -80,7 +80,7 @@ pub(crate) struct Problem<'a> {
     pub rows: usize,
     pub out: OutPtr,
     pub loops: Loops,
-    /// `x` as digits, for [`Loops::Int4Vnni`] only.
+    /// `x` as digits, for [`Loops::Int4Vnni`] and [`Loops::Int8Vnni`] only.
     pub digits: Option<&'a Digits>,
 }
 
@@ -101,6 +101,9 @@ pub(crate) enum Loops {
     /// int4 on other CPUs with AVX-512 VNNI, groups a multiple of 128, `x` within
     /// `digits_fit`: `gemv_int4_vnni`, on `x`'s digits (`gemv_digits`).
     Int4Vnni,
+    /// int8 on CPUs with AVX-512 VNNI, groups a multiple of 64, `x` within `digits_fit`:
+    /// `gemv_int8_vnni`, on `x`'s digits in the int8 layout.
+    Int8Vnni,
 }
 
 /// The output [rows, n]: parts write disjoint column ranges of it.
@@ -136,6 +139,9 @@ pub fn gemv(
         {
             Loops::Int8Q8
         }
+        WeightData::Int8(_) if group % BYTE_BLOCK_COLUMNS == 0 && vnni_cpu() && digits_fit(x) => {
+            Loops::Int8Vnni
+        }
         WeightData::Int8(_) if avx512_cpu() => Loops::Int8Avx512,
         _ => Loops::Plain,
     };
@@ -161,7 +167,11 @@ pub(crate) fn run(
     };
     let avx2 = avx2_available();
     let int4 = matches!(weight.data, WeightData::Int4(_));
-    let digits = (loops == Loops::Int4Vnni).then(|| digits(x, rows, k, group));
+    let digits = match loops {
+        Loops::Int4Vnni => Some(digits(x, rows, k, group, DigitLayout::Nibbles)),
+        Loops::Int8Vnni => Some(digits(x, rows, k, group, DigitLayout::Bytes)),
+        _ => None,
+    };
     let reordered;
     let x = match loops {
         Loops::Int4Planes => {
@@ -597,6 +607,9 @@ mod tests {
             all.push(Loops::Int8Avx512);
             all.push(Loops::Int8Q8); // (for groups of 32 only: the int8 test picks it there)
         }
+        if !int4 && vnni_cpu() {
+            all.push(Loops::Int8Vnni); // (for groups of 64 and more only, likewise)
+        }
         all
     }
 
@@ -609,7 +622,9 @@ mod tests {
                 let x = numbers(rows as u64 + 5, rows * k);
                 let want = reference(&dense, &x, rows, n, k);
                 let q8 = group == Q8_GROUP && k % (2 * Q8_GROUP) == 0;
-                for chosen in loops(false).into_iter().filter(|&l| q8 || l != Loops::Int8Q8) {
+                let vnni = group % BYTE_BLOCK_COLUMNS == 0;
+                let fits = |l: &Loops| (q8 || *l != Loops::Int8Q8) && (vnni || *l != Loops::Int8Vnni);
+                for chosen in loops(false).into_iter().filter(fits) {
                     let mut got = vec![f32::NAN; rows * n];
                     run(weight(), &x, rows, &mut got, 2, chosen);
                     close(&got, &want);

@@ -8,7 +8,8 @@
 //! - int4 on AMD CPUs with AVX-512, groups a multiple of 128: the plane loops of
 //!   [`crate::gemv_planes`] instead; on other CPUs with AVX-512 VNNI, groups a multiple
 //!   of 128: [`crate::gemv_int4_vnni`]; int8 on CPUs with AVX-512:
-//!   [`crate::gemv_int8_avx512`].
+//!   [`crate::gemv_int8_avx512`], or with AVX-512 VNNI, groups a multiple of 64:
+//!   [`crate::gemv_int8_vnni`].
 //!
 //! Each weight row's bytes are prefetched [`PREFETCH_BYTES`] ahead as the row starts
 //! (the int8 AVX-512 loop prefetches its own, a line at a time: `gemv_int8_avx512`).
@@ -21,6 +22,7 @@ use std::arch::x86_64::*;
 use super::gemv::{finish, Loops, Problem, WeightData, CHUNK, ROW_BLOCK};
 use super::gemv_int4_vnni;
 use super::gemv_int8_avx512;
+use super::gemv_int8_vnni;
 use super::gemv_planes;
 
 const F32: u8 = 0;
@@ -34,6 +36,8 @@ const INT8_AVX512: u8 = 4;
 const INT4_VNNI: u8 = 5;
 /// int8 in Q8_0's groups of 32 by `gemv_int8_avx512::row_q8`.
 const INT8_Q8: u8 = 6;
+/// int8 by the loops of `gemv_int8_vnni`.
+const INT8_VNNI: u8 = 7;
 
 /// Weight rows `[first, last)` for every row of `x`.
 ///
@@ -45,6 +49,7 @@ pub(crate) unsafe fn rows(problem: &Problem<'_>, first: usize, last: usize) {
         (WeightData::F32(_), _) => unsafe { blocks::<F32>(problem, first, last) },
         (WeightData::Int8(_), Loops::Int8Avx512) => unsafe { blocks::<INT8_AVX512>(problem, first, last) },
         (WeightData::Int8(_), Loops::Int8Q8) => unsafe { blocks::<INT8_Q8>(problem, first, last) },
+        (WeightData::Int8(_), Loops::Int8Vnni) => unsafe { blocks::<INT8_VNNI>(problem, first, last) },
         (WeightData::Int8(_), _) => unsafe { blocks::<INT8>(problem, first, last) },
         (WeightData::Int4(_), Loops::Int4Planes) => unsafe { blocks::<INT4_PLANES>(problem, first, last) },
         (WeightData::Int4(_), Loops::Int4Vnni) => unsafe { blocks::<INT4_VNNI>(problem, first, last) },
@@ -100,7 +105,7 @@ unsafe fn blocks<const FMT: u8>(problem: &Problem<'_>, first: usize, last: usize
             let left = problem.rows - r0;
             for n in block..end {
                 // The AVX-512 int8 and int4 VNNI loops prefetch as they go.
-                if r0 == 0 && FMT != INT8_AVX512 && FMT != INT8_Q8 && FMT != INT4_VNNI {
+                if r0 == 0 && !matches!(FMT, INT8_AVX512 | INT8_Q8 | INT4_VNNI | INT8_VNNI) {
                     prefetch_ahead(data, n, k);
                 }
                 // SAFETY: as this function's (n < out_features, r0 + R <= rows).
@@ -116,6 +121,10 @@ unsafe fn blocks<const FMT: u8>(problem: &Problem<'_>, first: usize, last: usize
                         3 if FMT == INT8_AVX512 => gemv_int8_avx512::row::<3, 2>(problem, n, r0),
                         _ if FMT == INT8_AVX512 => gemv_int8_avx512::row::<4, 1>(problem, n, r0),
                         // and these only where it has AVX-512 VNNI and BW.
+                        1 if FMT == INT8_VNNI => gemv_int8_vnni::row::<1>(problem, n, r0),
+                        2 if FMT == INT8_VNNI => gemv_int8_vnni::row::<2>(problem, n, r0),
+                        3 if FMT == INT8_VNNI => gemv_int8_vnni::row::<3>(problem, n, r0),
+                        _ if FMT == INT8_VNNI => gemv_int8_vnni::row::<4>(problem, n, r0),
                         1 if FMT == INT4_VNNI => gemv_int4_vnni::row::<1, 1>(problem, n, r0),
                         2 if FMT == INT4_VNNI => gemv_int4_vnni::row::<2, 2>(problem, n, r0),
                         3 if FMT == INT4_VNNI => gemv_int4_vnni::row::<3, 1>(problem, n, r0),

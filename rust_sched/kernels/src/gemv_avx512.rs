@@ -1,6 +1,7 @@
-//! What the AVX-512 loops (`gemv_int8_avx512`, `gemv_planes`, `gemv_int4_vnni`) share: a
-//! group's accumulators folded into one vector, each row's output written from its lanes,
-//! and the weight row prefetched a cache line at a time as it streams in.
+//! What the AVX-512 loops (`gemv_int8_avx512`, `gemv_planes`, `gemv_int4_vnni`,
+//! `gemv_int8_vnni`) share: a group's accumulators folded into one vector, the VNNI loops'
+//! digit sums combined, each row's output written from its lanes, and the weight row
+//! prefetched a cache line at a time as it streams in.
 
 use std::arch::x86_64::*;
 
@@ -53,4 +54,22 @@ pub(crate) unsafe fn write_rows<const R: usize>(
         // SAFETY: the caller's.
         unsafe { finish(problem, n, r0 + r, _mm512_reduce_add_ps(*lanes)) };
     }
+}
+
+/// A group's digit sums (in `H` sets, added) as the float lanes `sum_d s_d 2^(8 d)`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn combine<const H: usize>(sets: [[__m512i; 4]; H]) -> __m512 {
+    let mut digit = sets[0];
+    for set in &sets[1..] {
+        for d in 0..4 {
+            digit[d] = _mm512_add_epi32(digit[d], set[d]);
+        }
+    }
+    let radix = _mm512_set1_ps(256.0);
+    let mut value = _mm512_cvtepi32_ps(digit[3]);
+    for d in (0..3).rev() {
+        value = _mm512_fmadd_ps(value, radix, _mm512_cvtepi32_ps(digit[d]));
+    }
+    value
 }

@@ -22,7 +22,7 @@
 use std::arch::x86_64::*;
 
 use super::gemv::{Problem, WeightData};
-use super::gemv_avx512::{stream_ahead, write_rows};
+use super::gemv_avx512::{combine, stream_ahead, write_rows};
 use super::gemv_digits::BLOCK_COLUMNS;
 
 /// `out[r0 + r, n]` for `r < R` of an int4 weight whose groups are whole 128-column
@@ -83,22 +83,4 @@ pub(crate) unsafe fn row<const R: usize, const H: usize>(problem: &Problem<'_>, 
     }
     // SAFETY: rows r0 + r < rows and n < out_features; only this part writes column n.
     unsafe { write_rows(problem, n, r0, &total) };
-}
-
-/// A group's digit sums (in `H` sets) as the float lanes `sum_d s_d 2^(8 d)`.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn combine<const H: usize>(sets: [[__m512i; 4]; H]) -> __m512 {
-    let mut digit = sets[0];
-    for set in &sets[1..] {
-        for d in 0..4 {
-            digit[d] = _mm512_add_epi32(digit[d], set[d]);
-        }
-    }
-    let radix = _mm512_set1_ps(256.0);
-    let mut value = _mm512_cvtepi32_ps(digit[3]);
-    for d in (0..3).rev() {
-        value = _mm512_fmadd_ps(value, radix, _mm512_cvtepi32_ps(digit[d]));
-    }
-    value
 }

@@ -13,7 +13,8 @@
 //! [`sequence_word`] the plan segment's sequence number, advanced and polled across processes.
 //! [`gemv`] multiplies a few rows by a float32, int8 or int4 weight read once (decode steps
 //! at the memory-bandwidth limit; the AVX2 loops in `gemv_avx2`, int4's and int8's AVX-512
-//! loops in `gemv_planes`, `gemv_int4_vnni` (on `x` as `gemv_digits`) and `gemv_int8_avx512`).
+//! loops in `gemv_planes`, `gemv_int4_vnni` and `gemv_int8_vnni` (on `x` as `gemv_digits`)
+//! and `gemv_int8_avx512`).
 
 // The crate's MSRV went from the workspace's 1.85 to 1.89 for the AVX-512 intrinsics;
 // `x % n == 0` stays as written rather than `is_multiple_of` (stable since 1.87).
@@ -26,9 +27,13 @@ mod gemv_avx2;
 mod gemv_avx512;
 mod gemv_digits;
 #[cfg(target_arch = "x86_64")]
+mod gemv_digits_avx512;
+#[cfg(target_arch = "x86_64")]
 mod gemv_int4_vnni;
 #[cfg(target_arch = "x86_64")]
 mod gemv_int8_avx512;
+#[cfg(target_arch = "x86_64")]
+mod gemv_int8_vnni;
 #[cfg(target_arch = "x86_64")]
 mod gemv_planes;
 pub mod host_group;
