@@ -676,24 +676,46 @@ mod tests {
     }
 
     #[test]
-    fn int4_vnni_loops_keep_an_outlier_group_within_float_rounding() {
+    fn vnni_loops_keep_an_outlier_group_within_float_rounding() {
         // One activation 1,000 times the others' scale in each group: the digits round
-        // every element to 2^-30 of that outlier, still inside the float tolerance.
+        // every element to 2^-30 of that outlier, still inside the float tolerance. int4
+        // in groups of 128, int8 per channel (one group of 512) and in groups of 128.
         if !vnni_cpu() {
             return; // no VNNI loops on this CPU to hold to it
         }
-        let (rows, n, k, group) = (2, 24, 512, 128);
-        let (dense, weight) = formats(n, k, group).pop().expect("int4 is the last format");
-        let mut x = numbers(31, rows * k);
-        for g in 0..rows * k / group {
-            x[g * group + 17] = 1000.0;
+        let (rows, n, k) = (2, 24, 512);
+        let mut cases =
+            vec![(formats(n, k, 128).pop().expect("int4 is the last format"), 128, Loops::Int4Vnni)];
+        for group in [k, 128] {
+            cases.push((formats(n, k, group).swap_remove(1), group, Loops::Int8Vnni));
         }
-        let want = reference(&dense, &x, rows, n, k);
-        let mut got = vec![f32::NAN; rows * n];
-        run(weight(), &x, rows, &mut got, 2, Loops::Int4Vnni);
-        for (i, (a, (b, magnitude))) in got.iter().zip(&want).enumerate() {
-            assert!((a - b).abs() <= 2e-6 * magnitude, "element {i}: {a} vs {b} (terms {magnitude})");
+        for ((dense, weight), group, chosen) in cases {
+            let mut x = numbers(31, rows * k);
+            for g in 0..rows * k / group {
+                x[g * group + 17] = 1000.0;
+            }
+            let want = reference(&dense, &x, rows, n, k);
+            let mut got = vec![f32::NAN; rows * n];
+            run(weight(), &x, rows, &mut got, 2, chosen);
+            for (i, (a, (b, magnitude))) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 2e-6 * magnitude,
+                    "{chosen:?} element {i}: {a} vs {b} (terms {magnitude})"
+                );
+            }
         }
+    }
+
+    #[test]
+    fn int8_x_too_large_for_the_digits_takes_the_float_loops() {
+        let (n, k) = (16, 128);
+        let (dense, weight) = formats(n, k, k).swap_remove(1);
+        let mut x = numbers(23, k);
+        x[5] = 3.0e19; // past 2^64: the digits' exponent would leave a normal float
+        assert!(!digits_fit(&x));
+        let mut got = vec![f32::NAN; n];
+        gemv(weight(), &x, 1, &mut got, 1).unwrap();
+        close(&got, &reference(&dense, &x, 1, n, k));
     }
 
     #[test]
