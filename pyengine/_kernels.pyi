@@ -5,10 +5,14 @@ Provided by the extension ``pyengine._native`` (``rust_sched/python``). Every ke
 with the GIL released; a refused argument raises ``pyengine.errors.KernelError``.
 """
 
+from typing import final
+
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import Self
 
 __all__ = [
+    "DecodeLayer",
     "apply_token_bitmask",
     "gemv_f32",
     "gemv_quantized",
@@ -25,6 +29,65 @@ __all__ = [
     "shared_word_wait_past",
     "shared_word_write",
 ]
+
+#: A linear as ``DecodeLayer`` takes it: (weight, scales, biases, group_size, bias). The
+#: weight is float32 [n, k] (scales and biases None), int8 [n, k] or uint8 int4 nibbles
+#: [n, k / 2] with float32 scales (and optional biases) [n, k / group_size]; bias [n] or None.
+_Linear = tuple[
+    npt.NDArray[np.float32] | npt.NDArray[np.int8] | npt.NDArray[np.uint8],
+    npt.NDArray[np.float32] | None,
+    npt.NDArray[np.float32] | None,
+    int,
+    npt.NDArray[np.float32] | None,
+]
+
+@final
+class DecodeLayer:
+    """A decoder layer's weights, held (not copied), for the front of its decode step in
+    one call: input RMSNorm, q/k/v projection, q/k norm and rotary embedding, the K/V
+    write, paged decode attention, output projection, post-attention RMSNorm and the
+    MLP's gate/up projection (``rust_sched/kernels/src/decode_layer.rs``). The arrays must
+    not be replaced or resized after."""
+
+    def __new__(
+        cls,
+        input_norm: npt.NDArray[np.float32],
+        eps: float,
+        post_norm: npt.NDArray[np.float32],
+        post_eps: float,
+        qkv: _Linear,
+        o: _Linear,
+        gate_up: _Linear,
+        q_norm: npt.NDArray[np.float32] | None,
+        k_norm: npt.NDArray[np.float32] | None,
+        qk_eps: float,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        scale: float,
+        softcap: float = 0.0,
+    ) -> Self: ...
+    def run(
+        self,
+        gate_up: npt.NDArray[np.float32],
+        residual: npt.NDArray[np.float32],
+        hidden: npt.NDArray[np.float32],
+        first: bool,
+        cos: npt.NDArray[np.float32],
+        sin: npt.NDArray[np.float32],
+        key_cache: npt.NDArray[np.float32],
+        value_cache: npt.NDArray[np.float32],
+        slots: npt.NDArray[np.int64],
+        block_tables: npt.NDArray[np.int32],
+        seq_lens: npt.NDArray[np.int32],
+        num_threads: int = 1,
+        window: int = 0,
+    ) -> None:
+        """The layer's front for the step's rows: ``residual`` [rows, hidden] set to
+        ``hidden`` when ``first``, else added to, then the attention output added;
+        each row's key and value written at ``slots[r]`` of the layer's caches
+        (``[blocks, block_size, kv_heads, head_dim]``); ``gate_up`` [rows, outputs] written.
+        Attention covers each row's last ``window`` positions (0: all)."""
 
 def paged_decode_attention(
     out: npt.NDArray[np.float32],

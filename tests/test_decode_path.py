@@ -87,6 +87,10 @@ def test_decode_steps_are_bit_identical_with_and_without_the_path(case, tmp_path
     with_path = _runner(folder, **settings)
     without = _runner(folder, **settings)
     assert with_path.model.decode_path is not None
+    # Dense layers run their front as one native call (_kernels.DecodeLayer); MoE ones do not.
+    programs = with_path.model.decode_path.layers
+    assert [program.native is not None for program in programs] == [program.dense_mlp for program in programs]
+    assert any(program.dense_mlp for program in programs)
     without.model.decode_path = None
     counter = _Counter(monkeypatch)
     lengths = [3, 17, 30]  # unequal contexts; 30 + 30 decodes passes mistral's window of 20

@@ -14,6 +14,13 @@ heads) is looked up when the path is built, after the weights are final
 (``DecoderForCausalLM.pack_for_cpu``), and a step hands each layer's fused q/k/v rows to the
 attention backend's ``FusedDecodeAttention``, which writes K/V and attends in one go.
 
+Where nothing needs Python between them (one tensor-parallel rank, a dense MLP, no
+permuted inputs), a layer's kernels up to its MLP's gate/up projection run as one native
+call, ``_kernels.DecodeLayer.run`` (``rust_sched/kernels/src/decode_layer.rs``): the
+input norm, q/k/v projection, q/k norm and rotary embedding, the K/V write, attention,
+the output projection and the post-attention norm, the same kernels in the same order.
+Only the activation and the down projection are left to Python.
+
 It runs when every token of the step is a decode row (no prefill chunk, no draft
 verification), there are at most ``gemv.MAX_ROWS`` of them, the activations are float32
 on the CPU, and the backend offers ``fused_decode`` (SDPA on CPU; not flash-attn). The
@@ -26,7 +33,7 @@ parallelism all-reduces where the modules do. Anything else runs the modules.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import torch
@@ -39,10 +46,14 @@ from pyengine.models.layers import (
     DecoderAttention,
     FusedDecodeAttention,
     GatedMLP,
+    LayerAttention,
     RMSNorm,
     RowParallelLinear,
     native_rms_norm,
 )
+
+if TYPE_CHECKING:
+    from pyengine._kernels import DecodeLayer
 
 AnyLinear = ColumnParallelLinear | RowParallelLinear
 
@@ -113,10 +124,25 @@ class _LayerProgram:
         mlp = layer.mlp
         self.dense_mlp = type(mlp) is GatedMLP and _mlp_fits(mlp)
         self.mlp = mlp
+        self.native: Optional["DecodeLayer"] = None
         if self.dense_mlp:
             self.gate_up = _Linear(mlp.gate_up_proj)
             self.down = _Linear(mlp.down_proj)
             self.gelu = mlp.gelu
+            self.native = self._native_layer(attention.o_proj.parallel.world_size, attention.spec)
+
+    def _native_layer(self, world_size: int, spec: LayerAttention) -> Optional["DecodeLayer"]:
+        """The layer's front as one native call (see the module docstring), or None where a
+        step needs Python between its kernels."""
+        parts = [linear.product.native_parts() for linear in (self.qkv, self.o, self.gate_up)]
+        if world_size != 1 or any(part is None for part in parts):
+            return None
+        qkv, o, gate_up = parts
+        return _kernels.DecodeLayer(
+            self.input_norm.weight, self.input_norm.eps, self.post_norm.weight, self.post_norm.eps, qkv, o, gate_up,
+            self.q_norm, self.k_norm, self.qk_eps, self.num_heads, self.num_kv_heads, self.head_dim,
+            spec.score_scale(self.head_dim), softcap=spec.softcap or 0.0,
+        )
 
     @staticmethod
     def fits(layer: torch.nn.Module, layer_type: type) -> bool:
@@ -140,6 +166,9 @@ class _LayerProgram:
         attention: FusedDecodeAttention,
         threads: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.native is not None:
+            gate_up, residual = self._native_front(hidden, residual, cos, sin, attention, threads)
+            return self._mlp_rest(gate_up, threads), residual
         if residual is None:
             residual, normed = hidden, self.input_norm(hidden, None, threads)
         else:
@@ -152,11 +181,35 @@ class _LayerProgram:
         normed = self.post_norm(self.parallel.all_reduce(self.o(attended, threads)), residual, threads)
         if not self.dense_mlp:
             return self.mlp(normed), residual
-        gate_up = self.gate_up(normed, threads)
+        return self._mlp_rest(self.gate_up(normed, threads), threads), residual
+
+    def _native_front(
+        self,
+        hidden: torch.Tensor,
+        residual: Optional[torch.Tensor],
+        cos: np.ndarray,
+        sin: np.ndarray,
+        attention: FusedDecodeAttention,
+        threads: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_kernels.DecodeLayer.run``: the MLP's gate/up projection and the residual
+        stream after attention (a new tensor on the first layer, else ``residual`` itself)."""
+        assert self.native is not None  # run() checked
+        first = residual is None
+        if residual is None:
+            residual = torch.empty_like(hidden)
+        gate_up = torch.empty(hidden.shape[0], self.gate_up.product.out_features, dtype=torch.float32)
+        keys, values, slots, tables, seq_lens, window = attention.layer_inputs(self.layer_index, self.spec)
+        self.native.run(gate_up.numpy(), residual.numpy(), hidden.numpy(), first, cos, sin, keys, values, slots,
+                        tables, seq_lens, threads, window)
+        return gate_up, residual
+
+    def _mlp_rest(self, gate_up: torch.Tensor, threads: int) -> torch.Tensor:
+        """The activation and down projection after the gate/up projection."""
         inter = gate_up.shape[1] // 2
         gate, up = gate_up[:, :inter], gate_up[:, inter:]
         activated = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
-        return self.parallel.all_reduce(self.down(activated.mul_(up), threads)), residual
+        return self.parallel.all_reduce(self.down(activated.mul_(up), threads))
 
 
 class NativeDecodePath:

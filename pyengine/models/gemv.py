@@ -58,7 +58,7 @@ class PreparedProduct:
     less each. ``applies(x)`` must hold for every ``x``; the results are those of the two
     functions, bit for bit (the same kernel on the same arrays)."""
 
-    __slots__ = ("_packed", "_arrays", "_perm", "_group_size", "_out_features", "_bias")
+    __slots__ = ("_packed", "_arrays", "_perm", "_group_size", "out_features", "_bias")
 
     def __init__(self, weight: torch.Tensor | PackedWeight, bias: Optional[torch.Tensor] = None) -> None:
         self._bias = bias
@@ -68,18 +68,28 @@ class PreparedProduct:
             self._arrays = (weight.qweight.numpy(), weight.scales.numpy(), biases)
             self._perm = weight.input_perm
             self._group_size = weight.group_size
-            self._out_features = weight.out_features
+            self.out_features = weight.out_features
         else:
             self._packed = False
             self._arrays = (weight.numpy(), None, None)
             self._perm = None
             self._group_size = 0
-            self._out_features = weight.shape[0]
+            self.out_features = weight.shape[0]
+
+    def native_parts(self) -> Optional[tuple]:
+        """``(weight, scales, biases, group_size, bias)`` as ``_kernels.DecodeLayer`` takes a
+        linear (numpy arrays; None where absent), or None for a weight whose inputs are
+        permuted first (GPTQ's act order), which it does not take."""
+        if self._perm is not None:
+            return None
+        first, scales, biases = self._arrays
+        bias = None if self._bias is None else self._bias.detach().numpy()
+        return first, scales, biases, self._group_size, bias
 
     def __call__(self, x: torch.Tensor, threads: int) -> torch.Tensor:
         if self._perm is not None:
             x = x.index_select(1, self._perm)
-        out = torch.empty(x.shape[0], self._out_features, dtype=torch.float32)
+        out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
         first, scales, biases = self._arrays
         if self._packed:
             _kernels.gemv_quantized(out.numpy(), x.contiguous().numpy(), first, scales, biases, self._group_size,

@@ -130,6 +130,11 @@ class FusedDecodeAttention(Protocol):
         writes K and V into the cache and returns [rows, num_heads * head_dim]."""
         ...
 
+    def layer_inputs(self, layer_index: int, spec: LayerAttention) -> tuple:
+        """One layer's cache arrays and the step's rows as ``_kernels.DecodeLayer.run``
+        takes them: (keys, values, slots, block tables, context lengths, window or 0)."""
+        ...
+
 
 class RMSNorm(torch.nn.Module):
     """Root-mean-square norm computed in float32, as the reference implementations do.

@@ -334,6 +334,15 @@ class NativeDecodeAttention:
         self.head_dim = cache.shape.head_dim
         self.kv_width = cache.shape.num_kv_heads * cache.shape.head_dim
 
+    def layer_inputs(self, layer_index: int, spec: LayerAttention) -> tuple:
+        """What ``_kernels.DecodeLayer.run`` takes of this step for one layer: its key and value
+        caches [blocks, block_size, kv_heads, head_dim], the rows' slots, block tables,
+        context lengths and the window (0: none) as ``attend_fused`` would use them."""
+        position = self.step.cache.layer_position(layer_index)
+        group = self.step.decode_group(spec.window)
+        return (self.keys[position], self.values[position], self.slots, group.tables.numpy(), group.seq_lens,
+                group.window or 0)
+
     def attend_fused(self, layer_index: int, qkv: torch.Tensor, num_heads: int, spec: LayerAttention) -> torch.Tensor:
         """``qkv`` [rows, (num_heads + 2 kv_heads) * head_dim], q/k normed and rotated ->
         the attention output [rows, num_heads * head_dim]."""

@@ -67,7 +67,7 @@ class TableStepAttention:
 
 
 class TableFusedDecode:
-    """``attend_fused`` through each layer's table."""
+    """``attend_fused`` and ``layer_inputs`` through each layer's table."""
 
     def __init__(self, fused: list[Any], table_of_layer: tuple[int, ...]) -> None:
         self.fused = fused
@@ -75,3 +75,6 @@ class TableFusedDecode:
 
     def attend_fused(self, layer_index: int, qkv: torch.Tensor, num_heads: int, spec: LayerAttention) -> torch.Tensor:
         return self.fused[self.table_of_layer[layer_index]].attend_fused(layer_index, qkv, num_heads, spec)
+
+    def layer_inputs(self, layer_index: int, spec: LayerAttention) -> tuple:
+        return self.fused[self.table_of_layer[layer_index]].layer_inputs(layer_index, spec)

@@ -20,6 +20,7 @@
 // `x % n == 0` stays as written rather than `is_multiple_of` (stable since 1.87).
 #![allow(clippy::manual_is_multiple_of)]
 
+pub mod decode_layer;
 pub mod gemv;
 #[cfg(target_arch = "x86_64")]
 mod gemv_avx2;
@@ -46,6 +47,7 @@ mod vector;
 
 use thiserror::Error;
 
+pub use decode_layer::{decode_layer_front, LayerCache, LayerWeights, Linear, StepRows};
 pub use gemv::{gemv, Weight, WeightData};
 pub use host_group::{process_exists, segment_bytes, ElementType, GroupError, HostGroup};
 pub use norm::{qk_norm_rope, rms_norm, Norm, QkHeads};

@@ -18,7 +18,7 @@ use crate::gil::call;
 
 /// The bytes an array's elements occupy (exact for C-contiguous arrays, which the kernels
 /// require; other layouts are refused after this check).
-fn span<'py>(array: &impl PyUntypedArrayMethods<'py>) -> (usize, usize) {
+pub(crate) fn span<'py>(array: &impl PyUntypedArrayMethods<'py>) -> (usize, usize) {
     // SAFETY: reads the data pointer field of a live numpy array object.
     let start = unsafe { (*array.as_array_ptr()).fields.data } as usize;
     (start, start + array.len() * array.dtype().itemsize())
@@ -26,7 +26,10 @@ fn span<'py>(array: &impl PyUntypedArrayMethods<'py>) -> (usize, usize) {
 
 /// Refuses an array the kernel writes that shares memory with another argument: the
 /// kernel's slices must not alias (and one tensor passed twice is a caller's mistake).
-fn check_disjoint(written: &[(&str, (usize, usize))], read: &[(&str, (usize, usize))]) -> PyResult<()> {
+pub(crate) fn check_disjoint(
+    written: &[(&str, (usize, usize))],
+    read: &[(&str, (usize, usize))],
+) -> PyResult<()> {
     for (i, (name, w)) in written.iter().enumerate() {
         for (other, o) in written[i + 1..].iter().chain(read) {
             if w.0 < o.1 && o.0 < w.1 {
@@ -45,11 +48,14 @@ fn optional_norm<'a>(
     weight.map(|w| Ok(Norm { weight: contiguous(name, w.as_slice())?, eps })).transpose()
 }
 
-fn contiguous<'a, T>(name: &str, slice: Result<&'a [T], numpy::AsSliceError>) -> PyResult<&'a [T]> {
+pub(crate) fn contiguous<'a, T>(
+    name: &str,
+    slice: Result<&'a [T], numpy::AsSliceError>,
+) -> PyResult<&'a [T]> {
     slice.map_err(|_| bad_kernel_argument(format!("{name} must be C-contiguous")))
 }
 
-fn contiguous_mut<'a, T>(
+pub(crate) fn contiguous_mut<'a, T>(
     name: &str,
     slice: Result<&'a mut [T], numpy::AsSliceError>,
 ) -> PyResult<&'a mut [T]> {

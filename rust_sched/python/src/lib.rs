@@ -12,6 +12,7 @@
 mod arrays;
 mod attachment;
 mod config;
+mod decode_layer;
 mod errors;
 mod gil;
 mod grammar;
@@ -83,6 +84,7 @@ fn block_hashes(token_ids: Vec<u32>, block_size: usize, cache_salt: Option<&str>
 /// `pyengine._kernels`: the executor's CPU kernels over numpy views of torch tensors.
 fn add_kernels(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernels::paged_decode_attention, m)?)?;
+    m.add_class::<decode_layer::DecodeLayer>()?;
     m.add_function(wrap_pyfunction!(kernels::rms_norm, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::gemv_f32, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::gemv_quantized, m)?)?;
