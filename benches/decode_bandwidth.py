@@ -9,8 +9,10 @@ In one run:
   batch-1 decode step through ``ModelRunner.execute`` (median of ``--steps``), the weight
   bytes it reads per token (every linear and the LM head), and their ratio, the effective
   bandwidth. Bar: >= 0.85 of the read bandwidth for float32 and int8.
-- the step's overhead: its time minus the time spent inside its matmul kernels (each
-  native product timed as it runs in those same steps);
+- the step's overhead: its time minus the time spent inside its native calls, timed as
+  they run in those same steps: each matmul kernel, and each layer's native front
+  (``_kernels.DecodeLayer.run``, ``pyengine.models.decode_path``), which holds that layer's
+  norms, rotary embedding, K/V write and attention besides its three products;
 - the step's process CPU time per thread (``step_cpu_ms``, median): on a shared machine,
   about what the step takes while its threads hold their cores (with one thread; with
   more, OpenMP's spinning waits count too);
@@ -39,6 +41,7 @@ from bench_model import QWEN3_06B_SHAPED, qwen3_06b_shaped_folder
 from pyengine import _kernels
 from pyengine.executor.config import ExecutorConfig
 from pyengine.executor.model_runner import ModelRunner
+from pyengine.models.decode_path import _LayerProgram
 from pyengine.models.layers import ColumnParallelLinear, RowParallelLinear
 from pyengine.sampling_params import SamplingParams
 from pyengine.testing.hand_plan import HandPlanner
@@ -88,24 +91,27 @@ def weight_bytes_per_token(model: torch.nn.Module) -> int:
 
 
 class KernelClock:
-    """Time spent inside the native products while installed (wraps the two kernels,
+    """Time spent inside the native calls while installed: wraps the two product kernels,
     ``_kernels.gemv_f32`` and ``_kernels.gemv_quantized``, which ``pyengine.models.gemv``
-    and the decode path call through the module)."""
+    and the decode path call through the module, and the decode path's layer fronts
+    (``_LayerProgram._native_front``, around ``_kernels.DecodeLayer.run``: a few
+    microseconds of Python each, counted with the call)."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
-        self._saved: dict[str, Callable[..., torch.Tensor]] = {}
+        self._saved: list[tuple[Any, str, Callable[..., Any]]] = []
 
     def __enter__(self) -> "KernelClock":
-        for name in ("gemv_f32", "gemv_quantized"):
-            original = getattr(_kernels, name)
-            self._saved[name] = original
-            setattr(_kernels, name, self._wrap(original))
+        for owner, name in ((_kernels, "gemv_f32"), (_kernels, "gemv_quantized"), (_LayerProgram, "_native_front")):
+            original = getattr(owner, name)
+            self._saved.append((owner, name, original))
+            setattr(owner, name, self._wrap(original))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for name, original in self._saved.items():
-            setattr(_kernels, name, original)
+        for owner, name, original in self._saved:
+            setattr(owner, name, original)
+        self._saved.clear()
 
     def _wrap(self, original: Callable[..., None]) -> Callable[..., None]:
         def timed(*args: Any, **kwargs: Any) -> None:
