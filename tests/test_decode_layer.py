@@ -29,7 +29,7 @@ def _arguments(program, slots=(3,)):
     head_dim, kv_heads = program.head_dim, program.num_kv_heads
     cache = np.zeros((4, 16, kv_heads, head_dim), dtype=np.float32)
     return dict(
-        gate_up=np.empty((rows, program.gate_up.product.out_features), dtype=np.float32),
+        gate_up=np.zeros((rows, program.gate_up.product.out_features), dtype=np.float32),
         residual=np.empty((rows, hidden), dtype=np.float32),
         hidden=np.random.default_rng(0).standard_normal((rows, hidden)).astype(np.float32),
         first=True,
@@ -54,19 +54,34 @@ def test_a_step_writes_its_row_s_key_and_value_and_nothing_else(layer):
     assert np.isfinite(args["gate_up"]).all()
 
 
-@pytest.mark.parametrize("bad", ["slot", "cache_shape", "aliased", "rows"])
+BAD = ["slot", "cache_shape", "aliased", "rows", "block_id", "context", "sin", "table_rows"]
+
+
+@pytest.mark.parametrize("bad", BAD)
 def test_bad_arguments_are_refused_before_anything_is_written(layer, bad):
     args = _arguments(layer)
+    args["first"] = False  # a refused call must not have added into the residual stream either
+    args["residual"][:] = 1.0
     if bad == "slot":
         args["slots"] = np.array([64], dtype=np.int64)  # 4 blocks of 16 slots
     elif bad == "cache_shape":
         args["value_cache"] = np.zeros((4, 16, layer.num_kv_heads + 1, layer.head_dim), dtype=np.float32)
     elif bad == "aliased":
-        args["residual"] = args["gate_up"][:, : args["hidden"].shape[1]]
-    else:
+        # a view of another argument (numpy's borrow checking refuses it as the call's
+        # arguments are converted, a TypeError)
+        args["residual"] = args["gate_up"].reshape(-1)[: args["hidden"].size].reshape(args["hidden"].shape)
+    elif bad == "rows":
         args["seq_lens"] = np.full(2, 4, dtype=np.int32)  # two rows' contexts for one row
-    keys = args["key_cache"].copy()
-    # (an array passed twice is refused by numpy's borrow checking, a TypeError)
+    elif bad == "block_id":
+        args["block_tables"][0, 0] = 4  # the caches hold blocks 0..3 (attention's own check)
+    elif bad == "context":
+        args["seq_lens"][0] = 65  # past the row's 4 blocks of 16 (attention's own check)
+    elif bad == "sin":
+        args["sin"] = np.zeros((1, layer.head_dim // 2), dtype=np.float32)  # the rotary kernel's check
+    else:
+        args["block_tables"] = np.zeros((2, 4), dtype=np.int32)  # tables for two rows, one row
+    before = {name: args[name].copy() for name in ("key_cache", "value_cache", "residual", "gate_up")}
     with pytest.raises(TypeError if bad == "aliased" else KernelError):
         layer.native.run(**args)
-    assert np.array_equal(args["key_cache"], keys)
+    for name, array in before.items():
+        assert np.array_equal(args[name], array, equal_nan=True), name

@@ -103,6 +103,24 @@ def test_decode_steps_are_bit_identical_with_and_without_the_path(case, tmp_path
     assert counter.declined >= 1  # the prefill did not
 
 
+@pytest.mark.parametrize("case", ["qwen3", "qwen2-bias", "mistral-window", "qwen3-int8"])
+def test_the_layers_separate_calls_are_bit_identical_too(case, tmp_path):
+    # The native fronts (_kernels.DecodeLayer) off: each layer's kernels called one at a
+    # time from Python, as with tensor parallelism or permuted inputs (GPTQ act order).
+    arch, overrides, settings = CASES[case]
+    folder = make_tiny_checkpoint(tmp_path / case, arch, vocab_size=VOCAB, **overrides)
+    separate = _runner(folder, **settings)
+    for program in separate.model.decode_path.layers:
+        program.native = None
+    modules = _runner(folder, **settings)
+    modules.model.decode_path = None
+    logits_a, tokens_a = _logits_and_tokens(separate, [3, 17, 30], 24)
+    logits_b, tokens_b = _logits_and_tokens(modules, [3, 17, 30], 24)
+    assert tokens_a == tokens_b
+    for step, (a, b) in enumerate(zip(logits_a, logits_b)):
+        assert torch.equal(a, b), f"step {step}: logits differ by {float((a - b).abs().max())}"
+
+
 def test_mixed_prefill_and_decode_steps_run_the_modules(tmp_path, monkeypatch):
     runner = _runner(make_tiny_checkpoint(tmp_path / "m", "qwen3", vocab_size=VOCAB))
     counter = _Counter(monkeypatch)

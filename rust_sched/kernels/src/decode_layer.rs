@@ -22,9 +22,9 @@
 //! step's arrays. Tensor parallelism (an all-reduce after the output projection) is not
 //! done here: such layers keep the separate calls.
 
-use super::gemv::{gemv, Weight};
-use super::norm::{qk_norm_rope, rms_norm, Norm, QkHeads};
-use super::paged_decode::{paged_decode_attention, DecodeQueries, PagedKv};
+use super::gemv::{check_weight, gemv, Weight};
+use super::norm::{check_qk, qk_norm_rope, rms_norm, Norm, QkHeads};
+use super::paged_decode::{self, paged_decode_attention, DecodeQueries, PagedKv};
 use super::KernelError;
 
 /// A linear as a decode step multiplies by it: the weight and an optional bias [out].
@@ -81,7 +81,9 @@ pub struct StepRows<'a> {
 /// Steps 1-8 of the module docs for `rows = step.seq_lens.len()` rows: `hidden` and
 /// `residual` are [rows, hidden_size] (`residual` is written: set to `hidden` on the first
 /// layer, `first`, else added to; then the attention output added), `gate_up` [rows,
-/// gate/up outputs] receives the MLP's input projection.
+/// gate/up outputs] receives the MLP's input projection. Every argument is checked (each
+/// kernel's own checks included) before anything is written, so a refused call leaves
+/// the residual stream and the caches as they were.
 #[allow(clippy::too_many_arguments)]
 pub fn decode_layer_front(
     layer: &LayerWeights<'_>,
@@ -95,18 +97,8 @@ pub fn decode_layer_front(
 ) -> Result<(), KernelError> {
     let rows = step.seq_lens.len();
     let width = layer.input_norm.weight.len();
-    let (q_width, kv_width) = (layer.heads * layer.head_dim, layer.kv_heads * layer.head_dim);
+    let (q_width, kv_width) = widths(layer)?;
     let qkv_width = layer.qkv.weight.out_features;
-    check(layer, hidden, residual, &cache, step, gate_up, rows, width)?;
-    let mut normed = vec![0f32; rows * width];
-    if first {
-        residual.copy_from_slice(hidden);
-        rms_norm(residual, None, layer.input_norm, &mut normed, threads)?;
-    } else {
-        rms_norm(hidden, Some(residual), layer.input_norm, &mut normed, threads)?;
-    }
-    let mut qkv = vec![0f32; rows * qkv_width];
-    linear(&layer.qkv, &normed, rows, &mut qkv, threads)?;
     let heads = QkHeads {
         q_heads: layer.heads,
         k_heads: layer.kv_heads,
@@ -117,23 +109,39 @@ pub fn decode_layer_front(
         cos: step.cos,
         sin: step.sin,
     };
-    qk_norm_rope(&mut qkv, &heads, threads)?;
     let mut query = vec![0f32; rows * q_width];
+    check(layer, hidden, residual, &cache, step, gate_up, rows, width)?;
+    check_qk(rows * qkv_width, &heads)?;
+    paged_decode::check(&queries(layer, step, &query), &paged(layer, &cache), rows * q_width)?;
+
+    let mut normed = vec![0f32; rows * width];
+    if first {
+        residual.copy_from_slice(hidden);
+        rms_norm(residual, None, layer.input_norm, &mut normed, threads)?;
+    } else {
+        rms_norm(hidden, Some(residual), layer.input_norm, &mut normed, threads)?;
+    }
+    let mut qkv = vec![0f32; rows * qkv_width];
+    linear(&layer.qkv, &normed, rows, &mut qkv, threads)?;
+    qk_norm_rope(&mut qkv, &heads, threads)?;
     for (r, (row, q)) in qkv.chunks_exact(qkv_width).zip(query.chunks_exact_mut(q_width)).enumerate() {
         let at = step.slots[r] as usize * kv_width; // in range: checked
         cache.keys[at..at + kv_width].copy_from_slice(&row[q_width..q_width + kv_width]);
         cache.values[at..at + kv_width].copy_from_slice(&row[q_width + kv_width..]);
         q.copy_from_slice(&row[..q_width]);
     }
-    let kv = PagedKv {
-        keys: cache.keys,
-        values: cache.values,
-        block_size: cache.block_size,
-        kv_heads: layer.kv_heads,
-        head_dim: layer.head_dim,
-    };
-    let queries = DecodeQueries {
-        query: &query,
+    let mut attended = vec![0f32; rows * q_width];
+    paged_decode_attention(&queries(layer, step, &query), &paged(layer, &cache), &mut attended, threads)?;
+    let mut o = vec![0f32; rows * width];
+    linear(&layer.o, &attended, rows, &mut o, threads)?;
+    rms_norm(&o, Some(residual), layer.post_norm, &mut normed, threads)?;
+    linear(&layer.gate_up, &normed, rows, gate_up, threads)
+}
+
+/// The step's queries ([rows, heads, head_dim]) as the attention kernel takes them.
+fn queries<'a>(layer: &LayerWeights<'_>, step: &StepRows<'a>, query: &'a [f32]) -> DecodeQueries<'a> {
+    DecodeQueries {
+        query,
         heads: layer.heads,
         block_tables: step.block_tables,
         table_width: step.table_width,
@@ -141,13 +149,31 @@ pub fn decode_layer_front(
         scale: layer.scale,
         window: layer.window,
         softcap: layer.softcap,
+    }
+}
+
+/// The layer's cache as the attention kernel reads it.
+fn paged<'a>(layer: &LayerWeights<'_>, cache: &'a LayerCache<'_>) -> PagedKv<'a> {
+    PagedKv {
+        keys: cache.keys,
+        values: cache.values,
+        block_size: cache.block_size,
+        kv_heads: layer.kv_heads,
+        head_dim: layer.head_dim,
+    }
+}
+
+/// The q and the k (or v) widths of a q/k/v row, `heads` and `kv_heads` times `head_dim`.
+fn widths(layer: &LayerWeights<'_>) -> Result<(usize, usize), KernelError> {
+    let fail = || {
+        KernelError::new("decode_layer_front: heads and kv_heads must be positive, heads a multiple of kv_heads, and their widths fit in memory".into())
     };
-    let mut attended = vec![0f32; rows * q_width];
-    paged_decode_attention(&queries, &kv, &mut attended, threads)?;
-    let mut o = vec![0f32; rows * width];
-    linear(&layer.o, &attended, rows, &mut o, threads)?;
-    rms_norm(&o, Some(residual), layer.post_norm, &mut normed, threads)?;
-    linear(&layer.gate_up, &normed, rows, gate_up, threads)
+    if layer.heads == 0 || layer.kv_heads == 0 || layer.heads % layer.kv_heads != 0 {
+        return Err(fail());
+    }
+    let q = layer.heads.checked_mul(layer.head_dim).ok_or_else(fail)?;
+    let kv = layer.kv_heads.checked_mul(layer.head_dim).ok_or_else(fail)?;
+    Ok((q, kv))
 }
 
 /// `out = x W^T (+ b)`, the bias added after the product as the modules add it.
@@ -179,9 +205,12 @@ fn check(
     width: usize,
 ) -> Result<(), KernelError> {
     let fail = |what: String| Err(KernelError::new(format!("decode_layer_front: {what}")));
-    let (q_width, kv_width) = (layer.heads * layer.head_dim, layer.kv_heads * layer.head_dim);
-    if rows == 0 || width == 0 || layer.head_dim == 0 || layer.kv_heads == 0 {
-        return fail("rows, the hidden size, head_dim and kv_heads must be positive".into());
+    let (q_width, kv_width) = widths(layer)?;
+    if rows == 0 || width == 0 || layer.head_dim == 0 {
+        return fail("rows, the hidden size and head_dim must be positive".into());
+    }
+    for linear in [&layer.qkv, &layer.o, &layer.gate_up] {
+        check_weight(&linear.weight)?;
     }
     if hidden.len() != rows * width || residual.len() != rows * width {
         return fail(format!("hidden and residual must be [{rows}, {width}]"));
@@ -190,7 +219,9 @@ fn check(
         return fail(format!("the post-attention norm must have {width} weights"));
     }
     let (qkv, o, gate_up_weight) = (layer.qkv.weight, layer.o.weight, layer.gate_up.weight);
-    if qkv.in_features != width || qkv.out_features != q_width + 2 * kv_width {
+    if qkv.in_features != width
+        || Some(qkv.out_features) != kv_width.checked_mul(2).and_then(|w| w.checked_add(q_width))
+    {
         return fail(format!(
             "the q/k/v projection must be [{} , {width}] ({} q and {} kv heads of {})",
             q_width + 2 * kv_width,

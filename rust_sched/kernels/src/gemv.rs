@@ -343,6 +343,22 @@ fn denormals_are_zero() -> bool {
 }
 
 fn check(weight: &Weight<'_>, x: &[f32], rows: usize, out: &mut [f32]) -> Result<(), KernelError> {
+    check_weight(weight)?;
+    let (n, k) = (weight.out_features, weight.in_features);
+    if x.len() != rows * k || out.len() != rows * n {
+        return Err(KernelError::new(format!(
+            "gemv: x holds {} floats and out {}; {rows} rows of [{k}] in and [{n}] out need {} and {}",
+            x.len(),
+            out.len(),
+            rows * k,
+            rows * n
+        )));
+    }
+    Ok(())
+}
+
+/// [`gemv`]'s checks of the weight alone: its shape, group size, scales and biases.
+pub(crate) fn check_weight(weight: &Weight<'_>) -> Result<(), KernelError> {
     let (n, k, group) = (weight.out_features, weight.in_features, weight.group_size);
     let fail = |what: String| Err(KernelError::new(format!("gemv: {what}")));
     if n == 0 || k == 0 || k % CHUNK != 0 || group == 0 || k % group != 0 || group % CHUNK != 0 {
@@ -376,15 +392,6 @@ fn check(weight: &Weight<'_>, x: &[f32], rows: usize, out: &mut [f32]) -> Result
         if b.len() != n * groups {
             return fail(format!("biases hold {}, [{n}, {groups}] needs {}", b.len(), n * groups));
         }
-    }
-    if x.len() != rows * k || out.len() != rows * n {
-        return fail(format!(
-            "x holds {} floats and out {}; {rows} rows of [{k}] in and [{n}] out need {} and {}",
-            x.len(),
-            out.len(),
-            rows * k,
-            rows * n
-        ));
     }
     Ok(())
 }
@@ -502,8 +509,13 @@ mod tests {
             numbers(3, n * groups).into_iter().map(|s| s.abs() + 0.01).collect::<Vec<_>>().leak();
         let biases: &'static [f32] = numbers(4, n * groups).leak();
         let floats: &'static [f32] = numbers(5, n * k).leak();
-        let int8: &'static [i8] =
-            numbers(6, n * k).iter().map(|v| (v * 127.0) as i8).collect::<Vec<_>>().leak();
+        // Every seventh weight -128, the int8 range's end (the VNNI loops flip its sign bit).
+        let int8: &'static [i8] = numbers(6, n * k)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| if i % 7 == 0 { i8::MIN } else { (v * 127.0) as i8 })
+            .collect::<Vec<_>>()
+            .leak();
         let nibbles: Vec<u8> = numbers(7, n * k).iter().map(|v| ((v + 1.0) * 7.99) as u8).collect();
         let int4: &'static [u8] =
             nibbles.chunks_exact(2).map(|p| p[0] | (p[1] << 4)).collect::<Vec<_>>().leak();
@@ -615,9 +627,16 @@ mod tests {
 
     #[test]
     fn int8_loops_match_the_dequantized_product() {
-        // Per-channel groups and groups of 32 (Q8_0), with and without biases, every row
-        // count the loops specialise and a tail past 4.
-        for (rows, n, k, group) in [(1, 37, 512, 512), (2, 19, 256, 32), (3, 9, 96, 32), (6, 21, 512, 128)] {
+        // Per-channel groups, groups of 32 (Q8_0), of one 64-column block and of 128, with
+        // and without biases, every row count the loops specialise and a tail past 4.
+        for (rows, n, k, group) in [
+            (1, 37, 512, 512),
+            (2, 19, 256, 32),
+            (3, 9, 96, 32),
+            (3, 9, 128, 64),
+            (4, 11, 192, 64),
+            (6, 21, 512, 128),
+        ] {
             for (dense, weight) in formats(n, k, group).into_iter().skip(1).take(2) {
                 let x = numbers(rows as u64 + 5, rows * k);
                 let want = reference(&dense, &x, rows, n, k);
@@ -711,7 +730,7 @@ mod tests {
         let (n, k) = (16, 128);
         let (dense, weight) = formats(n, k, k).swap_remove(1);
         let mut x = numbers(23, k);
-        x[5] = 3.0e19; // past 2^64: the digits' exponent would leave a normal float
+        x[5] = 3.0e19; // past the digits' range (2^64)
         assert!(!digits_fit(&x));
         let mut got = vec![f32::NAN; n];
         gemv(weight(), &x, 1, &mut got, 1).unwrap();

@@ -201,9 +201,17 @@ mod tests {
         let x: Vec<f32> = (0..rows * k)
             .map(|i| [1e-18f32, 1.0, 3e9, 0.0][(i / group) % 4] * (((i * 7919) % 1013) as f32 - 506.5) / 97.0)
             .collect();
+        #[cfg(target_arch = "x86_64")]
         for layout in [DigitLayout::Nibbles, DigitLayout::Bytes] {
+            if !(std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw"))
+            {
+                eprintln!("skipped: no AVX-512F and BW on this CPU");
+                return;
+            }
             let want = portable_digits(&x, rows, k, group, layout);
-            let got = digits(&x, rows, k, group, layout);
+            // SAFETY: the CPU has AVX-512F and BW (checked above).
+            let got = unsafe { crate::gemv_digits_avx512::digits(&x, rows, k, group, layout) };
             assert_eq!(got.bytes, want.bytes, "{layout:?}");
             assert_eq!(got.factors, want.factors, "{layout:?}");
             assert_eq!(got.starts, want.starts, "{layout:?}");

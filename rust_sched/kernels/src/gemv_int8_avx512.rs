@@ -3,7 +3,8 @@
 //! conversions (8 weights each, one a cycle) bound a core below its memory bandwidth.
 //! Plain floats throughout (no subnormal tricks), so any AVX-512F CPU takes it; those with
 //! AVX-512 VNNI take `gemv_int8_vnni` instead wherever the groups are whole 64-column
-//! blocks (all but Q8_0's groups of 32, which keep [`row_q8`]).
+//! blocks and every `|x|` is within the digits' range (all but Q8_0's groups of 32, which
+//! keep [`row_q8`]).
 //!
 //! The weight row's bytes are prefetched 4 KiB ahead (`gemv_avx512::stream_ahead`), one cache line each time
 //! the loop reaches a new 64 columns, rather than a row's worth at once as the row starts

@@ -13,19 +13,22 @@
 //! float (`gemv_avx512::combine`) and scaled once by the weight's scale times the digits'
 //! `2^-e`.
 //!
-//! Unlike int4's VNNI loops, these win at every row count: the FMA loop's per-row work (an
-//! FMA per 16 weights) is no less than a `vpdpbusd` per 16, so the shared decoding they
-//! drop is pure gain. On the Intel Xeon development VM (a streamed token, two threads,
+//! Unlike int4's VNNI loops, these are taken at every row count: the FMA loop's per-row
+//! work (an FMA per 16 weights) is no less than a `vpdpbusd` per 16, so the shared
+//! decoding they drop is a gain; measured faster at every row count but two, where the
+//! difference was within the noise. On the Intel Xeon development VM (a streamed token, two threads,
 //! `cargo bench -p pyengine-kernels --bench gemv -- --formats int8 --rows R`, two
 //! alternated rounds on a shared machine): one row 17.1-17.8 -> 11.0-11.2 ms, three
 //! 19.9-20.4 -> 17.7-18.1, four 22.1-22.8 -> 18.5-19.5, eight 42.8-43.1 -> 32.8-33.3,
 //! 32 rows 178 -> 168; two rows 14.8-15.6 -> 15.1-18.6 (within the noise). Cached weights
 //! (a 8 MiB working set, one row): about 33 -> 50 GB/s.
 //!
-//! The sums are exact: a lane adds `group / 16` products of at most `255 * 128` onto a
-//! start of at most `128 * 128 * group / 16` in magnitude, inside 32 bits for groups up to
-//! a million columns; the final sum, at most `128 * 128 * group / 16`, converts to float
-//! exactly for groups up to 16,384 columns (beyond, it rounds as float32 sums do).
+//! The sums are exact: a lane meets `group / 16` columns, and after any number of blocks
+//! its sum is `sum_seen q d - 128 sum_unseen d` over them (the start took `128 d` off for
+//! every column, each block added `(q + 128) d` back for its own), at most `128 * 128` a
+//! column in magnitude: `1024 * group` in all, inside 32 bits for groups up to 2 million
+//! columns; the final sum converts to float exactly for groups up to 16,384 columns
+//! (beyond, it rounds as float32 sums do).
 
 use std::arch::x86_64::*;
 

@@ -99,9 +99,8 @@ pub struct QkHeads<'a> {
     pub sin: &'a [f32],
 }
 
-/// Normalizes (where asked) and rotates every q and k head of every token of `qkv`
-/// (`[tokens, row_stride]`), in place.
-pub fn qk_norm_rope(qkv: &mut [f32], heads: &QkHeads<'_>, threads: usize) -> Result<(), KernelError> {
+/// [`qk_norm_rope`]'s checks of a `qkv_len`-float q/k/v array against `heads`.
+pub(crate) fn check_qk(qkv_len: usize, heads: &QkHeads<'_>) -> Result<(), KernelError> {
     let dim = heads.head_dim;
     let used = (heads.q_heads + heads.k_heads) * dim;
     let tokens = heads.cos.len() / dim.max(1);
@@ -109,7 +108,7 @@ pub fn qk_norm_rope(qkv: &mut [f32], heads: &QkHeads<'_>, threads: usize) -> Res
     if dim == 0 || dim % 2 != 0 {
         return fail("head_dim must be even and positive");
     }
-    if heads.row_stride < used || qkv.len() != tokens * heads.row_stride {
+    if heads.row_stride < used || qkv_len != tokens * heads.row_stride {
         return fail("qkv must be [tokens, row_stride] with the q and k heads in each row");
     }
     if heads.cos.len() != tokens * dim || heads.sin.len() != heads.cos.len() {
@@ -118,6 +117,16 @@ pub fn qk_norm_rope(qkv: &mut [f32], heads: &QkHeads<'_>, threads: usize) -> Res
     if [heads.q_norm, heads.k_norm].iter().flatten().any(|n| n.weight.len() != dim) {
         return fail("the q/k norm weights must have head_dim entries");
     }
+    Ok(())
+}
+
+/// Normalizes (where asked) and rotates every q and k head of every token of `qkv`
+/// (`[tokens, row_stride]`), in place.
+pub fn qk_norm_rope(qkv: &mut [f32], heads: &QkHeads<'_>, threads: usize) -> Result<(), KernelError> {
+    check_qk(qkv.len(), heads)?;
+    let dim = heads.head_dim;
+    let used = (heads.q_heads + heads.k_heads) * dim;
+    let tokens = heads.cos.len() / dim;
     let parts = split_rows(tokens, used, threads);
     let mut rest = qkv;
     let mut pieces = Vec::with_capacity(parts.len());

@@ -113,7 +113,8 @@ pub fn paged_decode_attention(
     Ok(())
 }
 
-fn check(q: &DecodeQueries<'_>, kv: &PagedKv<'_>, out_len: usize) -> Result<(), KernelError> {
+/// [`paged_decode_attention`]'s checks, for an output of `out_len` floats.
+pub(crate) fn check(q: &DecodeQueries<'_>, kv: &PagedKv<'_>, out_len: usize) -> Result<(), KernelError> {
     let fail = |message: String| Err(KernelError::new(format!("paged decode attention: {message}")));
     let (rows, d) = (q.seq_lens.len(), kv.head_dim);
     if kv.block_size == 0 || kv.kv_heads == 0 || d == 0 || q.heads == 0 {

@@ -81,7 +81,7 @@ impl LinearArrays {
             group_size,
             bias: bias.map(Bound::unbind),
         };
-        linear.borrow(py, name)?.linear(name)?; // every shape checked once here, and by the kernels per call
+        linear.borrow(py, name)?.linear(name)?; // dtypes and layout; the kernels check shapes per call
         Ok(linear)
     }
 
