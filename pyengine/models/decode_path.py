@@ -46,7 +46,6 @@ from pyengine.models.layers import (
     DecoderAttention,
     FusedDecodeAttention,
     GatedMLP,
-    LayerAttention,
     RMSNorm,
     RowParallelLinear,
     native_rms_norm,
@@ -129,19 +128,19 @@ class _LayerProgram:
             self.gate_up = _Linear(mlp.gate_up_proj)
             self.down = _Linear(mlp.down_proj)
             self.gelu = mlp.gelu
-            self.native = self._native_layer(attention.o_proj.parallel.world_size, attention.spec)
+            self.native = self._native_layer()
 
-    def _native_layer(self, world_size: int, spec: LayerAttention) -> Optional["DecodeLayer"]:
+    def _native_layer(self) -> Optional["DecodeLayer"]:
         """The layer's front as one native call (see the module docstring), or None where a
         step needs Python between its kernels."""
         parts = [linear.product.native_parts() for linear in (self.qkv, self.o, self.gate_up)]
-        if world_size != 1 or any(part is None for part in parts):
+        if self.parallel.world_size != 1 or any(part is None for part in parts):
             return None
         qkv, o, gate_up = parts
         return _kernels.DecodeLayer(
             self.input_norm.weight, self.input_norm.eps, self.post_norm.weight, self.post_norm.eps, qkv, o, gate_up,
             self.q_norm, self.k_norm, self.qk_eps, self.num_heads, self.num_kv_heads, self.head_dim,
-            spec.score_scale(self.head_dim), softcap=spec.softcap or 0.0,
+            self.spec.score_scale(self.head_dim), softcap=self.spec.softcap or 0.0,
         )
 
     @staticmethod
