@@ -391,8 +391,12 @@ class ModelRunner:
         self.batch.row_errors[int(self.batch.seq_ids[row])] = message
 
     def _input_ids(self, plan: StepPlanLike, rows: torch.Tensor) -> torch.Tensor:
-        input_ids = _to_device(plan.input_ids, torch.int64, self.device)
         placeholders = np.flatnonzero(plan.input_ids < 0)
+        if placeholders.size == len(plan.input_ids) == len(plan.rows):
+            # A decode step planned behind the previous one (pipeline depth 2): every row's
+            # one token is the one it last sampled, read in one gather.
+            return self.batch.last_sampled.index_select(0, rows)
+        input_ids = _to_device(plan.input_ids, torch.int64, self.device)
         if placeholders.size:
             owners = np.searchsorted(plan.query_start_loc, placeholders, side="right") - 1
             owner_rows = rows[torch.from_numpy(owners).to(self.device)]
@@ -417,7 +421,7 @@ class ModelRunner:
                     seq_lens=plan.seq_lens,
                     num_scheduled_tokens=plan.num_scheduled_tokens,
                     slot_mapping=slots[:, t - 1].contiguous(),
-                    block_tables=self.batch.block_tables[t].index_select(0, rows)[:, :width],
+                    block_tables=self.batch.block_tables[t, :, :width].index_select(0, rows),
                     block_size=self.block_size,
                 )
                 for t in range(1, extra + 1)
@@ -427,7 +431,7 @@ class ModelRunner:
             seq_lens=plan.seq_lens,
             num_scheduled_tokens=plan.num_scheduled_tokens,
             slot_mapping=_to_device(plan.slot_mapping, torch.int64, self.device),
-            block_tables=self.batch.block_table.index_select(0, rows)[:, :width],
+            block_tables=self.batch.block_table[:, :width].index_select(0, rows),
             block_size=self.block_size,
             group_layouts=group_layouts,
         )
