@@ -122,6 +122,31 @@ def test_the_draft_model_proposes_only_for_the_sequences_the_plan_names(target):
     assert counts.tolist() == [0] and len(tokens) == 0
 
 
+def test_a_decode_step_whose_sequences_never_draft_again_costs_the_draft_nothing(target):
+    """Once the plan names no sequence that may draft (``may_draft_indices`` and
+    ``propose_indices`` empty) and no row is in its prompt, the draft neither mirrors nor
+    proposes, and the runner hands back None for the next drafts (none for anyone)."""
+    runner = _runner(target, draft=target)
+    calls: list[str] = []
+    for name in ("mirror", "propose"):
+        original = getattr(runner.proposer, name)
+        setattr(runner.proposer, name, lambda *a, _o=original, _n=name, **k: (calls.append(_n), _o(*a, **k))[1])
+    planner = HandPlanner(num_blocks=runner.num_kv_blocks, max_rows=8)
+    for p in PROMPTS[:2]:
+        planner.add(p, GREEDY)
+    nobody = np.zeros(0, dtype=np.int32)
+    for step in range(3):
+        plan = planner.next_plan()
+        plan.may_draft_indices, plan.propose_indices = nobody, nobody
+        calls.clear()
+        out = runner.execute(plan)
+        planner.record(plan, out.sampled_token_ids)
+        if step == 0:  # the prompts are mirrored whatever drafts later (a prefix hit may share them)
+            assert calls == ["mirror"] and out.next_drafts[0].tolist() == [0, 0]
+        else:
+            assert calls == [] and out.next_drafts is None
+
+
 def test_propose_counts_of_another_length_than_propose_indices_are_refused(target):
     """One cap per named sequence: a plan whose ``propose_counts`` does not match its
     ``propose_indices`` is a planner's bug, refused rather than read as "k for all"."""

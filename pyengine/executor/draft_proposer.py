@@ -42,6 +42,7 @@ from pyengine.executor.proposals import (
     StepTokens,
     draft_counts,
     kept_drafts,
+    names_none,
     note_prompts,
     proposal_starts,
     propose_named,
@@ -110,6 +111,8 @@ class DraftProposer:
             self.mirror(step.input_ids, step.positions, step.layout)
         elif keep.any():
             self.mirror(*select_rows(step, np.flatnonzero(keep)))
+        elif names_none(step.plan):  # no sequence of the step drafts again: nothing to do
+            return None
         return self.propose_after(step.plan, output, batch.block_tables)
 
     def mirror(self, input_ids: torch.Tensor, positions: torch.Tensor, layout: StepAttentionLayout) -> None:

@@ -117,10 +117,9 @@ class Eagle3Proposer:
         may still draft), then proposes the next step's drafts (``batch``: the runner's
         persistent batch: block tables, seq ids)."""
         plan = step.plan
-        starts = proposal_starts(plan, output) if len(plan.logits_indices) else None
         if step.aux_hidden is None:  # nothing to mirror, no sequence drafts again (begin_step)
-            return None if starts is None else (np.zeros(len(starts.rows), dtype=np.int32),
-                                                np.zeros(0, dtype=np.int64))
+            return None
+        starts = proposal_starts(plan, output) if len(plan.logits_indices) else None
         features = self.head.combine(step.aux_hidden)
         last_valid = np.asarray(plan.query_start_loc, dtype=np.int64)[1:] - 1
         if starts is not None:  # a sampled sequence's last committed token: its last accepted entry

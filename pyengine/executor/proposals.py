@@ -95,6 +95,14 @@ def proposal_starts(plan: Any, output: Any) -> ProposalStarts:
                           None if caps is None else np.asarray(caps, dtype=np.int64))
 
 
+def names_none(plan: Any) -> bool:
+    """Whether ``plan`` asks its proposer for no drafts at all (``propose_indices`` empty;
+    a hand-built plan without the field asks for every sampled sequence's): the proposer
+    then hands back None, which the scheduler takes as no drafts for any sequence."""
+    wanted = getattr(plan, "propose_indices", None)
+    return wanted is not None and not len(wanted)
+
+
 def propose_named(starts: ProposalStarts, device: torch.device, propose: ProposeFn) -> Drafts:
     """``propose(rows, last_tokens, next_positions, caps)`` for the sequences ``starts``
     names, as counts for every sampled sequence (0 for the others) and their tokens in order."""
