@@ -71,9 +71,13 @@ def test_chunks_after_cached_context_in_slices_match_the_whole_context(spec, sli
     # decodes, chunks of 6 / 3 tokens after 21 / 9 cached rows (ending inside blocks), a fresh prompt
     seq_lens, scheduled = [9, 27, 13, 12, 7], [1, 6, 1, 3, 7]
     cache, layout, q, k, v, contexts = _step(seq_lens, scheduled, seed=slice_rows)
-    whole = SdpaStepAttention(cache, layout, slice_rows=1024).attend(0, q, k, v, spec)
-    sliced = SdpaStepAttention(cache, layout, slice_rows=slice_rows).attend(0, q, k, v, spec)
+    # native_decode=False: chunks this short would otherwise go to the decode kernel a row
+    # per token (``metadata.as_decode_rows``), compared last.
+    whole = SdpaStepAttention(cache, layout, native_decode=False, slice_rows=1024).attend(0, q, k, v, spec)
+    sliced = SdpaStepAttention(cache, layout, native_decode=False, slice_rows=slice_rows).attend(0, q, k, v, spec)
     expected = _naive(q, contexts, scheduled, spec)
+    rows = SdpaStepAttention(cache, layout).attend(0, q, k, v, spec)
+    torch.testing.assert_close(rows, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(whole, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(sliced, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(sliced, whole, atol=1e-5, rtol=1e-5)
@@ -93,7 +97,7 @@ def test_the_sliced_path_reads_at_most_a_slice_of_blocks_at_once(monkeypatch):
         return real(blocks, table, start, end)
 
     monkeypatch.setattr(sdpa, "cached_rows", counting)
-    out = SdpaStepAttention(cache, layout, slice_rows=8).attend(0, q, k, v, FULL_ATTENTION)
+    out = SdpaStepAttention(cache, layout, native_decode=False, slice_rows=8).attend(0, q, k, v, FULL_ATTENTION)
     torch.testing.assert_close(out, _naive(q, contexts, scheduled, FULL_ATTENTION), atol=1e-5, rtol=1e-5)
     assert reads == [8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 1, 1]  # keys and values of each slice
 

@@ -63,6 +63,31 @@ def prefill_chunks(layout: StepAttentionLayout) -> list[PrefillChunk]:
     return chunks
 
 
+def as_decode_rows(layout: StepAttentionLayout) -> StepAttentionLayout:
+    """The step with every token a row of its own: the token at position ``p`` of a
+    sequence reads that sequence's block table and attends to its first ``p + 1``
+    positions. Once every token's K/V is in the cache (backends write them before they
+    attend) that is exactly causal attention over the sequence, so a step of short
+    chunks (a verification step's ``1 + d`` entries) can take the decode kernels. The
+    slot mapping is the same; each group layout is expanded alike."""
+    counts = layout.num_scheduled_tokens.astype(np.int64)
+    tokens = int(counts.sum())
+    owner = np.repeat(np.arange(len(counts)), counts)
+    # A token's distance before its sequence's last token of the step.
+    before_last = np.repeat(np.asarray(layout.query_start_loc[1:], dtype=np.int64), counts) - 1 - np.arange(tokens)
+    seq_lens = np.repeat(np.asarray(layout.seq_lens, dtype=np.int64), counts) - before_last
+    owner_t = torch.from_numpy(owner).to(layout.block_tables.device)
+    return StepAttentionLayout(
+        query_start_loc=np.arange(tokens + 1, dtype=np.int64),
+        seq_lens=seq_lens.astype(np.asarray(layout.seq_lens).dtype),
+        num_scheduled_tokens=np.ones(tokens, dtype=np.asarray(layout.num_scheduled_tokens).dtype),
+        slot_mapping=layout.slot_mapping,
+        block_tables=layout.block_tables.index_select(0, owner_t),
+        block_size=layout.block_size,
+        group_layouts=tuple(as_decode_rows(group) for group in layout.group_layouts),
+    )
+
+
 class AttentionBackend(Protocol):
     """A way of attending over the paged cache; ``bind`` once per step."""
 

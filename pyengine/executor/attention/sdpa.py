@@ -13,6 +13,11 @@ Per step the sequences split into two groups:
   threads; other dtypes gather keys in tiles that stay in the core's cache, use ``bmm``,
   and sum the values straight from the paged cache with ``embedding_bag``, weighted by
   the attention probabilities.
+- a step of short chunks only (every sequence at most ``MAX_EXPANDED_QUERIES`` tokens,
+  some more than one: a verification step's ``1 + d`` entries) goes, where the native
+  kernel applies, as one decode row per token (``metadata.as_decode_rows``: a token at
+  position ``p`` attends to its sequence's first ``p + 1`` positions, written before it
+  attends), so such a step takes the model's native decode path too;
 - multi-token sequences (prefill chunks): one SDPA call each, causal, with the chunk's
   earlier context read from the cache. There are few of them per step and each is large,
   so the Python loop costs little next to the work. A context longer than ``slice_rows``
@@ -39,7 +44,7 @@ import torch.nn.functional as F
 
 from pyengine import _kernels
 from pyengine.errors import InvalidConfigError
-from pyengine.executor.attention.metadata import PrefillChunk, StepAttentionLayout, prefill_chunks
+from pyengine.executor.attention.metadata import PrefillChunk, StepAttentionLayout, as_decode_rows, prefill_chunks
 from pyengine.executor.attention.sliced import DEFAULT_SLICE_ROWS, attend_in_slices, cached_rows
 from pyengine.executor.attention.windowed import attend_masked, causal_mask, windowed_chunk
 from pyengine.executor.kv_cache import PagedKVCache
@@ -48,6 +53,16 @@ from pyengine.models.layers import FULL_ATTENTION, LayerAttention
 
 # Gathered keys of one CPU tile should stay in the cores' caches (per intra-op thread).
 CPU_TILE_BYTES = 2**20
+# A step whose sequences have at most this many tokens each (a verification step of up
+# to 7 drafts) is attended by the native decode kernel, a row per token: each token's
+# row reads its sequence's K/V again, which for so few tokens costs less than the chunk
+# path's gather, mask and SDPA call per sequence and layer.
+MAX_EXPANDED_QUERIES = 8
+# ... while each such sequence's K/V (one layer's) fits a core's L2, where the rows after
+# its first token find them: beyond, the kernel's re-reads cost more than the chunk
+# path (the copy model, 4 KiB of K/V a position per layer: 4 drafts at context 300-850,
+# 2.4 ms a step by the chunk path, 3.0 ms as rows).
+EXPANDED_CONTEXT_BYTES = 2**20
 
 
 @dataclass
@@ -100,6 +115,8 @@ class SdpaStepAttention:
     def __init__(self, cache: PagedKVCache, layout: StepAttentionLayout, native_decode: bool = True,
                  slice_rows: int = DEFAULT_SLICE_ROWS) -> None:
         self.cache = cache
+        if _expands_to_decode_rows(cache, layout, native_decode):
+            layout = as_decode_rows(layout)
         self.layout = layout
         self.native_decode = native_decode
         self.slice_rows = slice_rows
@@ -433,6 +450,22 @@ def _single_query_group(
         np.ascontiguousarray(lengths, dtype=np.int32), tile_rows, on_cpu, native,
         window if native else None,
     )
+
+
+def _expands_to_decode_rows(cache: PagedKVCache, layout: StepAttentionLayout, native_decode: bool) -> bool:
+    """Whether a step whose sequences have up to ``MAX_EXPANDED_QUERIES`` tokens each, some
+    more than one (a verification step's drafts, short chunks), goes to the native decode
+    kernel as one row per token (``metadata.as_decode_rows``)."""
+    counts = layout.num_scheduled_tokens
+    if not len(counts) or not _native_decode_applies(cache, layout, native_decode):
+        return False
+    longest = int(counts.max())
+    if not 1 < longest <= MAX_EXPANDED_QUERIES:
+        return False
+    shape = cache.shape
+    per_position = 2 * shape.num_kv_heads * shape.head_dim * cache.keys.element_size()
+    context = int(np.asarray(layout.seq_lens)[counts > 1].max())
+    return context * per_position <= EXPANDED_CONTEXT_BYTES
 
 
 def _native_decode_applies(cache: PagedKVCache, layout: StepAttentionLayout, native_decode: bool) -> bool:
