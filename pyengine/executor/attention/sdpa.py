@@ -44,7 +44,12 @@ import torch.nn.functional as F
 
 from pyengine import _kernels
 from pyengine.errors import InvalidConfigError
-from pyengine.executor.attention.metadata import PrefillChunk, StepAttentionLayout, as_decode_rows, prefill_chunks
+from pyengine.executor.attention.metadata import (
+    PrefillChunk,
+    StepAttentionLayout,
+    as_decode_rows,
+    prefill_chunks,
+)
 from pyengine.executor.attention.sliced import DEFAULT_SLICE_ROWS, attend_in_slices, cached_rows
 from pyengine.executor.attention.windowed import attend_masked, causal_mask, windowed_chunk
 from pyengine.executor.kv_cache import PagedKVCache
