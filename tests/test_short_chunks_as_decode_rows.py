@@ -1,7 +1,7 @@
 """A step of short chunks (a verification step's ``1 + d`` entries) attended as one row
 per token by the native decode kernel (``metadata.as_decode_rows``) equals causal
 attention over each sequence, windowed and soft-capped layers included, and equals the
-chunk path it replaces; longer chunks and contexts past the cache budget keep that path."""
+chunk path it replaces; longer chunks keep that path."""
 
 from __future__ import annotations
 
@@ -111,18 +111,3 @@ def test_a_longer_chunk_keeps_the_chunk_path():
     torch.testing.assert_close(step.attend(0, q, k, v, FULL_ATTENTION),
                                _reference(cache, layout, q, k, v, FULL_ATTENTION), rtol=1e-5, atol=1e-5)
 
-
-def test_a_context_beyond_the_cache_budget_keeps_the_chunk_path(monkeypatch):
-    """Each token's row reads its sequence's K/V again: past ``EXPANDED_CONTEXT_BYTES`` of
-    them (a core's L2) the chunk path, which reads them once, is kept."""
-    from pyengine.executor.attention import sdpa
-
-    per_position = 2 * KV_HEADS * HEAD_DIM * 4
-    cache, layout, q, k, v = _step([30, 12, 4], [3, 2, 1])
-    monkeypatch.setattr(sdpa, "EXPANDED_CONTEXT_BYTES", 30 * per_position)
-    assert SdpaBackend().bind(cache, layout).all_single  # the longest context just fits
-    monkeypatch.setattr(sdpa, "EXPANDED_CONTEXT_BYTES", 30 * per_position - 1)
-    step = SdpaBackend().bind(cache, layout)
-    assert not step.all_single and len(step.chunks) == 2
-    torch.testing.assert_close(step.attend(0, q, k, v, FULL_ATTENTION),
-                               _reference(cache, layout, q, k, v, FULL_ATTENTION), rtol=1e-5, atol=1e-5)

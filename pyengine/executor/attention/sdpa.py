@@ -59,15 +59,10 @@ from pyengine.models.layers import FULL_ATTENTION, LayerAttention
 # Gathered keys of one CPU tile should stay in the cores' caches (per intra-op thread).
 CPU_TILE_BYTES = 2**20
 # A step whose sequences have at most this many tokens each (a verification step of up
-# to 7 drafts) is attended by the native decode kernel, a row per token: each token's
-# row reads its sequence's K/V again, which for so few tokens costs less than the chunk
-# path's gather, mask and SDPA call per sequence and layer.
+# to 7 drafts) is attended by the native decode kernel, a row per token; the kernel
+# reads a sequence's K/V once for all its rows (``paged_decode.rs``, runs of rows), in
+# place of the chunk path's gather, mask and SDPA call per sequence and layer.
 MAX_EXPANDED_QUERIES = 8
-# ... while each such sequence's K/V (one layer's) fits a core's L2, where the rows after
-# its first token find them: beyond, the kernel's re-reads cost more than the chunk
-# path (the copy model, 4 KiB of K/V a position per layer: 4 drafts at context 300-850,
-# 2.4 ms a step by the chunk path, 3.0 ms as rows).
-EXPANDED_CONTEXT_BYTES = 2**20
 
 
 @dataclass
@@ -465,12 +460,7 @@ def _expands_to_decode_rows(cache: PagedKVCache, layout: StepAttentionLayout, na
     if not len(counts) or not _native_decode_applies(cache, layout, native_decode):
         return False
     longest = int(counts.max())
-    if not 1 < longest <= MAX_EXPANDED_QUERIES:
-        return False
-    shape = cache.shape
-    per_position = 2 * shape.num_kv_heads * shape.head_dim * cache.keys.element_size()
-    context = int(np.asarray(layout.seq_lens)[counts > 1].max())
-    return context * per_position <= EXPANDED_CONTEXT_BYTES
+    return 1 < longest <= MAX_EXPANDED_QUERIES
 
 
 def _native_decode_applies(cache: PagedKVCache, layout: StepAttentionLayout, native_decode: bool) -> bool:

@@ -7,6 +7,11 @@
 //! is bound by. Rows are split into `threads` ranges of equal context, run as described
 //! in `parallel.rs`.
 //!
+//! Consecutive rows that are one sequence's successive tokens (the same block table,
+//! lengths growing by one: a verification step's entries handed over a row per token)
+//! form a run whose K and V are read once for all its rows; each row still scores and
+//! sums only the positions it sees, with the arithmetic it would have alone.
+//!
 //! A sliding-window layer (`window > 0`) attends to the last `window` positions of each
 //! row only: the blocks before the window are neither read nor scored, so a decode step
 //! costs the same at any context length beyond the window.
@@ -226,44 +231,91 @@ fn attend_rows_with<S: Ops>(
     let (first_head, heads) = (kv_heads.start * group, kv_heads.len() * group);
     let first_kv = kv_heads.start;
     let slot_len = kv.kv_heads * d;
-    let longest = rows.clone().map(|r| q.seq_lens[r] as usize - q.first_position(r)).max().unwrap_or(0);
+    let runs = sequence_runs(q, rows.clone());
+    // Scores of a run, row-major then head-major: scores[(i * heads + h) * span + t] for
+    // the run's i-th row and position first + t, `first` and `span` the run's.
+    let longest = runs
+        .iter()
+        .map(|run| run.len() * (q.seq_lens[run.end - 1] as usize - q.first_position(run.start)))
+        .max()
+        .unwrap_or(0);
     let mut scores = vec![0f32; heads * longest];
-    let mut inverse_sums = vec![0f32; heads];
-    for (row, out_row) in rows.zip(out.chunks_exact_mut(heads * d)) {
-        let (first, end) = (q.first_position(row), q.seq_lens[row] as usize);
-        let len = end - first;
-        let table = &q.block_tables[row * q.table_width..][..end.div_ceil(bs)];
-        let query = &q.query[(row * q.heads + first_head) * d..][..heads * d];
-        // Scores, head-major: scores[h * len + t] for position first + t.
-        let scores = &mut scores[..heads * len];
+    let mut inverse_sums = vec![0f32; heads * runs.iter().map(|run| run.len()).max().unwrap_or(0)];
+    let mut out_rows = out.chunks_exact_mut(heads * d);
+    for run in runs {
+        let (first, end) = (q.first_position(run.start), q.seq_lens[run.end - 1] as usize);
+        let span = end - first;
+        // Row i of the run sees positions bounds[i] (its window's first .. its length).
+        let bounds: Vec<Range<usize>> =
+            run.clone().map(|row| q.first_position(row) - first..q.seq_lens[row] as usize - first).collect();
+        let table = &q.block_tables[run.start * q.table_width..][..end.div_ceil(bs)];
+        let scores = &mut scores[..run.len() * heads * span];
         for (t, (slot, ahead)) in slots(table, bs, first, end).enumerate() {
             S::prefetch(&kv.keys[ahead * slot_len..][..slot_len]);
             let keys = &kv.keys[slot * slot_len..][..slot_len];
-            for (h, qh) in query.chunks_exact(d).enumerate() {
-                let k = &keys[(first_kv + h / group) * d..][..d];
-                scores[h * len + t] = S::dot(qh, k) * q.scale;
+            for (i, row) in run.clone().enumerate() {
+                if !bounds[i].contains(&t) {
+                    continue;
+                }
+                let query = &q.query[(row * q.heads + first_head) * d..][..heads * d];
+                for (h, qh) in query.chunks_exact(d).enumerate() {
+                    let k = &keys[(first_kv + h / group) * d..][..d];
+                    scores[(i * heads + h) * span + t] = S::dot(qh, k) * q.scale;
+                }
             }
         }
-        if q.softcap > 0.0 {
-            let cap = q.softcap;
-            scores.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
+        for (i, row_scores) in scores.chunks_exact_mut(heads * span).enumerate() {
+            for (h, head_scores) in row_scores.chunks_exact_mut(span).enumerate() {
+                let seen = &mut head_scores[bounds[i].clone()];
+                if q.softcap > 0.0 {
+                    let cap = q.softcap;
+                    seen.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
+                }
+                let top = max(seen);
+                inverse_sums[i * heads + h] = 1.0 / exp_shifted_in_place(seen, top);
+            }
         }
-        for (h, head_scores) in scores.chunks_exact_mut(len).enumerate() {
-            let top = max(head_scores);
-            inverse_sums[h] = 1.0 / exp_shifted_in_place(head_scores, top);
-        }
-        out_row.fill(0.0);
+        let mut run_out: Vec<&mut [f32]> = out_rows.by_ref().take(run.len()).collect();
+        run_out.iter_mut().for_each(|row_out| row_out.fill(0.0));
         for (t, (slot, ahead)) in slots(table, bs, first, end).enumerate() {
             S::prefetch(&kv.values[ahead * slot_len..][..slot_len]);
             let values = &kv.values[slot * slot_len..][..slot_len];
-            for (h, acc) in out_row.chunks_exact_mut(d).enumerate() {
-                S::axpy(acc, scores[h * len + t], &values[(first_kv + h / group) * d..][..d]);
+            for (i, out_row) in run_out.iter_mut().enumerate() {
+                if !bounds[i].contains(&t) {
+                    continue;
+                }
+                for (h, acc) in out_row.chunks_exact_mut(d).enumerate() {
+                    let weight = scores[(i * heads + h) * span + t];
+                    S::axpy(acc, weight, &values[(first_kv + h / group) * d..][..d]);
+                }
             }
         }
-        for (acc, &inverse) in out_row.chunks_exact_mut(d).zip(inverse_sums.iter()) {
-            acc.iter_mut().for_each(|x| *x *= inverse);
+        for (i, out_row) in run_out.iter_mut().enumerate() {
+            for (h, acc) in out_row.chunks_exact_mut(d).enumerate() {
+                let inverse = inverse_sums[i * heads + h];
+                acc.iter_mut().for_each(|x| *x *= inverse);
+            }
         }
     }
+}
+
+/// `rows` as runs of consecutive rows that are one sequence's successive tokens (a
+/// verification step's entries handed over a row per token): the same block table and
+/// lengths that grow by one. A run's K and V are read once for all its rows, each row
+/// scoring and summing the positions it sees; every row's arithmetic is what it would be
+/// alone.
+fn sequence_runs(q: &DecodeQueries<'_>, rows: Range<usize>) -> Vec<Range<usize>> {
+    let table = |row: usize| &q.block_tables[row * q.table_width..][..q.table_width];
+    let mut runs: Vec<Range<usize>> = Vec::new();
+    for row in rows {
+        match runs.last_mut() {
+            Some(run) if q.seq_lens[row] == q.seq_lens[row - 1] + 1 && table(row) == table(run.start) => {
+                run.end = row + 1
+            }
+            _ => runs.push(row..row + 1),
+        }
+    }
+    runs
 }
 
 /// How far ahead, in blocks, a row's K / V are prefetched. Blocks are scattered over the
@@ -365,14 +417,34 @@ mod tests {
         window: usize,
         softcap: f32,
     ) {
+        let own: Vec<usize> = (0..seq_lens.len()).collect();
+        case_tables(heads, kv_heads, head_dim, seq_lens, &own, threads, window, softcap);
+    }
+
+    /// Row r reads table `table_of[r]` (rows sharing one: a sequence's tokens as rows).
+    #[allow(clippy::too_many_arguments)]
+    fn case_tables(
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        seq_lens: &[i32],
+        table_of: &[usize],
+        threads: usize,
+        window: usize,
+        softcap: f32,
+    ) {
         let (block_size, num_blocks, width) = (4, 64, 40);
         let block_len = block_size * kv_heads * head_dim;
         let keys = pseudo_random(num_blocks * block_len, 1);
         let values = pseudo_random(num_blocks * block_len, 2);
         let query = pseudo_random(seq_lens.len() * heads * head_dim, 3);
         // Scattered, reversed block ids so that a wrong slot computation shows.
-        let tables: Vec<i32> =
-            (0..seq_lens.len() * width).map(|i| (num_blocks - 1 - (i * 5) % num_blocks) as i32).collect();
+        let tables: Vec<i32> = table_of
+            .iter()
+            .flat_map(|&t| {
+                (t * width..(t + 1) * width).map(|i| (num_blocks - 1 - (i * 5) % num_blocks) as i32)
+            })
+            .collect();
         let kv = PagedKv { keys: &keys, values: &values, block_size, kv_heads, head_dim };
         let q = DecodeQueries {
             query: &query,
@@ -431,6 +503,42 @@ mod tests {
         case(12, 3, 16, &[160], 2);
         case(16, 8, 16, &[150, 140], 4);
         case_with(16, 4, 32, &[157], 2, 100, 0.0);
+    }
+
+    #[test]
+    fn a_sequences_tokens_as_rows_read_its_kv_once_and_match_the_reference() {
+        // Rows 1-5 one sequence's tokens (lengths 20..=24), row 0 another sequence, rows 6-7
+        // a third of 2 tokens; then a run that breaks where the lengths stop growing by one.
+        const LENS: [i32; 8] = [9, 20, 21, 22, 23, 24, 40, 41];
+        let lens = LENS;
+        let table_of = [0, 1, 1, 1, 1, 1, 2, 2];
+        assert_eq!(sequence_runs(&queries_of(&LENS, &table_of), 0..8), vec![0..1, 1..6, 6..8]);
+        for threads in [1, 2, 3] {
+            case_tables(4, 2, 64, &lens, &table_of, threads, 0, 0.0);
+            case_tables(6, 3, 24, &lens, &table_of, threads, 7, 0.0); // windows inside the run
+            case_tables(4, 2, 64, &lens, &table_of, threads, 0, 1.5);
+        }
+        const BROKEN: [i32; 4] = [30, 31, 31, 32];
+        let broken = BROKEN;
+        assert_eq!(sequence_runs(&queries_of(&BROKEN, &[0; 4]), 0..4), vec![0..2, 2..4]);
+        case_tables(8, 1, 128, &broken, &[0; 4], 1, 0, 0.0);
+        // The same lengths over different tables are not a run.
+        assert_eq!(sequence_runs(&queries_of(&[5, 6], &[0, 1]), 0..2), vec![0..1, 1..2]);
+    }
+
+    /// Queries over `table_of`'s tables (as `case_tables` lays them out) for `sequence_runs`.
+    fn queries_of(seq_lens: &'static [i32], table_of: &[usize]) -> DecodeQueries<'static> {
+        let tables: Vec<i32> = table_of.iter().flat_map(|&t| [t as i32, 100 + t as i32]).collect();
+        DecodeQueries {
+            query: &[],
+            heads: 1,
+            block_tables: Vec::leak(tables),
+            table_width: 2,
+            seq_lens,
+            scale: 1.0,
+            window: 0,
+            softcap: 0.0,
+        }
     }
 
     #[test]
