@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use crate::request::SeqIndex;
-use crate::spec::{ngram, suffix, SpecMethod};
+use crate::spec::{ngram, suffix, SpecMethod, EXECUTOR_LEARNING_STEPS};
 
 use super::Scheduler;
 
@@ -27,7 +27,10 @@ impl Scheduler {
     /// keeps them all, then `useful_drafts`), one more when this step carries drafts and
     /// it is past its learning phase (if it keeps them all, the next step proposes one
     /// more: the rule grows by one a step at most, as a step proposes no more than it
-    /// finds useful). With the adaptive rule off
+    /// finds useful); none after the step that carries its last learning try
+    /// (`SpecRecord::on_last_learning_try`: that proposal is made in the same executor
+    /// call, before the verdict that most often turns it off; one that keeps its draft
+    /// then decodes one step without drafts before it is proposed for). With the adaptive rule off
     /// (`spec_min_acceptance` 0) at depth 1 the back-off is not counted down, so the
     /// executor proposes every step, as the scheduler then looks every step.
     pub(super) fn executor_drafts_wanted(&self, seq_index: SeqIndex, drafted_now: usize) -> usize {
@@ -39,6 +42,9 @@ impl Scheduler {
         let room = self.draft_room(seq_index);
         if !adaptive {
             return room;
+        }
+        if drafted_now > 0 && spec.on_last_learning_try(EXECUTOR_LEARNING_STEPS) {
+            return 0;
         }
         let k = self.config.num_speculative_tokens;
         let useful = spec.executor_drafts(k);
@@ -99,7 +105,9 @@ impl Scheduler {
             (true, _) => seq.spec.useful_drafts(k_max),
         };
         let k = max_d.min(self.draft_room(seq_index)).min(useful);
-        if k == 0 {
+        // (an executor proposer's sequence not asked for drafts last step has none, and
+        // that says nothing of its proposer: see `executor_drafts_wanted`)
+        if k == 0 || (self.config.speculative_method == SpecMethod::Executor && !seq.spec.drafts_asked) {
             return 0;
         }
         let started = Instant::now();

@@ -508,6 +508,7 @@ impl Scheduler {
                     plan.propose_indices.push(k as i32);
                     plan.propose_counts.push(wanted as i32);
                 }
+                self.seq_mut(seq_index).spec.drafts_asked = wanted > 0;
             }
         }
         if self.config.speculative_method == SpecMethod::Executor && self.may_speculate(seq_index) {

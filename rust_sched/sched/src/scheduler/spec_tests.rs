@@ -688,8 +688,12 @@ fn an_executor_proposer_that_keeps_nothing_at_first_is_turned_off_without_backin
         // (one draft a try while learning, though the executor sent two)
         assert_eq!(p.num_draft_tokens, vec![1], "verified again at once: no back-off");
         let last = step == crate::spec::EXECUTOR_LEARNING_STEPS;
-        assert!(!p.propose_indices.is_empty(), "proposed for before the verdict");
-        let rejected = SpecResult { num_accepted: Some(&[0]), next_drafts: Some((&[2], &[7, 8])) };
+        // Proposed for before the verdict, but not after its last try: that proposal would
+        // be dropped with the sequence.
+        assert_eq!(p.propose_indices.is_empty(), last);
+        assert_eq!(p.may_draft_indices, vec![0], "still mirrored: the try may keep its draft");
+        let next: Option<(&[i32], &[i64])> = if last { None } else { Some((&[2], &[7, 8])) };
+        let rejected = SpecResult { num_accepted: Some(&[0]), next_drafts: next };
         s.apply_spec_result(p.step_id, &[5], rejected).unwrap();
         assert_eq!(s.snapshot().spec.disabled_learning, u64::from(last));
     }
@@ -721,16 +725,18 @@ fn an_executor_proposer_is_asked_for_one_draft_until_one_is_kept() {
     // The first try keeps nothing: still learning, one draft again.
     let one = SpecResult { num_accepted: Some(&[0]), next_drafts: Some((&[1], &[4])) };
     s.apply_spec_result(p1.step_id, &[5], one).unwrap();
+    // Its last learning try: nothing is proposed after it (the verdict, in the same
+    // executor call, would most likely drop the proposal).
     let p2 = s.schedule().unwrap();
-    assert_eq!((p2.num_draft_tokens.clone(), p2.propose_counts.clone()), (vec![1], vec![1]));
-    // The second keeps its draft: the adaptive rule's count from the next proposal on
-    // (1 kept of 2 steps: two, one more as this step carries a draft), growing to k.
-    let kept = SpecResult { num_accepted: Some(&[1]), next_drafts: Some((&[1], &[2])) };
+    assert_eq!((p2.num_draft_tokens.clone(), p2.propose_counts.clone()), (vec![1], vec![]));
+    // It keeps its draft: a step without drafts, then the adaptive rule's count (1 kept
+    // of 2 steps: two), growing to k.
+    let kept = SpecResult { num_accepted: Some(&[1]), next_drafts: None };
     s.apply_spec_result(p2.step_id, &[4, 3], kept).unwrap();
     let p3 = s.schedule().unwrap();
-    assert_eq!((p3.num_draft_tokens.clone(), p3.propose_counts.clone()), (vec![1], vec![3]));
-    let kept = SpecResult { num_accepted: Some(&[1]), next_drafts: Some((&[3], &[5, 6, 7])) };
-    s.apply_spec_result(p3.step_id, &[2, 8], kept).unwrap();
+    assert_eq!((p3.num_draft_tokens.clone(), p3.propose_counts.clone()), (vec![], vec![2]));
+    let two = SpecResult { num_accepted: None, next_drafts: Some((&[2], &[5, 6])) };
+    s.apply_spec_result(p3.step_id, &[2], two).unwrap();
     let p4 = s.schedule().unwrap();
     assert_eq!((p4.num_draft_tokens.clone(), p4.propose_counts.clone()), (vec![2], vec![3]));
     let all = SpecResult { num_accepted: Some(&[2]), next_drafts: Some((&[3], &[1, 2, 3])) };

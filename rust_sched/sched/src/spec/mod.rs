@@ -118,6 +118,10 @@ pub struct SpecRecord {
     /// Paused before and has kept no draft since: a verified step that keeps nothing
     /// pauses it again (`Verdict::OffFailing`, which the scheduler turns into a pause).
     pub probing: bool,
+    /// An executor proposer's sequence: whether its last planned step asked the executor
+    /// for drafts (`StepPlan::propose_indices`). One not asked finds none without that
+    /// counting as an empty proposal (no back-off).
+    pub drafts_asked: bool,
 }
 
 /// After a proposal that found no draft or whose drafts were all rejected, the sequence
@@ -226,6 +230,13 @@ impl SpecRecord {
         }
         self.failures = self.failures.saturating_add(1);
         self.retry_in = backoff_steps(self.failures).into();
+    }
+
+    /// Whether a verified step that keeps nothing now turns the sequence off (its last
+    /// try of `learning_steps`, see [`EXECUTOR_LEARNING_STEPS`]): drafts proposed after
+    /// that step would most likely be dropped with the sequence.
+    pub fn on_last_learning_try(&self, learning_steps: u8) -> bool {
+        learning_steps > 0 && !self.kept_any() && self.failed_steps.saturating_add(1) >= learning_steps
     }
 
     /// Drafts worth proposing next for an executor proposer's sequence, at most `k`:
