@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 AnyLinear = ColumnParallelLinear | RowParallelLinear
 
 
-class _Linear:
+class NativeLinear:
     """One linear as the decode-sized kernels multiply by it (its ``quantized`` product's
     packed weight or its ``gemv_weight``), the kernel's arrays looked up once."""
 
@@ -82,7 +82,7 @@ class _Linear:
         return self.product(x, threads)
 
 
-class _Norm:
+class NativeNorm:
     """An RMSNorm's weight as the kernel reads it, and its epsilon."""
 
     __slots__ = ("weight", "eps")
@@ -106,10 +106,10 @@ class _LayerProgram:
     def __init__(self, layer: torch.nn.Module) -> None:
         attention: DecoderAttention = layer.self_attn
         self.layer_index = attention.layer_index
-        self.input_norm = _Norm(layer.input_layernorm)
-        self.post_norm = _Norm(layer.post_attention_layernorm)
-        self.qkv = _Linear(attention.qkv_proj)
-        self.o = _Linear(attention.o_proj)
+        self.input_norm = NativeNorm(layer.input_layernorm)
+        self.post_norm = NativeNorm(layer.post_attention_layernorm)
+        self.qkv = NativeLinear(attention.qkv_proj)
+        self.o = NativeLinear(attention.o_proj)
         q_norm, k_norm = attention.q_norm, attention.k_norm
         self.q_norm = None if q_norm is None else q_norm.kernel_weight().detach().numpy()
         self.k_norm = None if k_norm is None else k_norm.kernel_weight().detach().numpy()
@@ -121,13 +121,13 @@ class _LayerProgram:
         self.parallel = attention.o_proj.parallel
         self.uses_local_rope = layer.uses_local_rope
         mlp = layer.mlp
-        self.dense_mlp = type(mlp) is GatedMLP and _mlp_fits(mlp)
+        self.dense_mlp = type(mlp) is GatedMLP and dense_mlp_fits(mlp)
         self.mlp = mlp
         self.native: Optional["DecodeLayer"] = None
         if self.dense_mlp:
-            self.gate_up = _Linear(mlp.gate_up_proj)
-            self.down = _Linear(mlp.down_proj)
-            self.gelu = mlp.gelu
+            self.gate_up = NativeLinear(mlp.gate_up_proj)
+            self.down = NativeLinear(mlp.down_proj)
+            self.gelu = bool(mlp.gelu)
             self.native = self._native_layer()
 
     def _native_layer(self) -> Optional["DecodeLayer"]:
@@ -150,10 +150,10 @@ class _LayerProgram:
         attention = layer.self_attn
         norms = (layer.input_layernorm, layer.post_attention_layernorm, attention.q_norm, attention.k_norm)
         return (
-            all(_Norm.fits(norm) for norm in norms)
+            all(NativeNorm.fits(norm) for norm in norms)
             and (attention.q_norm is None) == (attention.k_norm is None)
-            and _Linear.fits(attention.qkv_proj)
-            and _Linear.fits(attention.o_proj)
+            and NativeLinear.fits(attention.qkv_proj)
+            and NativeLinear.fits(attention.o_proj)
         )
 
     def run(
@@ -205,10 +205,7 @@ class _LayerProgram:
 
     def _mlp_rest(self, gate_up: torch.Tensor, threads: int) -> torch.Tensor:
         """The activation and down projection after the gate/up projection."""
-        inter = gate_up.shape[1] // 2
-        gate, up = gate_up[:, :inter], gate_up[:, inter:]
-        activated = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
-        return self.parallel.all_reduce(self.down(activated.mul_(up), threads))
+        return self.parallel.all_reduce(activate_and_down(gate_up, self.down, self.gelu, threads))
 
 
 class NativeDecodePath:
@@ -217,7 +214,7 @@ class NativeDecodePath:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.layers = [_LayerProgram(layer) for layer in model.layers]
-        self.final_norm = _Norm(model.norm)
+        self.final_norm = NativeNorm(model.norm)
 
     @classmethod
     def build(cls, model: torch.nn.Module, layer_type: type) -> Optional["NativeDecodePath"]:
@@ -225,7 +222,7 @@ class NativeDecodePath:
         ``layer_type``), or None where its layers or weights do not qualify."""
         if getattr(model, "scales_embeddings", True) or not _embeds_float32_cpu(model):
             return None
-        if not _Norm.fits(model.norm) or not all(_LayerProgram.fits(layer, layer_type) for layer in model.layers):
+        if not NativeNorm.fits(model.norm) or not all(_LayerProgram.fits(layer, layer_type) for layer in model.layers):
             return None
         return cls(model)
 
@@ -251,10 +248,10 @@ class NativeDecodePath:
             return None
         model = self.model
         hidden = model.embed_tokens(input_ids)
-        cos, sin = _rows(model.rotary.cos_sin(positions, hidden.dtype, context_lens), rows)
+        cos, sin = rope_rows(model.rotary.cos_sin(positions, hidden.dtype, context_lens), rows)
         local = None
         if model.local_rotary is not None:
-            local = _rows(model.local_rotary.cos_sin(positions, hidden.dtype), rows)
+            local = rope_rows(model.local_rotary.cos_sin(positions, hidden.dtype), rows)
         threads = torch.get_num_threads()
         residual: Optional[torch.Tensor] = None
         for index, program in enumerate(self.layers):
@@ -265,7 +262,7 @@ class NativeDecodePath:
         return self.final_norm(hidden, residual, threads)
 
 
-def _rows(cos_sin: tuple[torch.Tensor, torch.Tensor], rows: int) -> tuple[np.ndarray, np.ndarray]:
+def rope_rows(cos_sin: tuple[torch.Tensor, torch.Tensor], rows: int) -> tuple[np.ndarray, np.ndarray]:
     """The rotary tables [T, 1, head_dim] as the kernel's [T, head_dim] arrays."""
     cos, sin = cos_sin
     return cos.reshape(rows, -1).contiguous().numpy(), sin.reshape(rows, -1).contiguous().numpy()
@@ -279,8 +276,18 @@ def _embeds_float32_cpu(model: torch.nn.Module) -> bool:
     return probe.dtype == torch.float32 and probe.device.type == "cpu"
 
 
-def _mlp_fits(mlp: GatedMLP) -> bool:
-    return _Linear.fits(mlp.gate_up_proj) and _Linear.fits(mlp.down_proj)
+def activate_and_down(gate_up: torch.Tensor, down: NativeLinear, gelu: bool, threads: int) -> torch.Tensor:
+    """A gated MLP after its gate/up product [rows, 2 * inter]: the activation of the gate
+    (GeLU-tanh or SiLU) times the up half, through ``down`` (this rank's term)."""
+    inter = gate_up.shape[1] // 2
+    gate, up = gate_up[:, :inter], gate_up[:, inter:]
+    activated = F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)
+    return down(activated.mul_(up), threads)
+
+
+def dense_mlp_fits(mlp: GatedMLP) -> bool:
+    """Whether both of a dense gated MLP's products go to the native kernels."""
+    return NativeLinear.fits(mlp.gate_up_proj) and NativeLinear.fits(mlp.down_proj)
 
 
 def _float32_cpu(t: torch.Tensor) -> bool:

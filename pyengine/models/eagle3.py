@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from pyengine.models import gemv
 from pyengine.models.checkpoint import (
     check_names_and_shapes,
     checkpoint_files,
@@ -30,6 +31,7 @@ from pyengine.models.checkpoint import (
     iterate_tensors,
 )
 from pyengine.models.eagle3_config import NUM_AUX_LAYERS, Eagle3HeadConfig
+from pyengine.models.eagle3_decode import HeadDecodeProgram
 from pyengine.models.errors import ModelLoadError
 from pyengine.models.greedy import greedy_tokens
 from pyengine.models.layers import (
@@ -70,6 +72,8 @@ class Eagle3Head(torch.nn.Module):
         self.embed_tokens = torch.nn.Embedding(layer.vocab_size, hidden) if own_embedding else None
         self.register_buffer("draft_to_target", torch.arange(config.draft_vocab_size), persistent=False)
         self.rotary: Optional[RotaryEmbedding] = None
+        # Decode-row steps through the native kernels (``eagle3_decode``), set at load.
+        self.decode_program: Optional[HeadDecodeProgram] = None
 
     def build_rope_tables(self, max_positions: int) -> None:
         """The rotary tables (float32, current default device) for ``max_positions``."""
@@ -90,6 +94,10 @@ class Eagle3Head(torch.nn.Module):
         """One step for a flat batch: ``embeds`` [T, H] of the tokens at ``positions + 1``,
         ``hidden`` [T, H] the states at ``positions``. Returns the final-normed output (for
         the logits) and the pre-norm one (the next step's ``hidden``)."""
+        if self.decode_program is not None:  # proposal steps on CPU: the same kernels, no plumbing
+            stepped = self.decode_program.forward(embeds, hidden, positions, attention)
+            if stepped is not None:
+                return stepped
         assert self.rotary is not None  # build_rope_tables ran at load
         e = self.input_layernorm(embeds)
         if self.config.norm_before_residual:
@@ -112,13 +120,18 @@ class Eagle3Head(torch.nn.Module):
         positions, whose outputs nobody reads."""
         assert self.rotary is not None
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
-        _, k, v = self.self_attn.project(x, *self.rotary.cos_sin(positions, x.dtype))
+        k, v = self.self_attn.project_kv(x, *self.rotary.cos_sin(positions, x.dtype))
         keys.index_copy_(0, slots, k)
         values.index_copy_(0, slots, v)
 
     def draft_tokens(self, out: torch.Tensor) -> torch.Tensor:
         """Each row's greedy draft, as a target token id [N] (int64)."""
-        logits = F.linear(out, self.lm_head.weight)
+        weight = self.lm_head.weight
+        on_cpu = weight.dtype == torch.float32 and weight.device.type == "cpu" and weight.is_contiguous()
+        if on_cpu and gemv.applies(out):
+            logits = gemv.float_linear(out, weight)  # a proposal step's rows: the decode-sized kernel
+        else:
+            logits = F.linear(out, weight)
         return self.draft_to_target[greedy_tokens(logits)]
 
     def _targets(self) -> dict[str, WeightTarget]:
@@ -165,6 +178,7 @@ def load_eagle3_head(folder: Path, config: Eagle3HeadConfig, dtype: torch.dtype,
     head.eval().requires_grad_(False)
     head.self_attn.pack_for_cpu()
     head.mlp.pack_for_cpu()
+    head.decode_program = HeadDecodeProgram.build(head)
     return head
 
 

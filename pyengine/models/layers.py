@@ -432,6 +432,39 @@ class DecoderAttention(torch.nn.Module):
             k = apply_rotary(k, cos, sin)
         return q, k, v
 
+    def project_kv(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v [T, kv_heads, head_dim] as ``project`` computes them (k normed and rotated),
+        without the queries where the fused weight's K/V rows can be read alone (a dense
+        weight): an EAGLE-3 head's mirror writes K/V for every committed token and reads no
+        query (over a prompt, the query rows are half the head's projection)."""
+        q_width = self._split[0]
+        dense = self.qkv_proj.gemv_weight
+        if dense is None and self.qkv_proj.packed is None and self.qkv_proj.quantized is None:
+            dense = self.qkv_proj.weight
+        if dense is None:
+            _, k, v = self.project(hidden, cos, sin)
+            return k, v
+        weight = dense[q_width:]  # the K and V rows: a contiguous view of the row-major weight
+        bias = None if self.qkv_proj.bias is None else self.qkv_proj.bias[q_width:]
+        kv = gemv.float_linear(hidden, weight, bias) if gemv.applies(hidden) else F.linear(hidden, weight, bias)
+        tokens = hidden.shape[0]
+        if _native_float32(kv) and all(_native_float32(t) for t in (cos, sin)) and (
+            self.k_norm is None or _native_float32(self.k_norm.kernel_weight())
+        ):
+            k_norm = None if self.k_norm is None else self.k_norm.kernel_weight().numpy()
+            _kernels.qk_norm_rope(kv.numpy(), cos.view(tokens, self.head_dim).numpy(),
+                                  sin.view(tokens, self.head_dim).numpy(), 0, self.num_kv_heads, k_norm, k_norm,
+                                  self.k_norm.eps if self.k_norm is not None else 0.0, _threads())
+            k, v = kv.split(self._split[1:], dim=-1)
+            return k.view(tokens, self.num_kv_heads, self.head_dim), v.view(tokens, self.num_kv_heads, self.head_dim)
+        k, v = kv.split(self._split[1:], dim=-1)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        return apply_rotary(k, cos, sin), v.view(tokens, self.num_kv_heads, self.head_dim)
+
     def _native_qk_norm_rope(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
         """q/k norm and rotary on ``qkv`` in place by the native kernel (one pass, see
         ``rust_sched/kernels/src/norm.rs``); False, with nothing done, where it does not apply."""
