@@ -47,6 +47,7 @@ from pyengine.executor.proposals import (
     StepTokens,
     draft_counts,
     kept_drafts,
+    mirrors_any,
     note_prompts,
     proposal_starts,
     propose_named,
@@ -110,7 +111,7 @@ class Eagle3Proposer:
         row's pairs fall in its prompt (mirrored for every sequence: a prefix-cache hit may
         reuse those blocks for one that drafts)."""
         note_prompts(plan, self.prompt_len)
-        return bool(rows_to_mirror(plan, self.prompt_len, shift=1).any())
+        return mirrors_any(plan, self.prompt_len, shift=1)
 
     def after_step(self, step: StepTokens, output: Any, batch: Any) -> Optional[Drafts]:
         """Mirrors the step's committed tokens into the head's cache (for the sequences that

@@ -206,6 +206,20 @@ def rows_to_mirror(plan: Any, prompt_len: np.ndarray, shift: int = 0) -> np.ndar
     return keep | (firsts - shift < prompt_len[np.asarray(plan.rows, dtype=np.int64)])
 
 
+def mirrors_any(plan: Any, prompt_len: np.ndarray, shift: int = 0) -> bool:
+    """Whether :func:`rows_to_mirror` names any row, in as few array operations as it takes
+    (a proposer asks it every step, most of them after all its sequences stopped drafting):
+    a sequence that may still draft settles it; else whether some row's chunk starts in
+    its prompt (a decode-only step's positions are its rows' first ones)."""
+    may_draft = getattr(plan, "may_draft_indices", None)
+    rows = np.asarray(plan.rows, dtype=np.int64)
+    if may_draft is None or len(may_draft):
+        return len(rows) > 0
+    positions = np.asarray(plan.positions, dtype=np.int64)
+    firsts = positions if len(positions) == len(rows) else positions[np.asarray(plan.query_start_loc)[:-1]]
+    return bool((firsts - shift < prompt_len[rows]).any())
+
+
 def note_prompts(plan: Any, prompt_len: np.ndarray) -> None:
     """The plan's new rows' prompt lengths into ``prompt_len`` (per persistent-batch row)."""
     if len(plan.new_rows):
