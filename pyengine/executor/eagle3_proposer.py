@@ -24,7 +24,14 @@ table: the head's one layer attends to the whole context):
 2. **Propose.** For each sampled sequence the plan names in ``propose_indices``: the token
    just emitted with the carry at the position before it, then k greedy steps, each on the
    previous one's draft and pre-norm output, into scratch blocks (``proposals``). Draft ids
-   are mapped to the target's vocabulary through ``d2t``.
+   are mapped to the target's vocabulary through ``d2t``. A proposal of one step (k = 1,
+   or the scheduler's one-draft learning tries) writes only the position before the
+   emitted token, a committed one whose block the row holds, and the pair it writes there
+   (the emitted token, the carry) is the one the next step's mirror writes over it (the
+   same kernels; equal to float32 rounding, as a product over several rows may round
+   differently from one row's): it goes to the row's own blocks, no scratch copy. Where
+   that mirror does not come (the sequence finishes, or stops drafting past its prompt),
+   the entry stays what the mirror would have written, to that rounding: drafts only.
 
 Drafts are the head's argmax: point masses, so rejection sampling stays exact with ``q = 1``.
 """
@@ -193,7 +200,10 @@ class Eagle3Proposer:
         if steps == 0:
             return counts, np.zeros(0, dtype=np.int64)
         first = positions - 1
-        table = self.scratch.table(self.kv_cache, rows, first, steps, block_tables)
+        if steps == 1:  # its one write: the pair the next step's mirror writes (module docstring)
+            table = self.scratch.own_table(rows, first, block_tables)
+        else:
+            table = self.scratch.table(self.kv_cache, rows, first, steps, block_tables)
         hidden = self.carry[torch.from_numpy(rows).to(self.device)]
         tokens = last_tokens.to(torch.int64)
         drafts = []

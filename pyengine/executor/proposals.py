@@ -13,7 +13,9 @@ proposal starts, and the scratch blocks its proposal forwards write into.
   its first proposal position is copied into the row's scratch blocks and the row's table
   points there from that block on, so the real cache is never touched. With a hybrid
   target's per-group tables (``kv_tables.proposer_tables``) each table has scratch
-  blocks of its own per row, copied from that table's block.
+  blocks of its own per row, copied from that table's block. A proposal that writes only
+  committed positions (EAGLE-3's one-step proposals) reads the rows' own tables instead
+  (``ScratchBlocks.own_table``).
 """
 
 from __future__ import annotations
@@ -168,6 +170,14 @@ class ScratchBlocks:
             cache.keys[:, targets] = cache.keys[:, sources]
             cache.values[:, targets] = cache.values[:, sources]
         return table
+
+    def own_table(self, rows: np.ndarray, positions: np.ndarray, block_tables: torch.Tensor) -> torch.Tensor:
+        """The rows' own tables [num_tables, S, width] up to the block of ``positions``, no
+        scratch: for a proposal whose every write goes to a committed position of the row
+        (its blocks allocated, and the entry the proposer's mirror writes there anyway)."""
+        width = int((np.minimum(positions, self.last_position) // self.block_size).max()) + 1
+        picked = block_tables.index_select(1, torch.from_numpy(rows.astype(np.int64)).to(self.device))
+        return picked[:, :, :width].to(torch.int64)
 
     def step_layout(self, table: torch.Tensor, positions: np.ndarray) -> tuple[torch.Tensor, StepAttentionLayout]:
         """One token per row at ``positions`` (clamped to the model's last position): the
