@@ -22,7 +22,10 @@ from pyengine.models.dtypes import normalize_dtype
 
 logger = logging.getLogger(__name__)
 
-AttentionBackendChoice = Union[SdpaBackend, FlashAttentionBackend, MlaSdpaBackend]
+# What select_attention_backend picks (over a paged K/V cache); a model runner's backend
+# may also be the latent-attention one (select_latent_attention_backend).
+PagedAttentionBackend = Union[SdpaBackend, FlashAttentionBackend]
+AttentionBackendChoice = Union[PagedAttentionBackend, MlaSdpaBackend]
 
 
 def select_latent_attention_backend(requested: str) -> MlaSdpaBackend:
@@ -42,7 +45,7 @@ def select_latent_attention_backend(requested: str) -> MlaSdpaBackend:
 
 def select_attention_backend(
     requested: str, device: torch.device, dtype: torch.dtype
-) -> AttentionBackendChoice:
+) -> PagedAttentionBackend:
     """``requested`` is "auto", "sdpa" or "flash_attn"; "auto" prefers flash-attn on CUDA."""
     if requested == "sdpa":
         logger.info("attention backend: sdpa (forced by configuration)")
