@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import _thread
 import resource
+import signal
 import threading
 import time
 
@@ -93,11 +94,17 @@ def test_a_processing_error_fails_its_request_and_the_engine_recovers(llm, monke
 
 
 def test_keyboard_interrupt_aborts_the_batch_and_leaves_the_engine_usable(llm):
-    timer = threading.Timer(0.3, _thread.interrupt_main)
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        llm.generate([[1, 2, 3, 4]] * 64, SamplingParams(max_tokens=2000, ignore_eos=True), use_tqdm=False)
-    timer.join()
+    # Python's own SIGINT handler for the test: a runner started in the background (`&` in
+    # a script) inherits SIGINT ignored, and then interrupt_main does nothing.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        timer = threading.Timer(0.3, _thread.interrupt_main)
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate([[1, 2, 3, 4]] * 64, SamplingParams(max_tokens=2000, ignore_eos=True), use_tqdm=False)
+        timer.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert_idle(llm)
     outs = llm.generate([[1, 2]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     assert len(outs[0].outputs[0].token_ids) == 4
