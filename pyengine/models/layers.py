@@ -449,25 +449,23 @@ class DecoderAttention(torch.nn.Module):
         weight = dense[q_width:]  # the K and V rows: a contiguous view of the row-major weight
         bias = None if self.qkv_proj.bias is None else self.qkv_proj.bias[q_width:]
         kv = gemv.float_linear(hidden, weight, bias) if gemv.applies(hidden) else F.linear(hidden, weight, bias)
+        native = self._native_qk_norm_rope(kv, cos, sin, q_heads=0)
         tokens = hidden.shape[0]
-        if _native_float32(kv) and all(_native_float32(t) for t in (cos, sin)) and (
-            self.k_norm is None or _native_float32(self.k_norm.kernel_weight())
-        ):
-            k_norm = None if self.k_norm is None else self.k_norm.kernel_weight().numpy()
-            _kernels.qk_norm_rope(kv.numpy(), cos.view(tokens, self.head_dim).numpy(),
-                                  sin.view(tokens, self.head_dim).numpy(), 0, self.num_kv_heads, k_norm, k_norm,
-                                  self.k_norm.eps if self.k_norm is not None else 0.0, _threads())
-            k, v = kv.split(self._split[1:], dim=-1)
-            return k.view(tokens, self.num_kv_heads, self.head_dim), v.view(tokens, self.num_kv_heads, self.head_dim)
         k, v = kv.split(self._split[1:], dim=-1)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
-        if self.k_norm is not None:
-            k = self.k_norm(k)
-        return apply_rotary(k, cos, sin), v.view(tokens, self.num_kv_heads, self.head_dim)
+        if not native:
+            if self.k_norm is not None:
+                k = self.k_norm(k)
+            k = apply_rotary(k, cos, sin)
+        return k, v.view(tokens, self.num_kv_heads, self.head_dim)
 
-    def _native_qk_norm_rope(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    def _native_qk_norm_rope(
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_heads: Optional[int] = None
+    ) -> bool:
         """q/k norm and rotary on ``qkv`` in place by the native kernel (one pass, see
-        ``rust_sched/kernels/src/norm.rs``); False, with nothing done, where it does not apply."""
+        ``rust_sched/kernels/src/norm.rs``); False, with nothing done, where it does not apply.
+        ``q_heads``: the query heads each row starts with (default: the layer's; 0 for rows
+        of keys and values alone, ``project_kv``)."""
         norms = [self.q_norm, self.k_norm] if self.q_norm is not None and self.k_norm is not None else []
         weights = [norm.kernel_weight() for norm in norms]
         tensors = [qkv, cos, sin, *weights]
@@ -478,7 +476,7 @@ class DecoderAttention(torch.nn.Module):
             qkv.numpy(),
             cos.view(tokens, self.head_dim).numpy(),
             sin.view(tokens, self.head_dim).numpy(),
-            self.num_heads,
+            self.num_heads if q_heads is None else q_heads,
             self.num_kv_heads,
             weights[0].numpy() if weights else None,
             weights[1].numpy() if weights else None,
